@@ -1,0 +1,265 @@
+//! Every way a driver call can fail, each saying what happened and what to do about it.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::types::CUresult;
+use crate::version::DriverVersion;
+
+/// An error from loading the driver, resolving one of its functions, or a function's own result.
+///
+/// Library code never panics on any of these: each is returned to the caller.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No candidate library could be opened. `tried` lists every name or path, with the loader's
+    /// message for each.
+    #[error(
+        "the NVIDIA CUDA driver library could not be loaded; tried {}. Install the NVIDIA driver \
+         (it provides {}), or set {} to the library's full path",
+        LoadAttempt::list(tried),
+        crate::library::DEFAULT_NAMES[0],
+        crate::library::LIBRARY_ENV
+    )]
+    LibraryNotFound {
+        /// Each name or path tried, in order, with why it failed.
+        tried: Vec<LoadAttempt>,
+    },
+
+    /// The library that opened is the CUDA toolkit's link-time stub, not the driver.
+    #[error(
+        "{} is the CUDA toolkit's stub library (cuInit returned CUDA_ERROR_STUB_LIBRARY, 34): it \
+         exists only for linking and cannot run anything. Install the NVIDIA driver, take the \
+         toolkit's lib64/stubs folder off LD_LIBRARY_PATH, or set {} to the real libcuda.so.1",
+        path.display(),
+        crate::library::LIBRARY_ENV
+    )]
+    StubLibrary {
+        /// The stub's path, as the loader reported it.
+        path: PathBuf,
+    },
+
+    /// The installed driver does not provide a function at the ABI version the table binds, though
+    /// its version number says it could. Other functions are unaffected.
+    #[error(
+        "the installed driver ({found}) does not provide {function} (ABI version {}): {reason}. \
+         Upgrade the NVIDIA driver, or do without this function",
+        DriverVersion(*required as i32)
+    )]
+    SymbolMissing {
+        /// The table name of the function.
+        function: &'static str,
+        /// The ABI version the table binds.
+        required: u32,
+        /// The installed driver's version.
+        found: DriverVersion,
+        /// What the lookup said.
+        reason: MissingReason,
+    },
+
+    /// The function's ABI version is newer than the installed driver. Nothing was called.
+    #[error(
+        "{function} needs a driver that supports CUDA {} ({required}); the installed driver \
+         supports CUDA {found}. Upgrade the NVIDIA driver",
+        DriverVersion(*required as i32)
+    )]
+    DriverTooOld {
+        /// The table name of the function.
+        function: &'static str,
+        /// The version the function's signature binds (`1000 * major + 10 * minor`).
+        required: u32,
+        /// The installed driver's version.
+        found: DriverVersion,
+    },
+
+    /// The driver ran the function and returned a code other than `CUDA_SUCCESS`.
+    #[error(transparent)]
+    Driver(#[from] DriverError),
+
+    /// The driver is already loaded with other options; it is loaded once per process.
+    #[error(
+        "the CUDA driver is already loaded from {loaded} with {loaded_mode:?}; it is loaded once per \
+         process and never unloaded, so {requested} cannot be opened now. Load with the first \
+         options everywhere, or set them before the first call"
+    )]
+    AlreadyLoaded {
+        /// What was loaded first.
+        loaded: String,
+        /// The default-stream mode it was loaded with.
+        loaded_mode: crate::DefaultStream,
+        /// What was asked for now.
+        requested: String,
+    },
+
+    /// An environment variable this crate reads holds a value it does not understand.
+    #[error("{variable}={value:?} is not understood; set it to {expected}, or unset it")]
+    InvalidEnvironment {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may hold.
+        expected: &'static str,
+    },
+
+    /// A symbol name given to [`Driver::get_proc_address`](crate::Driver::get_proc_address) is not a
+    /// valid C string.
+    #[error("{0:?} is not a valid symbol name: it contains a NUL byte")]
+    InvalidSymbolName(String),
+}
+
+impl Error {
+    /// The driver's result code, when this error is one.
+    pub fn code(&self) -> Option<CUresult> {
+        match self {
+            Error::Driver(e) => Some(e.code()),
+            _ => None,
+        }
+    }
+}
+
+/// One library name or path the loader tried, and why it did not open.
+#[derive(Debug, Clone)]
+pub struct LoadAttempt {
+    /// The name or path passed to the system loader.
+    pub candidate: String,
+    /// The loader's message.
+    pub message: String,
+}
+
+impl LoadAttempt {
+    fn list(tried: &[LoadAttempt]) -> String {
+        if tried.is_empty() {
+            return "nothing".to_string();
+        }
+        tried
+            .iter()
+            .map(|a| format!("{} ({})", a.candidate, a.message))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Why a lookup found no function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingReason {
+    /// `cuGetProcAddress` returned no pointer: `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` or, on
+    /// 11.3–11.8 drivers, `CUDA_ERROR_NOT_FOUND`.
+    NotFound,
+    /// `cuGetProcAddress` returned `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`.
+    VersionNotSufficient,
+    /// `cuGetProcAddress` rejected the request with `CUDA_ERROR_INVALID_VALUE`.
+    Rejected,
+    /// The library does not export the symbol (drivers older than 11.3 are looked up by export).
+    NotExported,
+}
+
+impl fmt::Display for MissingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MissingReason::NotFound => "cuGetProcAddress found no such symbol",
+            MissingReason::VersionNotSufficient => {
+                "cuGetProcAddress has the symbol only in a newer ABI version"
+            }
+            MissingReason::Rejected => {
+                "cuGetProcAddress rejected the request (CUDA_ERROR_INVALID_VALUE)"
+            }
+            MissingReason::NotExported => "the library does not export it",
+        })
+    }
+}
+
+/// A `CUresult` other than `CUDA_SUCCESS`, with the driver's own name and description of it.
+///
+/// The name and description come from `cuGetErrorName`/`cuGetErrorString`, or from the pinned
+/// header's table when the driver cannot answer (an old driver, or a code it does not know).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct DriverError {
+    code: CUresult,
+    function: Option<&'static str>,
+    name: &'static str,
+    description: &'static str,
+}
+
+impl DriverError {
+    pub(crate) fn new(
+        code: CUresult,
+        function: Option<&'static str>,
+        name: &'static str,
+        description: &'static str,
+    ) -> Self {
+        DriverError {
+            code,
+            function,
+            name,
+            description,
+        }
+    }
+
+    /// A `DriverError` described from the built-in table alone (no driver needed).
+    pub fn from_code(code: CUresult) -> Self {
+        let (name, description) = builtin_description(code);
+        DriverError {
+            code,
+            function: None,
+            name,
+            description,
+        }
+    }
+
+    /// The raw result code.
+    pub fn code(&self) -> CUresult {
+        self.code
+    }
+
+    /// The table name of the function that returned it, when known.
+    pub fn function(&self) -> Option<&'static str> {
+        self.function
+    }
+
+    /// The code's name, such as `CUDA_ERROR_INVALID_HANDLE`.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The driver's description of the code.
+    pub fn description(&self) -> &'static str {
+        self.description
+    }
+}
+
+impl fmt::Display for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(function) = self.function {
+            write!(f, "{function} failed: ")?;
+        }
+        write!(f, "{} ({}): {}", self.name, self.code.0, self.description)
+    }
+}
+
+impl fmt::Debug for DriverError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DriverError")
+            .field("code", &self.code.0)
+            .field("name", &self.name)
+            .field("function", &self.function)
+            .finish()
+    }
+}
+
+impl std::error::Error for DriverError {}
+
+/// Name and description of a code from the pinned header, or a generic pair for unknown codes.
+pub(crate) fn builtin_description(code: CUresult) -> (&'static str, &'static str) {
+    match crate::generated_result_codes::RESULT_CODES
+        .iter()
+        .find(|(c, _, _)| *c == code.0)
+    {
+        Some((_, name, description)) => (name, description),
+        None => (
+            "CUDA_ERROR_UNRECOGNIZED",
+            "a result code that neither the driver nor this crate's header knows",
+        ),
+    }
+}

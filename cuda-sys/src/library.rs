@@ -1,0 +1,128 @@
+//! Finding and opening the driver library, and the few exports read before the table exists.
+
+use std::ffi::{CStr, OsString, c_char, c_int, c_uint, c_void};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+use crate::error::LoadAttempt;
+use crate::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+
+/// The environment variable that names the driver library's path explicitly.
+pub const LIBRARY_ENV: &str = "CUDA_SYS_LIBRARY";
+
+/// The names tried, in order, when no explicit path is given.
+#[cfg(windows)]
+pub const DEFAULT_NAMES: &[&str] = &["nvcuda.dll"];
+/// The names tried, in order, when no explicit path is given: the name the driver installs first,
+/// then the development link name (which may be the toolkit's stub, reported as such).
+#[cfg(not(windows))]
+pub const DEFAULT_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
+
+/// The candidates to try: the explicit path alone, or the default names.
+pub(crate) fn candidates(explicit: Option<&Path>) -> Vec<OsString> {
+    match explicit {
+        Some(path) => vec![path.as_os_str().to_owned()],
+        None => DEFAULT_NAMES.iter().map(OsString::from).collect(),
+    }
+}
+
+/// Opens one candidate with the system loader.
+pub(crate) fn open(candidate: &OsString) -> Result<libloading::Library, LoadAttempt> {
+    // SAFETY: opening a library runs its initialisers. The candidates are the NVIDIA driver's own
+    // names or a path the user chose on purpose; the driver's initialisers have no preconditions that
+    // this process could violate.
+    unsafe { libloading::Library::new(candidate) }.map_err(|e| LoadAttempt {
+        candidate: candidate.to_string_lossy().into_owned(),
+        message: e.to_string(),
+    })
+}
+
+pub(crate) type CuInit = unsafe extern "C" fn(c_uint) -> CUresult;
+pub(crate) type CuDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CUresult;
+pub(crate) type CuGetProcAddressV2 = unsafe extern "C" fn(
+    *const c_char,
+    *mut *mut c_void,
+    c_int,
+    cuuint64_t,
+    *mut CUdriverProcAddressQueryResult,
+) -> CUresult;
+pub(crate) type CuGetProcAddressV1 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, cuuint64_t) -> CUresult;
+pub(crate) type CuGetErrorText = unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult;
+
+/// The exports read by name before the table exists. Their signatures have not changed since the
+/// versions that introduced them, so the plain export is the right ABI on every driver.
+#[derive(Clone, Copy)]
+pub(crate) struct Bootstrap {
+    pub(crate) cu_init: CuInit,
+    pub(crate) cu_driver_get_version: CuDriverGetVersion,
+    pub(crate) cu_get_proc_address_v2: Option<CuGetProcAddressV2>,
+    pub(crate) cu_get_proc_address: Option<CuGetProcAddressV1>,
+    pub(crate) cu_get_error_name: Option<CuGetErrorText>,
+    pub(crate) cu_get_error_string: Option<CuGetErrorText>,
+}
+
+impl Bootstrap {
+    /// Reads the bootstrap exports; `None` names the first required one that is missing.
+    pub(crate) fn read(library: &libloading::Library) -> Result<Bootstrap, &'static str> {
+        // SAFETY: (for each `symbol` call below) the type given is the export's C signature as
+        // cuda.h/cudaTypedefs.h declare it (PFN_cuInit_v2000, PFN_cuDriverGetVersion_v2020,
+        // PFN_cuGetProcAddress_v12000 for the `_v2` export, PFN_cuGetProcAddress_v11030 for the
+        // plain one, PFN_cuGetErrorName_v6000, PFN_cuGetErrorString_v6000).
+        unsafe {
+            Ok(Bootstrap {
+                cu_init: symbol(library, c"cuInit").ok_or("cuInit")?,
+                cu_driver_get_version: symbol(library, c"cuDriverGetVersion")
+                    .ok_or("cuDriverGetVersion")?,
+                cu_get_proc_address_v2: symbol(library, c"cuGetProcAddress_v2"),
+                cu_get_proc_address: symbol(library, c"cuGetProcAddress"),
+                cu_get_error_name: symbol(library, c"cuGetErrorName"),
+                cu_get_error_string: symbol(library, c"cuGetErrorString"),
+            })
+        }
+    }
+}
+
+/// Looks an export up by name.
+///
+/// # Safety
+/// `F` must be the C function pointer type of the export named `name`.
+pub(crate) unsafe fn symbol<F: Copy>(library: &libloading::Library, name: &CStr) -> Option<F> {
+    // SAFETY: the caller names the right type; a `Symbol<F>` of a function-pointer type derefs to
+    // the function's address as `F`. The pointer stays valid because the library is never unloaded.
+    unsafe { library.get::<F>(name).ok().map(|s| *s) }
+}
+
+/// Looks an export up by name, as an address.
+pub(crate) fn address(library: &libloading::Library, name: &CStr) -> Option<NonNull<c_void>> {
+    // SAFETY: reading a symbol's address as a data pointer makes no claim about its type; it is
+    // only returned, never called here.
+    let p = unsafe { library.get::<*mut c_void>(name).ok().map(|s| *s) }?;
+    NonNull::new(p)
+}
+
+/// The file the loader actually mapped for the function at `address` (following symlinks such as
+/// `libcuda.so.1`), when the platform can say.
+#[cfg(unix)]
+pub(crate) fn mapped_path(address: *const c_void, fallback: &OsString) -> PathBuf {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads `address` as a number and writes `info`, a valid `Dl_info`.
+    let found = unsafe { libc::dladdr(address, info.as_mut_ptr()) };
+    if found != 0 {
+        // SAFETY: dladdr returned non-zero, so it filled `info`.
+        let info = unsafe { info.assume_init() };
+        if !info.dli_fname.is_null() {
+            // SAFETY: dli_fname is a NUL-terminated path owned by the loader, valid while the object
+            // is mapped (for ever: the driver is never unloaded); it is copied at once.
+            let name = unsafe { CStr::from_ptr(info.dli_fname) };
+            return PathBuf::from(name.to_string_lossy().into_owned());
+        }
+    }
+    PathBuf::from(fallback)
+}
+
+/// The file the loader mapped (the name it was opened under, where the platform cannot say more).
+#[cfg(not(unix))]
+pub(crate) fn mapped_path(_address: *const c_void, fallback: &OsString) -> PathBuf {
+    PathBuf::from(fallback)
+}

@@ -1,0 +1,1 @@
+//! The workspace root package: integration tests and examples live beside it.
