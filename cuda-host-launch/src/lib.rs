@@ -1,1 +1,78 @@
-//! placeholder
+//! Stream-ordered host functions for CUDA whose owners are released off the driver's thread.
+//!
+//! A host function (`cuLaunchHostFunc`) runs on a thread of the CUDA driver once the work enqueued
+//! before it on its stream has completed. Whatever it uses must stay alive until then, and must be
+//! released afterwards, but **not on the driver's thread**: releasing a device buffer calls CUDA,
+//! which a host function must not do. This crate keeps that promise:
+//!
+//! - [`launch_host_function`]`(stream, f, user_data, owners)`: the owners (any `Send + 'static`
+//!   values, a tuple for several) stay alive until `f` has returned, then are dropped exactly once
+//!   by the cleanup queue: never on the driver's thread, never before `f` ran, and on the caller's
+//!   thread if the launch fails.
+//! - [`host_launch`]`(stream, closure)`: the same for a closure, whose captures are its owners.
+//! - [`launch_host_function_with_bytes`]: a C host function with a private copy of its user data.
+//!
+//! One heap allocation per launch (the launch record holds the function, its data and its owners);
+//! the driver's thread only runs the function and pushes the record onto a lock-free queue. A
+//! reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or [`flush`]) drops the
+//! owners. See `DESIGN.md` for which thread drops what.
+//!
+//! # Rules for host functions
+//! - **No CUDA calls inside a host function.** The driver may fail them or deadlock. This crate's
+//!   own launches and [`flush`] return [`Error::InsideHostFunction`] there.
+//! - **One driver thread runs every host function of a context**: a slow one delays the host
+//!   functions of every stream of that context (device work is not delayed).
+//! - **A host function never runs after a sticky context error** (a kernel trapped, error 719),
+//!   although the launch succeeded.
+//! - **`cuCtxDestroy` waits for pending host functions**, running them first.
+//! - **Launches on a capturing stream are refused** with [`Error::CaptureActive`]: a captured host
+//!   function runs on every replay of the graph, long after its owners were released.
+//!
+//! # Example
+//! ```no_run
+//! use std::sync::Arc;
+//! use cuda_host_launch::{host_launch, Device, PrimaryContext, Stream};
+//!
+//! fn main() -> Result<(), cuda_host_launch::Error> {
+//!     let context = PrimaryContext::retain(Device::get(0)?)?;
+//!     let stream = Stream::new(&context)?;
+//!     let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+//!     for i in 0..3 {
+//!         let results = Arc::clone(&results);
+//!         // Runs on the driver's thread, in stream order; `results` (an owner) is dropped later,
+//!         // by the cleanup queue.
+//!         host_launch(&stream, move || results.lock().unwrap().push(i))?;
+//!     }
+//!     stream.synchronize()?;
+//!     cuda_host_launch::flush(std::time::Duration::from_secs(1))?;
+//!     assert_eq!(*results.lock().unwrap(), [0, 1, 2]);
+//!     Ok(())
+//! }
+//! ```
+
+#![warn(missing_docs, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
+mod cleanup;
+mod error;
+mod host_thread;
+mod intrusive_stack;
+mod launch;
+mod panic_report;
+mod raw_stream;
+mod record;
+mod resources;
+mod sync;
+
+pub use cleanup::{
+    CLEANUP_MODE_ENV, CleanupMode, CleanupStats, cleanup_mode, cleanup_stats, defer_drop, drain,
+    flush, set_cleanup_mode,
+};
+pub use error::Error;
+pub use host_thread::in_host_function;
+pub use launch::{host_launch, launch_host_function, launch_host_function_with_bytes};
+pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
+pub use raw_stream::{AsRawStream, RawStream};
+pub use resources::{Device, Event, PrimaryContext, Stream};
+
+/// The `cuda-sys` this crate is built on, for raw driver calls.
+pub use cuda_sys;

@@ -1,0 +1,324 @@
+//! The cleanup queue and the reaper: where the owners of host functions that have run are dropped.
+//!
+//! - **Queue.** Process-wide, lock-free, intrusive ([`IntrusiveStack`] of launch records): the
+//!   trampoline pushes the record it just ran, from the driver's thread, without allocating, locking
+//!   or calling CUDA.
+//! - **Reaper** (the default, [`CleanupMode::Reaper`]). One thread, started on first use, parked
+//!   while the queue is empty. The push that finds the queue empty wakes it (`Thread::unpark`, a
+//!   futex wake on Linux; no lock a launcher could hold); pushes onto a non-empty queue do not, so a
+//!   burst of host functions costs one wake-up per batch.
+//! - **Manual** ([`CleanupMode::Manual`]): no thread. The queue is drained at each launch and by
+//!   [`drain`] and [`flush`].
+//!
+//! Releasing a record drops its owners inside `catch_unwind`: a panicking `Drop` is reported through
+//! the panic handler and the next record is released as usual.
+//!
+//! **At process exit** the reaper stops with the process. Records still queued, and those of host
+//! functions that have not run yet (the driver runs or discards them as the process and its
+//! contexts go down), are not released: their owners' `Drop` does not run, as for any value alive at
+//! `exit`. Call [`flush`] before exiting where that matters.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::atomic::AtomicU8;
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use crate::error::Error;
+use crate::host_thread::in_host_function;
+use crate::intrusive_stack::{Batch, IntrusiveStack};
+use crate::panic_report::{PanicOrigin, report};
+use crate::record::{DeferredDrop, Op, RecordHeader, new_record};
+use crate::sync::{AtomicU64, AtomicUsize, Ordering};
+
+/// The environment variable that picks the cleanup mode before the first launch: `reaper` (the
+/// default) or `manual`.
+pub const CLEANUP_MODE_ENV: &str = "CUDA_HOST_LAUNCH_CLEANUP";
+
+/// Who drops the owners of host functions that have run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanupMode {
+    /// A background thread, started on first use, drops them as soon as they are queued.
+    Reaper,
+    /// No thread: they are dropped at the next launch, [`drain`] or [`flush`], on that caller's
+    /// thread.
+    Manual,
+}
+
+struct CleanupQueue {
+    stack: IntrusiveStack<RecordHeader>,
+    /// Records pushed by trampolines: host functions that have run.
+    ran: AtomicU64,
+    /// Records released from the queue.
+    released: AtomicU64,
+    /// Threads waiting in `flush`.
+    flush_waiters: AtomicUsize,
+}
+
+static QUEUE: CleanupQueue = CleanupQueue {
+    stack: IntrusiveStack::new(),
+    ran: AtomicU64::new(0),
+    released: AtomicU64::new(0),
+    flush_waiters: AtomicUsize::new(0),
+};
+
+static REAPER: OnceLock<Thread> = OnceLock::new();
+static REAPER_START: Mutex<()> = Mutex::new(());
+static FLUSH_LOCK: Mutex<()> = Mutex::new(());
+static FLUSHED: Condvar = Condvar::new();
+
+const MODE_UNSET: u8 = 0;
+const MODE_REAPER: u8 = 1;
+const MODE_MANUAL: u8 = 2;
+static MODE: AtomicU8 = AtomicU8::new(MODE_UNSET);
+
+/// Pushes a record whose host function has run.
+///
+/// Called on the driver's thread: no allocation, no lock, no CUDA call, no drop.
+///
+/// # Safety
+/// `header` must be a live record that nobody else owns.
+#[inline]
+pub(crate) unsafe fn push_ran(header: NonNull<RecordHeader>) {
+    // Counted before it is pushed, so a `flush` that sees the count also finds the record (or finds
+    // it released).
+    QUEUE.ran.fetch_add(1, Ordering::SeqCst);
+    // SAFETY: the caller hands over a live record that is in no queue.
+    let was_empty = unsafe { QUEUE.stack.push(header) };
+    if was_empty && let Some(reaper) = REAPER.get() {
+        reaper.unpark();
+    }
+}
+
+/// Releases a record that was never handed to the driver: here, unless this is a driver thread, in
+/// which case the record goes to the cleanup queue instead.
+pub(crate) fn release_here_or_defer(header: NonNull<RecordHeader>) {
+    if in_host_function() {
+        // SAFETY: the record is ours and in no queue. It is not counted in `ran`: no host function
+        // ran for it, so `flush` need not wait for it (it is released with the next batch anyway).
+        let was_empty = unsafe { QUEUE.stack.push(header) };
+        if was_empty && let Some(reaper) = REAPER.get() {
+            reaper.unpark();
+        }
+    } else {
+        release_one(header);
+    }
+}
+
+/// Drops `value` off the driver's thread: at once if the caller is not on one, else through the
+/// cleanup queue.
+///
+/// For `Drop` implementations of types that may be dropped inside a host function and whose
+/// destruction calls CUDA: this crate's own [`Stream`](crate::Stream), [`Event`](crate::Event) and
+/// [`PrimaryContext`](crate::PrimaryContext) use it.
+pub fn defer_drop<T: Send + 'static>(value: T) {
+    if in_host_function() {
+        drop(new_record(DeferredDrop(value)));
+    } else {
+        drop(value);
+    }
+}
+
+/// Releases one record: reports the panic its host function had, then drops its owners and frees
+/// it, catching a panic from an owner's `Drop`.
+fn release_one(header: NonNull<RecordHeader>) {
+    // SAFETY: the caller owns the live record.
+    if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
+        report(PanicOrigin::HostFunction, &*panic);
+        // The payload's own Drop is user code too.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+    }
+    // SAFETY: as above; this is the record's one release. If an owner's Drop panics, unwinding still
+    // drops the remaining owners and frees the memory, so the record is gone either way.
+    let released = catch_unwind(AssertUnwindSafe(|| unsafe {
+        RecordHeader::dispatch(header, Op::Release)
+    }));
+    if let Err(panic) = released {
+        report(PanicOrigin::OwnerDrop, &*panic);
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+    }
+}
+
+fn release_batch(batch: Batch<RecordHeader>) -> u64 {
+    let mut count = 0;
+    for header in batch {
+        release_one(header);
+        count += 1;
+    }
+    if count > 0 {
+        QUEUE.released.fetch_add(count, Ordering::SeqCst);
+        if QUEUE.flush_waiters.load(Ordering::SeqCst) > 0 {
+            let _guard = FLUSH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+            FLUSHED.notify_all();
+        }
+    }
+    count
+}
+
+/// Releases, on the calling thread, every record queued so far; returns how many.
+///
+/// Works in either mode (in reaper mode it just does the reaper's work sooner). Inside a host
+/// function it does nothing and returns 0: owners are never dropped on a driver thread.
+pub fn drain() -> u64 {
+    if in_host_function() {
+        return 0;
+    }
+    release_batch(QUEUE.stack.take_all())
+}
+
+/// Waits until the owners of every host function that has run so far are dropped, or `timeout`
+/// passes. In manual mode it drains the queue itself.
+///
+/// Host functions still pending on their streams are not waited for: synchronize the stream first
+/// to include them.
+///
+/// # Errors
+/// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
+/// from a host function (the reaper cannot be waited for there).
+pub fn flush(timeout: Duration) -> Result<(), Error> {
+    if in_host_function() {
+        return Err(Error::InsideHostFunction { operation: "flush" });
+    }
+    let target = QUEUE.ran.load(Ordering::SeqCst);
+    let deadline = Instant::now() + timeout;
+    QUEUE.flush_waiters.fetch_add(1, Ordering::SeqCst);
+    let result = loop {
+        if !reaper_running() {
+            drain();
+        }
+        let released = QUEUE.released.load(Ordering::SeqCst);
+        if released >= target {
+            break Ok(());
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            break Err(Error::FlushTimedOut { waiting: target - released, timeout });
+        }
+        let guard = FLUSH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+        if QUEUE.released.load(Ordering::SeqCst) >= target {
+            break Ok(());
+        }
+        // Bounded waits: in manual mode nobody notifies, and a host function may be pushing as we
+        // look; a short slice keeps both cheap and correct.
+        let slice = (deadline - now).min(Duration::from_millis(2));
+        let _ = FLUSHED.wait_timeout(guard, slice).unwrap_or_else(|p| p.into_inner());
+    };
+    QUEUE.flush_waiters.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+/// The current cleanup mode (from [`CLEANUP_MODE_ENV`] until [`set_cleanup_mode`] is called).
+///
+/// # Errors
+/// [`Error::InvalidEnvironment`] if the variable holds neither `reaper` nor `manual`.
+pub fn cleanup_mode() -> Result<CleanupMode, Error> {
+    match MODE.load(Ordering::Acquire) {
+        MODE_REAPER => Ok(CleanupMode::Reaper),
+        MODE_MANUAL => Ok(CleanupMode::Manual),
+        _ => {
+            let mode = mode_from_env()?;
+            let value = if mode == CleanupMode::Manual { MODE_MANUAL } else { MODE_REAPER };
+            let _ = MODE.compare_exchange(
+                MODE_UNSET,
+                value,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            cleanup_mode()
+        }
+    }
+}
+
+fn mode_from_env() -> Result<CleanupMode, Error> {
+    match std::env::var(CLEANUP_MODE_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(CleanupMode::Reaper),
+        Ok(v) if v.trim().is_empty() || v.trim().eq_ignore_ascii_case("reaper") => {
+            Ok(CleanupMode::Reaper)
+        }
+        Ok(v) if v.trim().eq_ignore_ascii_case("manual") => Ok(CleanupMode::Manual),
+        Ok(v) => Err(Error::InvalidEnvironment { variable: CLEANUP_MODE_ENV, value: v }),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidEnvironment {
+            variable: CLEANUP_MODE_ENV,
+            value: v.to_string_lossy().into_owned(),
+        }),
+    }
+}
+
+/// Chooses the cleanup mode. `Manual` can be chosen only before the reaper has started (before the
+/// first launch in reaper mode); `Reaper` can be chosen at any time.
+///
+/// # Errors
+/// [`Error::ReaperAlreadyRunning`] when asking for `Manual` after the reaper started.
+pub fn set_cleanup_mode(mode: CleanupMode) -> Result<(), Error> {
+    let _guard = REAPER_START.lock().unwrap_or_else(|p| p.into_inner());
+    match mode {
+        CleanupMode::Manual if REAPER.get().is_some() => Err(Error::ReaperAlreadyRunning),
+        CleanupMode::Manual => {
+            MODE.store(MODE_MANUAL, Ordering::Release);
+            Ok(())
+        }
+        CleanupMode::Reaper => {
+            MODE.store(MODE_REAPER, Ordering::Release);
+            Ok(())
+        }
+    }
+}
+
+fn reaper_running() -> bool {
+    REAPER.get().is_some()
+}
+
+/// Makes sure whoever must drain is ready before a record can reach the queue: in reaper mode, that
+/// the reaper thread exists (so the first push can wake it). Returns the mode.
+#[inline]
+pub(crate) fn prepare() -> Result<CleanupMode, Error> {
+    let mode = cleanup_mode()?;
+    if mode == CleanupMode::Reaper && REAPER.get().is_none() {
+        start_reaper()?;
+    }
+    Ok(mode)
+}
+
+#[cold]
+fn start_reaper() -> Result<(), Error> {
+    let _guard = REAPER_START.lock().unwrap_or_else(|p| p.into_inner());
+    if REAPER.get().is_some() {
+        return Ok(());
+    }
+    let handle = std::thread::Builder::new()
+        .name("cuda-host-launch-reaper".into())
+        .spawn(reaper_loop)
+        .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+    let _ = REAPER.set(handle.thread().clone());
+    // The handle is dropped: the reaper is detached and runs until the process exits.
+    Ok(())
+}
+
+fn reaper_loop() {
+    loop {
+        if QUEUE.stack.is_empty() {
+            // Wait for the push that finds the queue empty. Spurious wake-ups just loop.
+            std::thread::park();
+            continue;
+        }
+        release_batch(QUEUE.stack.take_all());
+    }
+}
+
+/// Counters of the cleanup queue, for tests and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupStats {
+    /// Host functions of this crate that have run (their records reached the queue).
+    pub ran: u64,
+    /// Records released from the queue (their owners dropped).
+    pub released: u64,
+}
+
+/// A snapshot of the cleanup queue's counters.
+pub fn cleanup_stats() -> CleanupStats {
+    CleanupStats {
+        ran: QUEUE.ran.load(Ordering::SeqCst),
+        released: QUEUE.released.load(Ordering::SeqCst),
+    }
+}

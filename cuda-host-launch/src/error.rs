@@ -1,0 +1,96 @@
+//! The errors of host launches.
+
+use std::time::Duration;
+
+/// Why a launch, a flush or a resource call failed. Each says what happened and what to do.
+///
+/// Whenever a launch returns an error, its owners have already been dropped (on the calling thread,
+/// or through the cleanup queue if the caller is a host function).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The driver could not be loaded, a function could not be resolved, or a driver call failed.
+    #[error(transparent)]
+    Cuda(#[from] cuda_sys::Error),
+
+    /// `launch_host_function` was given a null function pointer.
+    #[error("the host function pointer is null: pass Some(function)")]
+    NullFunction,
+
+    /// The stream is capturing a CUDA graph, so the host function would become a graph node that
+    /// runs on every replay, long after this launch's owners were released.
+    #[error(
+        "stream {stream:#x} is capturing a CUDA graph (capture id {capture_id}): a host function \
+         launched now would run on every replay of the graph, after its owners were released. \
+         Launch it before cuStreamBeginCapture or after cuStreamEndCapture"
+    )]
+    CaptureActive {
+        /// The stream handle.
+        stream: usize,
+        /// The capture's id (0 if the driver gave none).
+        capture_id: u64,
+    },
+
+    /// Called inside a host function, on a driver thread, where CUDA calls are not allowed (the
+    /// driver may fail them or deadlock).
+    #[error(
+        "{operation} was called inside a host function, on the driver's thread, where CUDA calls \
+         are not allowed (the driver may fail them or deadlock); do it from another thread"
+    )]
+    InsideHostFunction {
+        /// What was attempted.
+        operation: &'static str,
+    },
+
+    /// `flush` gave up before every owner was dropped.
+    #[error(
+        "flush timed out after {timeout:?}: {waiting} host functions have run but their owners are \
+         not dropped yet. Is an owner's Drop blocking the reaper?"
+    )]
+    FlushTimedOut {
+        /// Records still waiting to be released.
+        waiting: u64,
+        /// The timeout given.
+        timeout: Duration,
+    },
+
+    /// The reaper thread could not be started.
+    #[error(
+        "the cleanup reaper thread could not be started ({0}); free thread resources or choose \
+         CleanupMode::Manual (CUDA_HOST_LAUNCH_CLEANUP=manual)"
+    )]
+    ReaperSpawn(String),
+
+    /// `set_cleanup_mode(Manual)` after the reaper started.
+    #[error(
+        "the cleanup reaper is already running: choose CleanupMode::Manual before the first launch \
+         (or set CUDA_HOST_LAUNCH_CLEANUP=manual)"
+    )]
+    ReaperAlreadyRunning,
+
+    /// An environment variable this crate reads holds a value it does not understand.
+    #[error("{variable}={value:?} is not understood; set it to `reaper` or `manual`, or unset it")]
+    InvalidEnvironment {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+    },
+
+    /// The bytes to copy are too large for one allocation.
+    #[error("{len} bytes of user data cannot be allocated in one block")]
+    UserDataTooLarge {
+        /// The length asked for.
+        len: usize,
+    },
+}
+
+impl Error {
+    /// The driver's result code, when the error is one.
+    pub fn cuda_code(&self) -> Option<cuda_sys::types::CUresult> {
+        match self {
+            Error::Cuda(e) => e.code(),
+            _ => None,
+        }
+    }
+}

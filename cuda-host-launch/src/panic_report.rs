@@ -1,0 +1,83 @@
+//! Reporting panics caught in host closures and in owners' `Drop`, through a replaceable handler.
+//!
+//! Reports are made by the thread that releases the record (the reaper, or a draining thread), never
+//! by a driver thread: the handler is user code and may do anything, CUDA calls included.
+
+use std::any::Any;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, RwLock};
+
+/// Where a caught panic came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PanicOrigin {
+    /// A host closure panicked while it ran on the driver's thread. The panic was caught there; the
+    /// stream went on.
+    HostFunction,
+    /// An owner's `Drop` panicked while the cleanup queue released it. The rest of the record was
+    /// still released; the reaper went on.
+    OwnerDrop,
+}
+
+impl fmt::Display for PanicOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PanicOrigin::HostFunction => "a host function",
+            PanicOrigin::OwnerDrop => "dropping a host function's owners",
+        })
+    }
+}
+
+/// A caught panic, as given to the panic handler.
+#[derive(Debug)]
+pub struct PanicReport<'a> {
+    /// Where it came from.
+    pub origin: PanicOrigin,
+    /// The panic's message (`"<non-string panic payload>"` if it had none).
+    pub message: &'a str,
+}
+
+impl fmt::Display for PanicReport<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cuda-host-launch: {} panicked: {}", self.origin, self.message)
+    }
+}
+
+type Handler = Arc<dyn Fn(&PanicReport<'_>) + Send + Sync + 'static>;
+
+static HANDLER: RwLock<Option<Handler>> = RwLock::new(None);
+
+/// Replaces the panic handler. The default writes one line to stderr:
+/// `cuda-host-launch: a host function panicked: <message>`.
+///
+/// The handler runs on the thread that releases the record (the reaper, or the thread that drains),
+/// never on the driver's thread. A panic inside the handler is caught and ignored.
+pub fn set_panic_handler(handler: impl Fn(&PanicReport<'_>) + Send + Sync + 'static) {
+    let mut slot = HANDLER.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    *slot = Some(Arc::new(handler));
+}
+
+/// Restores the default panic handler.
+pub fn reset_panic_handler() {
+    let mut slot = HANDLER.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    *slot = None;
+}
+
+/// Reports one caught panic.
+pub(crate) fn report(origin: PanicOrigin, payload: &(dyn Any + Send)) {
+    let message = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("<non-string panic payload>");
+    let report = PanicReport { origin, message };
+    let handler = HANDLER
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clone();
+    let _ = catch_unwind(AssertUnwindSafe(|| match handler {
+        Some(handler) => handler(&report),
+        None => eprintln!("{report}"),
+    }));
+}

@@ -1,0 +1,67 @@
+//! Accepting any stream handle: this crate's [`Stream`](crate::Stream), a handle from another binding,
+//! or one of the special handles.
+
+use cuda_sys::types::CUstream;
+
+/// A type that is, or holds, a CUDA stream handle valid for as long as the value is borrowed.
+///
+/// # Safety
+/// `as_raw_stream` must return a handle that is valid (created and not yet destroyed), or one of the
+/// special handles (`0`, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`), for as long as `self` lives.
+/// Safe launch functions rely on it: a dangling handle would be undefined behaviour in the driver.
+pub unsafe trait AsRawStream {
+    /// The handle.
+    fn as_raw_stream(&self) -> CUstream;
+}
+
+// SAFETY: a reference to a valid stream holder returns that holder's valid handle.
+unsafe impl<T: AsRawStream + ?Sized> AsRawStream for &T {
+    fn as_raw_stream(&self) -> CUstream {
+        (**self).as_raw_stream()
+    }
+}
+
+/// A stream handle made elsewhere: by `cuda-sys` directly, by another binding (cudarc's
+/// `CudaStream::cu_stream()`, cust), or by another language (a PyTorch stream's `cuda_stream`).
+///
+/// Creating one is `unsafe` (you vouch that the handle stays valid while you use it); using it is
+/// then as safe as any stream of this crate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RawStream(CUstream);
+
+// SAFETY: a CUstream handle is an opaque token the driver accepts from any thread; `RawStream` owns
+// nothing, and its constructor's contract covers validity.
+unsafe impl Send for RawStream {}
+// SAFETY: as above; sharing a handle shares nothing but the token.
+unsafe impl Sync for RawStream {}
+
+impl RawStream {
+    /// The legacy default stream (`CU_STREAM_LEGACY`) of the calling thread's current context.
+    pub const LEGACY: RawStream = RawStream(cuda_sys::CU_STREAM_LEGACY);
+    /// The calling thread's per-thread default stream (`CU_STREAM_PER_THREAD`) of its current context.
+    pub const PER_THREAD: RawStream = RawStream(cuda_sys::CU_STREAM_PER_THREAD);
+    /// The null stream `0`: the legacy or the per-thread default stream, as the driver was loaded
+    /// ([`cuda_sys::DefaultStream`]).
+    pub const DEFAULT: RawStream = RawStream(std::ptr::null_mut());
+
+    /// Wraps a handle made elsewhere.
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream handle (or a special handle) and stay valid for as long as
+    /// this `RawStream`, or any copy of it, is used.
+    pub const unsafe fn from_raw(stream: CUstream) -> RawStream {
+        RawStream(stream)
+    }
+
+    /// The handle.
+    pub fn raw(self) -> CUstream {
+        self.0
+    }
+}
+
+// SAFETY: the constructor's contract (or the special constants) make the handle valid while used.
+unsafe impl AsRawStream for RawStream {
+    fn as_raw_stream(&self) -> CUstream {
+        self.0
+    }
+}

@@ -1,0 +1,320 @@
+//! The launch record: the one heap allocation of a launch, holding the host function, its user data
+//! and its owners; and the trampoline the driver calls with it.
+//!
+//! A record starts with a [`RecordHeader`] (the cleanup queue's link and one dispatch function), so
+//! the queue and the trampoline handle every kind of record alike through a `NonNull<RecordHeader>`:
+//!
+//! ```text
+//!   Record<P> (repr(C))            P is one of:
+//!   +------------------+           RawPayload<O>      f, user_data, owners: O
+//!   | next  (queue)    |           ClosurePayload<F>  the closure F (captures = owners), caught panic
+//!   | dispatch fn      |           (bytes)            f, len, then the copied bytes inline
+//!   +------------------+
+//!   | payload P        |
+//!   +------------------+
+//! ```
+//!
+//! Life of a record: built on the launching thread; its address is the `userData` of
+//! `cuLaunchHostFunc`; the driver's thread calls [`trampoline`], which runs the payload once and pushes
+//! the record onto the cleanup queue (no lock, no allocation, no CUDA call); the reaper (or a drain)
+//! releases it: owners dropped, memory freed. If the enqueue fails, [`OwnedRecord`]'s `Drop` releases
+//! it on the launching thread instead.
+
+use std::alloc::Layout;
+use std::any::Any;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::{self, NonNull};
+
+use crate::cleanup;
+use crate::host_thread::HostFunctionScope;
+use crate::intrusive_stack::Linked;
+use crate::sync::AtomicPtr;
+
+/// A caught panic's payload.
+pub(crate) type PanicPayload = Box<dyn Any + Send + 'static>;
+
+/// What [`RecordHeader::dispatch`] is asked to do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Run the host function (on the driver's thread). Must not unwind.
+    Run,
+    /// Hand over the panic the run caught, if any.
+    TakePanic,
+    /// Drop the owners and free the record. May unwind if an owner's `Drop` panics; the memory is
+    /// freed either way.
+    Release,
+}
+
+/// The part every record starts with.
+#[repr(C)]
+pub(crate) struct RecordHeader {
+    /// The cleanup queue's link; written only by the queue.
+    next: AtomicPtr<RecordHeader>,
+    /// The record's type-specific operations.
+    dispatch: unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>,
+}
+
+// SAFETY: `link` always returns `next`, which only the intrusive stack writes.
+unsafe impl Linked for RecordHeader {
+    fn link(&self) -> &AtomicPtr<Self> {
+        &self.next
+    }
+}
+
+impl RecordHeader {
+    fn new(dispatch: unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>) -> Self {
+        RecordHeader { next: AtomicPtr::new(ptr::null_mut()), dispatch }
+    }
+
+    /// Runs `op` on the record at `header`.
+    ///
+    /// # Safety
+    /// `header` must point at a live record. `Run` only once and on one thread at a time; after
+    /// `Release` the record is gone.
+    #[inline]
+    pub(crate) unsafe fn dispatch(header: NonNull<RecordHeader>, op: Op) -> Option<PanicPayload> {
+        // SAFETY: the caller guarantees the record is live; `dispatch` was set at construction to the
+        // function for this record's type.
+        unsafe { (header.as_ref().dispatch)(header, op) }
+    }
+}
+
+/// A record not yet handed to the driver: releasing it is this value's job, so every early return
+/// and error path drops the owners on the current thread (or, on a driver thread, defers them).
+pub(crate) struct OwnedRecord(NonNull<RecordHeader>);
+
+impl OwnedRecord {
+    /// The address to pass as `userData`.
+    pub(crate) fn as_user_data(&self) -> *mut c_void {
+        self.0.as_ptr().cast()
+    }
+
+    /// Hands ownership to the driver (the trampoline will release it).
+    pub(crate) fn into_raw(self) -> NonNull<RecordHeader> {
+        let header = self.0;
+        std::mem::forget(self);
+        header
+    }
+
+    /// Takes ownership of a record previously turned `into_raw` whose launch did not happen.
+    ///
+    /// # Safety
+    /// `header` must come from [`OwnedRecord::into_raw`] and not be owned by anyone else.
+    pub(crate) unsafe fn from_raw(header: NonNull<RecordHeader>) -> Self {
+        OwnedRecord(header)
+    }
+}
+
+impl Drop for OwnedRecord {
+    fn drop(&mut self) {
+        cleanup::release_here_or_defer(self.0);
+    }
+}
+
+// SAFETY: a record's payload is `Send` (every payload type requires it), and the record is used by
+// one thread at a time: the launcher, then the driver's thread, then a releasing thread.
+unsafe impl Send for OwnedRecord {}
+
+/// One kind of record content.
+pub(crate) trait Payload: Send + 'static {
+    /// Runs the host function; called once, on the driver's thread. Must not unwind.
+    ///
+    /// # Safety
+    /// Whatever the launch that built this payload promised (see each launch's `# Safety`).
+    unsafe fn run(&mut self);
+
+    /// The panic the run caught, if any.
+    fn take_panic(&mut self) -> Option<PanicPayload> {
+        None
+    }
+}
+
+#[repr(C)]
+struct Record<P> {
+    header: RecordHeader,
+    payload: P,
+}
+
+/// Boxes `payload` into a record.
+pub(crate) fn new_record<P: Payload>(payload: P) -> OwnedRecord {
+    let record = Box::new(Record { header: RecordHeader::new(dispatch::<P>), payload });
+    OwnedRecord(NonNull::from(Box::leak(record)).cast())
+}
+
+/// The dispatch function of `Record<P>`.
+///
+/// # Safety
+/// As [`RecordHeader::dispatch`]; `header` must be the header of a `Record<P>` made by `new_record`.
+unsafe fn dispatch<P: Payload>(header: NonNull<RecordHeader>, op: Op) -> Option<PanicPayload> {
+    let record = header.cast::<Record<P>>().as_ptr();
+    match op {
+        Op::Run => {
+            // SAFETY: the record is live and only the driver's thread touches it while it runs.
+            unsafe { (*record).payload.run() };
+            None
+        }
+        // SAFETY: the record is live and owned by the caller.
+        Op::TakePanic => unsafe { (*record).payload.take_panic() },
+        Op::Release => {
+            // SAFETY: `new_record` made this allocation with `Box`; the caller owns it and releases it
+            // once. Dropping the Box drops the owners, then frees (also if an owner's Drop panics).
+            drop(unsafe { Box::from_raw(record) });
+            None
+        }
+    }
+}
+
+/// The host function the driver calls for every launch of this crate: `userData` is the record.
+///
+/// Runs the payload, then pushes the record onto the cleanup queue. Takes no lock, allocates
+/// nothing, calls no CUDA function and never drops an owner.
+///
+/// # Safety
+/// Called by the driver only, with the `userData` of a launch made by this crate.
+pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
+    let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) else {
+        return;
+    };
+    {
+        let _scope = HostFunctionScope::enter();
+        // SAFETY: the driver passes back the record we launched, which is live and now only touched
+        // by this thread; this is its one run.
+        unsafe { RecordHeader::dispatch(header, Op::Run) };
+    }
+    // SAFETY: the run is over; ownership passes to the cleanup queue.
+    unsafe { cleanup::push_ran(header) };
+}
+
+/// A raw launch: `f(user_data)`, with owners kept alive until it has returned.
+pub(crate) struct RawPayload<O> {
+    pub(crate) f: unsafe extern "C" fn(*mut c_void),
+    pub(crate) user_data: *mut c_void,
+    #[allow(dead_code, reason = "held only so it is dropped after the run, with the record")]
+    pub(crate) owners: O,
+}
+
+// SAFETY: `launch_host_function`'s contract makes the caller promise that `f(user_data)` may run on
+// another thread; the owners are `Send` by the bound.
+unsafe impl<O: Send> Send for RawPayload<O> {}
+
+impl<O: Send + 'static> Payload for RawPayload<O> {
+    unsafe fn run(&mut self) {
+        // SAFETY: the launch's caller promised `f(user_data)` is sound to call once, here, and that
+        // `f` does not unwind (an `extern "C"` function that panics aborts instead).
+        unsafe { (self.f)(self.user_data) }
+    }
+}
+
+/// A closure launch: the closure (its captures are the owners) is called once through `&mut`, so
+/// the captures outlive the call and are dropped with the record, off the driver's thread.
+pub(crate) struct ClosurePayload<F> {
+    pub(crate) f: F,
+    pub(crate) panic: Option<PanicPayload>,
+}
+
+impl<F: FnMut() + Send + 'static> Payload for ClosurePayload<F> {
+    unsafe fn run(&mut self) {
+        // A panic must not unwind into the driver: catch it and keep it for the reaper to report.
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(&mut self.f)) {
+            self.panic = Some(panic);
+        }
+    }
+
+    fn take_panic(&mut self) -> Option<PanicPayload> {
+        self.panic.take()
+    }
+}
+
+/// Alignment of the copied bytes: that of `malloc`, so any C struct may be read from them.
+pub(crate) const BYTES_ALIGN: usize = 16;
+
+/// The fixed part of a bytes record; the bytes follow at `bytes_layout(len).1`.
+#[repr(C)]
+struct BytesRecord {
+    header: RecordHeader,
+    f: unsafe extern "C" fn(*mut c_void),
+    len: usize,
+}
+
+/// The layout of a bytes record of `len` bytes, and the offset of the bytes in it.
+fn bytes_layout(len: usize) -> Option<(Layout, usize)> {
+    let bytes = Layout::from_size_align(len, BYTES_ALIGN).ok()?;
+    let (layout, offset) = Layout::new::<BytesRecord>().extend(bytes).ok()?;
+    Some((layout.pad_to_align(), offset))
+}
+
+/// A record holding a copy of `bytes`, inline; `f` gets a pointer to the copy, aligned to
+/// [`BYTES_ALIGN`]. One allocation. `None` if the size overflows the address space.
+pub(crate) fn new_bytes_record(
+    f: unsafe extern "C" fn(*mut c_void),
+    bytes: &[u8],
+) -> Option<OwnedRecord> {
+    let (layout, offset) = bytes_layout(bytes.len())?;
+    // SAFETY: `layout` has a non-zero size (it contains a `BytesRecord`).
+    let base = unsafe { std::alloc::alloc(layout) };
+    let Some(base) = NonNull::new(base) else {
+        std::alloc::handle_alloc_error(layout);
+    };
+    let record = base.cast::<BytesRecord>();
+    // SAFETY: `base` is a fresh allocation of `layout`, which starts with a `BytesRecord` and has
+    // `bytes.len()` bytes at `offset`; the source and the copy do not overlap.
+    unsafe {
+        record.as_ptr().write(BytesRecord {
+            header: RecordHeader::new(dispatch_bytes),
+            f,
+            len: bytes.len(),
+        });
+        ptr::copy_nonoverlapping(bytes.as_ptr(), base.as_ptr().add(offset), bytes.len());
+    }
+    Some(OwnedRecord(record.cast()))
+}
+
+/// The dispatch function of bytes records.
+///
+/// # Safety
+/// As [`RecordHeader::dispatch`]; `header` must be the header of a record from `new_bytes_record`.
+unsafe fn dispatch_bytes(header: NonNull<RecordHeader>, op: Op) -> Option<PanicPayload> {
+    let record = header.cast::<BytesRecord>();
+    // SAFETY: the record is live; `len` was written at construction and never changes.
+    let (f, len) = unsafe { ((*record.as_ptr()).f, (*record.as_ptr()).len) };
+    // `new_bytes_record` computed this same layout successfully, so this cannot fail; if it somehow
+    // did, leaking is the safe answer.
+    let (layout, offset) = bytes_layout(len)?;
+    match op {
+        Op::Run => {
+            // SAFETY: the bytes live at `offset` in this record until it is released; the launch's
+            // caller promised `f` may be called with them.
+            unsafe { f(header.as_ptr().cast::<u8>().add(offset).cast()) };
+            None
+        }
+        Op::TakePanic => None,
+        Op::Release => {
+            // SAFETY: allocated with `layout` in `new_bytes_record`; the header and the bytes have
+            // no drop glue; the caller releases once.
+            unsafe { std::alloc::dealloc(header.as_ptr().cast(), layout) };
+            None
+        }
+    }
+}
+
+/// A value to drop off the driver's thread (see [`crate::defer_drop`]).
+pub(crate) struct DeferredDrop<T>(pub(crate) T);
+
+impl<T: Send + 'static> Payload for DeferredDrop<T> {
+    unsafe fn run(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_are_as_small_as_their_contents_allow() {
+        assert_eq!(size_of::<RecordHeader>(), 2 * size_of::<usize>());
+        assert_eq!(size_of::<Record<RawPayload<()>>>(), 4 * size_of::<usize>());
+        let (layout, offset) = bytes_layout(24).unwrap();
+        assert_eq!(offset % BYTES_ALIGN, 0);
+        assert!(layout.size() >= offset + 24);
+    }
+}

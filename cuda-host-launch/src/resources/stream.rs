@@ -1,0 +1,122 @@
+//! A stream of this crate.
+
+use std::ptr;
+use std::sync::Arc;
+
+use cuda_sys::types::{CUstream, CUstream_flags, CUresult};
+
+use super::context::PrimaryContext;
+use crate::cleanup::defer_drop;
+use crate::error::Error;
+use crate::raw_stream::AsRawStream;
+
+/// A CUDA stream (`cuStreamCreate`), destroyed on drop. Holds its context alive.
+///
+/// Destroying a stream with host functions still pending is fine: `cuStreamDestroy` returns at once
+/// and the driver still runs them (their owners are released as usual).
+#[derive(Debug)]
+pub struct Stream {
+    raw: CUstream,
+    context: Arc<PrimaryContext>,
+}
+
+// SAFETY: a stream handle is an opaque token the driver accepts from any thread; the driver API is
+// thread-safe.
+unsafe impl Send for Stream {}
+// SAFETY: as above; `&Stream` only hands out the token and makes thread-safe driver calls.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new stream of `context` that synchronizes with the legacy default stream.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the call fails.
+    pub fn new(context: &Arc<PrimaryContext>) -> Result<Stream, Error> {
+        Self::with_flags(context, CUstream_flags::CU_STREAM_DEFAULT)
+    }
+
+    /// A new stream of `context` that does not synchronize with the legacy default stream.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the call fails.
+    pub fn new_non_blocking(context: &Arc<PrimaryContext>) -> Result<Stream, Error> {
+        Self::with_flags(context, CUstream_flags::CU_STREAM_NON_BLOCKING)
+    }
+
+    fn with_flags(context: &Arc<PrimaryContext>, flags: CUstream_flags) -> Result<Stream, Error> {
+        let raw = context.scoped(|driver| {
+            let mut raw = ptr::null_mut();
+            // SAFETY: a context is current; `raw` is a valid place to write a stream handle.
+            unsafe { driver.cuStreamCreate(&mut raw, flags.0)? };
+            Ok(raw)
+        })?;
+        Ok(Stream { raw, context: Arc::clone(context) })
+    }
+
+    /// Waits until all work enqueued so far, host functions included, has completed.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`], e.g. a sticky error such as `CUDA_ERROR_LAUNCH_FAILED` (719).
+    pub fn synchronize(&self) -> Result<(), Error> {
+        let driver = cuda_sys::driver()?;
+        // SAFETY: `raw` is a live stream.
+        unsafe { driver.cuStreamSynchronize(self.raw)? };
+        Ok(())
+    }
+
+    /// Whether all work enqueued so far has completed (`cuStreamQuery`).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] for any result other than success or `CUDA_ERROR_NOT_READY`.
+    pub fn is_idle(&self) -> Result<bool, Error> {
+        let driver = cuda_sys::driver()?;
+        let query = driver.raw().cuStreamQuery()?;
+        // SAFETY: `raw` is a live stream.
+        let code = unsafe { query(self.raw) };
+        if code == CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        driver.check(code, "cuStreamQuery")?;
+        Ok(true)
+    }
+
+    /// The driver's handle.
+    pub fn raw(&self) -> CUstream {
+        self.raw
+    }
+
+    /// The stream's context.
+    pub fn context(&self) -> &Arc<PrimaryContext> {
+        &self.context
+    }
+}
+
+// SAFETY: the handle is live for as long as the `Stream` is.
+unsafe impl AsRawStream for Stream {
+    fn as_raw_stream(&self) -> CUstream {
+        self.raw
+    }
+}
+
+/// The destruction, as a value that can be deferred off a driver thread.
+struct Destroy(CUstream, Arc<PrimaryContext>);
+
+// SAFETY: as for `Stream`.
+unsafe impl Send for Destroy {}
+
+impl Drop for Destroy {
+    fn drop(&mut self) {
+        let stream = self.0;
+        let _ = self.1.scoped(|driver| {
+            // SAFETY: the stream is live and destroyed once, here.
+            unsafe { driver.cuStreamDestroy(stream)? };
+            Ok(())
+        });
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        defer_drop(Destroy(self.raw, Arc::clone(&self.context)));
+    }
+}
