@@ -48,8 +48,9 @@ pub enum CleanupMode {
 
 struct CleanupQueue {
     stack: IntrusiveStack<RecordHeader>,
-    /// Records pushed by trampolines: host functions that have run.
-    ran: AtomicU64,
+    /// Records pushed so far: those of host functions that have run, of graphs destroyed, and
+    /// deferred drops.
+    queued: AtomicU64,
     /// Records released from the queue.
     released: AtomicU64,
     /// Threads waiting in `flush`.
@@ -58,7 +59,7 @@ struct CleanupQueue {
 
 static QUEUE: CleanupQueue = CleanupQueue {
     stack: IntrusiveStack::new(),
-    ran: AtomicU64::new(0),
+    queued: AtomicU64::new(0),
     released: AtomicU64::new(0),
     flush_waiters: AtomicUsize::new(0),
 };
@@ -73,17 +74,18 @@ const MODE_REAPER: u8 = 1;
 const MODE_MANUAL: u8 = 2;
 static MODE: AtomicU8 = AtomicU8::new(MODE_UNSET);
 
-/// Pushes a record whose host function has run.
+/// Pushes a record to be released: one whose host function has run (from the trampoline), one
+/// whose graph is gone (from a user object's destructor), or a deferred drop.
 ///
-/// Called on the driver's thread: no allocation, no lock, no CUDA call, no drop.
+/// May be called on a driver thread: no allocation, no lock, no CUDA call, no drop.
 ///
 /// # Safety
 /// `header` must be a live record that nobody else owns.
 #[inline]
-pub(crate) unsafe fn push_ran(header: NonNull<RecordHeader>) {
+pub(crate) unsafe fn push(header: NonNull<RecordHeader>) {
     // Counted before it is pushed, so a `flush` that sees the count also finds the record (or finds
     // it released).
-    QUEUE.ran.fetch_add(1, Ordering::SeqCst);
+    QUEUE.queued.fetch_add(1, Ordering::SeqCst);
     // SAFETY: the caller hands over a live record that is in no queue.
     let was_empty = unsafe { QUEUE.stack.push(header) };
     if was_empty && let Some(reaper) = REAPER.get() {
@@ -95,12 +97,8 @@ pub(crate) unsafe fn push_ran(header: NonNull<RecordHeader>) {
 /// which case the record goes to the cleanup queue instead.
 pub(crate) fn release_here_or_defer(header: NonNull<RecordHeader>) {
     if in_host_function() {
-        // SAFETY: the record is ours and in no queue. It is not counted in `ran`: no host function
-        // ran for it, so `flush` need not wait for it (it is released with the next batch anyway).
-        let was_empty = unsafe { QUEUE.stack.push(header) };
-        if was_empty && let Some(reaper) = REAPER.get() {
-            reaper.unpark();
-        }
+        // SAFETY: the record is ours and in no queue.
+        unsafe { push(header) };
     } else {
         release_one(header);
     }
@@ -167,11 +165,13 @@ pub fn drain() -> u64 {
     release_batch(QUEUE.stack.take_all())
 }
 
-/// Waits until the owners of every host function that has run so far are dropped, or `timeout`
-/// passes. In manual mode it drains the queue itself.
+/// Waits until every record queued so far is released, or `timeout` passes: the owners of every
+/// host function that has run, and of every graph whose user object the driver has destroyed. In
+/// manual mode it drains the queue itself.
 ///
 /// Host functions still pending on their streams are not waited for: synchronize the stream first
-/// to include them.
+/// to include them. The driver destroys a graph's user objects asynchronously, so owners tied to a
+/// graph may reach the queue a little after `cuGraphDestroy` returns.
 ///
 /// # Errors
 /// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
@@ -180,7 +180,7 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
     if in_host_function() {
         return Err(Error::InsideHostFunction { operation: "flush" });
     }
-    let target = QUEUE.ran.load(Ordering::SeqCst);
+    let target = QUEUE.queued.load(Ordering::SeqCst);
     let deadline = Instant::now() + timeout;
     QUEUE.flush_waiters.fetch_add(1, Ordering::SeqCst);
     let result = loop {
@@ -193,7 +193,10 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
         }
         let now = Instant::now();
         if now >= deadline {
-            break Err(Error::FlushTimedOut { waiting: target - released, timeout });
+            break Err(Error::FlushTimedOut {
+                waiting: target - released,
+                timeout,
+            });
         }
         let guard = FLUSH_LOCK.lock().unwrap_or_else(|p| p.into_inner());
         if QUEUE.released.load(Ordering::SeqCst) >= target {
@@ -202,7 +205,9 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
         // Bounded waits: in manual mode nobody notifies, and a host function may be pushing as we
         // look; a short slice keeps both cheap and correct.
         let slice = (deadline - now).min(Duration::from_millis(2));
-        let _ = FLUSHED.wait_timeout(guard, slice).unwrap_or_else(|p| p.into_inner());
+        let _ = FLUSHED
+            .wait_timeout(guard, slice)
+            .unwrap_or_else(|p| p.into_inner());
     };
     QUEUE.flush_waiters.fetch_sub(1, Ordering::SeqCst);
     result
@@ -218,13 +223,12 @@ pub fn cleanup_mode() -> Result<CleanupMode, Error> {
         MODE_MANUAL => Ok(CleanupMode::Manual),
         _ => {
             let mode = mode_from_env()?;
-            let value = if mode == CleanupMode::Manual { MODE_MANUAL } else { MODE_REAPER };
-            let _ = MODE.compare_exchange(
-                MODE_UNSET,
-                value,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
+            let value = if mode == CleanupMode::Manual {
+                MODE_MANUAL
+            } else {
+                MODE_REAPER
+            };
+            let _ = MODE.compare_exchange(MODE_UNSET, value, Ordering::AcqRel, Ordering::Acquire);
             cleanup_mode()
         }
     }
@@ -237,7 +241,10 @@ fn mode_from_env() -> Result<CleanupMode, Error> {
             Ok(CleanupMode::Reaper)
         }
         Ok(v) if v.trim().eq_ignore_ascii_case("manual") => Ok(CleanupMode::Manual),
-        Ok(v) => Err(Error::InvalidEnvironment { variable: CLEANUP_MODE_ENV, value: v }),
+        Ok(v) => Err(Error::InvalidEnvironment {
+            variable: CLEANUP_MODE_ENV,
+            value: v,
+        }),
         Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidEnvironment {
             variable: CLEANUP_MODE_ENV,
             value: v.to_string_lossy().into_owned(),
@@ -309,8 +316,9 @@ fn reaper_loop() {
 /// Counters of the cleanup queue, for tests and benchmarks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CleanupStats {
-    /// Host functions of this crate that have run (their records reached the queue).
-    pub ran: u64,
+    /// Records queued for release: host functions of this crate that have run, graphs whose owners
+    /// the driver let go, deferred drops.
+    pub queued: u64,
     /// Records released from the queue (their owners dropped).
     pub released: u64,
 }
@@ -318,7 +326,7 @@ pub struct CleanupStats {
 /// A snapshot of the cleanup queue's counters.
 pub fn cleanup_stats() -> CleanupStats {
     CleanupStats {
-        ran: QUEUE.ran.load(Ordering::SeqCst),
+        queued: QUEUE.queued.load(Ordering::SeqCst),
         released: QUEUE.released.load(Ordering::SeqCst),
     }
 }

@@ -29,7 +29,9 @@ pub(crate) struct HostFunctionScope {
 impl HostFunctionScope {
     #[inline]
     pub(crate) fn enter() -> Self {
-        HostFunctionScope { previous: IN_HOST_FUNCTION.with(|c| c.replace(true)) }
+        HostFunctionScope {
+            previous: IN_HOST_FUNCTION.with(|c| c.replace(true)),
+        }
     }
 }
 

@@ -31,12 +31,16 @@ pub(crate) struct IntrusiveStack<N: Linked> {
 impl<N: Linked> IntrusiveStack<N> {
     #[cfg(not(loom))]
     pub(crate) const fn new() -> Self {
-        IntrusiveStack { head: AtomicPtr::new(ptr::null_mut()) }
+        IntrusiveStack {
+            head: AtomicPtr::new(ptr::null_mut()),
+        }
     }
 
     #[cfg(loom)]
     pub(crate) fn new() -> Self {
-        IntrusiveStack { head: AtomicPtr::new(ptr::null_mut()) }
+        IntrusiveStack {
+            head: AtomicPtr::new(ptr::null_mut()),
+        }
     }
 
     /// Pushes `node`; returns `true` if the stack was empty (the caller should wake a consumer).
@@ -69,7 +73,9 @@ impl<N: Linked> IntrusiveStack<N> {
     #[inline]
     pub(crate) fn take_all(&self) -> Batch<N> {
         if self.head.load(Ordering::Relaxed).is_null() {
-            return Batch { next: ptr::null_mut() };
+            return Batch {
+                next: ptr::null_mut(),
+            };
         }
         // Acquire: pairs with the Release in `push`, for every node of the list (each was pushed by
         // a Release CAS that this swap reads from, directly or through the release sequence).
@@ -137,7 +143,9 @@ mod tests {
 
     fn free_all(batch: Batch<TestNode>) -> Vec<usize> {
         // SAFETY: each node came from `node` (a leaked Box) and is handed out once.
-        batch.map(|n| unsafe { Box::from_raw(n.as_ptr()) }.value).collect()
+        batch
+            .map(|n| unsafe { Box::from_raw(n.as_ptr()) }.value)
+            .collect()
     }
 
     #[test]
@@ -153,7 +161,8 @@ mod tests {
         assert_eq!(free_all(stack.take_all()), vec![1, 2, 3]);
         assert!(stack.is_empty());
         // SAFETY: as above.
-        assert!(unsafe { stack.push(node(4)) }, "the first push after a take is a new batch");
+        let fourth = unsafe { stack.push(node(4)) };
+        assert!(fourth, "the first push after a take is a new batch");
         assert_eq!(free_all(stack.take_all()), vec![4]);
         assert_eq!(free_all(stack.take_all()), Vec::<usize>::new());
     }

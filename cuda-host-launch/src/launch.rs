@@ -2,14 +2,19 @@
 //! go through [`enqueue`].
 
 use std::ffi::c_void;
-use std::ptr;
 
-use cuda_sys::types::{CUhostFn, CUresult, CUstream, CUstreamCaptureStatus};
+use cuda_sys::types::{CUhostFn, CUresult, CUstream};
 
+use crate::capture::{Capture, capture_graph_legacy, capture_of};
 use crate::cleanup::{self, CleanupMode};
 use crate::error::Error;
+use crate::options::{LaunchCall, LaunchOptions};
 use crate::raw_stream::AsRawStream;
-use crate::record::{ClosurePayload, OwnedRecord, RawPayload, new_bytes_record, new_record, trampoline};
+use crate::record::{
+    ClosurePayload, OwnedRecord, RawPayload, RepeatableClosure, new_bytes_record, new_record,
+    new_shared_record, trampoline, trampoline_repeatable,
+};
+use crate::user_object::GraphOwnedRecord;
 
 /// Enqueues `f(user_data)` on `stream`, keeping `owners` alive until `f` has returned; the owners
 /// are then dropped exactly once, by the cleanup queue, never on the driver's thread.
@@ -68,13 +73,78 @@ where
     S: AsRawStream,
     O: Send + 'static,
 {
+    // SAFETY: forwarded: the caller's contract is the same.
+    unsafe { launch_host_function_with(stream, &LaunchOptions::default(), f, user_data, owners) }
+}
+
+/// [`launch_host_function`] with [`LaunchOptions`] (the driver thread's sync mode).
+///
+/// # Safety
+/// As [`launch_host_function`].
+///
+/// # Errors
+/// As [`launch_host_function`]; `DriverTooOld` if the options need a newer driver.
+pub unsafe fn launch_host_function_with<S, O>(
+    stream: S,
+    options: &LaunchOptions,
+    f: CUhostFn,
+    user_data: *mut c_void,
+    owners: O,
+) -> Result<(), Error>
+where
+    S: AsRawStream,
+    O: Send + 'static,
+{
     let Some(f) = f else {
         cleanup::defer_drop(owners);
         return Err(Error::NullFunction);
     };
-    let record = new_record(RawPayload { f, user_data, owners });
+    let record = new_record(RawPayload {
+        f,
+        user_data,
+        owners,
+    });
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
-    unsafe { enqueue(stream.as_raw_stream(), record) }
+    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Once, options) }
+}
+
+/// Like [`launch_host_function`], but `f` may run many times: on a stream whose capture is active
+/// (also a stream joined into a capture through an event), the launch is captured as a host node and
+/// `f` runs on every launch of every executable graph made from the captured graph. The owners are
+/// then tied to that graph through a CUDA user object and dropped, off the driver's thread, only once
+/// the graph and all its executable graphs are destroyed. On a stream that is not capturing it runs
+/// once, like [`launch_host_function`].
+///
+/// # Safety
+/// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
+///   concurrently (executable graphs of different contexts), and must not unwind;
+/// - whatever `user_data` points to must stay valid while the owners are alive.
+///
+/// # Errors
+/// As [`launch_host_function`] (but never `CaptureActive`). If anything fails after the owners were
+/// handed to the graph, they are released exactly once and no node is left pointing at them.
+pub unsafe fn launch_host_function_repeatable<S, O>(
+    stream: S,
+    options: &LaunchOptions,
+    f: CUhostFn,
+    user_data: *mut c_void,
+    owners: O,
+) -> Result<(), Error>
+where
+    S: AsRawStream,
+    O: Send + Sync + 'static,
+{
+    let Some(f) = f else {
+        cleanup::defer_drop(owners);
+        return Err(Error::NullFunction);
+    };
+    let record = new_shared_record(RawPayload {
+        f,
+        user_data,
+        owners,
+    });
+    // SAFETY: the caller's contract covers any number of runs.
+    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Repeatable, options) }
 }
 
 /// Enqueues `f` with a private copy of `bytes` as its user data: `f` gets a pointer to the copy
@@ -94,10 +164,16 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
     bytes: &[u8],
 ) -> Result<(), Error> {
     let f = f.ok_or(Error::NullFunction)?;
-    let record =
-        new_bytes_record(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
+    let record = new_bytes_record(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
-    unsafe { enqueue(stream.as_raw_stream(), record) }
+    unsafe {
+        enqueue(
+            stream.as_raw_stream(),
+            record,
+            Runs::Once,
+            &LaunchOptions::default(),
+        )
+    }
 }
 
 /// Runs the closure `f` in stream order, on the driver's thread; its captures are its owners.
@@ -134,76 +210,113 @@ where
     S: AsRawStream,
     F: FnMut() + Send + 'static,
 {
-    let record = new_record(ClosurePayload { f, panic: None });
-    // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
-    unsafe { enqueue(stream.as_raw_stream(), record) }
+    host_launch_with(stream, &LaunchOptions::default(), f)
 }
 
-/// Enqueues a built record on `stream`. On any error the record is released before returning.
+/// [`host_launch`] with [`LaunchOptions`] (the driver thread's sync mode).
+///
+/// # Errors
+/// As [`host_launch`]; `DriverTooOld` if the options need a newer driver.
+pub fn host_launch_with<S, F>(stream: S, options: &LaunchOptions, f: F) -> Result<(), Error>
+where
+    S: AsRawStream,
+    F: FnMut() + Send + 'static,
+{
+    let record = new_record(ClosurePayload { f, panic: None });
+    // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
+    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Once, options) }
+}
+
+/// Runs `f` in stream order like [`host_launch`], but `f` may run many times, so it also works on a
+/// capturing stream: there the launch becomes a host node of the captured graph, `f` runs on every
+/// launch of every executable graph made from it, and `f` (with its captures) is dropped, off the
+/// driver's thread, once the graph and all its executable graphs are destroyed.
+///
+/// A panic in `f` is caught on every run and reported; the graph goes on.
+///
+/// # Errors
+/// As [`host_launch`] (never `CaptureActive`); on drivers older than 11.3 (no user objects) a launch
+/// on a capturing stream returns `DriverTooOld`. Whatever fails, `f` is released exactly once and no
+/// graph node is left pointing at it.
+pub fn host_launch_repeatable<S, F>(stream: S, options: &LaunchOptions, f: F) -> Result<(), Error>
+where
+    S: AsRawStream,
+    F: Fn() + Send + Sync + 'static,
+{
+    let record = new_shared_record(RepeatableClosure(f));
+    // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`), with
+    // panics caught.
+    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Repeatable, options) }
+}
+
+/// Whether a launch's record may run more than once.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Runs {
+    /// Runs once; refused on a capturing stream.
+    Once,
+    /// May run many times; captured as a graph node on a capturing stream.
+    Repeatable,
+}
+
+/// Enqueues a built record on `stream`. On any error the record is released (or handed to the
+/// graph's user object, which releases it) before returning.
 ///
 /// # Safety
-/// The record's payload must be sound to run once on the driver's thread (each launch form's
-/// contract).
-unsafe fn enqueue(stream: CUstream, record: OwnedRecord) -> Result<(), Error> {
+/// The record's payload must be sound to run as `runs` says on the driver's thread.
+unsafe fn enqueue(
+    stream: CUstream,
+    record: OwnedRecord,
+    runs: Runs,
+    options: &LaunchOptions,
+) -> Result<(), Error> {
     if crate::in_host_function() {
         // `record` is dropped here, which defers its owners to the cleanup queue.
-        return Err(Error::InsideHostFunction { operation: "launching a host function" });
+        return Err(Error::InsideHostFunction {
+            operation: "launching a host function",
+        });
     }
     let mode = cleanup::prepare()?;
     let driver = cuda_sys::driver()?;
-    reject_capture(driver, stream)?;
-    let launch = driver.raw().cuLaunchHostFunc()?;
-    let user_data = record.as_user_data();
-    let header = record.into_raw();
-    // SAFETY: `trampoline` is the host function for records; `user_data` is a live record that the
-    // driver now owns until it calls `trampoline` with it. The stream handle's validity is the
-    // caller's `AsRawStream` guarantee.
-    let code = unsafe { launch(stream, Some(trampoline), user_data) };
-    if code != CUresult::CUDA_SUCCESS {
-        // The driver did not take it: it is ours again, released here.
-        // SAFETY: `header` came from `into_raw` just above and the driver refused it.
-        drop(unsafe { OwnedRecord::from_raw(header) });
-        return Err(cuda_sys::Error::from(driver.describe(code, Some("cuLaunchHostFunc"))).into());
+    let call = LaunchCall::resolve(driver, options)?;
+    match (capture_of(driver, stream)?, runs) {
+        (Capture::None, _) => {
+            let user_data = record.as_user_data();
+            let header = record.into_raw();
+            // SAFETY: `trampoline` runs the record once and queues it; `user_data` is a live record
+            // the driver owns until then. The stream's validity is the `AsRawStream` guarantee.
+            let (code, function) = unsafe { call.call(stream, trampoline, user_data) };
+            if code != CUresult::CUDA_SUCCESS {
+                // The driver did not take it: it is ours again, released here.
+                // SAFETY: `header` came from `into_raw` just above and the driver refused it.
+                drop(unsafe { OwnedRecord::from_raw(header) });
+                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+            }
+        }
+        (Capture::Active { id, .. }, Runs::Once) => {
+            return Err(Error::CaptureActive {
+                stream: stream.addr(),
+                capture_id: id,
+            });
+        }
+        (Capture::Active { graph, .. }, Runs::Repeatable) => {
+            let graph = if graph.is_null() {
+                capture_graph_legacy(driver, stream)?
+            } else {
+                graph
+            };
+            let owned = GraphOwnedRecord::attach(driver, graph, record)?;
+            // SAFETY: the captured node's function runs the record on every replay, through `&self`;
+            // the graph owns the record until it and its executables are destroyed.
+            let (code, function) =
+                unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
+            if code != CUresult::CUDA_SUCCESS {
+                owned.detach(driver);
+                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+            }
+        }
     }
     if mode == CleanupMode::Manual {
         cleanup::drain();
-    }
-    Ok(())
-}
-
-/// Fails with [`Error::CaptureActive`] if `stream` is capturing (itself, or joined into another
-/// stream's capture through an event).
-fn reject_capture(driver: &cuda_sys::Driver, stream: CUstream) -> Result<(), Error> {
-    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    let mut id = 0;
-    match driver.raw().cuStreamGetCaptureInfo() {
-        Ok(info) => {
-            // SAFETY: the stream handle is valid (caller's guarantee); `status` and `id` are valid
-            // places to write; the other outputs are optional and passed as null.
-            let code = unsafe {
-                info(
-                    stream,
-                    &mut status,
-                    &mut id,
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                    ptr::null_mut(),
-                )
-            };
-            driver.check(code, "cuStreamGetCaptureInfo")?;
-        }
-        // Drivers older than 12.3 lack this signature; cuStreamIsCapturing (10.0) says as much.
-        Err(cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }) => {
-            let is_capturing = driver.raw().cuStreamIsCapturing()?;
-            // SAFETY: the stream handle is valid; `status` is a valid place to write.
-            let code = unsafe { is_capturing(stream, &mut status) };
-            driver.check(code, "cuStreamIsCapturing")?;
-        }
-        Err(e) => return Err(e.into()),
-    }
-    if status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE {
-        return Err(Error::CaptureActive { stream: stream.addr(), capture_id: id });
     }
     Ok(())
 }

@@ -11,6 +11,11 @@
 //!   thread if the launch fails.
 //! - [`host_launch`]`(stream, closure)`: the same for a closure, whose captures are its owners.
 //! - [`launch_host_function_with_bytes`]: a C host function with a private copy of its user data.
+//! - [`host_launch_repeatable`] / [`launch_host_function_repeatable`]: host functions that may run
+//!   many times, so they also work on a capturing stream: there they become a graph host node, and
+//!   the owners are tied to the graph (a CUDA user object) until it and every executable graph made
+//!   from it are destroyed. [`add_host_node`] adds such a node to a graph directly.
+//! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+).
 //!
 //! One heap allocation per launch (the launch record holds the function, its data and its owners);
 //! the driver's thread only runs the function and pushes the record onto a lock-free queue. A
@@ -25,8 +30,9 @@
 //! - **A host function never runs after a sticky context error** (a kernel trapped, error 719),
 //!   although the launch succeeded.
 //! - **`cuCtxDestroy` waits for pending host functions**, running them first.
-//! - **Launches on a capturing stream are refused** with [`Error::CaptureActive`]: a captured host
-//!   function runs on every replay of the graph, long after its owners were released.
+//! - **Run-once launches on a capturing stream are refused** with [`Error::CaptureActive`]: a
+//!   captured host function runs on every replay of the graph, long after a run-once launch would
+//!   have released its owners. Use the repeatable forms there.
 //!
 //! # Example
 //! ```no_run
@@ -50,26 +56,39 @@
 //! }
 //! ```
 
-#![warn(missing_docs, unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+#![warn(
+    missing_docs,
+    unsafe_op_in_unsafe_fn,
+    clippy::undocumented_unsafe_blocks
+)]
 
+mod capture;
 mod cleanup;
 mod error;
+mod graph;
 mod host_thread;
 mod intrusive_stack;
 mod launch;
+mod options;
 mod panic_report;
 mod raw_stream;
 mod record;
 mod resources;
 mod sync;
+mod user_object;
 
 pub use cleanup::{
     CLEANUP_MODE_ENV, CleanupMode, CleanupStats, cleanup_mode, cleanup_stats, defer_drop, drain,
     flush, set_cleanup_mode,
 };
 pub use error::Error;
+pub use graph::{Graph, GraphExec, add_host_node, add_host_node_raw, add_host_node_with};
 pub use host_thread::in_host_function;
-pub use launch::{host_launch, launch_host_function, launch_host_function_with_bytes};
+pub use launch::{
+    host_launch, host_launch_repeatable, host_launch_with, launch_host_function,
+    launch_host_function_repeatable, launch_host_function_with, launch_host_function_with_bytes,
+};
+pub use options::{HostTaskSyncMode, LaunchOptions};
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 pub use raw_stream::{AsRawStream, RawStream};
 pub use resources::{Device, Event, PrimaryContext, Stream};

@@ -40,7 +40,11 @@ pub struct PanicReport<'a> {
 
 impl fmt::Display for PanicReport<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "cuda-host-launch: {} panicked: {}", self.origin, self.message)
+        write!(
+            f,
+            "cuda-host-launch: {} panicked: {}",
+            self.origin, self.message
+        )
     }
 }
 
@@ -54,13 +58,17 @@ static HANDLER: RwLock<Option<Handler>> = RwLock::new(None);
 /// The handler runs on the thread that releases the record (the reaper, or the thread that drains),
 /// never on the driver's thread. A panic inside the handler is caught and ignored.
 pub fn set_panic_handler(handler: impl Fn(&PanicReport<'_>) + Send + Sync + 'static) {
-    let mut slot = HANDLER.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut slot = HANDLER
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     *slot = Some(Arc::new(handler));
 }
 
 /// Restores the default panic handler.
 pub fn reset_panic_handler() {
-    let mut slot = HANDLER.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut slot = HANDLER
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     *slot = None;
 }
 

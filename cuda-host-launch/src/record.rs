@@ -64,7 +64,10 @@ unsafe impl Linked for RecordHeader {
 
 impl RecordHeader {
     fn new(dispatch: unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>) -> Self {
-        RecordHeader { next: AtomicPtr::new(ptr::null_mut()), dispatch }
+        RecordHeader {
+            next: AtomicPtr::new(ptr::null_mut()),
+            dispatch,
+        }
     }
 
     /// Runs `op` on the record at `header`.
@@ -138,7 +141,10 @@ struct Record<P> {
 
 /// Boxes `payload` into a record.
 pub(crate) fn new_record<P: Payload>(payload: P) -> OwnedRecord {
-    let record = Box::new(Record { header: RecordHeader::new(dispatch::<P>), payload });
+    let record = Box::new(Record {
+        header: RecordHeader::new(dispatch::<P>),
+        payload,
+    });
     OwnedRecord(NonNull::from(Box::leak(record)).cast())
 }
 
@@ -183,14 +189,17 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
         unsafe { RecordHeader::dispatch(header, Op::Run) };
     }
     // SAFETY: the run is over; ownership passes to the cleanup queue.
-    unsafe { cleanup::push_ran(header) };
+    unsafe { cleanup::push(header) };
 }
 
 /// A raw launch: `f(user_data)`, with owners kept alive until it has returned.
 pub(crate) struct RawPayload<O> {
     pub(crate) f: unsafe extern "C" fn(*mut c_void),
     pub(crate) user_data: *mut c_void,
-    #[allow(dead_code, reason = "held only so it is dropped after the run, with the record")]
+    #[allow(
+        dead_code,
+        reason = "held only so it is dropped after the run, with the record"
+    )]
     pub(crate) owners: O,
 }
 
@@ -295,6 +304,117 @@ unsafe fn dispatch_bytes(header: NonNull<RecordHeader>, op: Op) -> Option<PanicP
             unsafe { std::alloc::dealloc(header.as_ptr().cast(), layout) };
             None
         }
+    }
+}
+
+/// A payload that may run any number of times, possibly from several driver threads at once (a
+/// graph node runs on every replay of every executable graph made from its graph), so it runs
+/// through `&self`.
+pub(crate) trait SharedPayload: Send + Sync + 'static {
+    /// Runs the host function. Must not unwind.
+    ///
+    /// # Safety
+    /// Whatever the launch that built this payload promised.
+    unsafe fn run_shared(&self);
+}
+
+/// Boxes a repeatable payload into a record.
+pub(crate) fn new_shared_record<P: SharedPayload>(payload: P) -> OwnedRecord {
+    let record = Box::new(Record {
+        header: RecordHeader::new(dispatch_shared::<P>),
+        payload,
+    });
+    OwnedRecord(NonNull::from(Box::leak(record)).cast())
+}
+
+/// The dispatch function of `Record<P>` for a repeatable `P`.
+///
+/// # Safety
+/// As [`RecordHeader::dispatch`], except that `Run` may be called any number of times and
+/// concurrently; `header` must be the header of a `Record<P>` made by `new_shared_record`.
+unsafe fn dispatch_shared<P: SharedPayload>(
+    header: NonNull<RecordHeader>,
+    op: Op,
+) -> Option<PanicPayload> {
+    let record = header.cast::<Record<P>>().as_ptr();
+    match op {
+        Op::Run => {
+            // SAFETY: the record is live while the graph (or the pending launch) that runs it is;
+            // runs only take shared references.
+            unsafe { (*record).payload.run_shared() };
+            None
+        }
+        Op::TakePanic => None,
+        Op::Release => {
+            // SAFETY: made with `Box` in `new_shared_record`; released once, after the last run.
+            drop(unsafe { Box::from_raw(record) });
+            None
+        }
+    }
+}
+
+/// A closure that may run many times: panics are caught on every run and sent to the cleanup queue
+/// to be reported.
+pub(crate) struct RepeatableClosure<F>(pub(crate) F);
+
+impl<F: Fn() + Send + Sync + 'static> SharedPayload for RepeatableClosure<F> {
+    unsafe fn run_shared(&self) {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(&self.0)) {
+            // Allocating here is fine: the panic machinery has just allocated the payload too.
+            let carrier = new_record(PanicCarrier(Some(panic)));
+            // SAFETY: a fresh record, handed to the queue, which reports and frees it.
+            unsafe { cleanup::push(carrier.into_raw()) };
+        }
+    }
+}
+
+impl<O: Send + Sync + 'static> SharedPayload for RawPayload<O> {
+    unsafe fn run_shared(&self) {
+        // SAFETY: the repeatable launch's caller promised `f(user_data)` is sound to call any
+        // number of times, from any driver thread, and does not unwind.
+        unsafe { (self.f)(self.user_data) }
+    }
+}
+
+// SAFETY: the repeatable launch's contract makes the caller promise that `f(user_data)` may run on
+// several threads at once; the owners are `Sync` by the bound.
+unsafe impl<O: Sync> Sync for RawPayload<O> {}
+
+/// Carries a panic caught in a repeatable closure to the thread that reports it.
+struct PanicCarrier(Option<PanicPayload>);
+
+impl Payload for PanicCarrier {
+    unsafe fn run(&mut self) {}
+
+    fn take_panic(&mut self) -> Option<PanicPayload> {
+        self.0.take()
+    }
+}
+
+/// The host function for repeatable records: runs the payload and keeps the record (its graph owns
+/// it and releases it through [`user_object_destructor`]).
+///
+/// # Safety
+/// Called by the driver only, with the `userData` of a node made by this crate.
+pub(crate) unsafe extern "C" fn trampoline_repeatable(user_data: *mut c_void) {
+    let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) else {
+        return;
+    };
+    let _scope = HostFunctionScope::enter();
+    // SAFETY: the record is live while its graph is; repeatable records run through `&self`.
+    unsafe { RecordHeader::dispatch(header, Op::Run) };
+}
+
+/// The destructor of the user object that ties a repeatable record to its graph: the driver calls it
+/// (on a thread of its own) once the graph and every executable graph made from it are gone. It
+/// only queues the record: no lock, no allocation, no CUDA call.
+///
+/// # Safety
+/// Called by the driver only, with the pointer given to `cuUserObjectCreate`.
+pub(crate) unsafe extern "C" fn user_object_destructor(user_data: *mut c_void) {
+    if let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) {
+        // SAFETY: the last reference is gone, so nothing runs the record any more; it is ours.
+        unsafe { cleanup::push(header) };
     }
 }
 

@@ -47,7 +47,11 @@ impl Device {
         let mut buffer = [0 as c_char; 256];
         // SAFETY: the buffer holds `len` bytes; the driver writes a NUL-terminated name into it.
         unsafe { driver.cuDeviceGetName(buffer.as_mut_ptr(), buffer.len() as i32, self.raw)? };
-        let bytes: Vec<u8> = buffer.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let bytes: Vec<u8> = buffer
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 

@@ -36,7 +36,10 @@ impl Event {
             }
             Ok(raw)
         })?;
-        Ok(Event { raw, context: Arc::clone(context) })
+        Ok(Event {
+            raw,
+            context: Arc::clone(context),
+        })
     }
 
     /// Records the event on `stream` (`cuEventRecord`).

@@ -3,7 +3,7 @@
 use std::ptr;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUstream, CUstream_flags, CUresult};
+use cuda_sys::types::{CUresult, CUstream, CUstream_flags};
 
 use super::context::PrimaryContext;
 use crate::cleanup::defer_drop;
@@ -50,7 +50,10 @@ impl Stream {
             unsafe { driver.cuStreamCreate(&mut raw, flags.0)? };
             Ok(raw)
         })?;
-        Ok(Stream { raw, context: Arc::clone(context) })
+        Ok(Stream {
+            raw,
+            context: Arc::clone(context),
+        })
     }
 
     /// Waits until all work enqueued so far, host functions included, has completed.

@@ -1,0 +1,342 @@
+//! Graph host nodes whose owners live as long as the graph, and thin graph / executable-graph types.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use cuda_sys::types::{
+    CUDA_HOST_NODE_PARAMS, CUDA_HOST_NODE_PARAMS_v2, CUgraph, CUgraphExec, CUgraphNode,
+    CUgraphNodeParams, CUgraphNodeType, CUhostFn, CUresult,
+};
+
+use crate::cleanup::defer_drop;
+use crate::error::Error;
+use crate::options::LaunchOptions;
+use crate::raw_stream::AsRawStream;
+use crate::record::{
+    OwnedRecord, RawPayload, RepeatableClosure, new_shared_record, trampoline_repeatable,
+};
+use crate::user_object::GraphOwnedRecord;
+
+/// A CUDA graph (`CUgraph`), destroyed on drop.
+///
+/// Host nodes added by this crate own their closures or owners through user objects: destroying the
+/// graph does not free them while an executable graph made from it still exists.
+#[derive(Debug)]
+pub struct Graph {
+    raw: CUgraph,
+}
+
+// SAFETY: a graph handle may be used from any thread, one thread at a time (graphs are not
+// internally synchronized, hence no `Sync`).
+unsafe impl Send for Graph {}
+
+impl Graph {
+    /// An empty graph (`cuGraphCreate`).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the call fails.
+    pub fn new() -> Result<Graph, Error> {
+        let driver = cuda_sys::driver()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: `raw` is a valid place to write; flags must be 0.
+        unsafe { driver.cuGraphCreate(&mut raw, 0)? };
+        Ok(Graph { raw })
+    }
+
+    /// Takes ownership of a graph made elsewhere (say, by `cuStreamEndCapture`); it is destroyed
+    /// when this value is dropped.
+    ///
+    /// # Safety
+    /// `raw` must be a live graph that nothing else destroys.
+    pub unsafe fn from_raw(raw: CUgraph) -> Graph {
+        Graph { raw }
+    }
+
+    /// The driver's handle.
+    pub fn raw(&self) -> CUgraph {
+        self.raw
+    }
+
+    /// A copy of the graph (`cuGraphClone`); the copy holds its own references to the user objects
+    /// (and so the owners) of this crate's host nodes.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the call fails.
+    pub fn try_clone(&self) -> Result<Graph, Error> {
+        let driver = cuda_sys::driver()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: live graph; valid out-pointer.
+        unsafe { driver.cuGraphClone(&mut raw, self.raw)? };
+        Ok(Graph { raw })
+    }
+
+    /// An executable graph (`cuGraphInstantiateWithFlags`, no flags), which holds its own references
+    /// to the graph's user objects.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the call fails.
+    pub fn instantiate(&self) -> Result<GraphExec, Error> {
+        let driver = cuda_sys::driver()?;
+        let mut raw = ptr::null_mut();
+        // SAFETY: live graph; valid out-pointer.
+        unsafe { driver.cuGraphInstantiateWithFlags(&mut raw, self.raw, 0)? };
+        Ok(GraphExec { raw })
+    }
+
+    /// The graph's nodes (`cuGraphGetNodes`).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the call fails.
+    pub fn nodes(&self) -> Result<Vec<CUgraphNode>, Error> {
+        let driver = cuda_sys::driver()?;
+        let mut count = 0usize;
+        // SAFETY: live graph; a null array asks for the count.
+        unsafe { driver.cuGraphGetNodes(self.raw, ptr::null_mut(), &mut count)? };
+        let mut nodes = vec![ptr::null_mut(); count];
+        // SAFETY: `nodes` has room for `count` handles.
+        unsafe { driver.cuGraphGetNodes(self.raw, nodes.as_mut_ptr(), &mut count)? };
+        nodes.truncate(count);
+        Ok(nodes)
+    }
+
+    /// Each node with its type (`cuGraphGetNodes`, `cuGraphNodeGetType`).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if a call fails.
+    pub fn node_types(&self) -> Result<Vec<(CUgraphNode, CUgraphNodeType)>, Error> {
+        let driver = cuda_sys::driver()?;
+        self.nodes()?
+            .into_iter()
+            .map(|node| {
+                let mut kind = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+                // SAFETY: `node` is a node of this live graph, as the driver just listed it.
+                unsafe { driver.cuGraphNodeGetType(node, &mut kind)? };
+                Ok((node, kind))
+            })
+            .collect()
+    }
+}
+
+struct DestroyGraph(CUgraph);
+// SAFETY: a graph handle, used by one thread (the one that drops it).
+unsafe impl Send for DestroyGraph {}
+impl Drop for DestroyGraph {
+    fn drop(&mut self) {
+        if let Ok(driver) = cuda_sys::driver() {
+            // SAFETY: the graph is live and destroyed once, here.
+            let _ = unsafe { driver.cuGraphDestroy(self.0) };
+        }
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        defer_drop(DestroyGraph(self.raw));
+    }
+}
+
+/// An executable graph (`CUgraphExec`), destroyed on drop.
+#[derive(Debug)]
+pub struct GraphExec {
+    raw: CUgraphExec,
+}
+
+// SAFETY: an executable graph may be used from any thread, one at a time (not internally
+// synchronized, hence no `Sync`).
+unsafe impl Send for GraphExec {}
+
+impl GraphExec {
+    /// Launches the graph on `stream` (`cuGraphLaunch`).
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the call fails.
+    pub fn launch(&self, stream: impl AsRawStream) -> Result<(), Error> {
+        let driver = cuda_sys::driver()?;
+        // SAFETY: live executable graph; the stream is valid by `AsRawStream`'s contract.
+        unsafe { driver.cuGraphLaunch(self.raw, stream.as_raw_stream())? };
+        Ok(())
+    }
+
+    /// The driver's handle.
+    pub fn raw(&self) -> CUgraphExec {
+        self.raw
+    }
+}
+
+struct DestroyExec(CUgraphExec);
+// SAFETY: an executable-graph handle, used by one thread (the one that drops it).
+unsafe impl Send for DestroyExec {}
+impl Drop for DestroyExec {
+    fn drop(&mut self) {
+        if let Ok(driver) = cuda_sys::driver() {
+            // SAFETY: the executable graph is live and destroyed once, here.
+            let _ = unsafe { driver.cuGraphExecDestroy(self.0) };
+        }
+    }
+}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        defer_drop(DestroyExec(self.raw));
+    }
+}
+
+/// Adds a host node running `f` after `dependencies` (`cuGraphAddHostNode`). `f` (with its captures)
+/// is owned by the graph through a user object and dropped, off the driver's thread, once the graph
+/// and every executable graph made from it are destroyed. A panic in `f` is caught on every run and
+/// reported.
+///
+/// # Errors
+/// [`Error::Cuda`] if a driver call fails (`DriverTooOld` before 11.3, which has no user objects).
+/// Whatever fails, `f` is released exactly once and no node is left pointing at it.
+pub fn add_host_node<F>(
+    graph: &Graph,
+    dependencies: &[CUgraphNode],
+    f: F,
+) -> Result<CUgraphNode, Error>
+where
+    F: Fn() + Send + Sync + 'static,
+{
+    add_host_node_with(graph, dependencies, &LaunchOptions::default(), f)
+}
+
+/// [`add_host_node`] with [`LaunchOptions`]: with a sync mode, the node is added through
+/// `cuGraphAddNode` with the v2 host-node parameters (drivers 13.1 and newer, else `DriverTooOld`).
+///
+/// # Errors
+/// As [`add_host_node`].
+pub fn add_host_node_with<F>(
+    graph: &Graph,
+    dependencies: &[CUgraphNode],
+    options: &LaunchOptions,
+    f: F,
+) -> Result<CUgraphNode, Error>
+where
+    F: Fn() + Send + Sync + 'static,
+{
+    let record = new_shared_record(RepeatableClosure(f));
+    // SAFETY: `graph` is a live graph; a repeatable closure record may run any number of times.
+    unsafe { add_node(graph.raw, dependencies, options, record) }
+}
+
+/// Adds a host node running `f(user_data)` (`cuGraphAddHostNode`) to a graph made anywhere, with
+/// `owners` kept alive by the graph (through a user object) until it and every executable graph made
+/// from it are destroyed, then dropped off the driver's thread.
+///
+/// # Safety
+/// - `graph` must be a live graph, not used by another thread during the call;
+/// - `dependencies` must be nodes of `graph`;
+/// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
+///   concurrently, and must not unwind; what `user_data` points to must live as long as `owners`.
+///
+/// # Errors
+/// As [`add_host_node`]; [`Error::NullFunction`] for a null `f`.
+pub unsafe fn add_host_node_raw<O>(
+    graph: CUgraph,
+    dependencies: &[CUgraphNode],
+    options: &LaunchOptions,
+    f: CUhostFn,
+    user_data: *mut c_void,
+    owners: O,
+) -> Result<CUgraphNode, Error>
+where
+    O: Send + Sync + 'static,
+{
+    let Some(f) = f else {
+        defer_drop(owners);
+        return Err(Error::NullFunction);
+    };
+    let record = new_shared_record(RawPayload {
+        f,
+        user_data,
+        owners,
+    });
+    // SAFETY: the caller's contract.
+    unsafe { add_node(graph, dependencies, options, record) }
+}
+
+/// Attaches `record` to `graph`, then adds the node that runs it; detaches if adding fails.
+///
+/// # Safety
+/// `graph` live; `dependencies` its nodes; the record repeatable.
+unsafe fn add_node(
+    graph: CUgraph,
+    dependencies: &[CUgraphNode],
+    options: &LaunchOptions,
+    record: OwnedRecord,
+) -> Result<CUgraphNode, Error> {
+    if crate::in_host_function() {
+        return Err(Error::InsideHostFunction {
+            operation: "adding a graph host node",
+        });
+    }
+    crate::cleanup::prepare()?;
+    let driver = cuda_sys::driver()?;
+    options.check_supported(driver)?;
+    let owned = GraphOwnedRecord::attach(driver, graph, record)?;
+    let mut node: CUgraphNode = ptr::null_mut();
+    let (code, function) = match options.sync_mode {
+        None => {
+            let params = CUDA_HOST_NODE_PARAMS {
+                fn_: Some(trampoline_repeatable),
+                userData: owned.user_data(),
+            };
+            match driver.raw().cuGraphAddHostNode() {
+                // SAFETY: live graph, its dependencies, valid params and out-pointer.
+                Ok(add) => (
+                    unsafe {
+                        add(
+                            &mut node,
+                            graph,
+                            dependencies.as_ptr(),
+                            dependencies.len(),
+                            &params,
+                        )
+                    },
+                    "cuGraphAddHostNode",
+                ),
+                Err(e) => {
+                    owned.detach(driver);
+                    return Err(e.into());
+                }
+            }
+        }
+        Some(mode) => {
+            let mut params = CUgraphNodeParams {
+                type_: CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST,
+                ..Default::default()
+            };
+            params.__bindgen_anon_1.host = CUDA_HOST_NODE_PARAMS_v2 {
+                fn_: Some(trampoline_repeatable),
+                userData: owned.user_data(),
+                syncMode: mode.raw(),
+                ..Default::default()
+            };
+            match driver.raw().cuGraphAddNode() {
+                // SAFETY: live graph, its dependencies (no edge data), valid params and out-pointer.
+                Ok(add) => (
+                    unsafe {
+                        add(
+                            &mut node,
+                            graph,
+                            dependencies.as_ptr(),
+                            ptr::null(),
+                            dependencies.len(),
+                            &mut params,
+                        )
+                    },
+                    "cuGraphAddNode",
+                ),
+                Err(e) => {
+                    owned.detach(driver);
+                    return Err(e.into());
+                }
+            }
+        }
+    };
+    if code != CUresult::CUDA_SUCCESS {
+        owned.detach(driver);
+        return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+    }
+    Ok(node)
+}

@@ -1,0 +1,94 @@
+//! Tying a repeatable record to a graph with a CUDA user object, so the graph (and every executable
+//! graph made from it) owns the record, and the record is released only once they are all gone.
+
+use std::ptr::{self, NonNull};
+
+use cuda_sys::types::{
+    CUgraph, CUresult, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
+};
+
+use crate::error::Error;
+use crate::record::{OwnedRecord, RecordHeader, user_object_destructor};
+
+/// A record the graph now owns through a user object.
+pub(crate) struct GraphOwnedRecord {
+    graph: CUgraph,
+    object: CUuserObject,
+    header: NonNull<RecordHeader>,
+}
+
+impl GraphOwnedRecord {
+    /// Creates a user object for `record` and moves its only reference to `graph`
+    /// (`cuUserObjectCreate` with `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`, then `cuGraphRetainUserObject`
+    /// with `CU_GRAPH_USER_OBJECT_MOVE`). The destructor only queues the record for release.
+    ///
+    /// Done *before* the node that uses the record is added, so that no failure can leave a node
+    /// pointing at freed data: if creating fails, the record is released here; if retaining fails,
+    /// the user object is released, which queues the record.
+    pub(crate) fn attach(
+        driver: &cuda_sys::Driver,
+        graph: CUgraph,
+        record: OwnedRecord,
+    ) -> Result<GraphOwnedRecord, Error> {
+        let create = driver.raw().cuUserObjectCreate()?;
+        let retain = driver.raw().cuGraphRetainUserObject()?;
+        let release = driver.raw().cuUserObjectRelease()?;
+        let user_data = record.as_user_data();
+        let mut object: CUuserObject = ptr::null_mut();
+        // SAFETY: `object` is a valid place to write; `user_data` is a live record, which the user
+        // object owns from here on (its destructor queues it); one initial reference.
+        let code = unsafe {
+            create(
+                &mut object,
+                user_data,
+                Some(user_object_destructor),
+                1,
+                CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0,
+            )
+        };
+        if code != CUresult::CUDA_SUCCESS {
+            // No user object: the record is still ours, released here when `record` drops.
+            return Err(driver_error(driver, code, "cuUserObjectCreate"));
+        }
+        let header = record.into_raw();
+        // SAFETY: `graph` is a live graph (the caller's), `object` holds our one reference.
+        let code = unsafe {
+            retain(
+                graph,
+                object,
+                1,
+                CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE.0,
+            )
+        };
+        if code != CUresult::CUDA_SUCCESS {
+            // Dropping our reference destroys the object, whose destructor queues the record.
+            // SAFETY: we hold one reference.
+            let _ = unsafe { release(object, 1) };
+            return Err(driver_error(driver, code, "cuGraphRetainUserObject"));
+        }
+        Ok(GraphOwnedRecord {
+            graph,
+            object,
+            header,
+        })
+    }
+
+    /// The `userData` for the node.
+    pub(crate) fn user_data(&self) -> *mut std::ffi::c_void {
+        self.header.as_ptr().cast()
+    }
+
+    /// Undoes `attach` after the node could not be added: the graph lets its reference go, and the
+    /// destructor queues the record. If even that fails, the record stays owned by the graph and is
+    /// released with it: nothing dangles (no node uses it) and nothing leaks past the graph.
+    pub(crate) fn detach(self, driver: &cuda_sys::Driver) {
+        if let Ok(release) = driver.raw().cuGraphReleaseUserObject() {
+            // SAFETY: the graph holds the one reference `attach` moved to it.
+            let _ = unsafe { release(self.graph, self.object, 1) };
+        }
+    }
+}
+
+fn driver_error(driver: &cuda_sys::Driver, code: CUresult, function: &'static str) -> Error {
+    Error::Cuda(driver.describe(code, Some(function)).into())
+}
