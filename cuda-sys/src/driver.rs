@@ -113,6 +113,17 @@ pub struct Driver {
     pub(crate) slots: [AtomicPtr<c_void>; FUNCTION_COUNT],
 }
 
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("path", &self.path)
+            .field("version", &self.version)
+            .field("default_stream", &self.default_stream)
+            .field("resolution", &self.resolution)
+            .finish_non_exhaustive()
+    }
+}
+
 static DRIVER: OnceLock<Driver> = OnceLock::new();
 static LOADING: Mutex<()> = Mutex::new(());
 
@@ -232,13 +243,20 @@ impl Driver {
                 continue;
             }
             if rc != CUresult::CUDA_SUCCESS {
-                return Err(describe_with(&bootstrap, rc, Some("cuInit")).into());
+                let error = describe_with(&bootstrap, rc, Some("cuInit"));
+                // The error's name and description point into the library's static strings: keep
+                // it mapped (a driver is never unloaded anyway).
+                std::mem::forget(lib);
+                return Err(error.into());
             }
             let mut version = 0;
             // SAFETY: `version` is a valid place for an int.
             let rc = unsafe { (bootstrap.cu_driver_get_version)(&mut version) };
             if rc != CUresult::CUDA_SUCCESS {
-                return Err(describe_with(&bootstrap, rc, Some("cuDriverGetVersion")).into());
+                let error = describe_with(&bootstrap, rc, Some("cuDriverGetVersion"));
+                // As above: the error points into the library.
+                std::mem::forget(lib);
+                return Err(error.into());
             }
             let version = DriverVersion(version);
             return Ok(Driver {

@@ -33,8 +33,20 @@ pub(crate) fn open(candidate: &OsString) -> Result<libloading::Library, LoadAtte
     // this process could violate.
     unsafe { libloading::Library::new(candidate) }.map_err(|e| LoadAttempt {
         candidate: candidate.to_string_lossy().into_owned(),
-        message: e.to_string(),
+        message: with_sources(&e),
     })
+}
+
+/// An error's message followed by those of its sources (libloading keeps `dlerror`'s text there).
+fn with_sources(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        message.push_str(": ");
+        message.push_str(&e.to_string());
+        source = e.source();
+    }
+    message
 }
 
 pub(crate) type CuInit = unsafe extern "C" fn(c_uint) -> CUresult;

@@ -92,15 +92,12 @@ impl Driver {
         if let Some(error) = self.cached_error(info, cached) {
             return Err(error);
         }
-        if info.version > self.version.0 as u32 {
+        let (version, export) = self.variant(info);
+        if version > self.version.0 as u32 {
             slot.store(ptr::without_provenance_mut(SLOT_TOO_OLD), Ordering::Release);
             return Err(self.too_old(info));
         }
-        let export = match (self.default_stream, info.per_thread_export) {
-            (DefaultStream::PerThread, Some(pt)) => pt,
-            _ => info.export,
-        };
-        match self.lookup(info.symbol, info.version, export, self.default_stream) {
+        match self.lookup(info.symbol, version, export, self.default_stream) {
             Lookup::Found(p) => {
                 // Racing threads store the same address; the first store wins nothing over the rest.
                 slot.store(p.as_ptr(), Ordering::Release);
@@ -117,6 +114,18 @@ impl Driver {
                 Err(self.missing(info, reason))
             }
             Lookup::Failed(error) => Err(error),
+        }
+    }
+
+    /// The ABI version to ask for and the export to look up, for this driver's default-stream mode.
+    fn variant(&self, info: &FunctionInfo) -> (u32, &'static CStr) {
+        match (
+            self.default_stream,
+            info.per_thread_export,
+            info.per_thread_version,
+        ) {
+            (DefaultStream::PerThread, Some(export), Some(version)) => (version, export),
+            _ => (info.version, info.export),
         }
     }
 
@@ -143,7 +152,7 @@ impl Driver {
     fn missing(&self, info: &FunctionInfo, reason: MissingReason) -> Error {
         Error::SymbolMissing {
             function: info.name,
-            required: info.version,
+            required: self.variant(info).0,
             found: self.version,
             reason,
         }

@@ -32,6 +32,10 @@ pub struct FunctionInfo {
     pub export: &'static CStr,
     /// The export with per-thread default-stream semantics (`cuStreamSynchronize_ptsz`), if any.
     pub per_thread_export: Option<&'static CStr>,
+    /// The ABI version of the per-thread variant (`7000` for `cuStreamSynchronize_ptsz`), if any:
+    /// what is asked of `cuGetProcAddress` (and gated) when the driver is loaded for per-thread
+    /// default-stream semantics.
+    pub per_thread_version: Option<u32>,
 }
 
 impl Function {
@@ -91,12 +95,17 @@ const fn optional_cstr(s: &'static str) -> Option<&'static CStr> {
     if s.len() == 1 { None } else { Some(cstr(s)) }
 }
 
+const fn optional_version(v: u32) -> Option<u32> {
+    if v == 0 { None } else { Some(v) }
+}
+
 /// Expands the generated list (see the module docs) into the table.
 macro_rules! driver_function_table {
     ($(
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
-            $version:literal, $symbol:literal, $export:literal, $per_thread:literal, $pfn:ident;
+            $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
+            $per_thread_version:literal, $pfn:ident;
     )*) => {
         /// Every function of the table, in `cuda.h`'s order.
         #[allow(non_camel_case_types)]
@@ -122,6 +131,7 @@ macro_rules! driver_function_table {
                 version: $version,
                 export: cstr(concat!($export, "\0")),
                 per_thread_export: optional_cstr(concat!($per_thread, "\0")),
+                per_thread_version: optional_version($per_thread_version),
             },
         )*];
 

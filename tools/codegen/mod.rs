@@ -143,6 +143,9 @@ struct PreformattedComments;
 
 impl bindgen::callbacks::ParseCallbacks for PreformattedComments {
     fn process_comment(&self, comment: &str) -> Option<String> {
-        Some(format!("```text\n{}\n```", comment.trim()))
+        // `/**< ... */` member comments arrive with their `<`.
+        let text = comment.trim();
+        let text = text.strip_prefix('<').unwrap_or(text).trim();
+        Some(format!("```text\n{text}\n```"))
     }
 }

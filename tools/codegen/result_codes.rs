@@ -22,7 +22,7 @@ pub fn render(model: &Model) -> String {
             let Some(code) = newtype_value(&c.expr) else {
                 continue;
             };
-            let doc = doc_text(&c.attrs);
+            let doc = doc_text(&c.attrs).replace("```text", "").replace("```", "");
             let description = doc.split_whitespace().collect::<Vec<_>>().join(" ");
             rows.push((code, c.ident.to_string(), description));
         }

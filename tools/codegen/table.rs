@@ -18,6 +18,8 @@ pub struct Entry {
     pub export: String,
     /// The export with per-thread default-stream semantics (`cuStreamSynchronize_ptsz`), if any.
     pub per_thread_export: Option<String>,
+    /// The ABI version of that per-thread variant (`7000` for `cuStreamSynchronize_ptsz`).
+    pub per_thread_version: Option<u32>,
     pub params: Vec<(String, String)>,
     pub pfn: String,
     pub brief: String,
@@ -48,8 +50,14 @@ pub fn build(
         "the per-thread view of cuda.h declares a different number of functions"
     );
     let mut by_base: BTreeMap<&str, Vec<&Pfn>> = BTreeMap::new();
-    for pfn in normal.pfns.iter().filter(|p| !p.per_thread) {
-        by_base.entry(&pfn.base).or_default().push(pfn);
+    let mut per_thread_by_base: BTreeMap<&str, Vec<&Pfn>> = BTreeMap::new();
+    for pfn in &normal.pfns {
+        let map = if pfn.per_thread {
+            &mut per_thread_by_base
+        } else {
+            &mut by_base
+        };
+        map.entry(&pfn.base).or_default().push(pfn);
     }
     let result_type = normal.canonical(&syn::parse_quote!(CUresult));
 
@@ -125,7 +133,22 @@ pub fn build(
                     pfn.version, f.export, by_export
                 );
             }
+            // The per-thread variant has its own typedef (`PFN_cuStreamSynchronize_v7000_ptsz`):
+            // the first version, at or after the legacy one, with the same signature.
+            let per_thread_version = per_thread_export.as_ref().and_then(|_| {
+                per_thread_by_base
+                    .get(base)?
+                    .iter()
+                    .filter(|p| p.version >= pfn.version)
+                    .filter(|p| normal.canonical_signature(p.params.iter(), &p.output) == signature)
+                    .map(|p| p.version)
+                    .min()
+            });
+            if per_thread_export.is_some() && per_thread_version.is_none() {
+                panic!("{name}: a per-thread export but no matching PFN_{base}_v*_ptsz typedef");
+            }
             entries.push(Entry {
+                per_thread_version,
                 name: name.to_string(),
                 symbol: base.to_string(),
                 version: pfn.version,
@@ -232,7 +255,8 @@ impl Table {
         let mut s = String::new();
         s.push_str(
             "// One line per driver function: `name(params) = ABI version, cuGetProcAddress symbol,\n\
-             // library export, per-thread export (\"\" if none), PFN typedef;`. See cuda-sys/src/table.rs.\n",
+             // library export, per-thread export (\"\" if none), its ABI version (0 if none), PFN\n\
+             // typedef;`. See cuda-sys/src/table.rs.\n",
         );
         s.push_str("driver_function_table! {\n");
         for e in &self.entries {
@@ -240,13 +264,14 @@ impl Table {
             let params: Vec<String> = e.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
             let _ = writeln!(
                 s,
-                "    {}({}) = {}, {:?}, {:?}, {:?}, {};",
+                "    {}({}) = {}, {:?}, {:?}, {:?}, {}, {};",
                 e.name,
                 params.join(", "),
                 e.version,
                 e.symbol,
                 e.export,
                 e.per_thread_export.as_deref().unwrap_or(""),
+                e.per_thread_version.unwrap_or(0),
                 e.pfn
             );
         }

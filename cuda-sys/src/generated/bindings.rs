@@ -335,7 +335,7 @@ CUDA IPC mem handle
 pub type CUipcMemHandle = CUipcMemHandle_v1;
 impl CUipcMem_flags_enum {
     /**```text
-< Automatically enable peer access between remote devices as needed
+Automatically enable peer access between remote devices as needed
 ```*/
     pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: CUipcMem_flags_enum = CUipcMem_flags_enum(
         1,
@@ -353,15 +353,15 @@ CUDA Ipc Mem Flags
 pub use self::CUipcMem_flags_enum as CUipcMem_flags;
 impl CUmemAttach_flags_enum {
     /**```text
-< Memory can be accessed by any stream on any device
+Memory can be accessed by any stream on any device
 ```*/
     pub const CU_MEM_ATTACH_GLOBAL: CUmemAttach_flags_enum = CUmemAttach_flags_enum(1);
     /**```text
-< Memory cannot be accessed by any stream on any device
+Memory cannot be accessed by any stream on any device
 ```*/
     pub const CU_MEM_ATTACH_HOST: CUmemAttach_flags_enum = CUmemAttach_flags_enum(2);
     /**```text
-< Memory can only be accessed by a single stream on the associated device
+Memory can only be accessed by a single stream on the associated device
 ```*/
     pub const CU_MEM_ATTACH_SINGLE: CUmemAttach_flags_enum = CUmemAttach_flags_enum(4);
 }
@@ -377,48 +377,48 @@ CUDA Mem Attach Flags
 pub use self::CUmemAttach_flags_enum as CUmemAttach_flags;
 impl CUctx_flags_enum {
     /**```text
-< Automatic scheduling
+Automatic scheduling
 ```*/
     pub const CU_CTX_SCHED_AUTO: CUctx_flags_enum = CUctx_flags_enum(0);
     /**```text
-< Set spin as default scheduling
+Set spin as default scheduling
 ```*/
     pub const CU_CTX_SCHED_SPIN: CUctx_flags_enum = CUctx_flags_enum(1);
     /**```text
-< Set yield as default scheduling
+Set yield as default scheduling
 ```*/
     pub const CU_CTX_SCHED_YIELD: CUctx_flags_enum = CUctx_flags_enum(2);
     /**```text
-< Set blocking synchronization as default scheduling
+Set blocking synchronization as default scheduling
 ```*/
     pub const CU_CTX_SCHED_BLOCKING_SYNC: CUctx_flags_enum = CUctx_flags_enum(4);
     /**```text
-< Set blocking synchronization as default scheduling
+Set blocking synchronization as default scheduling
   \deprecated This flag was deprecated as of CUDA 4.0
   and was replaced with ::CU_CTX_SCHED_BLOCKING_SYNC.
 ```*/
     pub const CU_CTX_BLOCKING_SYNC: CUctx_flags_enum = CUctx_flags_enum(4);
     pub const CU_CTX_SCHED_MASK: CUctx_flags_enum = CUctx_flags_enum(7);
     /**```text
-< \deprecated This flag was deprecated as of CUDA 11.0
+\deprecated This flag was deprecated as of CUDA 11.0
   and it no longer has any effect. All contexts
   as of CUDA 3.2 behave as though the flag is enabled.
 ```*/
     pub const CU_CTX_MAP_HOST: CUctx_flags_enum = CUctx_flags_enum(8);
     /**```text
-< Keep local memory allocation after launch
+Keep local memory allocation after launch
 ```*/
     pub const CU_CTX_LMEM_RESIZE_TO_MAX: CUctx_flags_enum = CUctx_flags_enum(16);
     /**```text
-< Trigger coredumps from exceptions in this context
+Trigger coredumps from exceptions in this context
 ```*/
     pub const CU_CTX_COREDUMP_ENABLE: CUctx_flags_enum = CUctx_flags_enum(32);
     /**```text
-< Enable user pipe to trigger coredumps in this context
+Enable user pipe to trigger coredumps in this context
 ```*/
     pub const CU_CTX_USER_COREDUMP_ENABLE: CUctx_flags_enum = CUctx_flags_enum(64);
     /**```text
-< Ensure synchronous memory operations on this context will synchronize
+Ensure synchronous memory operations on this context will synchronize
 ```*/
     pub const CU_CTX_SYNC_MEMOPS: CUctx_flags_enum = CUctx_flags_enum(128);
     pub const CU_CTX_FLAGS_MASK: CUctx_flags_enum = CUctx_flags_enum(255);
@@ -435,25 +435,25 @@ Context creation flags
 pub use self::CUctx_flags_enum as CUctx_flags;
 impl CUevent_sched_flags_enum {
     /**```text
-< Automatic scheduling
+Automatic scheduling
 ```*/
     pub const CU_EVENT_SCHED_AUTO: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
         0,
     );
     /**```text
-< Set spin as default scheduling
+Set spin as default scheduling
 ```*/
     pub const CU_EVENT_SCHED_SPIN: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
         1,
     );
     /**```text
-< Set yield as default scheduling
+Set yield as default scheduling
 ```*/
     pub const CU_EVENT_SCHED_YIELD: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
         2,
     );
     /**```text
-< Set blocking synchronization as default scheduling
+Set blocking synchronization as default scheduling
 ```*/
     pub const CU_EVENT_SCHED_BLOCKING_SYNC: CUevent_sched_flags_enum = CUevent_sched_flags_enum(
         4,
@@ -471,19 +471,19 @@ Event sched flags
 pub use self::CUevent_sched_flags_enum as CUevent_sched_flags;
 impl cl_event_flags_enum {
     /**```text
-< Automatic scheduling
+Automatic scheduling
 ```*/
     pub const NVCL_EVENT_SCHED_AUTO: cl_event_flags_enum = cl_event_flags_enum(0);
     /**```text
-< Set spin as default scheduling
+Set spin as default scheduling
 ```*/
     pub const NVCL_EVENT_SCHED_SPIN: cl_event_flags_enum = cl_event_flags_enum(1);
     /**```text
-< Set yield as default scheduling
+Set yield as default scheduling
 ```*/
     pub const NVCL_EVENT_SCHED_YIELD: cl_event_flags_enum = cl_event_flags_enum(2);
     /**```text
-< Set blocking synchronization as default scheduling
+Set blocking synchronization as default scheduling
 ```*/
     pub const NVCL_EVENT_SCHED_BLOCKING_SYNC: cl_event_flags_enum = cl_event_flags_enum(
         4,
@@ -501,19 +501,19 @@ NVCL event scheduling flags
 pub use self::cl_event_flags_enum as cl_event_flags;
 impl cl_context_flags_enum {
     /**```text
-< Automatic scheduling
+Automatic scheduling
 ```*/
     pub const NVCL_CTX_SCHED_AUTO: cl_context_flags_enum = cl_context_flags_enum(0);
     /**```text
-< Set spin as default scheduling
+Set spin as default scheduling
 ```*/
     pub const NVCL_CTX_SCHED_SPIN: cl_context_flags_enum = cl_context_flags_enum(1);
     /**```text
-< Set yield as default scheduling
+Set yield as default scheduling
 ```*/
     pub const NVCL_CTX_SCHED_YIELD: cl_context_flags_enum = cl_context_flags_enum(2);
     /**```text
-< Set blocking synchronization as default scheduling
+Set blocking synchronization as default scheduling
 ```*/
     pub const NVCL_CTX_SCHED_BLOCKING_SYNC: cl_context_flags_enum = cl_context_flags_enum(
         4,
@@ -531,13 +531,13 @@ NVCL context scheduling flags
 pub use self::cl_context_flags_enum as cl_context_flags;
 impl CUhostTaskSyncMode_enum {
     /**```text
-< The execution thread will block until new host tasks are ready to run
+The execution thread will block until new host tasks are ready to run
 ```*/
     pub const CU_HOST_TASK_BLOCKING: CUhostTaskSyncMode_enum = CUhostTaskSyncMode_enum(
         0,
     );
     /**```text
-< The execution thread will spin wait until new host tasks are ready to run
+The execution thread will spin wait until new host tasks are ready to run
 ```*/
     pub const CU_HOST_TASK_SPINWAIT: CUhostTaskSyncMode_enum = CUhostTaskSyncMode_enum(
         1,
@@ -549,11 +549,11 @@ pub struct CUhostTaskSyncMode_enum(pub ::std::os::raw::c_uint);
 pub use self::CUhostTaskSyncMode_enum as CUhostTaskSyncMode;
 impl CUstream_flags_enum {
     /**```text
-< Default stream flag
+Default stream flag
 ```*/
     pub const CU_STREAM_DEFAULT: CUstream_flags_enum = CUstream_flags_enum(0);
     /**```text
-< Stream does not synchronize with stream 0 (the NULL stream)
+Stream does not synchronize with stream 0 (the NULL stream)
 ```*/
     pub const CU_STREAM_NON_BLOCKING: CUstream_flags_enum = CUstream_flags_enum(1);
 }
@@ -569,19 +569,19 @@ Stream creation flags
 pub use self::CUstream_flags_enum as CUstream_flags;
 impl CUevent_flags_enum {
     /**```text
-< Default event flag
+Default event flag
 ```*/
     pub const CU_EVENT_DEFAULT: CUevent_flags_enum = CUevent_flags_enum(0);
     /**```text
-< Event uses blocking synchronization
+Event uses blocking synchronization
 ```*/
     pub const CU_EVENT_BLOCKING_SYNC: CUevent_flags_enum = CUevent_flags_enum(1);
     /**```text
-< Event will not record timing data
+Event will not record timing data
 ```*/
     pub const CU_EVENT_DISABLE_TIMING: CUevent_flags_enum = CUevent_flags_enum(2);
     /**```text
-< Event is suitable for interprocess use. CU_EVENT_DISABLE_TIMING must be set
+Event is suitable for interprocess use. CU_EVENT_DISABLE_TIMING must be set
 ```*/
     pub const CU_EVENT_INTERPROCESS: CUevent_flags_enum = CUevent_flags_enum(4);
 }
@@ -597,13 +597,13 @@ Event creation flags
 pub use self::CUevent_flags_enum as CUevent_flags;
 impl CUevent_record_flags_enum {
     /**```text
-< Default event record flag
+Default event record flag
 ```*/
     pub const CU_EVENT_RECORD_DEFAULT: CUevent_record_flags_enum = CUevent_record_flags_enum(
         0,
     );
     /**```text
-< When using stream capture, create an event record node
+When using stream capture, create an event record node
   instead of the default behavior.  This flag is invalid
   when used outside of capture.
 ```*/
@@ -623,13 +623,13 @@ Event record flags
 pub use self::CUevent_record_flags_enum as CUevent_record_flags;
 impl CUevent_wait_flags_enum {
     /**```text
-< Default event wait flag
+Default event wait flag
 ```*/
     pub const CU_EVENT_WAIT_DEFAULT: CUevent_wait_flags_enum = CUevent_wait_flags_enum(
         0,
     );
     /**```text
-< When using stream capture, create an event wait node
+When using stream capture, create an event wait node
   instead of the default behavior.  This flag is invalid
   when used outside of capture.
 ```*/
@@ -734,7 +734,7 @@ CUDA-valid Atomic Operation capabilities
 pub use self::CUatomicOperationCapability_enum as CUatomicOperationCapability;
 impl CUstreamWaitValue_flags_enum {
     /**```text
-< Wait until (int32_t)(*addr - value) >= 0 (or int64_t for 64 bit
+Wait until (int32_t)(*addr - value) >= 0 (or int64_t for 64 bit
 values). Note this is a cyclic comparison which ignores wraparound.
 (Default behavior.)
 ```*/
@@ -742,19 +742,19 @@ values). Note this is a cyclic comparison which ignores wraparound.
         0,
     );
     /**```text
-< Wait until *addr == value.
+Wait until *addr == value.
 ```*/
     pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
         1,
     );
     /**```text
-< Wait until (*addr & value) != 0.
+Wait until (*addr & value) != 0.
 ```*/
     pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags_enum = CUstreamWaitValue_flags_enum(
         2,
     );
     /**```text
-< Wait until ~(*addr | value) != 0. Support for this operation can be
+Wait until ~(*addr | value) != 0. Support for this operation can be
 queried with ::cuDeviceGetAttribute() and
 ::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR.
 ```*/
@@ -762,7 +762,7 @@ queried with ::cuDeviceGetAttribute() and
         3,
     );
     /**```text
-< Follow the wait operation with a flush of outstanding remote writes. This
+Follow the wait operation with a flush of outstanding remote writes. This
 means that, if a remote write operation is guaranteed to have reached the
 device before the wait can be satisfied, that write is guaranteed to be
 visible to downstream device work. The device is permitted to reorder
@@ -788,13 +788,13 @@ Flags for ::cuStreamWaitValue32 and ::cuStreamWaitValue64
 pub use self::CUstreamWaitValue_flags_enum as CUstreamWaitValue_flags;
 impl CUstreamWriteValue_flags_enum {
     /**```text
-< Default behavior
+Default behavior
 ```*/
     pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags_enum = CUstreamWriteValue_flags_enum(
         0,
     );
     /**```text
-< Permits the write to be reordered with writes which were issued
+Permits the write to be reordered with writes which were issued
 before it, as a performance optimization. Normally,
 ::cuStreamWriteValue32 will provide a memory fence before the
 write, which has similar semantics to
@@ -818,43 +818,43 @@ Flags for ::cuStreamWriteValue32
 pub use self::CUstreamWriteValue_flags_enum as CUstreamWriteValue_flags;
 impl CUstreamBatchMemOpType_enum {
     /**```text
-< Represents a ::cuStreamWaitValue32 operation
+Represents a ::cuStreamWaitValue32 operation
 ```*/
     pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
         1,
     );
     /**```text
-< Represents a ::cuStreamWriteValue32 operation
+Represents a ::cuStreamWriteValue32 operation
 ```*/
     pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
         2,
     );
     /**```text
-< Represents a ::cuStreamWaitValue64 operation
+Represents a ::cuStreamWaitValue64 operation
 ```*/
     pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
         4,
     );
     /**```text
-< Represents a ::cuStreamWriteValue64 operation
+Represents a ::cuStreamWriteValue64 operation
 ```*/
     pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
         5,
     );
     /**```text
-< Insert a memory barrier of the specified type
+Insert a memory barrier of the specified type
 ```*/
     pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
         6,
     );
     /**```text
-< Perform a atomic reduction. See ::CUstreamBatchMemOpParams::atomicReduction
+Perform a atomic reduction. See ::CUstreamBatchMemOpParams::atomicReduction
 ```*/
     pub const CU_STREAM_MEM_OP_ATOMIC_REDUCTION: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
         8,
     );
     /**```text
-< This has the same effect as ::CU_STREAM_WAIT_VALUE_FLUSH, but as a
+This has the same effect as ::CU_STREAM_WAIT_VALUE_FLUSH, but as a
 standalone operation.
 ```*/
     pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType_enum = CUstreamBatchMemOpType_enum(
@@ -873,13 +873,13 @@ Operations for ::cuStreamBatchMemOp
 pub use self::CUstreamBatchMemOpType_enum as CUstreamBatchMemOpType;
 impl CUstreamMemoryBarrier_flags_enum {
     /**```text
-< System-wide memory barrier.
+System-wide memory barrier.
 ```*/
     pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(
         0,
     );
     /**```text
-< Limit memory barrier scope to the GPU.
+Limit memory barrier scope to the GPU.
 ```*/
     pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: CUstreamMemoryBarrier_flags_enum = CUstreamMemoryBarrier_flags_enum(
         1,
@@ -897,19 +897,19 @@ Flags for ::CUstreamBatchMemOpParams::memoryBarrier
 pub use self::CUstreamMemoryBarrier_flags_enum as CUstreamMemoryBarrier_flags;
 impl CUstreamAtomicReductionOpType_enum {
     /**```text
-< Performs an atomic OR: *(address) = *(address) | value
+Performs an atomic OR: *(address) = *(address) | value
 ```*/
     pub const CU_STREAM_ATOMIC_REDUCTION_OP_OR: CUstreamAtomicReductionOpType_enum = CUstreamAtomicReductionOpType_enum(
         6,
     );
     /**```text
-< Performs an atomic AND: *(address) = *(address) & value
+Performs an atomic AND: *(address) = *(address) & value
 ```*/
     pub const CU_STREAM_ATOMIC_REDUCTION_OP_AND: CUstreamAtomicReductionOpType_enum = CUstreamAtomicReductionOpType_enum(
         5,
     );
     /**```text
-< Performs an atomic ADD: *(address) = *(address) + value
+Performs an atomic ADD: *(address) = *(address) + value
 ```*/
     pub const CU_STREAM_ATOMIC_REDUCTION_OP_ADD: CUstreamAtomicReductionOpType_enum = CUstreamAtomicReductionOpType_enum(
         0,
@@ -950,23 +950,23 @@ Per-operation parameters for ::cuStreamBatchMemOp
 #[derive(Copy, Clone)]
 pub union CUstreamBatchMemOpParams_union {
     /**```text
-< Operation. This is the first field of all the union elemets and acts as a TAG to determine which union member is valid.
+Operation. This is the first field of all the union elemets and acts as a TAG to determine which union member is valid.
 ```*/
     pub operation: CUstreamBatchMemOpType,
     /**```text
-< Params for ::CU_STREAM_MEM_OP_WAIT_VALUE_32 and ::CU_STREAM_MEM_OP_WAIT_VALUE_64 operations.
+Params for ::CU_STREAM_MEM_OP_WAIT_VALUE_32 and ::CU_STREAM_MEM_OP_WAIT_VALUE_64 operations.
 ```*/
     pub waitValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st,
     /**```text
-< Params for ::CU_STREAM_MEM_OP_WRITE_VALUE_32 and ::CU_STREAM_MEM_OP_WRITE_VALUE_64 operations.
+Params for ::CU_STREAM_MEM_OP_WRITE_VALUE_32 and ::CU_STREAM_MEM_OP_WRITE_VALUE_64 operations.
 ```*/
     pub writeValue: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st,
     /**```text
-< Params for ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES operations.
+Params for ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES operations.
 ```*/
     pub flushRemoteWrites: CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st,
     /**```text
-< Params for ::CU_STREAM_MEM_OP_BARRIER operations.
+Params for ::CU_STREAM_MEM_OP_BARRIER operations.
 ```*/
     pub memoryBarrier: CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st,
     pub atomicReduction: CUstreamBatchMemOpParams_union_CUstreamMemOpAtomicReductionParams_st,
@@ -979,11 +979,11 @@ pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st {
     pub address: CUdeviceptr,
     pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWaitValueParams_st__bindgen_ty_1,
     /**```text
-< See ::CUstreamWaitValue_flags.
+See ::CUstreamWaitValue_flags.
 ```*/
     pub flags: ::std::os::raw::c_uint,
     /**```text
-< For driver internal use. Initial value is unimportant.
+For driver internal use. Initial value is unimportant.
 ```*/
     pub alias: CUdeviceptr,
 }
@@ -1077,11 +1077,11 @@ pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st {
     pub address: CUdeviceptr,
     pub __bindgen_anon_1: CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st__bindgen_ty_1,
     /**```text
-< See ::CUstreamWriteValue_flags.
+See ::CUstreamWriteValue_flags.
 ```*/
     pub flags: ::std::os::raw::c_uint,
     /**```text
-< For driver internal use. Initial value is unimportant.
+For driver internal use. Initial value is unimportant.
 ```*/
     pub alias: CUdeviceptr,
 }
@@ -1173,7 +1173,7 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpWriteValueParams_st
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesParams_st {
     pub operation: CUstreamBatchMemOpType,
     /**```text
-< Must be 0.
+Must be 0.
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -1214,7 +1214,7 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpFlushRemoteWritesPa
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams_st {
     pub operation: CUstreamBatchMemOpType,
     /**```text
-< See ::CUstreamMemoryBarrier_flags
+See ::CUstreamMemoryBarrier_flags
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -1255,27 +1255,27 @@ impl Default for CUstreamBatchMemOpParams_union_CUstreamMemOpMemoryBarrierParams
 pub struct CUstreamBatchMemOpParams_union_CUstreamMemOpAtomicReductionParams_st {
     pub operation: CUstreamBatchMemOpType,
     /**```text
-< Must be 0
+Must be 0
 ```*/
     pub flags: ::std::os::raw::c_uint,
     /**```text
-< See ::CUstreamAtomicReductionOpType
+See ::CUstreamAtomicReductionOpType
 ```*/
     pub reductionOp: CUstreamAtomicReductionOpType,
     /**```text
-< See ::CUstreamAtomicReductionDataType
+See ::CUstreamAtomicReductionDataType
 ```*/
     pub dataType: CUstreamAtomicReductionDataType,
     /**```text
-< The address the atomic operation will be operated on
+The address the atomic operation will be operated on
 ```*/
     pub address: CUdeviceptr,
     /**```text
-< The operand value the atomic operation will operate with
+The operand value the atomic operation will operate with
 ```*/
     pub value: cuuint64_t,
     /**```text
-< For driver internal use. Initial value is unimportant.
+For driver internal use. Initial value is unimportant.
 ```*/
     pub alias: CUdeviceptr,
 }
@@ -1449,19 +1449,19 @@ Batch memory operation node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st {
     /**```text
-< Context to use for the operations.
+Context to use for the operations.
 ```*/
     pub ctx: CUcontext,
     /**```text
-< Number of operations in paramArray.
+Number of operations in paramArray.
 ```*/
     pub count: ::std::os::raw::c_uint,
     /**```text
-< Array of batch memory operations.
+Array of batch memory operations.
 ```*/
     pub paramArray: *mut CUstreamBatchMemOpParams,
     /**```text
-< Flags to control the node.
+Flags to control the node.
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -1501,11 +1501,11 @@ Batch memory operation node parameters
 pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v2 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v2_st;
 impl CUoccupancy_flags_enum {
     /**```text
-< Default behavior
+Default behavior
 ```*/
     pub const CU_OCCUPANCY_DEFAULT: CUoccupancy_flags_enum = CUoccupancy_flags_enum(0);
     /**```text
-< Assume global caching is enabled and cannot be automatically turned off
+Assume global caching is enabled and cannot be automatically turned off
 ```*/
     pub const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: CUoccupancy_flags_enum = CUoccupancy_flags_enum(
         1,
@@ -1523,13 +1523,13 @@ Occupancy calculator flag
 pub use self::CUoccupancy_flags_enum as CUoccupancy_flags;
 impl CUstreamUpdateCaptureDependencies_flags_enum {
     /**```text
-< Add new nodes to the dependency set
+Add new nodes to the dependency set
 ```*/
     pub const CU_STREAM_ADD_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = CUstreamUpdateCaptureDependencies_flags_enum(
         0,
     );
     /**```text
-< Replace the dependency set with the new nodes
+Replace the dependency set with the new nodes
 ```*/
     pub const CU_STREAM_SET_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags_enum = CUstreamUpdateCaptureDependencies_flags_enum(
         1,
@@ -1547,7 +1547,7 @@ Flags for ::cuStreamUpdateCaptureDependencies
 pub use self::CUstreamUpdateCaptureDependencies_flags_enum as CUstreamUpdateCaptureDependencies_flags;
 impl CUasyncNotificationType_enum {
     /**```text
-< Sent when the process has exceeded its device memory budget
+Sent when the process has exceeded its device memory budget
 ```*/
     pub const CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET: CUasyncNotificationType_enum = CUasyncNotificationType_enum(
         1,
@@ -1570,11 +1570,11 @@ Information passed to the user via the async notification callback
 #[derive(Copy, Clone)]
 pub struct CUasyncNotificationInfo_st {
     /**```text
-< The type of notification being sent
+The type of notification being sent
 ```*/
     pub type_: CUasyncNotificationType,
     /**```text
-< Information about the notification. \p type must be checked in order to interpret this field.
+Information about the notification. \p type must be checked in order to interpret this field.
 ```*/
     pub info: CUasyncNotificationInfo_st__bindgen_ty_1,
 }
@@ -1582,7 +1582,7 @@ pub struct CUasyncNotificationInfo_st {
 #[derive(Copy, Clone)]
 pub union CUasyncNotificationInfo_st__bindgen_ty_1 {
     /**```text
-< Information about notifications of type \p CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET
+Information about notifications of type \p CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET
 ```*/
     pub overBudget: CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1,
 }
@@ -1590,7 +1590,7 @@ pub union CUasyncNotificationInfo_st__bindgen_ty_1 {
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUasyncNotificationInfo_st__bindgen_ty_1__bindgen_ty_1 {
     /**```text
-< The number of bytes that the process has allocated above its device memory budget
+The number of bytes that the process has allocated above its device memory budget
 ```*/
     pub bytesOverBudget: ::std::os::raw::c_ulonglong,
 }
@@ -1675,303 +1675,303 @@ pub type CUasyncCallback = ::std::option::Option<
 >;
 impl CUarray_format_enum {
     /**```text
-< Unsigned 8-bit integers
+Unsigned 8-bit integers
 ```*/
     pub const CU_AD_FORMAT_UNSIGNED_INT8: CUarray_format_enum = CUarray_format_enum(1);
     /**```text
-< Unsigned 16-bit integers
+Unsigned 16-bit integers
 ```*/
     pub const CU_AD_FORMAT_UNSIGNED_INT16: CUarray_format_enum = CUarray_format_enum(2);
     /**```text
-< Unsigned 32-bit integers
+Unsigned 32-bit integers
 ```*/
     pub const CU_AD_FORMAT_UNSIGNED_INT32: CUarray_format_enum = CUarray_format_enum(3);
     /**```text
-< Signed 8-bit integers
+Signed 8-bit integers
 ```*/
     pub const CU_AD_FORMAT_SIGNED_INT8: CUarray_format_enum = CUarray_format_enum(8);
     /**```text
-< Signed 16-bit integers
+Signed 16-bit integers
 ```*/
     pub const CU_AD_FORMAT_SIGNED_INT16: CUarray_format_enum = CUarray_format_enum(9);
     /**```text
-< Signed 32-bit integers
+Signed 32-bit integers
 ```*/
     pub const CU_AD_FORMAT_SIGNED_INT32: CUarray_format_enum = CUarray_format_enum(10);
     /**```text
-< 16-bit floating point
+16-bit floating point
 ```*/
     pub const CU_AD_FORMAT_HALF: CUarray_format_enum = CUarray_format_enum(16);
     /**```text
-< 32-bit floating point
+32-bit floating point
 ```*/
     pub const CU_AD_FORMAT_FLOAT: CUarray_format_enum = CUarray_format_enum(32);
     /**```text
-< 8-bit YUV planar format, with 4:2:0 sampling
+8-bit YUV planar format, with 4:2:0 sampling
 ```*/
     pub const CU_AD_FORMAT_NV12: CUarray_format_enum = CUarray_format_enum(176);
     /**```text
-< 1 channel unsigned 8-bit normalized integer
+1 channel unsigned 8-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_UNORM_INT8X1: CUarray_format_enum = CUarray_format_enum(192);
     /**```text
-< 2 channel unsigned 8-bit normalized integer
+2 channel unsigned 8-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_UNORM_INT8X2: CUarray_format_enum = CUarray_format_enum(193);
     /**```text
-< 4 channel unsigned 8-bit normalized integer
+4 channel unsigned 8-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_UNORM_INT8X4: CUarray_format_enum = CUarray_format_enum(194);
     /**```text
-< 1 channel unsigned 16-bit normalized integer
+1 channel unsigned 16-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_UNORM_INT16X1: CUarray_format_enum = CUarray_format_enum(195);
     /**```text
-< 2 channel unsigned 16-bit normalized integer
+2 channel unsigned 16-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_UNORM_INT16X2: CUarray_format_enum = CUarray_format_enum(196);
     /**```text
-< 4 channel unsigned 16-bit normalized integer
+4 channel unsigned 16-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_UNORM_INT16X4: CUarray_format_enum = CUarray_format_enum(197);
     /**```text
-< 1 channel signed 8-bit normalized integer
+1 channel signed 8-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_SNORM_INT8X1: CUarray_format_enum = CUarray_format_enum(198);
     /**```text
-< 2 channel signed 8-bit normalized integer
+2 channel signed 8-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_SNORM_INT8X2: CUarray_format_enum = CUarray_format_enum(199);
     /**```text
-< 4 channel signed 8-bit normalized integer
+4 channel signed 8-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_SNORM_INT8X4: CUarray_format_enum = CUarray_format_enum(200);
     /**```text
-< 1 channel signed 16-bit normalized integer
+1 channel signed 16-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_SNORM_INT16X1: CUarray_format_enum = CUarray_format_enum(201);
     /**```text
-< 2 channel signed 16-bit normalized integer
+2 channel signed 16-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_SNORM_INT16X2: CUarray_format_enum = CUarray_format_enum(202);
     /**```text
-< 4 channel signed 16-bit normalized integer
+4 channel signed 16-bit normalized integer
 ```*/
     pub const CU_AD_FORMAT_SNORM_INT16X4: CUarray_format_enum = CUarray_format_enum(203);
     /**```text
-< 4 channel unsigned normalized block-compressed (BC1 compression) format
+4 channel unsigned normalized block-compressed (BC1 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC1_UNORM: CUarray_format_enum = CUarray_format_enum(145);
     /**```text
-< 4 channel unsigned normalized block-compressed (BC1 compression) format with sRGB encoding
+4 channel unsigned normalized block-compressed (BC1 compression) format with sRGB encoding
 ```*/
     pub const CU_AD_FORMAT_BC1_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
         146,
     );
     /**```text
-< 4 channel unsigned normalized block-compressed (BC2 compression) format
+4 channel unsigned normalized block-compressed (BC2 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC2_UNORM: CUarray_format_enum = CUarray_format_enum(147);
     /**```text
-< 4 channel unsigned normalized block-compressed (BC2 compression) format with sRGB encoding
+4 channel unsigned normalized block-compressed (BC2 compression) format with sRGB encoding
 ```*/
     pub const CU_AD_FORMAT_BC2_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
         148,
     );
     /**```text
-< 4 channel unsigned normalized block-compressed (BC3 compression) format
+4 channel unsigned normalized block-compressed (BC3 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC3_UNORM: CUarray_format_enum = CUarray_format_enum(149);
     /**```text
-< 4 channel unsigned normalized block-compressed (BC3 compression) format with sRGB encoding
+4 channel unsigned normalized block-compressed (BC3 compression) format with sRGB encoding
 ```*/
     pub const CU_AD_FORMAT_BC3_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
         150,
     );
     /**```text
-< 1 channel unsigned normalized block-compressed (BC4 compression) format
+1 channel unsigned normalized block-compressed (BC4 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC4_UNORM: CUarray_format_enum = CUarray_format_enum(151);
     /**```text
-< 1 channel signed normalized block-compressed (BC4 compression) format
+1 channel signed normalized block-compressed (BC4 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC4_SNORM: CUarray_format_enum = CUarray_format_enum(152);
     /**```text
-< 2 channel unsigned normalized block-compressed (BC5 compression) format
+2 channel unsigned normalized block-compressed (BC5 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC5_UNORM: CUarray_format_enum = CUarray_format_enum(153);
     /**```text
-< 2 channel signed normalized block-compressed (BC5 compression) format
+2 channel signed normalized block-compressed (BC5 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC5_SNORM: CUarray_format_enum = CUarray_format_enum(154);
     /**```text
-< 3 channel unsigned half-float block-compressed (BC6H compression) format
+3 channel unsigned half-float block-compressed (BC6H compression) format
 ```*/
     pub const CU_AD_FORMAT_BC6H_UF16: CUarray_format_enum = CUarray_format_enum(155);
     /**```text
-< 3 channel signed half-float block-compressed (BC6H compression) format
+3 channel signed half-float block-compressed (BC6H compression) format
 ```*/
     pub const CU_AD_FORMAT_BC6H_SF16: CUarray_format_enum = CUarray_format_enum(156);
     /**```text
-< 4 channel unsigned normalized block-compressed (BC7 compression) format
+4 channel unsigned normalized block-compressed (BC7 compression) format
 ```*/
     pub const CU_AD_FORMAT_BC7_UNORM: CUarray_format_enum = CUarray_format_enum(157);
     /**```text
-< 4 channel unsigned normalized block-compressed (BC7 compression) format with sRGB encoding
+4 channel unsigned normalized block-compressed (BC7 compression) format with sRGB encoding
 ```*/
     pub const CU_AD_FORMAT_BC7_UNORM_SRGB: CUarray_format_enum = CUarray_format_enum(
         158,
     );
     /**```text
-< 10-bit YUV planar format, with 4:2:0 sampling
+10-bit YUV planar format, with 4:2:0 sampling
 ```*/
     pub const CU_AD_FORMAT_P010: CUarray_format_enum = CUarray_format_enum(159);
     /**```text
-< 16-bit YUV planar format, with 4:2:0 sampling
+16-bit YUV planar format, with 4:2:0 sampling
 ```*/
     pub const CU_AD_FORMAT_P016: CUarray_format_enum = CUarray_format_enum(161);
     /**```text
-< 8-bit YUV planar format, with 4:2:2 sampling
+8-bit YUV planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_NV16: CUarray_format_enum = CUarray_format_enum(162);
     /**```text
-< 10-bit YUV planar format, with 4:2:2 sampling
+10-bit YUV planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_P210: CUarray_format_enum = CUarray_format_enum(163);
     /**```text
-< 16-bit YUV planar format, with 4:2:2 sampling
+16-bit YUV planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_P216: CUarray_format_enum = CUarray_format_enum(164);
     /**```text
-< 2 channel, 8-bit YUV packed planar format, with 4:2:2 sampling
+2 channel, 8-bit YUV packed planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_YUY2: CUarray_format_enum = CUarray_format_enum(165);
     /**```text
-< 2 channel, 10-bit YUV packed planar format, with 4:2:2 sampling
+2 channel, 10-bit YUV packed planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_Y210: CUarray_format_enum = CUarray_format_enum(166);
     /**```text
-< 2 channel, 16-bit YUV packed planar format, with 4:2:2 sampling
+2 channel, 16-bit YUV packed planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_Y216: CUarray_format_enum = CUarray_format_enum(167);
     /**```text
-< 4 channel, 8-bit YUV packed planar format, with 4:4:4 sampling
+4 channel, 8-bit YUV packed planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_AYUV: CUarray_format_enum = CUarray_format_enum(168);
     /**```text
-< 10-bit YUV packed planar format, with 4:4:4 sampling
+10-bit YUV packed planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_Y410: CUarray_format_enum = CUarray_format_enum(169);
     /**```text
-< 4 channel, 12-bit YUV packed planar format, with 4:4:4 sampling
+4 channel, 12-bit YUV packed planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_Y416: CUarray_format_enum = CUarray_format_enum(177);
     /**```text
-< 3 channel 8-bit YUV planar format, with 4:4:4 sampling
+3 channel 8-bit YUV planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_Y444_PLANAR8: CUarray_format_enum = CUarray_format_enum(178);
     /**```text
-< 3 channel 10-bit YUV planar format, with 4:4:4 sampling
+3 channel 10-bit YUV planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_Y444_PLANAR10: CUarray_format_enum = CUarray_format_enum(179);
     /**```text
-< 3 channel 8-bit YUV semi-planar format, with 4:4:4 sampling
+3 channel 8-bit YUV semi-planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_YUV444_8bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(
         180,
     );
     /**```text
-< 3 channel 16-bit YUV semi-planar format, with 4:4:4 sampling
+3 channel 16-bit YUV semi-planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_YUV444_16bit_SemiPlanar: CUarray_format_enum = CUarray_format_enum(
         181,
     );
     /**```text
-< 4 channel unorm R10G10B10A2 RGB format
+4 channel unorm R10G10B10A2 RGB format
 ```*/
     pub const CU_AD_FORMAT_UNORM_INT_101010_2: CUarray_format_enum = CUarray_format_enum(
         80,
     );
     /**```text
-< 4 channel unsigned 8-bit YUV packed format, with 4:2:2 sampling
+4 channel unsigned 8-bit YUV packed format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_PACKED_422: CUarray_format_enum = CUarray_format_enum(
         81,
     );
     /**```text
-< 4 channel unsigned 8-bit YUV packed format, with 4:4:4 sampling
+4 channel unsigned 8-bit YUV packed format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_PACKED_444: CUarray_format_enum = CUarray_format_enum(
         82,
     );
     /**```text
-< 3 channel unsigned 8-bit YUV semi-planar format, with 4:2:0 sampling
+3 channel unsigned 8-bit YUV semi-planar format, with 4:2:0 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_SEMIPLANAR_420: CUarray_format_enum = CUarray_format_enum(
         83,
     );
     /**```text
-< 3 channel unsigned 16-bit YUV semi-planar format, with 4:2:0 sampling
+3 channel unsigned 16-bit YUV semi-planar format, with 4:2:0 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT16_SEMIPLANAR_420: CUarray_format_enum = CUarray_format_enum(
         84,
     );
     /**```text
-< 3 channel unsigned 8-bit YUV semi-planar format, with 4:2:2 sampling
+3 channel unsigned 8-bit YUV semi-planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_SEMIPLANAR_422: CUarray_format_enum = CUarray_format_enum(
         85,
     );
     /**```text
-< 3 channel unsigned 16-bit YUV semi-planar format, with 4:2:2 sampling
+3 channel unsigned 16-bit YUV semi-planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT16_SEMIPLANAR_422: CUarray_format_enum = CUarray_format_enum(
         86,
     );
     /**```text
-< 3 channel unsigned 8-bit YUV semi-planar format, with 4:4:4 sampling
+3 channel unsigned 8-bit YUV semi-planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_SEMIPLANAR_444: CUarray_format_enum = CUarray_format_enum(
         87,
     );
     /**```text
-< 3 channel unsigned 16-bit YUV semi-planar format, with 4:4:4 sampling
+3 channel unsigned 16-bit YUV semi-planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT16_SEMIPLANAR_444: CUarray_format_enum = CUarray_format_enum(
         88,
     );
     /**```text
-< 3 channel unsigned 8-bit YUV planar format, with 4:2:0 sampling
+3 channel unsigned 8-bit YUV planar format, with 4:2:0 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_PLANAR_420: CUarray_format_enum = CUarray_format_enum(
         89,
     );
     /**```text
-< 3 channel unsigned 16-bit YUV planar format, with 4:2:0 sampling
+3 channel unsigned 16-bit YUV planar format, with 4:2:0 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT16_PLANAR_420: CUarray_format_enum = CUarray_format_enum(
         90,
     );
     /**```text
-< 3 channel unsigned 8-bit YUV planar format, with 4:2:2 sampling
+3 channel unsigned 8-bit YUV planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_PLANAR_422: CUarray_format_enum = CUarray_format_enum(
         91,
     );
     /**```text
-< 3 channel unsigned 16-bit YUV planar format, with 4:2:2 sampling
+3 channel unsigned 16-bit YUV planar format, with 4:2:2 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT16_PLANAR_422: CUarray_format_enum = CUarray_format_enum(
         92,
     );
     /**```text
-< 3 channel unsigned 8-bit YUV planar format, with 4:4:4 sampling
+3 channel unsigned 8-bit YUV planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT8_PLANAR_444: CUarray_format_enum = CUarray_format_enum(
         93,
     );
     /**```text
-< 3 channel unsigned 16-bit YUV planar format, with 4:4:4 sampling
+3 channel unsigned 16-bit YUV planar format, with 4:4:4 sampling
 ```*/
     pub const CU_AD_FORMAT_UINT16_PLANAR_444: CUarray_format_enum = CUarray_format_enum(
         94,
@@ -1990,19 +1990,19 @@ Array formats
 pub use self::CUarray_format_enum as CUarray_format;
 impl CUaddress_mode_enum {
     /**```text
-< Wrapping address mode
+Wrapping address mode
 ```*/
     pub const CU_TR_ADDRESS_MODE_WRAP: CUaddress_mode_enum = CUaddress_mode_enum(0);
     /**```text
-< Clamp to edge address mode
+Clamp to edge address mode
 ```*/
     pub const CU_TR_ADDRESS_MODE_CLAMP: CUaddress_mode_enum = CUaddress_mode_enum(1);
     /**```text
-< Mirror address mode
+Mirror address mode
 ```*/
     pub const CU_TR_ADDRESS_MODE_MIRROR: CUaddress_mode_enum = CUaddress_mode_enum(2);
     /**```text
-< Border address mode
+Border address mode
 ```*/
     pub const CU_TR_ADDRESS_MODE_BORDER: CUaddress_mode_enum = CUaddress_mode_enum(3);
 }
@@ -2018,11 +2018,11 @@ Texture reference addressing modes
 pub use self::CUaddress_mode_enum as CUaddress_mode;
 impl CUfilter_mode_enum {
     /**```text
-< Point filter mode
+Point filter mode
 ```*/
     pub const CU_TR_FILTER_MODE_POINT: CUfilter_mode_enum = CUfilter_mode_enum(0);
     /**```text
-< Linear filter mode
+Linear filter mode
 ```*/
     pub const CU_TR_FILTER_MODE_LINEAR: CUfilter_mode_enum = CUfilter_mode_enum(1);
 }
@@ -2038,1003 +2038,1003 @@ Texture reference filtering modes
 pub use self::CUfilter_mode_enum as CUfilter_mode;
 impl CUdevice_attribute_enum {
     /**```text
-< Maximum number of threads per block
+Maximum number of threads per block
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         1,
     );
     /**```text
-< Maximum block dimension X
+Maximum block dimension X
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(
         2,
     );
     /**```text
-< Maximum block dimension Y
+Maximum block dimension Y
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(
         3,
     );
     /**```text
-< Maximum block dimension Z
+Maximum block dimension Z
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(
         4,
     );
     /**```text
-< Maximum grid dimension X
+Maximum grid dimension X
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: CUdevice_attribute_enum = CUdevice_attribute_enum(
         5,
     );
     /**```text
-< Maximum grid dimension Y
+Maximum grid dimension Y
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: CUdevice_attribute_enum = CUdevice_attribute_enum(
         6,
     );
     /**```text
-< Maximum grid dimension Z
+Maximum grid dimension Z
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: CUdevice_attribute_enum = CUdevice_attribute_enum(
         7,
     );
     /**```text
-< Maximum shared memory available per block in bytes
+Maximum shared memory available per block in bytes
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         8,
     );
     /**```text
-< Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
+Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         8,
     );
     /**```text
-< Memory available on device for __constant__ variables in a CUDA C kernel in bytes
+Memory available on device for __constant__ variables in a CUDA C kernel in bytes
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(
         9,
     );
     /**```text
-< Warp size in threads
+Warp size in threads
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_WARP_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         10,
     );
     /**```text
-< Maximum pitch in bytes allowed by memory copies
+Maximum pitch in bytes allowed by memory copies
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         11,
     );
     /**```text
-< Maximum number of 32-bit registers available per block
+Maximum number of 32-bit registers available per block
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         12,
     );
     /**```text
-< Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK
+Deprecated, use CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         12,
     );
     /**```text
-< Typical clock frequency in kilohertz
+Typical clock frequency in kilohertz
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         13,
     );
     /**```text
-< Alignment requirement for textures
+Alignment requirement for textures
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         14,
     );
     /**```text
-< Device can possibly copy memory and execute a kernel concurrently. Deprecated. Use instead CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT.
+Device can possibly copy memory and execute a kernel concurrently. Deprecated. Use instead CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: CUdevice_attribute_enum = CUdevice_attribute_enum(
         15,
     );
     /**```text
-< Number of multiprocessors on device
+Number of multiprocessors on device
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         16,
     );
     /**```text
-< Specifies whether there is a run time limit on kernels
+Specifies whether there is a run time limit on kernels
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         17,
     );
     /**```text
-< Device is integrated with host memory
+Device is integrated with host memory
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_INTEGRATED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         18,
     );
     /**```text
-< Device can map host memory into CUDA address space
+Device can map host memory into CUDA address space
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(
         19,
     );
     /**```text
-< Compute mode (See ::CUcomputemode for details)
+Compute mode (See ::CUcomputemode for details)
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         20,
     );
     /**```text
-< Maximum 1D texture width
+Maximum 1D texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         21,
     );
     /**```text
-< Maximum 2D texture width
+Maximum 2D texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         22,
     );
     /**```text
-< Maximum 2D texture height
+Maximum 2D texture height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         23,
     );
     /**```text
-< Maximum 3D texture width
+Maximum 3D texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         24,
     );
     /**```text
-< Maximum 3D texture height
+Maximum 3D texture height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         25,
     );
     /**```text
-< Maximum 3D texture depth
+Maximum 3D texture depth
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         26,
     );
     /**```text
-< Maximum 2D layered texture width
+Maximum 2D layered texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         27,
     );
     /**```text
-< Maximum 2D layered texture height
+Maximum 2D layered texture height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         28,
     );
     /**```text
-< Maximum layers in a 2D layered texture
+Maximum layers in a 2D layered texture
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         29,
     );
     /**```text
-< Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH
+Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         27,
     );
     /**```text
-< Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT
+Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         28,
     );
     /**```text
-< Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
+Deprecated, use CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES: CUdevice_attribute_enum = CUdevice_attribute_enum(
         29,
     );
     /**```text
-< Alignment requirement for surfaces
+Alignment requirement for surfaces
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         30,
     );
     /**```text
-< Device can possibly execute multiple kernels concurrently
+Device can possibly execute multiple kernels concurrently
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         31,
     );
     /**```text
-< Device has ECC support enabled
+Device has ECC support enabled
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         32,
     );
     /**```text
-< PCI bus ID of the device
+PCI bus ID of the device
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         33,
     );
     /**```text
-< PCI device ID of the device
+PCI device ID of the device
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         34,
     );
     /**```text
-< Device is using TCC driver model
+Device is using TCC driver model
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_TCC_DRIVER: CUdevice_attribute_enum = CUdevice_attribute_enum(
         35,
     );
     /**```text
-< Peak memory clock frequency in kilohertz
+Peak memory clock frequency in kilohertz
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         36,
     );
     /**```text
-< Global memory bus width in bits
+Global memory bus width in bits
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         37,
     );
     /**```text
-< Size of L2 cache in bytes
+Size of L2 cache in bytes
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         38,
     );
     /**```text
-< Maximum resident threads per multiprocessor
+Maximum resident threads per multiprocessor
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
         39,
     );
     /**```text
-< Number of asynchronous engines
+Number of asynchronous engines
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         40,
     );
     /**```text
-< Device shares a unified address space with the host
+Device shares a unified address space with the host
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: CUdevice_attribute_enum = CUdevice_attribute_enum(
         41,
     );
     /**```text
-< Maximum 1D layered texture width
+Maximum 1D layered texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         42,
     );
     /**```text
-< Maximum layers in a 1D layered texture
+Maximum layers in a 1D layered texture
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         43,
     );
     /**```text
-< Deprecated, do not use.
+Deprecated, do not use.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: CUdevice_attribute_enum = CUdevice_attribute_enum(
         44,
     );
     /**```text
-< Maximum 2D texture width if CUDA_ARRAY3D_TEXTURE_GATHER is set
+Maximum 2D texture width if CUDA_ARRAY3D_TEXTURE_GATHER is set
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         45,
     );
     /**```text
-< Maximum 2D texture height if CUDA_ARRAY3D_TEXTURE_GATHER is set
+Maximum 2D texture height if CUDA_ARRAY3D_TEXTURE_GATHER is set
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         46,
     );
     /**```text
-< Alternate maximum 3D texture width
+Alternate maximum 3D texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         47,
     );
     /**```text
-< Alternate maximum 3D texture height
+Alternate maximum 3D texture height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         48,
     );
     /**```text
-< Alternate maximum 3D texture depth
+Alternate maximum 3D texture depth
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         49,
     );
     /**```text
-< PCI domain ID of the device
+PCI domain ID of the device
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         50,
     );
     /**```text
-< Pitch alignment requirement for textures
+Pitch alignment requirement for textures
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         51,
     );
     /**```text
-< Maximum cubemap texture width/height
+Maximum cubemap texture width/height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         52,
     );
     /**```text
-< Maximum cubemap layered texture width/height
+Maximum cubemap layered texture width/height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         53,
     );
     /**```text
-< Maximum layers in a cubemap layered texture
+Maximum layers in a cubemap layered texture
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         54,
     );
     /**```text
-< Maximum 1D surface width
+Maximum 1D surface width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         55,
     );
     /**```text
-< Maximum 2D surface width
+Maximum 2D surface width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         56,
     );
     /**```text
-< Maximum 2D surface height
+Maximum 2D surface height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         57,
     );
     /**```text
-< Maximum 3D surface width
+Maximum 3D surface width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         58,
     );
     /**```text
-< Maximum 3D surface height
+Maximum 3D surface height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         59,
     );
     /**```text
-< Maximum 3D surface depth
+Maximum 3D surface depth
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         60,
     );
     /**```text
-< Maximum 1D layered surface width
+Maximum 1D layered surface width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         61,
     );
     /**```text
-< Maximum layers in a 1D layered surface
+Maximum layers in a 1D layered surface
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         62,
     );
     /**```text
-< Maximum 2D layered surface width
+Maximum 2D layered surface width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         63,
     );
     /**```text
-< Maximum 2D layered surface height
+Maximum 2D layered surface height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         64,
     );
     /**```text
-< Maximum layers in a 2D layered surface
+Maximum layers in a 2D layered surface
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         65,
     );
     /**```text
-< Maximum cubemap surface width
+Maximum cubemap surface width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         66,
     );
     /**```text
-< Maximum cubemap layered surface width
+Maximum cubemap layered surface width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         67,
     );
     /**```text
-< Maximum layers in a cubemap layered surface
+Maximum layers in a cubemap layered surface
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         68,
     );
     /**```text
-< Deprecated, do not use. Use cudaDeviceGetTexture1DLinearMaxWidth() or cuDeviceGetTexture1DLinearMaxWidth() instead.
+Deprecated, do not use. Use cudaDeviceGetTexture1DLinearMaxWidth() or cuDeviceGetTexture1DLinearMaxWidth() instead.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         69,
     );
     /**```text
-< Maximum 2D linear texture width
+Maximum 2D linear texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         70,
     );
     /**```text
-< Maximum 2D linear texture height
+Maximum 2D linear texture height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         71,
     );
     /**```text
-< Maximum 2D linear texture pitch in bytes
+Maximum 2D linear texture pitch in bytes
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         72,
     );
     /**```text
-< Maximum mipmapped 2D texture width
+Maximum mipmapped 2D texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         73,
     );
     /**```text
-< Maximum mipmapped 2D texture height
+Maximum mipmapped 2D texture height
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         74,
     );
     /**```text
-< Major compute capability version number
+Major compute capability version number
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
         75,
     );
     /**```text
-< Minor compute capability version number
+Minor compute capability version number
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
         76,
     );
     /**```text
-< Maximum mipmapped 1D texture width
+Maximum mipmapped 1D texture width
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         77,
     );
     /**```text
-< Device supports stream priorities
+Device supports stream priorities
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         78,
     );
     /**```text
-< Device supports caching globals in L1
+Device supports caching globals in L1
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         79,
     );
     /**```text
-< Device supports caching locals in L1
+Device supports caching locals in L1
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         80,
     );
     /**```text
-< Maximum shared memory available per multiprocessor in bytes
+Maximum shared memory available per multiprocessor in bytes
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
         81,
     );
     /**```text
-< Maximum number of 32-bit registers available per multiprocessor
+Maximum number of 32-bit registers available per multiprocessor
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
         82,
     );
     /**```text
-< Device can allocate managed memory on this system
+Device can allocate managed memory on this system
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: CUdevice_attribute_enum = CUdevice_attribute_enum(
         83,
     );
     /**```text
-< Device is on a multi-GPU board
+Device is on a multi-GPU board
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: CUdevice_attribute_enum = CUdevice_attribute_enum(
         84,
     );
     /**```text
-< Unique id for a group of devices on the same multi-GPU board
+Unique id for a group of devices on the same multi-GPU board
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         85,
     );
     /**```text
-< Link between the device and the host supports all native atomic operations
+Link between the device and the host supports all native atomic operations
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         86,
     );
     /**```text
-< Ratio of single precision performance (in floating-point operations per second) to double precision performance
+Ratio of single precision performance (in floating-point operations per second) to double precision performance
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: CUdevice_attribute_enum = CUdevice_attribute_enum(
         87,
     );
     /**```text
-< Device supports coherently accessing pageable memory without calling cudaHostRegister on it
+Device supports coherently accessing pageable memory without calling cudaHostRegister on it
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         88,
     );
     /**```text
-< Device can coherently access managed memory concurrently with the CPU
+Device can coherently access managed memory concurrently with the CPU
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         89,
     );
     /**```text
-< Device supports compute preemption.
+Device supports compute preemption.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         90,
     );
     /**```text
-< Device can access host registered memory at the same virtual address as the CPU
+Device can access host registered memory at the same virtual address as the CPU
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: CUdevice_attribute_enum = CUdevice_attribute_enum(
         91,
     );
     /**```text
-< Deprecated, along with v1 MemOps API, ::cuStreamBatchMemOp and related APIs are supported.
+Deprecated, along with v1 MemOps API, ::cuStreamBatchMemOp and related APIs are supported.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(
         92,
     );
     /**```text
-< Deprecated, along with v1 MemOps API, 64-bit operations are supported in ::cuStreamBatchMemOp and related APIs.
+Deprecated, along with v1 MemOps API, 64-bit operations are supported in ::cuStreamBatchMemOp and related APIs.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(
         93,
     );
     /**```text
-< Deprecated, along with v1 MemOps API, ::CU_STREAM_WAIT_VALUE_NOR is supported.
+Deprecated, along with v1 MemOps API, ::CU_STREAM_WAIT_VALUE_NOR is supported.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: CUdevice_attribute_enum = CUdevice_attribute_enum(
         94,
     );
     /**```text
-< Device supports launching cooperative kernels via ::cuLaunchCooperativeKernel
+Device supports launching cooperative kernels via ::cuLaunchCooperativeKernel
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         95,
     );
     /**```text
-< Deprecated, ::cuLaunchCooperativeKernelMultiDevice is deprecated.
+Deprecated, ::cuLaunchCooperativeKernelMultiDevice is deprecated.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         96,
     );
     /**```text
-< Maximum optin shared memory per block. That is shared memory that is available for dynamic allocation or static allocation (including architecture specific static shared memory) on this device but is not guaranteed to be portable.
+Maximum optin shared memory per block. That is shared memory that is available for dynamic allocation or static allocation (including architecture specific static shared memory) on this device but is not guaranteed to be portable.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: CUdevice_attribute_enum = CUdevice_attribute_enum(
         97,
     );
     /**```text
-< The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device. See \ref CUDA_MEMOP for additional details.
+The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device. See \ref CUDA_MEMOP for additional details.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: CUdevice_attribute_enum = CUdevice_attribute_enum(
         98,
     );
     /**```text
-< Device supports host memory registration via ::cudaHostRegister.
+Device supports host memory registration via ::cudaHostRegister.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         99,
     );
     /**```text
-< Device accesses pageable memory via the host's page tables.
+Device accesses pageable memory via the host's page tables.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: CUdevice_attribute_enum = CUdevice_attribute_enum(
         100,
     );
     /**```text
-< The host can directly access managed memory on the device without migration.
+The host can directly access managed memory on the device without migration.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: CUdevice_attribute_enum = CUdevice_attribute_enum(
         101,
     );
     /**```text
-< Deprecated, Use CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+Deprecated, Use CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         102,
     );
     /**```text
-< Device supports virtual memory management APIs like ::cuMemAddressReserve, ::cuMemCreate, ::cuMemMap and related APIs
+Device supports virtual memory management APIs like ::cuMemAddressReserve, ::cuMemCreate, ::cuMemMap and related APIs
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         102,
     );
     /**```text
-< Device supports exporting memory to a posix file descriptor with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
+Device supports exporting memory to a posix file descriptor with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         103,
     );
     /**```text
-< Device supports exporting memory to a Win32 NT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
+Device supports exporting memory to a Win32 NT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         104,
     );
     /**```text
-< Device supports exporting memory to a Win32 KMT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
+Device supports exporting memory to a Win32 KMT handle with ::cuMemExportToShareableHandle, if requested via ::cuMemCreate
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         105,
     );
     /**```text
-< Maximum number of blocks per multiprocessor
+Maximum number of blocks per multiprocessor
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
         106,
     );
     /**```text
-< Device supports compression of memory
+Device supports compression of memory
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         107,
     );
     /**```text
-< Maximum L2 persisting lines capacity setting in bytes.
+Maximum L2 persisting lines capacity setting in bytes.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         108,
     );
     /**```text
-< Maximum value of CUaccessPolicyWindow::num_bytes.
+Maximum value of CUaccessPolicyWindow::num_bytes.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         109,
     );
     /**```text
-< Device supports specifying the GPUDirect RDMA flag with ::cuMemCreate
+Device supports specifying the GPUDirect RDMA flag with ::cuMemCreate
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         110,
     );
     /**```text
-< Shared memory reserved by CUDA driver per block in bytes
+Shared memory reserved by CUDA driver per block in bytes
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         111,
     );
     /**```text
-< Device supports sparse CUDA arrays and sparse CUDA mipmapped arrays
+Device supports sparse CUDA arrays and sparse CUDA mipmapped arrays
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         112,
     );
     /**```text
-< Device supports using the ::cuMemHostRegister flag ::CU_MEMHOSTERGISTER_READ_ONLY to register memory that must be mapped as read-only to the GPU
+Device supports using the ::cuMemHostRegister flag ::CU_MEMHOSTERGISTER_READ_ONLY to register memory that must be mapped as read-only to the GPU
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         113,
     );
     /**```text
-< External timeline semaphore interop is supported on the device
+External timeline semaphore interop is supported on the device
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         114,
     );
     /**```text
-< Device supports using the ::cuMemAllocAsync and ::cuMemPool family of APIs
+Device supports using the ::cuMemAllocAsync and ::cuMemPool family of APIs
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         115,
     );
     /**```text
-< Device supports GPUDirect RDMA APIs, like nvidia_p2p_get_pages (see https://docs.nvidia.com/cuda/gpudirect-rdma for more information)
+Device supports GPUDirect RDMA APIs, like nvidia_p2p_get_pages (see https://docs.nvidia.com/cuda/gpudirect-rdma for more information)
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         116,
     );
     /**```text
-< The returned attribute shall be interpreted as a bitmask, where the individual bits are described by the ::CUflushGPUDirectRDMAWritesOptions enum
+The returned attribute shall be interpreted as a bitmask, where the individual bits are described by the ::CUflushGPUDirectRDMAWritesOptions enum
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         117,
     );
     /**```text
-< GPUDirect RDMA writes to the device do not need to be flushed for consumers within the scope indicated by the returned attribute. See ::CUGPUDirectRDMAWritesOrdering for the numerical values returned here.
+GPUDirect RDMA writes to the device do not need to be flushed for consumers within the scope indicated by the returned attribute. See ::CUGPUDirectRDMAWritesOrdering for the numerical values returned here.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: CUdevice_attribute_enum = CUdevice_attribute_enum(
         118,
     );
     /**```text
-< Handle types supported with mempool based IPC
+Handle types supported with mempool based IPC
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: CUdevice_attribute_enum = CUdevice_attribute_enum(
         119,
     );
     /**```text
-< Indicates device supports cluster launch
+Indicates device supports cluster launch
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         120,
     );
     /**```text
-< Device supports deferred mapping CUDA arrays and CUDA mipmapped arrays
+Device supports deferred mapping CUDA arrays and CUDA mipmapped arrays
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         121,
     );
     /**```text
-< 64-bit operations are supported in ::cuStreamBatchMemOp and related MemOp APIs.
+64-bit operations are supported in ::cuStreamBatchMemOp and related MemOp APIs.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         122,
     );
     /**```text
-< ::CU_STREAM_WAIT_VALUE_NOR is supported by MemOp APIs.
+::CU_STREAM_WAIT_VALUE_NOR is supported by MemOp APIs.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: CUdevice_attribute_enum = CUdevice_attribute_enum(
         123,
     );
     /**```text
-< Device supports buffer sharing with dma_buf mechanism.
+Device supports buffer sharing with dma_buf mechanism.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         124,
     );
     /**```text
-< Device supports IPC Events.
+Device supports IPC Events.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         125,
     );
     /**```text
-< Number of memory domains the device supports.
+Number of memory domains the device supports.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         126,
     );
     /**```text
-< Device supports accessing memory using Tensor Map.
+Device supports accessing memory using Tensor Map.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         127,
     );
     /**```text
-< Device supports exporting memory to a fabric handle with cuMemExportToShareableHandle() or requested with cuMemCreate()
+Device supports exporting memory to a fabric handle with cuMemExportToShareableHandle() or requested with cuMemCreate()
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         128,
     );
     /**```text
-< Device supports unified function pointers.
+Device supports unified function pointers.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: CUdevice_attribute_enum = CUdevice_attribute_enum(
         129,
     );
     /**```text
-< NUMA configuration of a device: value is of type ::CUdeviceNumaConfig enum
+NUMA configuration of a device: value is of type ::CUdeviceNumaConfig enum
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: CUdevice_attribute_enum = CUdevice_attribute_enum(
         130,
     );
     /**```text
-< NUMA node ID of the GPU memory
+NUMA node ID of the GPU memory
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         131,
     );
     /**```text
-< Device supports switch multicast and reduction operations.
+Device supports switch multicast and reduction operations.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         132,
     );
     /**```text
-< Indicates if contexts created on this device will be shared via MPS
+Indicates if contexts created on this device will be shared via MPS
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         133,
     );
     /**```text
-< NUMA ID of the host node closest to the device. Returns -1 when system does not support NUMA.
+NUMA ID of the host node closest to the device. Returns -1 when system does not support NUMA.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         134,
     );
     /**```text
-< Device supports CIG with D3D12.
+Device supports CIG with D3D12.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         135,
     );
     /**```text
-< The returned valued shall be interpreted as a bitmask, where the individual bits are described by the ::CUmemDecompressAlgorithm enum.
+The returned valued shall be interpreted as a bitmask, where the individual bits are described by the ::CUmemDecompressAlgorithm enum.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         136,
     );
     /**```text
-< The returned valued is the maximum length in bytes of a single decompress operation that is allowed.
+The returned valued is the maximum length in bytes of a single decompress operation that is allowed.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: CUdevice_attribute_enum = CUdevice_attribute_enum(
         137,
     );
     /**```text
-< Device supports CIG with Vulkan.
+Device supports CIG with Vulkan.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         138,
     );
     /**```text
-< The combined 16-bit PCI device ID and 16-bit PCI vendor ID.
+The combined 16-bit PCI device ID and 16-bit PCI vendor ID.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         139,
     );
     /**```text
-< The combined 16-bit PCI subsystem ID and 16-bit PCI subsystem vendor ID.
+The combined 16-bit PCI subsystem ID and 16-bit PCI subsystem vendor ID.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: CUdevice_attribute_enum = CUdevice_attribute_enum(
         140,
     );
     /**```text
-< Device supports HOST_NUMA location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
+Device supports HOST_NUMA location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         141,
     );
     /**```text
-< Device supports HOST_NUMA location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
+Device supports HOST_NUMA location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         142,
     );
     /**```text
-< Device supports HOST_NUMA location IPC between nodes in a multi-node system.
+Device supports HOST_NUMA location IPC between nodes in a multi-node system.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         143,
     );
     /**```text
-< Device suports HOST location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
+Device suports HOST location with the ::cuMemAllocAsync and ::cuMemPool family of APIs
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         144,
     );
     /**```text
-< Device supports HOST location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
+Device supports HOST location with the virtual memory management APIs like ::cuMemCreate, ::cuMemMap and related APIs
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         145,
     );
     /**```text
-< Device supports page-locked host memory buffer sharing with dma_buf mechanism.
+Device supports page-locked host memory buffer sharing with dma_buf mechanism.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         146,
     );
     /**```text
-< Link between the device and the host supports only some native atomic operations
+Link between the device and the host supports only some native atomic operations
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         147,
     );
     /**```text
-< Device supports atomic reduction operations in stream batch memory operations
+Device supports atomic reduction operations in stream batch memory operations
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_ATOMIC_REDUCTION_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         148,
     );
     /**```text
-< Number of locality domains
+Number of locality domains
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         149,
     );
     /**```text
-< Maximum oversized shared memory per block
+Maximum oversized shared memory per block
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute_enum = CUdevice_attribute_enum(
         150,
     );
     /**```text
-< Device supports CIG streams with D3D12
+Device supports CIG streams with D3D12
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_STREAMS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         151,
     );
     /**```text
-< Device supports mmap() of dmabuf file descriptors for CUDA device memory allocations
+Device supports mmap() of dmabuf file descriptors for CUDA device memory allocations
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_MMAP_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         152,
     );
     /**```text
-< Device supports unicast logical endpoints
+Device supports unicast logical endpoints
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         153,
     );
     /**```text
-< Device supports multicast logical endpoints
+Device supports multicast logical endpoints
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_MULTICAST_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         154,
     );
     /**```text
-< Device supports counted operations via logical endpoints
+Device supports counted operations via logical endpoints
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_COUNTED_OPS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         155,
     );
     /**```text
-< Device supports unicast logical endpoint access on the owner device
+Device supports unicast logical endpoint access on the owner device
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_ACCESS_ON_OWNER_DEVICE_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         156,
     );
     /**```text
-< Number of multiprocessors on each locality domain
+Number of multiprocessors on each locality domain
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_MULTIPROCESSOR_COUNT: CUdevice_attribute_enum = CUdevice_attribute_enum(
         157,
     );
     /**```text
-< Handle types supported with logical endpoint IPC
+Handle types supported with logical endpoint IPC
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES: CUdevice_attribute_enum = CUdevice_attribute_enum(
         158,
     );
     /**```text
-< Device supports CIG streams with Vulkan
+Device supports CIG streams with Vulkan
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_STREAMS_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         159,
     );
     /**```text
-< Minimum contiguous, accessible size in bytes required when the large tensor-map allocation class is effective. Devices with a 128 KiB backing precondition report 131072; devices where allocation-class selection is a no-op report INT_MAX.
+Minimum contiguous, accessible size in bytes required when the large tensor-map allocation class is effective. Devices with a 128 KiB backing precondition report 131072; devices where allocation-class selection is a no-op report INT_MAX.
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_LARGE_TENSOR_MIN_SIZE: CUdevice_attribute_enum = CUdevice_attribute_enum(
         160,
     );
     /**```text
-< Device supports GPUDirect RDMA with localized memory using the default RDMA mapping link
+Device supports GPUDirect RDMA with localized memory using the default RDMA mapping link
 ```*/
     pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_LOCALIZED_MEMORY_SUPPORTED: CUdevice_attribute_enum = CUdevice_attribute_enum(
         161,
@@ -3060,43 +3060,43 @@ Legacy device properties
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevprop_st {
     /**```text
-< Maximum number of threads per block
+Maximum number of threads per block
 ```*/
     pub maxThreadsPerBlock: ::std::os::raw::c_int,
     /**```text
-< Maximum size of each dimension of a block
+Maximum size of each dimension of a block
 ```*/
     pub maxThreadsDim: [::std::os::raw::c_int; 3usize],
     /**```text
-< Maximum size of each dimension of a grid
+Maximum size of each dimension of a grid
 ```*/
     pub maxGridSize: [::std::os::raw::c_int; 3usize],
     /**```text
-< Shared memory available per block in bytes
+Shared memory available per block in bytes
 ```*/
     pub sharedMemPerBlock: ::std::os::raw::c_int,
     /**```text
-< Constant memory available on device in bytes
+Constant memory available on device in bytes
 ```*/
     pub totalConstantMemory: ::std::os::raw::c_int,
     /**```text
-< Warp size in threads
+Warp size in threads
 ```*/
     pub SIMDWidth: ::std::os::raw::c_int,
     /**```text
-< Maximum pitch in bytes allowed by memory copies
+Maximum pitch in bytes allowed by memory copies
 ```*/
     pub memPitch: ::std::os::raw::c_int,
     /**```text
-< 32-bit registers available per block
+32-bit registers available per block
 ```*/
     pub regsPerBlock: ::std::os::raw::c_int,
     /**```text
-< Clock frequency in kilohertz
+Clock frequency in kilohertz
 ```*/
     pub clockRate: ::std::os::raw::c_int,
     /**```text
-< Alignment requirement for textures
+Alignment requirement for textures
 ```*/
     pub textureAlign: ::std::os::raw::c_int,
 }
@@ -3145,133 +3145,133 @@ Legacy device properties
 pub type CUdevprop = CUdevprop_v1;
 impl CUpointer_attribute_enum {
     /**```text
-< The ::CUcontext on which a pointer was allocated or registered
+The ::CUcontext on which a pointer was allocated or registered
 ```*/
     pub const CU_POINTER_ATTRIBUTE_CONTEXT: CUpointer_attribute_enum = CUpointer_attribute_enum(
         1,
     );
     /**```text
-< The ::CUmemorytype describing the physical location of a pointer
+The ::CUmemorytype describing the physical location of a pointer
 ```*/
     pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute_enum = CUpointer_attribute_enum(
         2,
     );
     /**```text
-< The address at which a pointer's memory may be accessed on the device
+The address at which a pointer's memory may be accessed on the device
 ```*/
     pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(
         3,
     );
     /**```text
-< The address at which a pointer's memory may be accessed on the host
+The address at which a pointer's memory may be accessed on the host
 ```*/
     pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute_enum = CUpointer_attribute_enum(
         4,
     );
     /**```text
-< A pair of tokens for use with the nv-p2p.h Linux kernel interface
+A pair of tokens for use with the nv-p2p.h Linux kernel interface
 ```*/
     pub const CU_POINTER_ATTRIBUTE_P2P_TOKENS: CUpointer_attribute_enum = CUpointer_attribute_enum(
         5,
     );
     /**```text
-< Synchronize every synchronous memory operation initiated on this region
+Synchronize every synchronous memory operation initiated on this region
 ```*/
     pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute_enum = CUpointer_attribute_enum(
         6,
     );
     /**```text
-< A process-wide unique ID for an allocated memory region
+A process-wide unique ID for an allocated memory region
 ```*/
     pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(
         7,
     );
     /**```text
-< Indicates if the pointer points to managed memory
+Indicates if the pointer points to managed memory
 ```*/
     pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute_enum = CUpointer_attribute_enum(
         8,
     );
     /**```text
-< A device ordinal of a device on which a pointer was allocated or registered
+A device ordinal of a device on which a pointer was allocated or registered
 ```*/
     pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute_enum = CUpointer_attribute_enum(
         9,
     );
     /**```text
-< 1 if this pointer maps to an allocation that is suitable for ::cudaIpcGetMemHandle, 0 otherwise
+1 if this pointer maps to an allocation that is suitable for ::cudaIpcGetMemHandle, 0 otherwise
 ```*/
     pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
         10,
     );
     /**```text
-< Starting address for this requested pointer
+Starting address for this requested pointer
 ```*/
     pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(
         11,
     );
     /**```text
-< Size of the address range for this requested pointer
+Size of the address range for this requested pointer
 ```*/
     pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(
         12,
     );
     /**```text
-< 1 if this pointer is in a valid address range that is mapped to a backing allocation, 0 otherwise
+1 if this pointer is in a valid address range that is mapped to a backing allocation, 0 otherwise
 ```*/
     pub const CU_POINTER_ATTRIBUTE_MAPPED: CUpointer_attribute_enum = CUpointer_attribute_enum(
         13,
     );
     /**```text
-< Bitmask of allowed ::CUmemAllocationHandleType for this allocation
+Bitmask of allowed ::CUmemAllocationHandleType for this allocation
 ```*/
     pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: CUpointer_attribute_enum = CUpointer_attribute_enum(
         14,
     );
     /**```text
-< 1 if the memory this pointer is referencing can be used with the GPUDirect RDMA API
+1 if the memory this pointer is referencing can be used with the GPUDirect RDMA API
 ```*/
     pub const CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
         15,
     );
     /**```text
-< Returns the access flags the device associated with the current context has on the corresponding memory referenced by the pointer given
+Returns the access flags the device associated with the current context has on the corresponding memory referenced by the pointer given
 ```*/
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: CUpointer_attribute_enum = CUpointer_attribute_enum(
         16,
     );
     /**```text
-< Returns the mempool handle for the allocation if it was allocated from a mempool. Otherwise returns NULL.
+Returns the mempool handle for the allocation if it was allocated from a mempool. Otherwise returns NULL.
 ```*/
     pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
         17,
     );
     /**```text
-< Size of the actual underlying mapping that the pointer belongs to
+Size of the actual underlying mapping that the pointer belongs to
 ```*/
     pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: CUpointer_attribute_enum = CUpointer_attribute_enum(
         18,
     );
     /**```text
-< The start address of the mapping that the pointer belongs to
+The start address of the mapping that the pointer belongs to
 ```*/
     pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: CUpointer_attribute_enum = CUpointer_attribute_enum(
         19,
     );
     /**```text
-< A process-wide unique id corresponding to the physical allocation the pointer belongs to
+A process-wide unique id corresponding to the physical allocation the pointer belongs to
 ```*/
     pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: CUpointer_attribute_enum = CUpointer_attribute_enum(
         20,
     );
     /**```text
-< Returns in \p *data a boolean that indicates whether the pointer points to memory that is capable to be used for hardware accelerated decompression.
+Returns in \p *data a boolean that indicates whether the pointer points to memory that is capable to be used for hardware accelerated decompression.
 ```*/
     pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: CUpointer_attribute_enum = CUpointer_attribute_enum(
         21,
     );
     /**```text
-< Returns in \p *data an integer representing the locality domain ordinal of the memory allocation, or -1 if the allocation is not localized to a locality domain.
+Returns in \p *data an integer representing the locality domain ordinal of the memory allocation, or -1 if the allocation is not localized to a locality domain.
 ```*/
     pub const CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL: CUpointer_attribute_enum = CUpointer_attribute_enum(
         22,
@@ -3505,19 +3505,19 @@ Function properties
 pub use self::CUfunction_attribute_enum as CUfunction_attribute;
 impl CUfunc_cache_enum {
     /**```text
-< no preference for shared memory or L1 (default)
+no preference for shared memory or L1 (default)
 ```*/
     pub const CU_FUNC_CACHE_PREFER_NONE: CUfunc_cache_enum = CUfunc_cache_enum(0);
     /**```text
-< prefer larger shared memory and smaller L1 cache
+prefer larger shared memory and smaller L1 cache
 ```*/
     pub const CU_FUNC_CACHE_PREFER_SHARED: CUfunc_cache_enum = CUfunc_cache_enum(1);
     /**```text
-< prefer larger L1 cache and smaller shared memory
+prefer larger L1 cache and smaller shared memory
 ```*/
     pub const CU_FUNC_CACHE_PREFER_L1: CUfunc_cache_enum = CUfunc_cache_enum(2);
     /**```text
-< prefer equal sized L1 cache and shared memory
+prefer equal sized L1 cache and shared memory
 ```*/
     pub const CU_FUNC_CACHE_PREFER_EQUAL: CUfunc_cache_enum = CUfunc_cache_enum(3);
 }
@@ -3533,19 +3533,19 @@ Function cache configurations
 pub use self::CUfunc_cache_enum as CUfunc_cache;
 impl CUsharedconfig_enum {
     /**```text
-< set default shared memory bank size
+set default shared memory bank size
 ```*/
     pub const CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(
         0,
     );
     /**```text
-< set shared memory bank width to four bytes
+set shared memory bank width to four bytes
 ```*/
     pub const CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(
         1,
     );
     /**```text
-< set shared memory bank width to eight bytes
+set shared memory bank width to eight bytes
 ```*/
     pub const CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE: CUsharedconfig_enum = CUsharedconfig_enum(
         2,
@@ -3567,19 +3567,19 @@ pub struct CUsharedconfig_enum(pub ::std::os::raw::c_uint);
 pub use self::CUsharedconfig_enum as CUsharedconfig;
 impl CUshared_carveout_enum {
     /**```text
-< No preference for shared memory or L1 (default)
+No preference for shared memory or L1 (default)
 ```*/
     pub const CU_SHAREDMEM_CARVEOUT_DEFAULT: CUshared_carveout_enum = CUshared_carveout_enum(
         -1,
     );
     /**```text
-< Prefer maximum available shared memory, minimum L1 cache
+Prefer maximum available shared memory, minimum L1 cache
 ```*/
     pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: CUshared_carveout_enum = CUshared_carveout_enum(
         100,
     );
     /**```text
-< Prefer maximum available L1 cache, minimum shared memory
+Prefer maximum available L1 cache, minimum shared memory
 ```*/
     pub const CU_SHAREDMEM_CARVEOUT_MAX_L1: CUshared_carveout_enum = CUshared_carveout_enum(
         0,
@@ -3597,19 +3597,19 @@ Shared memory carveout configurations. These may be passed to ::cuFuncSetAttribu
 pub use self::CUshared_carveout_enum as CUshared_carveout;
 impl CUmemorytype_enum {
     /**```text
-< Host memory
+Host memory
 ```*/
     pub const CU_MEMORYTYPE_HOST: CUmemorytype_enum = CUmemorytype_enum(1);
     /**```text
-< Device memory
+Device memory
 ```*/
     pub const CU_MEMORYTYPE_DEVICE: CUmemorytype_enum = CUmemorytype_enum(2);
     /**```text
-< Array memory
+Array memory
 ```*/
     pub const CU_MEMORYTYPE_ARRAY: CUmemorytype_enum = CUmemorytype_enum(3);
     /**```text
-< Unified device or host memory
+Unified device or host memory
 ```*/
     pub const CU_MEMORYTYPE_UNIFIED: CUmemorytype_enum = CUmemorytype_enum(4);
 }
@@ -3625,15 +3625,15 @@ Memory types
 pub use self::CUmemorytype_enum as CUmemorytype;
 impl CUcomputemode_enum {
     /**```text
-< Default compute mode (Multiple contexts allowed per device)
+Default compute mode (Multiple contexts allowed per device)
 ```*/
     pub const CU_COMPUTEMODE_DEFAULT: CUcomputemode_enum = CUcomputemode_enum(0);
     /**```text
-< Compute-prohibited mode (No contexts can be created on this device at this time)
+Compute-prohibited mode (No contexts can be created on this device at this time)
 ```*/
     pub const CU_COMPUTEMODE_PROHIBITED: CUcomputemode_enum = CUcomputemode_enum(2);
     /**```text
-< Compute-exclusive-process mode (Only one context used by a single process can be present on this device at a time)
+Compute-exclusive-process mode (Only one context used by a single process can be present on this device at a time)
 ```*/
     pub const CU_COMPUTEMODE_EXCLUSIVE_PROCESS: CUcomputemode_enum = CUcomputemode_enum(
         3,
@@ -3651,31 +3651,31 @@ Compute Modes
 pub use self::CUcomputemode_enum as CUcomputemode;
 impl CUmem_advise_enum {
     /**```text
-< Data will mostly be read and only occasionally be written to
+Data will mostly be read and only occasionally be written to
 ```*/
     pub const CU_MEM_ADVISE_SET_READ_MOSTLY: CUmem_advise_enum = CUmem_advise_enum(1);
     /**```text
-< Undo the effect of ::CU_MEM_ADVISE_SET_READ_MOSTLY
+Undo the effect of ::CU_MEM_ADVISE_SET_READ_MOSTLY
 ```*/
     pub const CU_MEM_ADVISE_UNSET_READ_MOSTLY: CUmem_advise_enum = CUmem_advise_enum(2);
     /**```text
-< Set the preferred location for the data as the specified device
+Set the preferred location for the data as the specified device
 ```*/
     pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(
         3,
     );
     /**```text
-< Clear the preferred location for the data
+Clear the preferred location for the data
 ```*/
     pub const CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: CUmem_advise_enum = CUmem_advise_enum(
         4,
     );
     /**```text
-< Data will be accessed by the specified device, so prevent page faults as much as possible
+Data will be accessed by the specified device, so prevent page faults as much as possible
 ```*/
     pub const CU_MEM_ADVISE_SET_ACCESSED_BY: CUmem_advise_enum = CUmem_advise_enum(5);
     /**```text
-< Let the Unified Memory subsystem decide on the page faulting policy for the specified device
+Let the Unified Memory subsystem decide on the page faulting policy for the specified device
 ```*/
     pub const CU_MEM_ADVISE_UNSET_ACCESSED_BY: CUmem_advise_enum = CUmem_advise_enum(6);
 }
@@ -3691,49 +3691,49 @@ Memory advise values
 pub use self::CUmem_advise_enum as CUmem_advise;
 impl CUmem_range_attribute_enum {
     /**```text
-< Whether the range will mostly be read and only occasionally be written to
+Whether the range will mostly be read and only occasionally be written to
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         1,
     );
     /**```text
-< The preferred location of the range
+The preferred location of the range
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         2,
     );
     /**```text
-< Memory range has ::CU_MEM_ADVISE_SET_ACCESSED_BY set for specified device
+Memory range has ::CU_MEM_ADVISE_SET_ACCESSED_BY set for specified device
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         3,
     );
     /**```text
-< The last location to which the range was prefetched
+The last location to which the range was prefetched
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         4,
     );
     /**```text
-< The preferred location type of the range
+The preferred location type of the range
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         5,
     );
     /**```text
-< The preferred location id of the range
+The preferred location id of the range
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         6,
     );
     /**```text
-< The last location type to which the range was prefetched
+The last location type to which the range was prefetched
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         7,
     );
     /**```text
-< The last location id to which the range was prefetched
+The last location id to which the range was prefetched
 ```*/
     pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID: CUmem_range_attribute_enum = CUmem_range_attribute_enum(
         8,
@@ -4124,99 +4124,99 @@ Online compiler and linker options
 pub use self::CUjit_option_enum as CUjit_option;
 impl CUjit_target_enum {
     /**```text
-< Compute device class 3.0
+Compute device class 3.0
 ```*/
     pub const CU_TARGET_COMPUTE_30: CUjit_target_enum = CUjit_target_enum(30);
     /**```text
-< Compute device class 3.2
+Compute device class 3.2
 ```*/
     pub const CU_TARGET_COMPUTE_32: CUjit_target_enum = CUjit_target_enum(32);
     /**```text
-< Compute device class 3.5
+Compute device class 3.5
 ```*/
     pub const CU_TARGET_COMPUTE_35: CUjit_target_enum = CUjit_target_enum(35);
     /**```text
-< Compute device class 3.7
+Compute device class 3.7
 ```*/
     pub const CU_TARGET_COMPUTE_37: CUjit_target_enum = CUjit_target_enum(37);
     /**```text
-< Compute device class 5.0
+Compute device class 5.0
 ```*/
     pub const CU_TARGET_COMPUTE_50: CUjit_target_enum = CUjit_target_enum(50);
     /**```text
-< Compute device class 5.2
+Compute device class 5.2
 ```*/
     pub const CU_TARGET_COMPUTE_52: CUjit_target_enum = CUjit_target_enum(52);
     /**```text
-< Compute device class 5.3
+Compute device class 5.3
 ```*/
     pub const CU_TARGET_COMPUTE_53: CUjit_target_enum = CUjit_target_enum(53);
     /**```text
-< Compute device class 6.0.
+Compute device class 6.0.
 ```*/
     pub const CU_TARGET_COMPUTE_60: CUjit_target_enum = CUjit_target_enum(60);
     /**```text
-< Compute device class 6.1.
+Compute device class 6.1.
 ```*/
     pub const CU_TARGET_COMPUTE_61: CUjit_target_enum = CUjit_target_enum(61);
     /**```text
-< Compute device class 6.2.
+Compute device class 6.2.
 ```*/
     pub const CU_TARGET_COMPUTE_62: CUjit_target_enum = CUjit_target_enum(62);
     /**```text
-< Compute device class 7.0.
+Compute device class 7.0.
 ```*/
     pub const CU_TARGET_COMPUTE_70: CUjit_target_enum = CUjit_target_enum(70);
     /**```text
-< Compute device class 7.2.
+Compute device class 7.2.
 ```*/
     pub const CU_TARGET_COMPUTE_72: CUjit_target_enum = CUjit_target_enum(72);
     /**```text
-< Compute device class 7.5.
+Compute device class 7.5.
 ```*/
     pub const CU_TARGET_COMPUTE_75: CUjit_target_enum = CUjit_target_enum(75);
     /**```text
-< Compute device class 8.0.
+Compute device class 8.0.
 ```*/
     pub const CU_TARGET_COMPUTE_80: CUjit_target_enum = CUjit_target_enum(80);
     /**```text
-< Compute device class 8.6.
+Compute device class 8.6.
 ```*/
     pub const CU_TARGET_COMPUTE_86: CUjit_target_enum = CUjit_target_enum(86);
     /**```text
-< Compute device class 8.7.
+Compute device class 8.7.
 ```*/
     pub const CU_TARGET_COMPUTE_87: CUjit_target_enum = CUjit_target_enum(87);
     /**```text
-< Compute device class 8.9.
+Compute device class 8.9.
 ```*/
     pub const CU_TARGET_COMPUTE_89: CUjit_target_enum = CUjit_target_enum(89);
     /**```text
-< Compute device class 9.0.
+Compute device class 9.0.
 ```*/
     pub const CU_TARGET_COMPUTE_90: CUjit_target_enum = CUjit_target_enum(90);
     /**```text
-< Compute device class 10.0.
+Compute device class 10.0.
 ```*/
     pub const CU_TARGET_COMPUTE_100: CUjit_target_enum = CUjit_target_enum(100);
     /**```text
-< Compute device class 11.0.
+Compute device class 11.0.
 ```*/
     pub const CU_TARGET_COMPUTE_110: CUjit_target_enum = CUjit_target_enum(110);
     /**```text
-< Compute device class 10.3.
+Compute device class 10.3.
 ```*/
     pub const CU_TARGET_COMPUTE_103: CUjit_target_enum = CUjit_target_enum(103);
     /**```text
-< Compute device class 10.7.
+Compute device class 10.7.
 ```*/
     pub const CU_TARGET_COMPUTE_107: CUjit_target_enum = CUjit_target_enum(107);
     /**```text
-< Compute device class 12.0.
+Compute device class 12.0.
 ```*/
     pub const CU_TARGET_COMPUTE_120: CUjit_target_enum = CUjit_target_enum(120);
     /**```text
-< Compute device class 12.1.
+Compute device class 12.1.
 ```*/
     pub const CU_TARGET_COMPUTE_121: CUjit_target_enum = CUjit_target_enum(121);
     pub const CU_TARGET_COMPUTE_90A: CUjit_target_enum = CUjit_target_enum(65626);
@@ -4245,11 +4245,11 @@ Online compilation targets
 pub use self::CUjit_target_enum as CUjit_target;
 impl CUjit_fallback_enum {
     /**```text
-< Prefer to compile ptx if exact binary match not found
+Prefer to compile ptx if exact binary match not found
 ```*/
     pub const CU_PREFER_PTX: CUjit_fallback_enum = CUjit_fallback_enum(0);
     /**```text
-< Prefer to fall back to compatible binary code if exact match not found
+Prefer to fall back to compatible binary code if exact match not found
 ```*/
     pub const CU_PREFER_BINARY: CUjit_fallback_enum = CUjit_fallback_enum(1);
 }
@@ -4265,15 +4265,15 @@ Cubin matching fallback strategies
 pub use self::CUjit_fallback_enum as CUjit_fallback;
 impl CUjit_cacheMode_enum {
     /**```text
-< Compile with no -dlcm flag specified
+Compile with no -dlcm flag specified
 ```*/
     pub const CU_JIT_CACHE_OPTION_NONE: CUjit_cacheMode_enum = CUjit_cacheMode_enum(0);
     /**```text
-< Compile with L1 cache disabled
+Compile with L1 cache disabled
 ```*/
     pub const CU_JIT_CACHE_OPTION_CG: CUjit_cacheMode_enum = CUjit_cacheMode_enum(1);
     /**```text
-< Compile with L1 cache enabled
+Compile with L1 cache enabled
 ```*/
     pub const CU_JIT_CACHE_OPTION_CA: CUjit_cacheMode_enum = CUjit_cacheMode_enum(2);
 }
@@ -4396,37 +4396,37 @@ Flags for mapping and unmapping interop resources
 pub use self::CUgraphicsMapResourceFlags_enum as CUgraphicsMapResourceFlags;
 impl CUarray_cubemap_face_enum {
     /**```text
-< Positive X face of cubemap
+Positive X face of cubemap
 ```*/
     pub const CU_CUBEMAP_FACE_POSITIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
         0,
     );
     /**```text
-< Negative X face of cubemap
+Negative X face of cubemap
 ```*/
     pub const CU_CUBEMAP_FACE_NEGATIVE_X: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
         1,
     );
     /**```text
-< Positive Y face of cubemap
+Positive Y face of cubemap
 ```*/
     pub const CU_CUBEMAP_FACE_POSITIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
         2,
     );
     /**```text
-< Negative Y face of cubemap
+Negative Y face of cubemap
 ```*/
     pub const CU_CUBEMAP_FACE_NEGATIVE_Y: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
         3,
     );
     /**```text
-< Positive Z face of cubemap
+Positive Z face of cubemap
 ```*/
     pub const CU_CUBEMAP_FACE_POSITIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
         4,
     );
     /**```text
-< Negative Z face of cubemap
+Negative Z face of cubemap
 ```*/
     pub const CU_CUBEMAP_FACE_NEGATIVE_Z: CUarray_cubemap_face_enum = CUarray_cubemap_face_enum(
         5,
@@ -4444,47 +4444,47 @@ Array indices for cube faces
 pub use self::CUarray_cubemap_face_enum as CUarray_cubemap_face;
 impl CUlimit_enum {
     /**```text
-< GPU thread stack size
+GPU thread stack size
 ```*/
     pub const CU_LIMIT_STACK_SIZE: CUlimit_enum = CUlimit_enum(0);
     /**```text
-< GPU printf FIFO size
+GPU printf FIFO size
 ```*/
     pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit_enum = CUlimit_enum(1);
     /**```text
-< GPU malloc heap size
+GPU malloc heap size
 ```*/
     pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit_enum = CUlimit_enum(2);
     /**```text
-< GPU device runtime launch synchronize depth
+GPU device runtime launch synchronize depth
 ```*/
     pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: CUlimit_enum = CUlimit_enum(3);
     /**```text
-< GPU device runtime pending launch count
+GPU device runtime pending launch count
 ```*/
     pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: CUlimit_enum = CUlimit_enum(4);
     /**```text
-< A value between 0 and 128 that indicates the maximum fetch granularity of L2 (in Bytes). This is a hint
+A value between 0 and 128 that indicates the maximum fetch granularity of L2 (in Bytes). This is a hint
 ```*/
     pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: CUlimit_enum = CUlimit_enum(5);
     /**```text
-< A size in bytes for L2 persisting lines cache size
+A size in bytes for L2 persisting lines cache size
 ```*/
     pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: CUlimit_enum = CUlimit_enum(6);
     /**```text
-< A maximum size in bytes of shared memory available to CUDA kernels on a CIG context. Can only be queried, cannot be set
+A maximum size in bytes of shared memory available to CUDA kernels on a CIG context. Can only be queried, cannot be set
 ```*/
     pub const CU_LIMIT_SHMEM_SIZE: CUlimit_enum = CUlimit_enum(7);
     /**```text
-< A non-zero value indicates this CUDA context is a CIG-enabled context. Can only be queried, cannot be set
+A non-zero value indicates this CUDA context is a CIG-enabled context. Can only be queried, cannot be set
 ```*/
     pub const CU_LIMIT_CIG_ENABLED: CUlimit_enum = CUlimit_enum(8);
     /**```text
-< When set to zero, CUDA will fail to launch a kernel on a CIG context, instead of using the fallback path, if the kernel uses more shared memory than available
+When set to zero, CUDA will fail to launch a kernel on a CIG context, instead of using the fallback path, if the kernel uses more shared memory than available
 ```*/
     pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: CUlimit_enum = CUlimit_enum(9);
     /**```text
-< Per-block memory size
+Per-block memory size
 ```*/
     pub const CU_LIMIT_PER_BLOCK_MEMORY_SIZE: CUlimit_enum = CUlimit_enum(10);
     pub const CU_LIMIT_MAX: CUlimit_enum = CUlimit_enum(11);
@@ -4501,21 +4501,21 @@ Limits
 pub use self::CUlimit_enum as CUlimit;
 impl CUresourcetype_enum {
     /**```text
-< Array resource
+Array resource
 ```*/
     pub const CU_RESOURCE_TYPE_ARRAY: CUresourcetype_enum = CUresourcetype_enum(0);
     /**```text
-< Mipmapped array resource
+Mipmapped array resource
 ```*/
     pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: CUresourcetype_enum = CUresourcetype_enum(
         1,
     );
     /**```text
-< Linear resource
+Linear resource
 ```*/
     pub const CU_RESOURCE_TYPE_LINEAR: CUresourcetype_enum = CUresourcetype_enum(2);
     /**```text
-< Pitch 2D resource
+Pitch 2D resource
 ```*/
     pub const CU_RESOURCE_TYPE_PITCH2D: CUresourcetype_enum = CUresourcetype_enum(3);
 }
@@ -4538,19 +4538,19 @@ pub type CUhostFn = ::std::option::Option<
 >;
 impl CUaccessProperty_enum {
     /**```text
-< Normal cache persistence.
+Normal cache persistence.
 ```*/
     pub const CU_ACCESS_PROPERTY_NORMAL: CUaccessProperty_enum = CUaccessProperty_enum(
         0,
     );
     /**```text
-< Streaming access is less likely to persit from cache.
+Streaming access is less likely to persit from cache.
 ```*/
     pub const CU_ACCESS_PROPERTY_STREAMING: CUaccessProperty_enum = CUaccessProperty_enum(
         1,
     );
     /**```text
-< Persisting access is more likely to persist in cache.
+Persisting access is more likely to persist in cache.
 ```*/
     pub const CU_ACCESS_PROPERTY_PERSISTING: CUaccessProperty_enum = CUaccessProperty_enum(
         2,
@@ -4582,23 +4582,23 @@ Specifies an access policy for a window, a contiguous extent of memory
 #[derive(Debug, Copy, Clone, PartialEq)]
 pub struct CUaccessPolicyWindow_st {
     /**```text
-< Starting address of the access policy window. CUDA driver may align it.
+Starting address of the access policy window. CUDA driver may align it.
 ```*/
     pub base_ptr: *mut ::std::os::raw::c_void,
     /**```text
-< Size in bytes of the window policy. CUDA driver may restrict the maximum size and alignment.
+Size in bytes of the window policy. CUDA driver may restrict the maximum size and alignment.
 ```*/
     pub num_bytes: usize,
     /**```text
-< hitRatio specifies percentage of lines assigned hitProp, rest are assigned missProp.
+hitRatio specifies percentage of lines assigned hitProp, rest are assigned missProp.
 ```*/
     pub hitRatio: f32,
     /**```text
-< ::CUaccessProperty set for hit.
+::CUaccessProperty set for hit.
 ```*/
     pub hitProp: CUaccessProperty,
     /**```text
-< ::CUaccessProperty set for miss. Must be either NORMAL or STREAMING
+::CUaccessProperty set for miss. Must be either NORMAL or STREAMING
 ```*/
     pub missProp: CUaccessProperty,
 }
@@ -4659,43 +4659,43 @@ GPU kernel node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_KERNEL_NODE_PARAMS_st {
     /**```text
-< Kernel to launch
+Kernel to launch
 ```*/
     pub func: CUfunction,
     /**```text
-< Width of grid in blocks
+Width of grid in blocks
 ```*/
     pub gridDimX: ::std::os::raw::c_uint,
     /**```text
-< Height of grid in blocks
+Height of grid in blocks
 ```*/
     pub gridDimY: ::std::os::raw::c_uint,
     /**```text
-< Depth of grid in blocks
+Depth of grid in blocks
 ```*/
     pub gridDimZ: ::std::os::raw::c_uint,
     /**```text
-< X dimension of each thread block
+X dimension of each thread block
 ```*/
     pub blockDimX: ::std::os::raw::c_uint,
     /**```text
-< Y dimension of each thread block
+Y dimension of each thread block
 ```*/
     pub blockDimY: ::std::os::raw::c_uint,
     /**```text
-< Z dimension of each thread block
+Z dimension of each thread block
 ```*/
     pub blockDimZ: ::std::os::raw::c_uint,
     /**```text
-< Dynamic shared-memory size per thread block in bytes
+Dynamic shared-memory size per thread block in bytes
 ```*/
     pub sharedMemBytes: ::std::os::raw::c_uint,
     /**```text
-< Array of pointers to kernel parameters
+Array of pointers to kernel parameters
 ```*/
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
     /**```text
-< Extra options
+Extra options
 ```*/
     pub extra: *mut *mut ::std::os::raw::c_void,
 }
@@ -4758,51 +4758,51 @@ GPU kernel node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
     /**```text
-< Kernel to launch
+Kernel to launch
 ```*/
     pub func: CUfunction,
     /**```text
-< Width of grid in blocks
+Width of grid in blocks
 ```*/
     pub gridDimX: ::std::os::raw::c_uint,
     /**```text
-< Height of grid in blocks
+Height of grid in blocks
 ```*/
     pub gridDimY: ::std::os::raw::c_uint,
     /**```text
-< Depth of grid in blocks
+Depth of grid in blocks
 ```*/
     pub gridDimZ: ::std::os::raw::c_uint,
     /**```text
-< X dimension of each thread block
+X dimension of each thread block
 ```*/
     pub blockDimX: ::std::os::raw::c_uint,
     /**```text
-< Y dimension of each thread block
+Y dimension of each thread block
 ```*/
     pub blockDimY: ::std::os::raw::c_uint,
     /**```text
-< Z dimension of each thread block
+Z dimension of each thread block
 ```*/
     pub blockDimZ: ::std::os::raw::c_uint,
     /**```text
-< Dynamic shared-memory size per thread block in bytes
+Dynamic shared-memory size per thread block in bytes
 ```*/
     pub sharedMemBytes: ::std::os::raw::c_uint,
     /**```text
-< Array of pointers to kernel parameters
+Array of pointers to kernel parameters
 ```*/
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
     /**```text
-< Extra options
+Extra options
 ```*/
     pub extra: *mut *mut ::std::os::raw::c_void,
     /**```text
-< Kernel to launch, will only be referenced if func is NULL
+Kernel to launch, will only be referenced if func is NULL
 ```*/
     pub kern: CUkernel,
     /**```text
-< Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
+Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
 ```*/
     pub ctx: CUcontext,
 }
@@ -4875,51 +4875,51 @@ GPU kernel node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_KERNEL_NODE_PARAMS_v3_st {
     /**```text
-< Kernel to launch
+Kernel to launch
 ```*/
     pub func: CUfunction,
     /**```text
-< Width of grid in blocks
+Width of grid in blocks
 ```*/
     pub gridDimX: ::std::os::raw::c_uint,
     /**```text
-< Height of grid in blocks
+Height of grid in blocks
 ```*/
     pub gridDimY: ::std::os::raw::c_uint,
     /**```text
-< Depth of grid in blocks
+Depth of grid in blocks
 ```*/
     pub gridDimZ: ::std::os::raw::c_uint,
     /**```text
-< X dimension of each thread block
+X dimension of each thread block
 ```*/
     pub blockDimX: ::std::os::raw::c_uint,
     /**```text
-< Y dimension of each thread block
+Y dimension of each thread block
 ```*/
     pub blockDimY: ::std::os::raw::c_uint,
     /**```text
-< Z dimension of each thread block
+Z dimension of each thread block
 ```*/
     pub blockDimZ: ::std::os::raw::c_uint,
     /**```text
-< Dynamic shared-memory size per thread block in bytes
+Dynamic shared-memory size per thread block in bytes
 ```*/
     pub sharedMemBytes: ::std::os::raw::c_uint,
     /**```text
-< Array of pointers to kernel parameters
+Array of pointers to kernel parameters
 ```*/
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
     /**```text
-< Extra options
+Extra options
 ```*/
     pub extra: *mut *mut ::std::os::raw::c_void,
     /**```text
-< Kernel to launch, will only be referenced if func is NULL
+Kernel to launch, will only be referenced if func is NULL
 ```*/
     pub kern: CUkernel,
     /**```text
-< Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
+Context for the kernel task to run in. The value NULL will indicate the current context should be used by the api. This field is ignored if func is set.
 ```*/
     pub ctx: CUcontext,
 }
@@ -4988,27 +4988,27 @@ Memset node parameters
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMSET_NODE_PARAMS_st {
     /**```text
-< Destination device pointer
+Destination device pointer
 ```*/
     pub dst: CUdeviceptr,
     /**```text
-< Pitch of destination device pointer. Unused if height is 1
+Pitch of destination device pointer. Unused if height is 1
 ```*/
     pub pitch: usize,
     /**```text
-< Value to be set
+Value to be set
 ```*/
     pub value: ::std::os::raw::c_uint,
     /**```text
-< Size of each element in bytes. Must be 1, 2, or 4.
+Size of each element in bytes. Must be 1, 2, or 4.
 ```*/
     pub elementSize: ::std::os::raw::c_uint,
     /**```text
-< Width of the row in elements
+Width of the row in elements
 ```*/
     pub width: usize,
     /**```text
-< Number of rows
+Number of rows
 ```*/
     pub height: usize,
 }
@@ -5054,31 +5054,31 @@ Memset node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMSET_NODE_PARAMS_v2_st {
     /**```text
-< Destination device pointer
+Destination device pointer
 ```*/
     pub dst: CUdeviceptr,
     /**```text
-< Pitch of destination device pointer. Unused if height is 1
+Pitch of destination device pointer. Unused if height is 1
 ```*/
     pub pitch: usize,
     /**```text
-< Value to be set
+Value to be set
 ```*/
     pub value: ::std::os::raw::c_uint,
     /**```text
-< Size of each element in bytes. Must be 1, 2, or 4.
+Size of each element in bytes. Must be 1, 2, or 4.
 ```*/
     pub elementSize: ::std::os::raw::c_uint,
     /**```text
-< Width of the row in elements
+Width of the row in elements
 ```*/
     pub width: usize,
     /**```text
-< Number of rows
+Number of rows
 ```*/
     pub height: usize,
     /**```text
-< Context on which to run the node
+Context on which to run the node
 ```*/
     pub ctx: CUcontext,
 }
@@ -5132,11 +5132,11 @@ Host node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_HOST_NODE_PARAMS_st {
     /**```text
-< The function to call when the node executes
+The function to call when the node executes
 ```*/
     pub fn_: CUhostFn,
     /**```text
-< Argument to pass to the function
+Argument to pass to the function
 ```*/
     pub userData: *mut ::std::os::raw::c_void,
 }
@@ -5179,15 +5179,15 @@ Host node parameters
 #[derive(Copy, Clone)]
 pub struct CUDA_HOST_NODE_PARAMS_v2_st {
     /**```text
-< The function to call when the node executes
+The function to call when the node executes
 ```*/
     pub fn_: CUhostFn,
     /**```text
-< Argument to pass to the function
+Argument to pass to the function
 ```*/
     pub userData: *mut ::std::os::raw::c_void,
     /**```text
-< The sync mode to use for the host task
+The sync mode to use for the host task
 ```*/
     pub syncMode: ::std::os::raw::c_uint,
     pub __bindgen_anon_1: CUDA_HOST_NODE_PARAMS_v2_st__bindgen_ty_1,
@@ -5255,19 +5255,19 @@ Host node parameters
 pub type CUDA_HOST_NODE_PARAMS_v2 = CUDA_HOST_NODE_PARAMS_v2_st;
 impl CUgraphConditionalNodeType_enum {
     /**```text
-< Conditional 'if/else' Node. Body[0] executed if condition is non-zero.  If \p size == 2, an optional ELSE graph is created and this is executed if the condition is zero.
+Conditional 'if/else' Node. Body[0] executed if condition is non-zero.  If \p size == 2, an optional ELSE graph is created and this is executed if the condition is zero.
 ```*/
     pub const CU_GRAPH_COND_TYPE_IF: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(
         0,
     );
     /**```text
-< Conditional 'while' Node. Body executed repeatedly while condition value is non-zero.
+Conditional 'while' Node. Body executed repeatedly while condition value is non-zero.
 ```*/
     pub const CU_GRAPH_COND_TYPE_WHILE: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(
         1,
     );
     /**```text
-< Conditional 'switch' Node. Body[n] is executed once, where 'n' is the value of the condition. If the condition does not match a body index, no body is launched.
+Conditional 'switch' Node. Body[n] is executed once, where 'n' is the value of the condition. If the condition does not match a body index, no body is launched.
 ```*/
     pub const CU_GRAPH_COND_TYPE_SWITCH: CUgraphConditionalNodeType_enum = CUgraphConditionalNodeType_enum(
         2,
@@ -5290,22 +5290,22 @@ Conditional node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_CONDITIONAL_NODE_PARAMS {
     /**```text
-< Conditional node handle.
+Conditional node handle.
 Handles must be created in advance of creating the node
 using ::cuGraphConditionalHandleCreate.
 ```*/
     pub handle: CUgraphConditionalHandle,
     /**```text
-< Type of conditional node.
+Type of conditional node.
 ```*/
     pub type_: CUgraphConditionalNodeType,
     /**```text
-< Size of graph output array.  Allowed values are 1 for CU_GRAPH_COND_TYPE_WHILE, 1 or 2
+Size of graph output array.  Allowed values are 1 for CU_GRAPH_COND_TYPE_WHILE, 1 or 2
 for CU_GRAPH_COND_TYPE_IF, or any value greater than zero for CU_GRAPH_COND_TYPE_SWITCH.
 ```*/
     pub size: ::std::os::raw::c_uint,
     /**```text
-< CUDA-owned array populated with conditional node child graphs during creation of the node.
+CUDA-owned array populated with conditional node child graphs during creation of the node.
 Valid for the lifetime of the conditional node.
 The contents of the graph(s) are subject to the following constraints:
 
@@ -5327,7 +5327,7 @@ no body graph is executed.
 ```*/
     pub phGraph_out: *mut CUgraph,
     /**```text
-< Context on which to run the node.  Must match context used to create the handle and all body nodes.
+Context on which to run the node.  Must match context used to create the handle and all body nodes.
 ```*/
     pub ctx: CUcontext,
 }
@@ -5366,74 +5366,74 @@ impl Default for CUDA_CONDITIONAL_NODE_PARAMS {
 }
 impl CUgraphNodeType_enum {
     /**```text
-< GPU kernel node
+GPU kernel node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_KERNEL: CUgraphNodeType_enum = CUgraphNodeType_enum(0);
     /**```text
-< Memcpy node
+Memcpy node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_MEMCPY: CUgraphNodeType_enum = CUgraphNodeType_enum(1);
     /**```text
-< Memset node
+Memset node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_MEMSET: CUgraphNodeType_enum = CUgraphNodeType_enum(2);
     /**```text
-< Host (executable) node
+Host (executable) node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_HOST: CUgraphNodeType_enum = CUgraphNodeType_enum(3);
     /**```text
-< Node which executes an embedded graph
+Node which executes an embedded graph
 ```*/
     pub const CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType_enum = CUgraphNodeType_enum(4);
     /**```text
-< Empty (no-op) node
+Empty (no-op) node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_EMPTY: CUgraphNodeType_enum = CUgraphNodeType_enum(5);
     /**```text
-< External event wait node
+External event wait node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_WAIT_EVENT: CUgraphNodeType_enum = CUgraphNodeType_enum(
         6,
     );
     /**```text
-< External event record node
+External event record node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_EVENT_RECORD: CUgraphNodeType_enum = CUgraphNodeType_enum(
         7,
     );
     /**```text
-< External semaphore signal node
+External semaphore signal node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL: CUgraphNodeType_enum = CUgraphNodeType_enum(
         8,
     );
     /**```text
-< External semaphore wait node
+External semaphore wait node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT: CUgraphNodeType_enum = CUgraphNodeType_enum(
         9,
     );
     /**```text
-< Memory Allocation Node
+Memory Allocation Node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType_enum = CUgraphNodeType_enum(
         10,
     );
     /**```text
-< Memory Free Node
+Memory Free Node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_MEM_FREE: CUgraphNodeType_enum = CUgraphNodeType_enum(
         11,
     );
     /**```text
-< Batch MemOp Node
+Batch MemOp Node
 See ::cuStreamBatchMemOp and ::CUstreamBatchMemOpType for what these nodes can do.
 ```*/
     pub const CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: CUgraphNodeType_enum = CUgraphNodeType_enum(
         12,
     );
     /**```text
-< Conditional Node
+Conditional Node
 
 May be used to implement a conditional execution path or loop
 inside of a graph. The graph(s) contained within the body of the conditional node
@@ -5455,25 +5455,25 @@ call ::cudaGraphSetConditional from device code.
         13,
     );
     /**```text
-< Batch Memcpy Node
+Batch Memcpy Node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_MEMCPY_BATCH: CUgraphNodeType_enum = CUgraphNodeType_enum(
         14,
     );
     /**```text
-< Reserved
+Reserved
 ```*/
     pub const CU_GRAPH_NODE_TYPE_RESERVED_16: CUgraphNodeType_enum = CUgraphNodeType_enum(
         16,
     );
     /**```text
-< Reserved for External Engine node
+Reserved for External Engine node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_EXTERNAL_ENGINE: CUgraphNodeType_enum = CUgraphNodeType_enum(
         17,
     );
     /**```text
-< Fabric copy batch node
+Fabric copy batch node
 ```*/
     pub const CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH: CUgraphNodeType_enum = CUgraphNodeType_enum(
         18,
@@ -5491,13 +5491,13 @@ Graph node types
 pub use self::CUgraphNodeType_enum as CUgraphNodeType;
 impl CUgraphDependencyType_enum {
     /**```text
-< This is an ordinary dependency.
+This is an ordinary dependency.
 ```*/
     pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: CUgraphDependencyType_enum = CUgraphDependencyType_enum(
         0,
     );
     /**```text
-< This dependency type allows the downstream node to
+This dependency type allows the downstream node to
 use cudaGridDependencySynchronize(). It may only be used
 between kernel nodes, and must be used with either the
 ::CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC or
@@ -5526,7 +5526,7 @@ Optional annotation for edges in a CUDA graph. Note, all edges implicitly have a
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUgraphEdgeData_st {
     /**```text
-< This indicates when the dependency is triggered from the upstream
+This indicates when the dependency is triggered from the upstream
 node on the edge. The meaning is specfic to the node type. A value
 of 0 in all cases means full completion of the upstream node, with
 memory visibility to the downstream node or portion thereof
@@ -5539,7 +5539,7 @@ or ::CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER.
 ```*/
     pub from_port: ::std::os::raw::c_uchar,
     /**```text
-< This indicates what portion of the downstream node is dependent on
+This indicates what portion of the downstream node is dependent on
 the upstream node or portion thereof (indicated by \c from_port). The
 meaning is specific to the node type. A value of 0 in all cases means
 the entirety of the downstream node is dependent on the upstream work.
@@ -5549,13 +5549,13 @@ must be set to zero.
 ```*/
     pub to_port: ::std::os::raw::c_uchar,
     /**```text
-< This should be populated with a value from ::CUgraphDependencyType. (It
+This should be populated with a value from ::CUgraphDependencyType. (It
 is typed as char due to compiler-specific layout of bitfields.) See
 ::CUgraphDependencyType.
 ```*/
     pub type_: ::std::os::raw::c_uchar,
     /**```text
-< These bytes are unused and must be zeroed. This ensures
+These bytes are unused and must be zeroed. This ensures
 compatibility if additional fields are added in the future.
 ```*/
     pub reserved: [::std::os::raw::c_uchar; 5usize],
@@ -5587,37 +5587,37 @@ Optional annotation for edges in a CUDA graph. Note, all edges implicitly have a
 pub type CUgraphEdgeData = CUgraphEdgeData_st;
 impl CUgraphInstantiateResult_enum {
     /**```text
-< Instantiation succeeded
+Instantiation succeeded
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_SUCCESS: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
         0,
     );
     /**```text
-< Instantiation failed for an unexpected reason which is described in the return value of the function
+Instantiation failed for an unexpected reason which is described in the return value of the function
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_ERROR: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
         1,
     );
     /**```text
-< Instantiation failed due to invalid structure, such as cycles
+Instantiation failed due to invalid structure, such as cycles
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
         2,
     );
     /**```text
-< Instantiation for device launch failed because the graph contained an unsupported operation
+Instantiation for device launch failed because the graph contained an unsupported operation
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
         3,
     );
     /**```text
-< Instantiation for device launch failed due to the nodes belonging to different contexts
+Instantiation for device launch failed due to the nodes belonging to different contexts
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
         4,
     );
     /**```text
-< One or more conditional handles are not associated with conditional nodes
+One or more conditional handles are not associated with conditional nodes
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED: CUgraphInstantiateResult_enum = CUgraphInstantiateResult_enum(
         5,
@@ -5640,19 +5640,19 @@ Graph instantiation parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
     /**```text
-< Instantiation flags
+Instantiation flags
 ```*/
     pub flags: cuuint64_t,
     /**```text
-< Upload stream
+Upload stream
 ```*/
     pub hUploadStream: CUstream,
     /**```text
-< The node which caused instantiation to fail, if any
+The node which caused instantiation to fail, if any
 ```*/
     pub hErrNode_out: CUgraphNode,
     /**```text
-< Whether instantiation was successful.  If it failed, the reason why
+Whether instantiation was successful.  If it failed, the reason why
 ```*/
     pub result_out: CUgraphInstantiateResult,
 }
@@ -5710,19 +5710,19 @@ pub struct CUsynchronizationPolicy_enum(pub ::std::os::raw::c_uint);
 pub use self::CUsynchronizationPolicy_enum as CUsynchronizationPolicy;
 impl CUclusterSchedulingPolicy_enum {
     /**```text
-< the default policy
+the default policy
 ```*/
     pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
         0,
     );
     /**```text
-< spread the blocks within a cluster to the SMs
+spread the blocks within a cluster to the SMs
 ```*/
     pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
         1,
     );
     /**```text
-< allow the hardware to load-balance the blocks in a cluster to the SMs
+allow the hardware to load-balance the blocks in a cluster to the SMs
 ```*/
     pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: CUclusterSchedulingPolicy_enum = CUclusterSchedulingPolicy_enum(
         2,
@@ -5755,13 +5755,13 @@ Cluster scheduling policies. These may be passed to ::cuFuncSetAttribute or ::cu
 pub use self::CUclusterSchedulingPolicy_enum as CUclusterSchedulingPolicy;
 impl CUlaunchMemSyncDomain_enum {
     /**```text
-< Launch kernels in the default domain
+Launch kernels in the default domain
 ```*/
     pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(
         0,
     );
     /**```text
-< Launch kernels in the remote domain
+Launch kernels in the remote domain
 ```*/
     pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain_enum = CUlaunchMemSyncDomain_enum(
         1,
@@ -5818,11 +5818,11 @@ Memory Synchronization Domain map
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchMemSyncDomainMap_st {
     /**```text
-< The default domain ID to use for designated kernels
+The default domain ID to use for designated kernels
 ```*/
     pub default_: ::std::os::raw::c_uchar,
     /**```text
-< The remote domain ID to use for designated kernels
+The remote domain ID to use for designated kernels
 ```*/
     pub remote: ::std::os::raw::c_uchar,
 }
@@ -5855,20 +5855,20 @@ Memory Synchronization Domain map
 pub type CUlaunchMemSyncDomainMap = CUlaunchMemSyncDomainMap_st;
 impl CUlaunchAttributePortableClusterMode_enum {
     /**```text
-< The default to use for allowing non-portable cluster size on launch - uses current function attribute
+The default to use for allowing non-portable cluster size on launch - uses current function attribute
 for ::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
 ```*/
     pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_DEFAULT: CUlaunchAttributePortableClusterMode_enum = CUlaunchAttributePortableClusterMode_enum(
         0,
     );
     /**```text
-< Specifies that the cluster size requested must be a portable size
+Specifies that the cluster size requested must be a portable size
 ```*/
     pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_REQUIRE_PORTABLE: CUlaunchAttributePortableClusterMode_enum = CUlaunchAttributePortableClusterMode_enum(
         1,
     );
     /**```text
-< Specifies that the cluster size requested may be a non-portable size
+Specifies that the cluster size requested may be a non-portable size
 ```*/
     pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_ALLOW_NON_PORTABLE: CUlaunchAttributePortableClusterMode_enum = CUlaunchAttributePortableClusterMode_enum(
         2,
@@ -5886,34 +5886,34 @@ Enum for defining applicability of portable cluster size, used with ::cuLaunchKe
 pub use self::CUlaunchAttributePortableClusterMode_enum as CUlaunchAttributePortableClusterMode;
 impl CUsharedMemoryMode_enum {
     /**```text
-< The default to use for shared memory on launch - uses current function attribute
+The default to use for shared memory on launch - uses current function attribute
 for ::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 ```*/
     pub const CU_SHARED_MEMORY_MODE_DEFAULT: CUsharedMemoryMode_enum = CUsharedMemoryMode_enum(
         0,
     );
     /**```text
-< Specifies that the dynamic shared size bytes requested must be a portable size within
+Specifies that the dynamic shared size bytes requested must be a portable size within
 the bounds of ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK
 ```*/
     pub const CU_SHARED_MEMORY_MODE_REQUIRE_PORTABLE: CUsharedMemoryMode_enum = CUsharedMemoryMode_enum(
         1,
     );
     /**```text
-< Specifies that the dynamic shared size bytes requested may be a non-portable size but still within
+Specifies that the dynamic shared size bytes requested may be a non-portable size but still within
 the bounds of ::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 ```*/
     pub const CU_SHARED_MEMORY_MODE_ALLOW_NON_PORTABLE: CUsharedMemoryMode_enum = CUsharedMemoryMode_enum(
         2,
     );
     /**```text
-< Specifies that oversized shared memory configurations may be used (with the limitation of only 8kB L1 cache)
+Specifies that oversized shared memory configurations may be used (with the limitation of only 8kB L1 cache)
 ```*/
     pub const CU_SHARED_MEMORY_MODE_ALLOW_OVERSIZED_SHARED_MEMORY: CUsharedMemoryMode_enum = CUsharedMemoryMode_enum(
         3,
     );
     /**```text
-< Specifies that oversized shared memory configurations may be used (with the limitation of only 8kB L1 cache),
+Specifies that oversized shared memory configurations may be used (with the limitation of only 8kB L1 cache),
 and prefer an oversized shared memory configuration
 ```*/
     pub const CU_SHARED_MEMORY_MODE_PREFER_OVERSIZED_SHARED_MEMORY: CUsharedMemoryMode_enum = CUsharedMemoryMode_enum(
@@ -5932,46 +5932,46 @@ Shared memory related attributes for use with ::cuLaunchKernelEx
 pub use self::CUsharedMemoryMode_enum as CUsharedMemoryMode;
 impl CUlaunchAttributeID_enum {
     /**```text
-< Ignored entry, for convenient composition
+Ignored entry, for convenient composition
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_IGNORE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         0,
     );
     /**```text
-< Valid for streams, graph nodes, launches. See
+Valid for streams, graph nodes, launches. See
 ::CUlaunchAttributeValue::accessPolicyWindow.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         1,
     );
     /**```text
-< Valid for graph nodes, launches. See
+Valid for graph nodes, launches. See
 ::CUlaunchAttributeValue::cooperative.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         2,
     );
     /**```text
-< Valid for streams. See
+Valid for streams. See
 ::CUlaunchAttributeValue::syncPolicy.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         3,
     );
     /**```text
-< Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterDim.
+Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterDim.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         4,
     );
     /**```text
-< Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterSchedulingPolicyPreference.
+Valid for graph nodes, launches. See ::CUlaunchAttributeValue::clusterSchedulingPolicyPreference.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         5,
     );
     /**```text
-< Valid for launches. Setting
+Valid for launches. Setting
 ::CUlaunchAttributeValue::programmaticStreamSerializationAllowed
 to non-0 signals that the kernel will use programmatic
 means to resolve its stream dependency, so that the
@@ -5987,7 +5987,7 @@ instructions).
         6,
     );
     /**```text
-< Valid for launches. Set
+Valid for launches. Set
 ::CUlaunchAttributeValue::programmaticEvent to
 record the event. Event recorded through this
 launch attribute is guaranteed to only trigger
@@ -6020,28 +6020,28 @@ flag set).
         7,
     );
     /**```text
-< Valid for streams, graph nodes, launches. See
+Valid for streams, graph nodes, launches. See
 ::CUlaunchAttributeValue::priority.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         8,
     );
     /**```text
-< Valid for streams, graph nodes, launches. See
+Valid for streams, graph nodes, launches. See
 ::CUlaunchAttributeValue::memSyncDomainMap.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         9,
     );
     /**```text
-< Valid for streams, graph nodes, launches. See
+Valid for streams, graph nodes, launches. See
 ::CUlaunchAttributeValue::memSyncDomain.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
         10,
     );
     /**```text
-< Valid for graph nodes, launches. Set
+Valid for graph nodes, launches. Set
 ::CUlaunchAttributeValue::preferredClusterDim
 to allow the kernel launch to specify a preferred substitute
 cluster dimension. Blocks may be grouped according to either
@@ -6082,7 +6082,7 @@ unable to fit on any particular device is permitted.
         11,
     );
     /**```text
-< Valid for launches. Set
+Valid for launches. Set
 ::CUlaunchAttributeValue::launchCompletionEvent to record the
 event.
 <br>
@@ -6109,7 +6109,7 @@ with the ::CU_EVENT_DISABLE_TIMING flag set).
         12,
     );
     /**```text
-< Valid for graph nodes, launches. This attribute is graphs-only,
+Valid for graph nodes, launches. This attribute is graphs-only,
 and passing it to a launch in a non-capturing stream will result
 in an error.
 <br>
@@ -6142,7 +6142,7 @@ device-updatable nodes, the graph must be uploaded before it is launched again.
         13,
     );
     /**```text
-< Valid for launches. On devices where the L1 cache and shared memory use the
+Valid for launches. On devices where the L1 cache and shared memory use the
 same hardware resources, setting ::CUlaunchAttributeValue::sharedMemCarveout to a
 percentage between 0-100 signals the CUDA driver to set the shared memory carveout
 preference, in percent of the total shared memory for that kernel launch.
@@ -6154,7 +6154,7 @@ required for the launch.
         14,
     );
     /**```text
-< Valid for streams, graph nodes, launches. This attribute is a hint to the CUDA runtime that the
+Valid for streams, graph nodes, launches. This attribute is a hint to the CUDA runtime that the
 launch should attempt to make the kernel maximize its NVLINK utilization.
 <br>
 When possible to honor this hint, CUDA will assume each block in the grid launch will carry out an even amount
@@ -6172,7 +6172,7 @@ Valid values for ::CUlaunchAttributeValue::nvlinkUtilCentricScheduling are 0 (di
         16,
     );
     /**```text
-< Valid for graph nodes, launches. This controls whether the kernel launch is allowed to use a non-portable cluster size.
+Valid for graph nodes, launches. This controls whether the kernel launch is allowed to use a non-portable cluster size.
 Valid values for ::CUlaunchAttributeValue::portableClusterSizeMode are described in ::CUlaunchAttributePortableClusterMode.
 Any other value will return ::CUDA_ERROR_INVALID_VALUE
 ```*/
@@ -6180,7 +6180,7 @@ Any other value will return ::CUDA_ERROR_INVALID_VALUE
         17,
     );
     /**```text
-< Valid for graph nodes, launches. This controls a kernel's use of non-portable
+Valid for graph nodes, launches. This controls a kernel's use of non-portable
 or oversized shared memory configurations.
 ```*/
     pub const CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE: CUlaunchAttributeID_enum = CUlaunchAttributeID_enum(
@@ -6205,62 +6205,62 @@ Launch attributes union; used as value field of ::CUlaunchAttribute
 pub union CUlaunchAttributeValue_union {
     pub pad: [::std::os::raw::c_char; 64usize],
     /**```text
-< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW.
+Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW.
 ```*/
     pub accessPolicyWindow: CUaccessPolicyWindow,
     /**```text
-< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_COOPERATIVE. Nonzero indicates a cooperative
+Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_COOPERATIVE. Nonzero indicates a cooperative
 kernel (see ::cuLaunchCooperativeKernel).
 ```*/
     pub cooperative: ::std::os::raw::c_int,
     /**```text
-< Value of launch attribute
+Value of launch attribute
 ::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY. ::CUsynchronizationPolicy for
 work queued up in this stream
 ```*/
     pub syncPolicy: CUsynchronizationPolicy,
     pub clusterDim: CUlaunchAttributeValue_union__bindgen_ty_1,
     /**```text
-< Value of launch attribute
+Value of launch attribute
 ::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE. Cluster
 scheduling policy preference for the kernel.
 ```*/
     pub clusterSchedulingPolicyPreference: CUclusterSchedulingPolicy,
     /**```text
-< Value of launch attribute
+Value of launch attribute
 ::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION.
 ```*/
     pub programmaticStreamSerializationAllowed: ::std::os::raw::c_int,
     pub programmaticEvent: CUlaunchAttributeValue_union__bindgen_ty_2,
     pub launchCompletionEvent: CUlaunchAttributeValue_union__bindgen_ty_3,
     /**```text
-< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PRIORITY. Execution priority of the kernel.
+Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PRIORITY. Execution priority of the kernel.
 ```*/
     pub priority: ::std::os::raw::c_int,
     /**```text
-< Value of launch attribute
+Value of launch attribute
 ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP. See
 ::CUlaunchMemSyncDomainMap.
 ```*/
     pub memSyncDomainMap: CUlaunchMemSyncDomainMap,
     /**```text
-< Value of launch attribute
+Value of launch attribute
 ::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN. See::CUlaunchMemSyncDomain
 ```*/
     pub memSyncDomain: CUlaunchMemSyncDomain,
     pub preferredClusterDim: CUlaunchAttributeValue_union__bindgen_ty_4,
     pub deviceUpdatableKernelNode: CUlaunchAttributeValue_union__bindgen_ty_5,
     /**```text
-< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT.
+Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT.
 ```*/
     pub sharedMemCarveout: ::std::os::raw::c_uint,
     pub nvlinkUtilCentricScheduling: ::std::os::raw::c_uint,
     /**```text
-< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE.
+Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE.
 ```*/
     pub portableClusterSizeMode: CUlaunchAttributePortableClusterMode,
     /**```text
-< Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE.
+Value of launch attribute ::CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE.
 See ::CUsharedMemoryMode for acceptable values.
 ```*/
     pub sharedMemoryMode: CUsharedMemoryMode,
@@ -6552,12 +6552,12 @@ Launch attribute
 #[derive(Copy, Clone)]
 pub struct CUlaunchAttribute_st {
     /**```text
-< Attribute to set
+Attribute to set
 ```*/
     pub id: CUlaunchAttributeID,
     pub pad: [::std::os::raw::c_char; 4usize],
     /**```text
-< Value of the attribute
+Value of the attribute
 ```*/
     pub value: CUlaunchAttributeValue,
 }
@@ -6599,43 +6599,43 @@ CUDA extensible launch configuration
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlaunchConfig_st {
     /**```text
-< Width of grid in blocks
+Width of grid in blocks
 ```*/
     pub gridDimX: ::std::os::raw::c_uint,
     /**```text
-< Height of grid in blocks
+Height of grid in blocks
 ```*/
     pub gridDimY: ::std::os::raw::c_uint,
     /**```text
-< Depth of grid in blocks
+Depth of grid in blocks
 ```*/
     pub gridDimZ: ::std::os::raw::c_uint,
     /**```text
-< X dimension of each thread block
+X dimension of each thread block
 ```*/
     pub blockDimX: ::std::os::raw::c_uint,
     /**```text
-< Y dimension of each thread block
+Y dimension of each thread block
 ```*/
     pub blockDimY: ::std::os::raw::c_uint,
     /**```text
-< Z dimension of each thread block
+Z dimension of each thread block
 ```*/
     pub blockDimZ: ::std::os::raw::c_uint,
     /**```text
-< Dynamic shared-memory size per thread block in bytes
+Dynamic shared-memory size per thread block in bytes
 ```*/
     pub sharedMemBytes: ::std::os::raw::c_uint,
     /**```text
-< Stream identifier
+Stream identifier
 ```*/
     pub hStream: CUstream,
     /**```text
-< List of attributes; nullable if ::CUlaunchConfig::numAttrs == 0
+List of attributes; nullable if ::CUlaunchConfig::numAttrs == 0
 ```*/
     pub attrs: *mut CUlaunchAttribute,
     /**```text
-< Number of attributes populated in ::CUlaunchConfig::attrs
+Number of attributes populated in ::CUlaunchConfig::attrs
 ```*/
     pub numAttrs: ::std::os::raw::c_uint,
 }
@@ -6703,19 +6703,19 @@ Launch attributes union; used as value field of ::CUlaunchAttribute
 pub type CUkernelNodeAttrValue = CUkernelNodeAttrValue_v1;
 impl CUstreamCaptureStatus_enum {
     /**```text
-< Stream is not capturing
+Stream is not capturing
 ```*/
     pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
         0,
     );
     /**```text
-< Stream is actively capturing
+Stream is actively capturing
 ```*/
     pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
         1,
     );
     /**```text
-< Stream is part of a capture sequence that
+Stream is part of a capture sequence that
 has been invalidated, but not terminated
 ```*/
     pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus_enum = CUstreamCaptureStatus_enum(
@@ -6769,19 +6769,19 @@ Launch attributes union; used as value field of ::CUlaunchAttribute
 pub type CUstreamAttrValue = CUstreamAttrValue_v1;
 impl CUdriverProcAddress_flags_enum {
     /**```text
-< Default search mode for driver symbols.
+Default search mode for driver symbols.
 ```*/
     pub const CU_GET_PROC_ADDRESS_DEFAULT: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(
         0,
     );
     /**```text
-< Search for legacy versions of driver symbols.
+Search for legacy versions of driver symbols.
 ```*/
     pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(
         1,
     );
     /**```text
-< Search for per-thread versions of driver symbols.
+Search for per-thread versions of driver symbols.
 ```*/
     pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: CUdriverProcAddress_flags_enum = CUdriverProcAddress_flags_enum(
         2,
@@ -6799,19 +6799,19 @@ Flags to specify search options. For more details see ::cuGetProcAddress
 pub use self::CUdriverProcAddress_flags_enum as CUdriverProcAddress_flags;
 impl CUdriverProcAddressQueryResult_enum {
     /**```text
-< Symbol was succesfully found
+Symbol was succesfully found
 ```*/
     pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(
         0,
     );
     /**```text
-< Symbol was not found in search
+Symbol was not found in search
 ```*/
     pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(
         1,
     );
     /**```text
-< Symbol was found but version supplied was not sufficient
+Symbol was found but version supplied was not sufficient
 ```*/
     pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryResult_enum = CUdriverProcAddressQueryResult_enum(
         2,
@@ -6829,7 +6829,7 @@ Flags to indicate search status. For more details see ::cuGetProcAddress
 pub use self::CUdriverProcAddressQueryResult_enum as CUdriverProcAddressQueryResult;
 impl CUexecAffinityType_enum {
     /**```text
-< Create a context with limited SMs.
+Create a context with limited SMs.
 ```*/
     pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: CUexecAffinityType_enum = CUexecAffinityType_enum(
         0,
@@ -6855,7 +6855,7 @@ Value for ::CU_EXEC_AFFINITY_TYPE_SM_COUNT
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUexecAffinitySmCount_st {
     /**```text
-< The number of SMs the context is limited to use.
+The number of SMs the context is limited to use.
 ```*/
     pub val: ::std::os::raw::c_uint,
 }
@@ -6886,7 +6886,7 @@ Execution Affinity Parameters
 #[derive(Copy, Clone)]
 pub struct CUexecAffinityParam_st {
     /**```text
-< Type of execution affinity.
+Type of execution affinity.
 ```*/
     pub type_: CUexecAffinityType,
     pub param: CUexecAffinityParam_st__bindgen_ty_1,
@@ -6895,7 +6895,7 @@ pub struct CUexecAffinityParam_st {
 #[derive(Copy, Clone)]
 pub union CUexecAffinityParam_st__bindgen_ty_1 {
     /**```text
-< Value for ::CU_EXEC_AFFINITY_TYPE_SM_COUNT
+Value for ::CU_EXEC_AFFINITY_TYPE_SM_COUNT
 ```*/
     pub smCount: CUexecAffinitySmCount,
 }
@@ -6954,13 +6954,13 @@ Execution Affinity Parameters
 pub type CUexecAffinityParam = CUexecAffinityParam_v1;
 impl CUcigDataType_enum {
     /**```text
-< D3D12 Command Queue Handle
+D3D12 Command Queue Handle
 ```*/
     pub const CIG_DATA_TYPE_D3D12_COMMAND_QUEUE: CUcigDataType_enum = CUcigDataType_enum(
         1,
     );
     /**```text
-< Nvidia specific data blob used for Vulkan and other NV clients
+Nvidia specific data blob used for Vulkan and other NV clients
 ```*/
     pub const CIG_DATA_TYPE_NV_BLOB: CUcigDataType_enum = CUcigDataType_enum(2);
 }
@@ -6975,11 +6975,11 @@ CIG Context Create Params
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUctxCigParam_st {
     /**```text
-< Type of shared data from graphics client (D3D12 or Vulkan).
+Type of shared data from graphics client (D3D12 or Vulkan).
 ```*/
     pub sharedDataType: CUcigDataType,
     /**```text
-< Graphics client data handle (ID3D12CommandQueue or Nvidia specific data blob).
+Graphics client data handle (ID3D12CommandQueue or Nvidia specific data blob).
 ```*/
     pub sharedData: *mut ::std::os::raw::c_void,
 }
@@ -7017,15 +7017,15 @@ Params for creating CUDA context.
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUctxCreateParams_st {
     /**```text
-< Array of execution affinity parameters to limit context resources (e.g., SM count). Only supported Volta+ MPS. Mutually exclusive with cigParams.
+Array of execution affinity parameters to limit context resources (e.g., SM count). Only supported Volta+ MPS. Mutually exclusive with cigParams.
 ```*/
     pub execAffinityParams: *mut CUexecAffinityParam,
     /**```text
-< Number of elements in execAffinityParams array. Must be 0 if execAffinityParams is NULL.
+Number of elements in execAffinityParams array. Must be 0 if execAffinityParams is NULL.
 ```*/
     pub numExecAffinityParams: ::std::os::raw::c_int,
     /**```text
-< CIG (CUDA in Graphics) parameters for sharing data from D3D12/Vulkan graphics clients. Mutually exclusive with execAffinityParams.
+CIG (CUDA in Graphics) parameters for sharing data from D3D12/Vulkan graphics clients. Mutually exclusive with execAffinityParams.
 ```*/
     pub cigParams: *mut CUctxCigParam,
 }
@@ -7063,13 +7063,13 @@ Params for creating CUDA context.
 pub type CUctxCreateParams = CUctxCreateParams_st;
 impl CUstreamCigDataType_enum {
     /**```text
-< D3D12 Command List Handle
+D3D12 Command List Handle
 ```*/
     pub const STREAM_CIG_DATA_TYPE_D3D12_COMMAND_LIST: CUstreamCigDataType_enum = CUstreamCigDataType_enum(
         1,
     );
     /**```text
-< Vulkan Command Buffer Internal NVIDIA Handle
+Vulkan Command Buffer Internal NVIDIA Handle
 ```*/
     pub const STREAM_CIG_DATA_TYPE_VULKAN_COMMAND_BUFFER_HANDLE_NV: CUstreamCigDataType_enum = CUstreamCigDataType_enum(
         2,
@@ -7086,11 +7086,11 @@ CIG Stream Capture Params
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamCigParam_st {
     /**```text
-< Type of shared data from graphics client (D3D12).
+Type of shared data from graphics client (D3D12).
 ```*/
     pub streamSharedDataType: CUstreamCigDataType,
     /**```text
-< Graphics client data handle (ID3D12CommandList/ID3D12GraphicsCommandList).
+Graphics client data handle (ID3D12CommandList/ID3D12GraphicsCommandList).
 ```*/
     pub streamSharedData: *mut ::std::os::raw::c_void,
 }
@@ -7130,7 +7130,7 @@ Params for capturing CUDA stream to CIG
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUstreamCigCaptureParams_st {
     /**```text
-< CIG (CUDA in Graphics) parameters for sharing command list data from D3D12 graphics clients.
+CIG (CUDA in Graphics) parameters for sharing command list data from D3D12 graphics clients.
 ```*/
     pub streamCigParams: *mut CUstreamCigParam,
 }
@@ -7878,37 +7878,37 @@ Error codes
 pub use self::cudaError_enum as CUresult;
 impl CUdevice_P2PAttribute_enum {
     /**```text
-< A relative value indicating the performance of the link between two devices
+A relative value indicating the performance of the link between two devices
 ```*/
     pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
         1,
     );
     /**```text
-< P2P Access is enable
+P2P Access is enable
 ```*/
     pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
         2,
     );
     /**```text
-< All CUDA-valid atomic operation over the link are supported
+All CUDA-valid atomic operation over the link are supported
 ```*/
     pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
         3,
     );
     /**```text
-< \deprecated use CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED instead
+\deprecated use CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED instead
 ```*/
     pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
         4,
     );
     /**```text
-< Accessing CUDA arrays over the link supported
+Accessing CUDA arrays over the link supported
 ```*/
     pub const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
         4,
     );
     /**```text
-< Only some CUDA-valid atomic operations over the link are supported.
+Only some CUDA-valid atomic operations over the link are supported.
 ```*/
     pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute_enum = CUdevice_P2PAttribute_enum(
         5,
@@ -7953,67 +7953,67 @@ pub type CUoccupancyB2DSize = ::std::option::Option<
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY2D_st {
     /**```text
-< Source X in bytes
+Source X in bytes
 ```*/
     pub srcXInBytes: usize,
     /**```text
-< Source Y
+Source Y
 ```*/
     pub srcY: usize,
     /**```text
-< Source memory type (host, device, array)
+Source memory type (host, device, array)
 ```*/
     pub srcMemoryType: CUmemorytype,
     /**```text
-< Source host pointer
+Source host pointer
 ```*/
     pub srcHost: *const ::std::os::raw::c_void,
     /**```text
-< Source device pointer
+Source device pointer
 ```*/
     pub srcDevice: CUdeviceptr,
     /**```text
-< Source array reference
+Source array reference
 ```*/
     pub srcArray: CUarray,
     /**```text
-< Source pitch (ignored when src is array)
+Source pitch (ignored when src is array)
 ```*/
     pub srcPitch: usize,
     /**```text
-< Destination X in bytes
+Destination X in bytes
 ```*/
     pub dstXInBytes: usize,
     /**```text
-< Destination Y
+Destination Y
 ```*/
     pub dstY: usize,
     /**```text
-< Destination memory type (host, device, array)
+Destination memory type (host, device, array)
 ```*/
     pub dstMemoryType: CUmemorytype,
     /**```text
-< Destination host pointer
+Destination host pointer
 ```*/
     pub dstHost: *mut ::std::os::raw::c_void,
     /**```text
-< Destination device pointer
+Destination device pointer
 ```*/
     pub dstDevice: CUdeviceptr,
     /**```text
-< Destination array reference
+Destination array reference
 ```*/
     pub dstArray: CUarray,
     /**```text
-< Destination pitch (ignored when dst is array)
+Destination pitch (ignored when dst is array)
 ```*/
     pub dstPitch: usize,
     /**```text
-< Width of 2D memory copy in bytes
+Width of 2D memory copy in bytes
 ```*/
     pub WidthInBytes: usize,
     /**```text
-< Height of 2D memory copy
+Height of 2D memory copy
 ```*/
     pub Height: usize,
 }
@@ -8096,103 +8096,103 @@ pub type CUDA_MEMCPY2D = CUDA_MEMCPY2D_v2;
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY3D_st {
     /**```text
-< Source X in bytes
+Source X in bytes
 ```*/
     pub srcXInBytes: usize,
     /**```text
-< Source Y
+Source Y
 ```*/
     pub srcY: usize,
     /**```text
-< Source Z
+Source Z
 ```*/
     pub srcZ: usize,
     /**```text
-< Source LOD
+Source LOD
 ```*/
     pub srcLOD: usize,
     /**```text
-< Source memory type (host, device, array)
+Source memory type (host, device, array)
 ```*/
     pub srcMemoryType: CUmemorytype,
     /**```text
-< Source host pointer
+Source host pointer
 ```*/
     pub srcHost: *const ::std::os::raw::c_void,
     /**```text
-< Source device pointer
+Source device pointer
 ```*/
     pub srcDevice: CUdeviceptr,
     /**```text
-< Source array reference
+Source array reference
 ```*/
     pub srcArray: CUarray,
     /**```text
-< Must be NULL
+Must be NULL
 ```*/
     pub reserved0: *mut ::std::os::raw::c_void,
     /**```text
-< Source pitch (ignored when src is array)
+Source pitch (ignored when src is array)
 ```*/
     pub srcPitch: usize,
     /**```text
-< Source height (ignored when src is array; may be 0 if Depth==1)
+Source height (ignored when src is array; may be 0 if Depth==1)
 ```*/
     pub srcHeight: usize,
     /**```text
-< Destination X in bytes
+Destination X in bytes
 ```*/
     pub dstXInBytes: usize,
     /**```text
-< Destination Y
+Destination Y
 ```*/
     pub dstY: usize,
     /**```text
-< Destination Z
+Destination Z
 ```*/
     pub dstZ: usize,
     /**```text
-< Destination LOD
+Destination LOD
 ```*/
     pub dstLOD: usize,
     /**```text
-< Destination memory type (host, device, array)
+Destination memory type (host, device, array)
 ```*/
     pub dstMemoryType: CUmemorytype,
     /**```text
-< Destination host pointer
+Destination host pointer
 ```*/
     pub dstHost: *mut ::std::os::raw::c_void,
     /**```text
-< Destination device pointer
+Destination device pointer
 ```*/
     pub dstDevice: CUdeviceptr,
     /**```text
-< Destination array reference
+Destination array reference
 ```*/
     pub dstArray: CUarray,
     /**```text
-< Must be NULL
+Must be NULL
 ```*/
     pub reserved1: *mut ::std::os::raw::c_void,
     /**```text
-< Destination pitch (ignored when dst is array)
+Destination pitch (ignored when dst is array)
 ```*/
     pub dstPitch: usize,
     /**```text
-< Destination height (ignored when dst is array; may be 0 if Depth==1)
+Destination height (ignored when dst is array; may be 0 if Depth==1)
 ```*/
     pub dstHeight: usize,
     /**```text
-< Width of 3D memory copy in bytes
+Width of 3D memory copy in bytes
 ```*/
     pub WidthInBytes: usize,
     /**```text
-< Height of 3D memory copy
+Height of 3D memory copy
 ```*/
     pub Height: usize,
     /**```text
-< Depth of 3D memory copy
+Depth of 3D memory copy
 ```*/
     pub Depth: usize,
 }
@@ -8302,103 +8302,103 @@ pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY3D_PEER_st {
     /**```text
-< Source X in bytes
+Source X in bytes
 ```*/
     pub srcXInBytes: usize,
     /**```text
-< Source Y
+Source Y
 ```*/
     pub srcY: usize,
     /**```text
-< Source Z
+Source Z
 ```*/
     pub srcZ: usize,
     /**```text
-< Source LOD
+Source LOD
 ```*/
     pub srcLOD: usize,
     /**```text
-< Source memory type (host, device, array)
+Source memory type (host, device, array)
 ```*/
     pub srcMemoryType: CUmemorytype,
     /**```text
-< Source host pointer
+Source host pointer
 ```*/
     pub srcHost: *const ::std::os::raw::c_void,
     /**```text
-< Source device pointer
+Source device pointer
 ```*/
     pub srcDevice: CUdeviceptr,
     /**```text
-< Source array reference
+Source array reference
 ```*/
     pub srcArray: CUarray,
     /**```text
-< Source context (ignored with srcMemoryType is ::CU_MEMORYTYPE_ARRAY)
+Source context (ignored with srcMemoryType is ::CU_MEMORYTYPE_ARRAY)
 ```*/
     pub srcContext: CUcontext,
     /**```text
-< Source pitch (ignored when src is array)
+Source pitch (ignored when src is array)
 ```*/
     pub srcPitch: usize,
     /**```text
-< Source height (ignored when src is array; may be 0 if Depth==1)
+Source height (ignored when src is array; may be 0 if Depth==1)
 ```*/
     pub srcHeight: usize,
     /**```text
-< Destination X in bytes
+Destination X in bytes
 ```*/
     pub dstXInBytes: usize,
     /**```text
-< Destination Y
+Destination Y
 ```*/
     pub dstY: usize,
     /**```text
-< Destination Z
+Destination Z
 ```*/
     pub dstZ: usize,
     /**```text
-< Destination LOD
+Destination LOD
 ```*/
     pub dstLOD: usize,
     /**```text
-< Destination memory type (host, device, array)
+Destination memory type (host, device, array)
 ```*/
     pub dstMemoryType: CUmemorytype,
     /**```text
-< Destination host pointer
+Destination host pointer
 ```*/
     pub dstHost: *mut ::std::os::raw::c_void,
     /**```text
-< Destination device pointer
+Destination device pointer
 ```*/
     pub dstDevice: CUdeviceptr,
     /**```text
-< Destination array reference
+Destination array reference
 ```*/
     pub dstArray: CUarray,
     /**```text
-< Destination context (ignored with dstMemoryType is ::CU_MEMORYTYPE_ARRAY)
+Destination context (ignored with dstMemoryType is ::CU_MEMORYTYPE_ARRAY)
 ```*/
     pub dstContext: CUcontext,
     /**```text
-< Destination pitch (ignored when dst is array)
+Destination pitch (ignored when dst is array)
 ```*/
     pub dstPitch: usize,
     /**```text
-< Destination height (ignored when dst is array; may be 0 if Depth==1)
+Destination height (ignored when dst is array; may be 0 if Depth==1)
 ```*/
     pub dstHeight: usize,
     /**```text
-< Width of 3D memory copy in bytes
+Width of 3D memory copy in bytes
 ```*/
     pub WidthInBytes: usize,
     /**```text
-< Height of 3D memory copy
+Height of 3D memory copy
 ```*/
     pub Height: usize,
     /**```text
-< Depth of 3D memory copy
+Depth of 3D memory copy
 ```*/
     pub Depth: usize,
 }
@@ -8510,19 +8510,19 @@ Memcpy node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEMCPY_NODE_PARAMS_st {
     /**```text
-< Must be zero
+Must be zero
 ```*/
     pub flags: ::std::os::raw::c_int,
     /**```text
-< Must be zero
+Must be zero
 ```*/
     pub reserved: ::std::os::raw::c_int,
     /**```text
-< Context on which to run the node
+Context on which to run the node
 ```*/
     pub copyCtx: CUcontext,
     /**```text
-< Parameters for the memory copy
+Parameters for the memory copy
 ```*/
     pub copyParams: CUDA_MEMCPY3D,
 }
@@ -8567,19 +8567,19 @@ Array descriptor
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY_DESCRIPTOR_st {
     /**```text
-< Width of array
+Width of array
 ```*/
     pub Width: usize,
     /**```text
-< Height of array
+Height of array
 ```*/
     pub Height: usize,
     /**```text
-< Array format
+Array format
 ```*/
     pub Format: CUarray_format,
     /**```text
-< Channels per array element
+Channels per array element
 ```*/
     pub NumChannels: ::std::os::raw::c_uint,
 }
@@ -8628,27 +8628,27 @@ pub type CUDA_ARRAY_DESCRIPTOR = CUDA_ARRAY_DESCRIPTOR_v2;
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY3D_DESCRIPTOR_st {
     /**```text
-< Width of 3D array
+Width of 3D array
 ```*/
     pub Width: usize,
     /**```text
-< Height of 3D array
+Height of 3D array
 ```*/
     pub Height: usize,
     /**```text
-< Depth of 3D array
+Depth of 3D array
 ```*/
     pub Depth: usize,
     /**```text
-< Array format
+Array format
 ```*/
     pub Format: CUarray_format,
     /**```text
-< Channels per array element
+Channels per array element
 ```*/
     pub NumChannels: ::std::os::raw::c_uint,
     /**```text
-< Flags
+Flags
 ```*/
     pub Flags: ::std::os::raw::c_uint,
 }
@@ -8721,15 +8721,15 @@ Flags will either be zero or ::CU_ARRAY_SPARSE_PROPERTIES_SINGLE_MIPTAIL
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY_SPARSE_PROPERTIES_st__bindgen_ty_1 {
     /**```text
-< Width of sparse tile in elements
+Width of sparse tile in elements
 ```*/
     pub width: ::std::os::raw::c_uint,
     /**```text
-< Height of sparse tile in elements
+Height of sparse tile in elements
 ```*/
     pub height: ::std::os::raw::c_uint,
     /**```text
-< Depth of sparse tile in elements
+Depth of sparse tile in elements
 ```*/
     pub depth: ::std::os::raw::c_uint,
 }
@@ -8794,11 +8794,11 @@ CUDA array memory requirements
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
     /**```text
-< Total required memory size
+Total required memory size
 ```*/
     pub size: usize,
     /**```text
-< alignment requirement
+alignment requirement
 ```*/
     pub alignment: usize,
     pub reserved: [::std::os::raw::c_uint; 4usize],
@@ -8836,12 +8836,12 @@ CUDA Resource descriptor
 #[derive(Copy, Clone)]
 pub struct CUDA_RESOURCE_DESC_st {
     /**```text
-< Resource type
+Resource type
 ```*/
     pub resType: CUresourcetype,
     pub res: CUDA_RESOURCE_DESC_st__bindgen_ty_1,
     /**```text
-< Flags (must be zero)
+Flags (must be zero)
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -8858,7 +8858,7 @@ pub union CUDA_RESOURCE_DESC_st__bindgen_ty_1 {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
     /**```text
-< CUDA array
+CUDA array
 ```*/
     pub hArray: CUarray,
 }
@@ -8890,7 +8890,7 @@ impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_1 {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2 {
     /**```text
-< CUDA mipmapped array
+CUDA mipmapped array
 ```*/
     pub hMipmappedArray: CUmipmappedArray,
 }
@@ -8923,19 +8923,19 @@ impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_2 {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3 {
     /**```text
-< Device pointer
+Device pointer
 ```*/
     pub devPtr: CUdeviceptr,
     /**```text
-< Array format
+Array format
 ```*/
     pub format: CUarray_format,
     /**```text
-< Channels per array element
+Channels per array element
 ```*/
     pub numChannels: ::std::os::raw::c_uint,
     /**```text
-< Size in bytes
+Size in bytes
 ```*/
     pub sizeInBytes: usize,
 }
@@ -8981,27 +8981,27 @@ impl Default for CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_3 {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_DESC_st__bindgen_ty_1__bindgen_ty_4 {
     /**```text
-< Device pointer
+Device pointer
 ```*/
     pub devPtr: CUdeviceptr,
     /**```text
-< Array format
+Array format
 ```*/
     pub format: CUarray_format,
     /**```text
-< Channels per array element
+Channels per array element
 ```*/
     pub numChannels: ::std::os::raw::c_uint,
     /**```text
-< Width of the array in elements
+Width of the array in elements
 ```*/
     pub width: usize,
     /**```text
-< Height of the array in elements
+Height of the array in elements
 ```*/
     pub height: usize,
     /**```text
-< Pitch between two rows in bytes
+Pitch between two rows in bytes
 ```*/
     pub pitchInBytes: usize,
 }
@@ -9146,39 +9146,39 @@ Texture descriptor
 #[derive(Debug, Copy, Clone, PartialEq)]
 pub struct CUDA_TEXTURE_DESC_st {
     /**```text
-< Address modes
+Address modes
 ```*/
     pub addressMode: [CUaddress_mode; 3usize],
     /**```text
-< Filter mode
+Filter mode
 ```*/
     pub filterMode: CUfilter_mode,
     /**```text
-< Flags
+Flags
 ```*/
     pub flags: ::std::os::raw::c_uint,
     /**```text
-< Maximum anisotropy ratio
+Maximum anisotropy ratio
 ```*/
     pub maxAnisotropy: ::std::os::raw::c_uint,
     /**```text
-< Mipmap filter mode
+Mipmap filter mode
 ```*/
     pub mipmapFilterMode: CUfilter_mode,
     /**```text
-< Mipmap level bias
+Mipmap level bias
 ```*/
     pub mipmapLevelBias: f32,
     /**```text
-< Mipmap minimum level clamp
+Mipmap minimum level clamp
 ```*/
     pub minMipmapLevelClamp: f32,
     /**```text
-< Mipmap maximum level clamp
+Mipmap maximum level clamp
 ```*/
     pub maxMipmapLevelClamp: f32,
     /**```text
-< Border Color
+Border Color
 ```*/
     pub borderColor: [f32; 4usize],
     pub reserved: [::std::os::raw::c_int; 12usize],
@@ -9241,211 +9241,211 @@ Texture descriptor
 pub type CUDA_TEXTURE_DESC = CUDA_TEXTURE_DESC_v1;
 impl CUresourceViewFormat_enum {
     /**```text
-< No resource view format (use underlying resource format)
+No resource view format (use underlying resource format)
 ```*/
     pub const CU_RES_VIEW_FORMAT_NONE: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         0,
     );
     /**```text
-< 1 channel unsigned 8-bit integers
+1 channel unsigned 8-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         1,
     );
     /**```text
-< 2 channel unsigned 8-bit integers
+2 channel unsigned 8-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         2,
     );
     /**```text
-< 4 channel unsigned 8-bit integers
+4 channel unsigned 8-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         3,
     );
     /**```text
-< 1 channel signed 8-bit integers
+1 channel signed 8-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_1X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         4,
     );
     /**```text
-< 2 channel signed 8-bit integers
+2 channel signed 8-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_2X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         5,
     );
     /**```text
-< 4 channel signed 8-bit integers
+4 channel signed 8-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_4X8: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         6,
     );
     /**```text
-< 1 channel unsigned 16-bit integers
+1 channel unsigned 16-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         7,
     );
     /**```text
-< 2 channel unsigned 16-bit integers
+2 channel unsigned 16-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         8,
     );
     /**```text
-< 4 channel unsigned 16-bit integers
+4 channel unsigned 16-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         9,
     );
     /**```text
-< 1 channel signed 16-bit integers
+1 channel signed 16-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         10,
     );
     /**```text
-< 2 channel signed 16-bit integers
+2 channel signed 16-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         11,
     );
     /**```text
-< 4 channel signed 16-bit integers
+4 channel signed 16-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         12,
     );
     /**```text
-< 1 channel unsigned 32-bit integers
+1 channel unsigned 32-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         13,
     );
     /**```text
-< 2 channel unsigned 32-bit integers
+2 channel unsigned 32-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         14,
     );
     /**```text
-< 4 channel unsigned 32-bit integers
+4 channel unsigned 32-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_UINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         15,
     );
     /**```text
-< 1 channel signed 32-bit integers
+1 channel signed 32-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         16,
     );
     /**```text
-< 2 channel signed 32-bit integers
+2 channel signed 32-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         17,
     );
     /**```text
-< 4 channel signed 32-bit integers
+4 channel signed 32-bit integers
 ```*/
     pub const CU_RES_VIEW_FORMAT_SINT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         18,
     );
     /**```text
-< 1 channel 16-bit floating point
+1 channel 16-bit floating point
 ```*/
     pub const CU_RES_VIEW_FORMAT_FLOAT_1X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         19,
     );
     /**```text
-< 2 channel 16-bit floating point
+2 channel 16-bit floating point
 ```*/
     pub const CU_RES_VIEW_FORMAT_FLOAT_2X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         20,
     );
     /**```text
-< 4 channel 16-bit floating point
+4 channel 16-bit floating point
 ```*/
     pub const CU_RES_VIEW_FORMAT_FLOAT_4X16: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         21,
     );
     /**```text
-< 1 channel 32-bit floating point
+1 channel 32-bit floating point
 ```*/
     pub const CU_RES_VIEW_FORMAT_FLOAT_1X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         22,
     );
     /**```text
-< 2 channel 32-bit floating point
+2 channel 32-bit floating point
 ```*/
     pub const CU_RES_VIEW_FORMAT_FLOAT_2X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         23,
     );
     /**```text
-< 4 channel 32-bit floating point
+4 channel 32-bit floating point
 ```*/
     pub const CU_RES_VIEW_FORMAT_FLOAT_4X32: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         24,
     );
     /**```text
-< Block compressed 1
+Block compressed 1
 ```*/
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC1: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         25,
     );
     /**```text
-< Block compressed 2
+Block compressed 2
 ```*/
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC2: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         26,
     );
     /**```text
-< Block compressed 3
+Block compressed 3
 ```*/
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC3: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         27,
     );
     /**```text
-< Block compressed 4 unsigned
+Block compressed 4 unsigned
 ```*/
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         28,
     );
     /**```text
-< Block compressed 4 signed
+Block compressed 4 signed
 ```*/
     pub const CU_RES_VIEW_FORMAT_SIGNED_BC4: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         29,
     );
     /**```text
-< Block compressed 5 unsigned
+Block compressed 5 unsigned
 ```*/
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         30,
     );
     /**```text
-< Block compressed 5 signed
+Block compressed 5 signed
 ```*/
     pub const CU_RES_VIEW_FORMAT_SIGNED_BC5: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         31,
     );
     /**```text
-< Block compressed 6 unsigned half-float
+Block compressed 6 unsigned half-float
 ```*/
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         32,
     );
     /**```text
-< Block compressed 6 signed half-float
+Block compressed 6 signed half-float
 ```*/
     pub const CU_RES_VIEW_FORMAT_SIGNED_BC6H: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         33,
     );
     /**```text
-< Block compressed 7
+Block compressed 7
 ```*/
     pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC7: CUresourceViewFormat_enum = CUresourceViewFormat_enum(
         34,
@@ -9468,35 +9468,35 @@ Resource view descriptor
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_RESOURCE_VIEW_DESC_st {
     /**```text
-< Resource view format
+Resource view format
 ```*/
     pub format: CUresourceViewFormat,
     /**```text
-< Width of the resource view
+Width of the resource view
 ```*/
     pub width: usize,
     /**```text
-< Height of the resource view
+Height of the resource view
 ```*/
     pub height: usize,
     /**```text
-< Depth of the resource view
+Depth of the resource view
 ```*/
     pub depth: usize,
     /**```text
-< First defined mipmap level
+First defined mipmap level
 ```*/
     pub firstMipmapLevel: ::std::os::raw::c_uint,
     /**```text
-< Last defined mipmap level
+Last defined mipmap level
 ```*/
     pub lastMipmapLevel: ::std::os::raw::c_uint,
     /**```text
-< First layer index
+First layer index
 ```*/
     pub firstLayer: ::std::os::raw::c_uint,
     /**```text
-< Last layer index
+Last layer index
 ```*/
     pub lastLayer: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 16usize],
@@ -9760,19 +9760,19 @@ Tensor map Im2Col wide mode
 pub use self::CUtensorMapIm2ColWideMode_enum as CUtensorMapIm2ColWideMode;
 impl CUtensorMapAllocClass_enum {
     /**```text
-< Recompute the effective allocation class from the tensor-map layout.
+Recompute the effective allocation class from the tensor-map layout.
 ```*/
     pub const CU_TENSOR_MAP_ALLOC_CLASS_AUTO: CUtensorMapAllocClass_enum = CUtensorMapAllocClass_enum(
         0,
     );
     /**```text
-< Request the "small" class (safe 4 KiB OOB window).
+Request the "small" class (safe 4 KiB OOB window).
 ```*/
     pub const CU_TENSOR_MAP_ALLOC_CLASS_SMALL: CUtensorMapAllocClass_enum = CUtensorMapAllocClass_enum(
         1,
     );
     /**```text
-< Request the "large" class (128 KiB OOB window); when LARGE is effective, the caller guarantees the effective base allocation is accessible for at least ::CU_DEVICE_ATTRIBUTE_TENSOR_MAP_LARGE_TENSOR_MIN_SIZE bytes before use.
+Request the "large" class (128 KiB OOB window); when LARGE is effective, the caller guarantees the effective base allocation is accessible for at least ::CU_DEVICE_ATTRIBUTE_TENSOR_MAP_LARGE_TENSOR_MIN_SIZE bytes before use.
 ```*/
     pub const CU_TENSOR_MAP_ALLOC_CLASS_LARGE: CUtensorMapAllocClass_enum = CUtensorMapAllocClass_enum(
         2,
@@ -9839,19 +9839,19 @@ GPU Direct v3 tokens
 pub type CUDA_POINTER_ATTRIBUTE_P2P_TOKENS = CUDA_POINTER_ATTRIBUTE_P2P_TOKENS_v1;
 impl CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum {
     /**```text
-< No access, meaning the device cannot access this memory at all, thus must be staged through accessible memory in order to complete certain operations
+No access, meaning the device cannot access this memory at all, thus must be staged through accessible memory in order to complete certain operations
 ```*/
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum = CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(
         0,
     );
     /**```text
-< Read-only access, meaning writes to this memory are considered invalid accesses and thus return error in that case.
+Read-only access, meaning writes to this memory are considered invalid accesses and thus return error in that case.
 ```*/
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum = CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(
         1,
     );
     /**```text
-< Read-write access, the device has full read-write access to the memory
+Read-write access, the device has full read-write access to the memory
 ```*/
     pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum = CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS_enum(
         3,
@@ -9876,43 +9876,43 @@ Kernel launch parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_LAUNCH_PARAMS_st {
     /**```text
-< Kernel to launch
+Kernel to launch
 ```*/
     pub function: CUfunction,
     /**```text
-< Width of grid in blocks
+Width of grid in blocks
 ```*/
     pub gridDimX: ::std::os::raw::c_uint,
     /**```text
-< Height of grid in blocks
+Height of grid in blocks
 ```*/
     pub gridDimY: ::std::os::raw::c_uint,
     /**```text
-< Depth of grid in blocks
+Depth of grid in blocks
 ```*/
     pub gridDimZ: ::std::os::raw::c_uint,
     /**```text
-< X dimension of each thread block
+X dimension of each thread block
 ```*/
     pub blockDimX: ::std::os::raw::c_uint,
     /**```text
-< Y dimension of each thread block
+Y dimension of each thread block
 ```*/
     pub blockDimY: ::std::os::raw::c_uint,
     /**```text
-< Z dimension of each thread block
+Z dimension of each thread block
 ```*/
     pub blockDimZ: ::std::os::raw::c_uint,
     /**```text
-< Dynamic shared-memory size per thread block in bytes
+Dynamic shared-memory size per thread block in bytes
 ```*/
     pub sharedMemBytes: ::std::os::raw::c_uint,
     /**```text
-< Stream identifier
+Stream identifier
 ```*/
     pub hStream: CUstream,
     /**```text
-< Array of pointers to kernel parameters
+Array of pointers to kernel parameters
 ```*/
     pub kernelParams: *mut *mut ::std::os::raw::c_void,
 }
@@ -10980,15 +10980,15 @@ Semaphore signal node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st {
     /**```text
-< Array of external semaphore handles.
+Array of external semaphore handles.
 ```*/
     pub extSemArray: *mut CUexternalSemaphore,
     /**```text
-< Array of external semaphore signal parameters.
+Array of external semaphore signal parameters.
 ```*/
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS,
     /**```text
-< Number of handles and parameters supplied in extSemArray and paramsArray.
+Number of handles and parameters supplied in extSemArray and paramsArray.
 ```*/
     pub numExtSems: ::std::os::raw::c_uint,
 }
@@ -11034,15 +11034,15 @@ Semaphore signal node parameters
 #[derive(Copy, Clone)]
 pub struct CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2_st {
     /**```text
-< Array of external semaphore handles.
+Array of external semaphore handles.
 ```*/
     pub extSemArray: *mut CUexternalSemaphore,
     /**```text
-< Array of external semaphore signal parameters.
+Array of external semaphore signal parameters.
 ```*/
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS,
     /**```text
-< Number of handles and parameters supplied in extSemArray and paramsArray.
+Number of handles and parameters supplied in extSemArray and paramsArray.
 ```*/
     pub numExtSems: ::std::os::raw::c_uint,
     pub __bindgen_anon_1: CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2_st__bindgen_ty_1,
@@ -11122,15 +11122,15 @@ Semaphore wait node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_st {
     /**```text
-< Array of external semaphore handles.
+Array of external semaphore handles.
 ```*/
     pub extSemArray: *mut CUexternalSemaphore,
     /**```text
-< Array of external semaphore wait parameters.
+Array of external semaphore wait parameters.
 ```*/
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS,
     /**```text
-< Number of handles and parameters supplied in extSemArray and paramsArray.
+Number of handles and parameters supplied in extSemArray and paramsArray.
 ```*/
     pub numExtSems: ::std::os::raw::c_uint,
 }
@@ -11176,15 +11176,15 @@ Semaphore wait node parameters
 #[derive(Copy, Clone)]
 pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2_st {
     /**```text
-< Array of external semaphore handles.
+Array of external semaphore handles.
 ```*/
     pub extSemArray: *mut CUexternalSemaphore,
     /**```text
-< Array of external semaphore wait parameters.
+Array of external semaphore wait parameters.
 ```*/
     pub paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS,
     /**```text
-< Number of handles and parameters supplied in extSemArray and paramsArray.
+Number of handles and parameters supplied in extSemArray and paramsArray.
 ```*/
     pub numExtSems: ::std::os::raw::c_uint,
     pub __bindgen_anon_1: CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2_st__bindgen_ty_1,
@@ -11258,31 +11258,31 @@ pub type CUmemGenericAllocationHandle_v1 = ::std::os::raw::c_ulonglong;
 pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
 impl CUmemAllocationHandleType_enum {
     /**```text
-< Does not allow any export mechanism. >
+Does not allow any export mechanism. >
 ```*/
     pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
         0,
     );
     /**```text
-< Allows a file descriptor to be used for exporting. Permitted only on POSIX systems. (int)
+Allows a file descriptor to be used for exporting. Permitted only on POSIX systems. (int)
 ```*/
     pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
         1,
     );
     /**```text
-< Allows a Win32 NT handle to be used for exporting. (HANDLE)
+Allows a Win32 NT handle to be used for exporting. (HANDLE)
 ```*/
     pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
         2,
     );
     /**```text
-< Allows a Win32 KMT handle to be used for exporting. (D3DKMT_HANDLE)
+Allows a Win32 KMT handle to be used for exporting. (D3DKMT_HANDLE)
 ```*/
     pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
         4,
     );
     /**```text
-< Allows a fabric handle to be used for exporting. (CUmemFabricHandle)
+Allows a fabric handle to be used for exporting. (CUmemFabricHandle)
 ```*/
     pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType_enum = CUmemAllocationHandleType_enum(
         8,
@@ -11303,19 +11303,19 @@ Flags for specifying particular handle types
 pub use self::CUmemAllocationHandleType_enum as CUmemAllocationHandleType;
 impl CUmemAccess_flags_enum {
     /**```text
-< Default, make the address range not accessible
+Default, make the address range not accessible
 ```*/
     pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
         0,
     );
     /**```text
-< Make the address range read accessible
+Make the address range read accessible
 ```*/
     pub const CU_MEM_ACCESS_FLAGS_PROT_READ: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
         1,
     );
     /**```text
-< Make the address range read-write accessible
+Make the address range read-write accessible
 ```*/
     pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags_enum = CUmemAccess_flags_enum(
         3,
@@ -11339,43 +11339,43 @@ impl CUmemLocationType_enum {
         0,
     );
     /**```text
-< Location is unspecified. This is used when creating a managed memory pool to indicate no preferred location for the pool
+Location is unspecified. This is used when creating a managed memory pool to indicate no preferred location for the pool
 ```*/
     pub const CU_MEM_LOCATION_TYPE_NONE: CUmemLocationType_enum = CUmemLocationType_enum(
         0,
     );
     /**```text
-< Location is a device location, thus id is a device ordinal
+Location is a device location, thus id is a device ordinal
 ```*/
     pub const CU_MEM_LOCATION_TYPE_DEVICE: CUmemLocationType_enum = CUmemLocationType_enum(
         1,
     );
     /**```text
-< Location is host, id is ignored
+Location is host, id is ignored
 ```*/
     pub const CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType_enum = CUmemLocationType_enum(
         2,
     );
     /**```text
-< Location is a host NUMA node, thus id is a host NUMA node id
+Location is a host NUMA node, thus id is a host NUMA node id
 ```*/
     pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType_enum = CUmemLocationType_enum(
         3,
     );
     /**```text
-< Location is a host NUMA node of the current thread, id is ignored
+Location is a host NUMA node of the current thread, id is ignored
 ```*/
     pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType_enum = CUmemLocationType_enum(
         4,
     );
     /**```text
-< Location is not visible but device is accessible, id is always CU_DEVICE_INVALID
+Location is not visible but device is accessible, id is always CU_DEVICE_INVALID
 ```*/
     pub const CU_MEM_LOCATION_TYPE_INVISIBLE: CUmemLocationType_enum = CUmemLocationType_enum(
         5,
     );
     /**```text
-< Location is a portion of device memory, specified by the locality domain ID.
+Location is a portion of device memory, specified by the locality domain ID.
 ```*/
     pub const CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN: CUmemLocationType_enum = CUmemLocationType_enum(
         6,
@@ -11430,13 +11430,13 @@ Defines the allocation types available
 pub use self::CUmemAllocationType_enum as CUmemAllocationType;
 impl CUmemAllocationGranularity_flags_enum {
     /**```text
-< Minimum required granularity for allocation
+Minimum required granularity for allocation
 ```*/
     pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags_enum = CUmemAllocationGranularity_flags_enum(
         0,
     );
     /**```text
-< Recommended granularity for allocation for best performance
+Recommended granularity for allocation for best performance
 ```*/
     pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: CUmemAllocationGranularity_flags_enum = CUmemAllocationGranularity_flags_enum(
         1,
@@ -11472,7 +11472,7 @@ Specifies the handle type for address range
 pub use self::CUmemRangeHandleType_enum as CUmemRangeHandleType;
 impl CUmemRangeFlags_enum {
     /**```text
-< Indicates that DMA_BUF handle should be mapped via PCIe BAR1
+Indicates that DMA_BUF handle should be mapped via PCIe BAR1
 ```*/
     pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: CUmemRangeFlags_enum = CUmemRangeFlags_enum(
         1,
@@ -11544,38 +11544,38 @@ Specifies the CUDA array or CUDA mipmapped array memory mapping information
 #[derive(Copy, Clone)]
 pub struct CUarrayMapInfo_st {
     /**```text
-< Resource type
+Resource type
 ```*/
     pub resourceType: CUresourcetype,
     pub resource: CUarrayMapInfo_st__bindgen_ty_1,
     /**```text
-< Sparse subresource type
+Sparse subresource type
 ```*/
     pub subresourceType: CUarraySparseSubresourceType,
     pub subresource: CUarrayMapInfo_st__bindgen_ty_2,
     /**```text
-< Memory operation type
+Memory operation type
 ```*/
     pub memOperationType: CUmemOperationType,
     /**```text
-< Memory handle type
+Memory handle type
 ```*/
     pub memHandleType: CUmemHandleType,
     pub memHandle: CUarrayMapInfo_st__bindgen_ty_3,
     /**```text
-< Offset within the memory
+Offset within the memory
 ```*/
     pub offset: ::std::os::raw::c_ulonglong,
     /**```text
-< Device ordinal bit mask
+Device ordinal bit mask
 ```*/
     pub deviceBitMask: ::std::os::raw::c_uint,
     /**```text
-< flags for future use, must be zero now.
+flags for future use, must be zero now.
 ```*/
     pub flags: ::std::os::raw::c_uint,
     /**```text
-< Reserved for future use, must be zero now.
+Reserved for future use, must be zero now.
 ```*/
     pub reserved: [::std::os::raw::c_uint; 2usize],
 }
@@ -11619,35 +11619,35 @@ pub union CUarrayMapInfo_st__bindgen_ty_2 {
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_1 {
     /**```text
-< For CUDA mipmapped arrays must a valid mipmap level. For CUDA arrays must be zero
+For CUDA mipmapped arrays must a valid mipmap level. For CUDA arrays must be zero
 ```*/
     pub level: ::std::os::raw::c_uint,
     /**```text
-< For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
+For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
 ```*/
     pub layer: ::std::os::raw::c_uint,
     /**```text
-< Starting X offset in elements
+Starting X offset in elements
 ```*/
     pub offsetX: ::std::os::raw::c_uint,
     /**```text
-< Starting Y offset in elements
+Starting Y offset in elements
 ```*/
     pub offsetY: ::std::os::raw::c_uint,
     /**```text
-< Starting Z offset in elements
+Starting Z offset in elements
 ```*/
     pub offsetZ: ::std::os::raw::c_uint,
     /**```text
-< Width in elements
+Width in elements
 ```*/
     pub extentWidth: ::std::os::raw::c_uint,
     /**```text
-< Height in elements
+Height in elements
 ```*/
     pub extentHeight: ::std::os::raw::c_uint,
     /**```text
-< Depth in elements
+Depth in elements
 ```*/
     pub extentDepth: ::std::os::raw::c_uint,
 }
@@ -11696,15 +11696,15 @@ const _: () = {
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUarrayMapInfo_st__bindgen_ty_2__bindgen_ty_2 {
     /**```text
-< For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
+For CUDA layered arrays must be a valid layer index. Otherwise, must be zero
 ```*/
     pub layer: ::std::os::raw::c_uint,
     /**```text
-< Offset within mip tail
+Offset within mip tail
 ```*/
     pub offset: ::std::os::raw::c_ulonglong,
     /**```text
-< Extent in bytes
+Extent in bytes
 ```*/
     pub size: ::std::os::raw::c_ulonglong,
 }
@@ -11843,7 +11843,7 @@ Specifies a memory location.
 #[derive(Copy, Clone)]
 pub struct CUmemLocation_st {
     /**```text
-< Specifies the location type, which modifies the meaning of id.
+Specifies the location type, which modifies the meaning of id.
 ```*/
     pub type_: CUmemLocationType,
     pub __bindgen_anon_1: CUmemLocation_st__bindgen_ty_1,
@@ -11852,11 +11852,11 @@ pub struct CUmemLocation_st {
 #[derive(Copy, Clone)]
 pub union CUmemLocation_st__bindgen_ty_1 {
     /**```text
-< Identifier for CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA.
+Identifier for CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST, CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA.
 ```*/
     pub id: ::std::os::raw::c_int,
     /**```text
-< Identifier for CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN.
+Identifier for CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN.
 ```*/
     pub localized: CUmemLocation_st__bindgen_ty_1__bindgen_ty_1,
 }
@@ -11864,11 +11864,11 @@ pub union CUmemLocation_st__bindgen_ty_1 {
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemLocation_st__bindgen_ty_1__bindgen_ty_1 {
     /**```text
-< Device ID
+Device ID
 ```*/
     pub deviceId: ::std::os::raw::c_uchar,
     /**```text
-< Locality domain ID
+Locality domain ID
 ```*/
     pub localityDomainId: ::std::os::raw::c_uchar,
 }
@@ -11943,13 +11943,13 @@ Specifies a memory location.
 pub type CUmemLocation = CUmemLocation_v1;
 impl CUmemAllocationCompType_enum {
     /**```text
-< Allocating non-compressible memory
+Allocating non-compressible memory
 ```*/
     pub const CU_MEM_ALLOCATION_COMP_NONE: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(
         0,
     );
     /**```text
-< Allocating  compressible memory
+Allocating  compressible memory
 ```*/
     pub const CU_MEM_ALLOCATION_COMP_GENERIC: CUmemAllocationCompType_enum = CUmemAllocationCompType_enum(
         1,
@@ -12090,13 +12090,13 @@ Specifies the allocation properties for a allocation.
 pub type CUmemAllocationProp = CUmemAllocationProp_v1;
 impl CUmulticastGranularity_flags_enum {
     /**```text
-< Minimum required granularity
+Minimum required granularity
 ```*/
     pub const CU_MULTICAST_GRANULARITY_MINIMUM: CUmulticastGranularity_flags_enum = CUmulticastGranularity_flags_enum(
         0,
     );
     /**```text
-< Recommended granularity for best performance
+Recommended granularity for best performance
 ```*/
     pub const CU_MULTICAST_GRANULARITY_RECOMMENDED: CUmulticastGranularity_flags_enum = CUmulticastGranularity_flags_enum(
         1,
@@ -12174,11 +12174,11 @@ Memory access descriptor
 #[derive(Copy, Clone)]
 pub struct CUmemAccessDesc_st {
     /**```text
-< Location on which the request is to change it's accessibility
+Location on which the request is to change it's accessibility
 ```*/
     pub location: CUmemLocation,
     /**```text
-< ::CUmemProt accessibility flags to set on the request
+::CUmemProt accessibility flags to set on the request
 ```*/
     pub flags: CUmemAccess_flags,
 }
@@ -12216,55 +12216,55 @@ Memory access descriptor
 pub type CUmemAccessDesc = CUmemAccessDesc_v1;
 impl CUgraphExecUpdateResult_enum {
     /**```text
-< The update succeeded
+The update succeeded
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         0,
     );
     /**```text
-< The update failed for an unexpected reason which is described in the return value of the function
+The update failed for an unexpected reason which is described in the return value of the function
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         1,
     );
     /**```text
-< The update failed because the topology changed
+The update failed because the topology changed
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         2,
     );
     /**```text
-< The update failed because a node type changed
+The update failed because a node type changed
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         3,
     );
     /**```text
-< The update failed because the function of a kernel node changed (CUDA driver < 11.2)
+The update failed because the function of a kernel node changed (CUDA driver < 11.2)
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         4,
     );
     /**```text
-< The update failed because the parameters changed in a way that is not supported
+The update failed because the parameters changed in a way that is not supported
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         5,
     );
     /**```text
-< The update failed because something about the node is not supported
+The update failed because something about the node is not supported
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         6,
     );
     /**```text
-< The update failed because the function of a kernel node changed in an unsupported way
+The update failed because the function of a kernel node changed in an unsupported way
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         7,
     );
     /**```text
-< The update failed because the node attributes changed in a way that is not supported
+The update failed because the node attributes changed in a way that is not supported
 ```*/
     pub const CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED: CUgraphExecUpdateResult_enum = CUgraphExecUpdateResult_enum(
         8,
@@ -12487,15 +12487,15 @@ Specifies the properties of allocations made from the pool.
 #[derive(Copy, Clone)]
 pub struct CUmemPoolProps_st {
     /**```text
-< Allocation type. Currently must be specified as CU_MEM_ALLOCATION_TYPE_PINNED
+Allocation type. Currently must be specified as CU_MEM_ALLOCATION_TYPE_PINNED
 ```*/
     pub allocType: CUmemAllocationType,
     /**```text
-< Handle types that will be supported by allocations from the pool.
+Handle types that will be supported by allocations from the pool.
 ```*/
     pub handleTypes: CUmemAllocationHandleType,
     /**```text
-< Location where allocations should reside.
+Location where allocations should reside.
 ```*/
     pub location: CUmemLocation,
     /**```text
@@ -12506,11 +12506,11 @@ Windows-specific LPSECURITYATTRIBUTES required when
 ```*/
     pub win32SecurityAttributes: *mut ::std::os::raw::c_void,
     /**```text
-< Maximum pool size. When set to 0, defaults to a system dependent value.
+Maximum pool size. When set to 0, defaults to a system dependent value.
 ```*/
     pub maxSize: usize,
     /**```text
-< Bitmask indicating intended usage for the pool.
+Bitmask indicating intended usage for the pool.
 ```*/
     pub usage: ::std::os::raw::c_ushort,
     /**```text
@@ -12527,7 +12527,7 @@ Allocation hint for requesting GPUDirect RDMA capable memory.
 ```*/
     pub gpuDirectRDMACapable: ::std::os::raw::c_uchar,
     /**```text
-< reserved for future use, must be 0
+reserved for future use, must be 0
 ```*/
     pub reserved: [::std::os::raw::c_uchar; 53usize],
 }
@@ -12700,19 +12700,19 @@ Attributes specific to copies within a batch. For more details on usage see ::cu
 #[derive(Copy, Clone)]
 pub struct CUmemcpyAttributes_st {
     /**```text
-< Source access ordering to be observed for copies with this attribute.
+Source access ordering to be observed for copies with this attribute.
 ```*/
     pub srcAccessOrder: CUmemcpySrcAccessOrder,
     /**```text
-< Hint location for the source operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
+Hint location for the source operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
 ```*/
     pub srcLocHint: CUmemLocation,
     /**```text
-< Hint location for the destination operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
+Hint location for the destination operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
 ```*/
     pub dstLocHint: CUmemLocation,
     /**```text
-< Additional flags for copies with this attribute. See ::CUmemcpyFlags
+Additional flags for copies with this attribute. See ::CUmemcpyFlags
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -12756,13 +12756,13 @@ Attributes specific to copies within a batch. For more details on usage see ::cu
 pub type CUmemcpyAttributes = CUmemcpyAttributes_v1;
 impl CUmemcpy3DOperandType_enum {
     /**```text
-< Memcpy operand is a valid pointer.
+Memcpy operand is a valid pointer.
 ```*/
     pub const CU_MEMCPY_OPERAND_TYPE_POINTER: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(
         1,
     );
     /**```text
-< Memcpy operand is a CUarray.
+Memcpy operand is a CUarray.
 ```*/
     pub const CU_MEMCPY_OPERAND_TYPE_ARRAY: CUmemcpy3DOperandType_enum = CUmemcpy3DOperandType_enum(
         2,
@@ -12868,15 +12868,15 @@ Struct representing an operand when ::CUmemcpy3DOperand::type is ::CU_MEMCPY_OPE
 pub struct CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_1 {
     pub ptr: CUdeviceptr,
     /**```text
-< Length of each row in elements.
+Length of each row in elements.
 ```*/
     pub rowLength: usize,
     /**```text
-< Height of each layer in elements.
+Height of each layer in elements.
 ```*/
     pub layerHeight: usize,
     /**```text
-< Hint location for the operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
+Hint location for the operand. Ignored when the pointers are not managed memory or memory allocated outside CUDA.
 ```*/
     pub locHint: CUmemLocation,
 }
@@ -12924,11 +12924,11 @@ Struct representing an operand when ::CUmemcpy3DOperand::type is ::CU_MEMCPY_OPE
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUmemcpy3DOperand_st__bindgen_ty_1__bindgen_ty_2 {
     /**```text
-< referenced array
+referenced array
 ```*/
     pub array: CUarray,
     /**```text
-< offset into the array in elements
+offset into the array in elements
 ```*/
     pub offset: CUoffset3D,
 }
@@ -13020,23 +13020,23 @@ pub type CUmemcpy3DOperand = CUmemcpy3DOperand_v1;
 #[derive(Copy, Clone)]
 pub struct CUDA_MEMCPY3D_BATCH_OP_st {
     /**```text
-< Source memcpy operand.
+Source memcpy operand.
 ```*/
     pub src: CUmemcpy3DOperand,
     /**```text
-< Destination memcpy operand.
+Destination memcpy operand.
 ```*/
     pub dst: CUmemcpy3DOperand,
     /**```text
-< Extents of the memcpy between src and dst. The width, height and depth components must not be 0.
+Extents of the memcpy between src and dst. The width, height and depth components must not be 0.
 ```*/
     pub extent: CUextent3D,
     /**```text
-< Source access ordering to be observed for copy from src to dst.
+Source access ordering to be observed for copy from src to dst.
 ```*/
     pub srcAccessOrder: CUmemcpySrcAccessOrder,
     /**```text
-< Additional flags for copies with this attribute. See ::CUmemcpyFlags
+Additional flags for copies with this attribute. See ::CUmemcpyFlags
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -13087,19 +13087,19 @@ in: location where the allocation should reside (specified in ::location).
 ```*/
     pub poolProps: CUmemPoolProps,
     /**```text
-< in: array of memory access descriptors. Used to describe peer GPU access
+in: array of memory access descriptors. Used to describe peer GPU access
 ```*/
     pub accessDescs: *const CUmemAccessDesc,
     /**```text
-< in: number of memory access descriptors.  Must not exceed the number of GPUs.
+in: number of memory access descriptors.  Must not exceed the number of GPUs.
 ```*/
     pub accessDescCount: usize,
     /**```text
-< in: size in bytes of the requested allocation
+in: size in bytes of the requested allocation
 ```*/
     pub bytesize: usize,
     /**```text
-< out: address of the allocation returned by CUDA
+out: address of the allocation returned by CUDA
 ```*/
     pub dptr: CUdeviceptr,
 }
@@ -13157,19 +13157,19 @@ in: location where the allocation should reside (specified in ::location).
 ```*/
     pub poolProps: CUmemPoolProps,
     /**```text
-< in: array of memory access descriptors. Used to describe peer GPU access
+in: array of memory access descriptors. Used to describe peer GPU access
 ```*/
     pub accessDescs: *const CUmemAccessDesc,
     /**```text
-< in: number of memory access descriptors.  Must not exceed the number of GPUs.
+in: number of memory access descriptors.  Must not exceed the number of GPUs.
 ```*/
     pub accessDescCount: usize,
     /**```text
-< in: size in bytes of the requested allocation
+in: size in bytes of the requested allocation
 ```*/
     pub bytesize: usize,
     /**```text
-< out: address of the allocation returned by CUDA
+out: address of the allocation returned by CUDA
 ```*/
     pub dptr: CUdeviceptr,
 }
@@ -13218,7 +13218,7 @@ Memory free node parameters
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_MEM_FREE_NODE_PARAMS_st {
     /**```text
-< in: the pointer to free
+in: the pointer to free
 ```*/
     pub dptr: CUdeviceptr,
 }
@@ -13277,7 +13277,7 @@ pub struct CUgraphMem_attribute_enum(pub ::std::os::raw::c_uint);
 pub use self::CUgraphMem_attribute_enum as CUgraphMem_attribute;
 impl CUgraphChildGraphNodeOwnership_enum {
     /**```text
-< Default behavior for a child graph node. Child graph is cloned
+Default behavior for a child graph node. Child graph is cloned
 into the parent and memory allocation/free nodes can't be present
 in the child graph.
 ```*/
@@ -13285,7 +13285,7 @@ in the child graph.
         0,
     );
     /**```text
-< The child graph is moved to the parent. The handle to the child graph
+The child graph is moved to the parent. The handle to the child graph
 is owned by the parent and will be destroyed when the parent is
 destroyed.
 
@@ -13299,7 +13299,7 @@ Cannot have additional memory allocation or free nodes added.
         1,
     );
     /**```text
-< Invalid ownership flag. Set when params are queried to prevent accidentally
+Invalid ownership flag. Set when params are queried to prevent accidentally
 reusing the driver-owned graph object
 ```*/
     pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID: CUgraphChildGraphNodeOwnership_enum = CUgraphChildGraphNodeOwnership_enum(
@@ -13323,7 +13323,7 @@ Child graph node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
     /**```text
-< The child graph to clone into the node for node creation, or
+The child graph to clone into the node for node creation, or
    a handle to the graph owned by the node for node query.
    The graph must not contain conditional nodes. Graphs
    containing memory allocation or memory free nodes must
@@ -13331,7 +13331,7 @@ pub struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
 ```*/
     pub graph: CUgraph,
     /**```text
-< The ownership relationship of the child graph node.
+The ownership relationship of the child graph node.
 ```*/
     pub ownership: CUgraphChildGraphNodeOwnership,
 }
@@ -13370,7 +13370,7 @@ Event record node parameters
 #[derive(Copy, Clone)]
 pub struct CUDA_EVENT_RECORD_NODE_PARAMS_st {
     /**```text
-< The event to record when the node executes
+The event to record when the node executes
 ```*/
     pub event: CUevent,
     pub __bindgen_anon_1: CUDA_EVENT_RECORD_NODE_PARAMS_st__bindgen_ty_1,
@@ -13439,7 +13439,7 @@ Event wait node parameters
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUDA_EVENT_WAIT_NODE_PARAMS_st {
     /**```text
-< The event to wait on from the node
+The event to wait on from the node
 ```*/
     pub event: CUevent,
 }
@@ -13475,36 +13475,36 @@ CUDA Batch Memcpy Node Parameters
 #[derive(Copy, Clone)]
 pub struct CUDA_MEMCPY_BATCH_NODE_PARAMS_V1_st {
     /**```text
-< Size of \p dsts, \p srcs and \p sizes arrays. This field cannot
+Size of \p dsts, \p srcs and \p sizes arrays. This field cannot
 be updated in an instantiated graph.
 ```*/
     pub count: usize,
     /**```text
-< Array of destination pointers. This field can be updated in an
+Array of destination pointers. This field can be updated in an
 instantiated graph.
 ```*/
     pub dsts: *mut CUdeviceptr,
     /**```text
-< Array of source pointers. This field can be updated in an instantiated graph.
+Array of source pointers. This field can be updated in an instantiated graph.
 ```*/
     pub srcs: *mut CUdeviceptr,
     /**```text
-< Array of sizes for memcpy operations. This field can be updated in an
+Array of sizes for memcpy operations. This field can be updated in an
 instantiated graph. A size of 0 disables the individual copy operation.
 ```*/
     pub sizes: *mut usize,
     /**```text
-< Array of memcpy attributes. The array contents cannot be updated in an
+Array of memcpy attributes. The array contents cannot be updated in an
 instantiated graph.
 ```*/
     pub attrs: *mut CUmemcpyAttributes,
     /**```text
-< Array of indices specifying which copies each entry in \p attrs
+Array of indices specifying which copies each entry in \p attrs
 applies to. The array contents cannot be updated in an instantiated graph.
 ```*/
     pub attrsIdxs: *mut usize,
     /**```text
-< Size of \p attrs and \p attrsIdxs arrays. This field cannot be
+Size of \p attrs and \p attrsIdxs arrays. This field cannot be
 updated in an instantiated graph.
 ```*/
     pub numAttrs: usize,
@@ -13514,12 +13514,12 @@ updated in an instantiated graph.
 #[derive(Copy, Clone)]
 pub union CUDA_MEMCPY_BATCH_NODE_PARAMS_V1_st__bindgen_ty_1 {
     /**```text
-< Preferred context to use for the copies. This field cannot be updated in an
+Preferred context to use for the copies. This field cannot be updated in an
 instantiated graph.
 ```*/
     pub ctx: CUcontext,
     /**```text
-< Preferred green context to use for the copies. This field cannot be updated
+Preferred green context to use for the copies. This field cannot be updated
 in an instantiated graph.
 ```*/
     pub gCtx: CUgreenCtx,
@@ -13619,17 +13619,17 @@ CUDA fabric copy batch node parameters
 #[derive(Copy, Clone)]
 pub struct CUDA_FABRIC_CPY_BATCH_NODE_PARAMS_V1_st {
     /**```text
-< Number of entries in \p opList. This field cannot be updated
+Number of entries in \p opList. This field cannot be updated
 after instantiation.
 ```*/
     pub numOps: usize,
     /**```text
-< Array of fabric copy operations. Logical endpoint IDs and operand
+Array of fabric copy operations. Logical endpoint IDs and operand
 types cannot be updated after instantiation.
 ```*/
     pub opList: *mut CUDA_FABRIC_COPY_BATCH_OP,
     /**```text
-< Flags for future use. Must be zero and cannot be updated
+Flags for future use. Must be zero and cannot be updated
 after instantiation.
 ```*/
     pub flags: ::std::os::raw::c_ulonglong,
@@ -13639,12 +13639,12 @@ after instantiation.
 #[derive(Copy, Clone)]
 pub union CUDA_FABRIC_CPY_BATCH_NODE_PARAMS_V1_st__bindgen_ty_1 {
     /**```text
-< Preferred context. This field cannot be updated after
+Preferred context. This field cannot be updated after
 instantiation.
 ```*/
     pub ctx: CUcontext,
     /**```text
-< Preferred green context. This field cannot be updated after
+Preferred green context. This field cannot be updated after
 instantiation.
 ```*/
     pub gCtx: CUgreenCtx,
@@ -13729,16 +13729,16 @@ Graph node parameters.  See ::cuGraphAddNode.
 #[derive(Copy, Clone)]
 pub struct CUgraphNodeParams_st {
     /**```text
-< Type of the node
+Type of the node
 ```*/
     pub type_: CUgraphNodeType,
     /**```text
-< Reserved. Must be zero.
+Reserved. Must be zero.
 ```*/
     pub reserved0: [::std::os::raw::c_int; 3usize],
     pub __bindgen_anon_1: CUgraphNodeParams_st__bindgen_ty_1,
     /**```text
-< Reserved bytes. Must be zero.
+Reserved bytes. Must be zero.
 ```*/
     pub reserved2: ::std::os::raw::c_longlong,
 }
@@ -13746,71 +13746,71 @@ pub struct CUgraphNodeParams_st {
 #[derive(Copy, Clone)]
 pub union CUgraphNodeParams_st__bindgen_ty_1 {
     /**```text
-< Padding. Unused bytes must be zero.
+Padding. Unused bytes must be zero.
 ```*/
     pub reserved1: [::std::os::raw::c_longlong; 29usize],
     /**```text
-< Kernel node parameters.
+Kernel node parameters.
 ```*/
     pub kernel: CUDA_KERNEL_NODE_PARAMS_v3,
     /**```text
-< Memcpy node parameters.
+Memcpy node parameters.
 ```*/
     pub memcpy: CUDA_MEMCPY_NODE_PARAMS,
     /**```text
-< Memset node parameters.
+Memset node parameters.
 ```*/
     pub memset: CUDA_MEMSET_NODE_PARAMS_v2,
     /**```text
-< Host node parameters.
+Host node parameters.
 ```*/
     pub host: CUDA_HOST_NODE_PARAMS_v2,
     /**```text
-< Child graph node parameters.
+Child graph node parameters.
 ```*/
     pub graph: CUDA_CHILD_GRAPH_NODE_PARAMS,
     /**```text
-< Event wait node parameters.
+Event wait node parameters.
 ```*/
     pub eventWait: CUDA_EVENT_WAIT_NODE_PARAMS,
     /**```text
-< Event record node parameters.
+Event record node parameters.
 ```*/
     pub eventRecord: CUDA_EVENT_RECORD_NODE_PARAMS,
     /**```text
-< External semaphore signal node parameters.
+External semaphore signal node parameters.
 ```*/
     pub extSemSignal: CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v2,
     /**```text
-< External semaphore wait node parameters.
+External semaphore wait node parameters.
 ```*/
     pub extSemWait: CUDA_EXT_SEM_WAIT_NODE_PARAMS_v2,
     /**```text
-< Memory allocation node parameters.
+Memory allocation node parameters.
 ```*/
     pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS_v2,
     /**```text
-< Memory free node parameters.
+Memory free node parameters.
 ```*/
     pub free: CUDA_MEM_FREE_NODE_PARAMS,
     /**```text
-< MemOp node parameters.
+MemOp node parameters.
 ```*/
     pub memOp: CUDA_BATCH_MEM_OP_NODE_PARAMS_v2,
     /**```text
-< Conditional node parameters.
+Conditional node parameters.
 ```*/
     pub conditional: CUDA_CONDITIONAL_NODE_PARAMS,
     /**```text
-< Batch memcpy node parameters.
+Batch memcpy node parameters.
 ```*/
     pub memcpyBatch: CUDA_MEMCPY_BATCH_NODE_PARAMS_V1,
     /**```text
-< Fabric copy batch node parameters.
+Fabric copy batch node parameters.
 ```*/
     pub fabricCpyBatch: CUDA_FABRIC_CPY_BATCH_NODE_PARAMS_V1,
     /**```text
-< Padding as bytes
+Padding as bytes
 ```*/
     pub asBytes: [::std::os::raw::c_char; 232usize],
 }
@@ -13917,13 +13917,13 @@ Graph node parameters.  See ::cuGraphAddNode.
 pub type CUgraphNodeParams = CUgraphNodeParams_st;
 impl CUflushGPUDirectRDMAWritesOptions_enum {
     /**```text
-< ::cuFlushGPUDirectRDMAWrites() and its CUDA Runtime API counterpart are supported on the device.
+::cuFlushGPUDirectRDMAWrites() and its CUDA Runtime API counterpart are supported on the device.
 ```*/
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: CUflushGPUDirectRDMAWritesOptions_enum = CUflushGPUDirectRDMAWritesOptions_enum(
         1,
     );
     /**```text
-< The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device.
+The ::CU_STREAM_WAIT_VALUE_FLUSH flag and the ::CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES MemOp are supported on the device.
 ```*/
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS: CUflushGPUDirectRDMAWritesOptions_enum = CUflushGPUDirectRDMAWritesOptions_enum(
         2,
@@ -13941,19 +13941,19 @@ Bitmasks for ::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
 pub use self::CUflushGPUDirectRDMAWritesOptions_enum as CUflushGPUDirectRDMAWritesOptions;
 impl CUGPUDirectRDMAWritesOrdering_enum {
     /**```text
-< The device does not natively support ordering of remote writes. ::cuFlushGPUDirectRDMAWrites() can be leveraged if supported.
+The device does not natively support ordering of remote writes. ::cuFlushGPUDirectRDMAWrites() can be leveraged if supported.
 ```*/
     pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE: CUGPUDirectRDMAWritesOrdering_enum = CUGPUDirectRDMAWritesOrdering_enum(
         0,
     );
     /**```text
-< Natively, the device can consistently consume remote writes, although other CUDA devices may not.
+Natively, the device can consistently consume remote writes, although other CUDA devices may not.
 ```*/
     pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: CUGPUDirectRDMAWritesOrdering_enum = CUGPUDirectRDMAWritesOrdering_enum(
         100,
     );
     /**```text
-< Any CUDA device in the system can consistently consume remote writes to this device.
+Any CUDA device in the system can consistently consume remote writes to this device.
 ```*/
     pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_ALL_DEVICES: CUGPUDirectRDMAWritesOrdering_enum = CUGPUDirectRDMAWritesOrdering_enum(
         200,
@@ -13971,13 +13971,13 @@ Platform native ordering for GPUDirect RDMA writes
 pub use self::CUGPUDirectRDMAWritesOrdering_enum as CUGPUDirectRDMAWritesOrdering;
 impl CUflushGPUDirectRDMAWritesScope_enum {
     /**```text
-< Blocks until remote writes are visible to the CUDA device context owning the data.
+Blocks until remote writes are visible to the CUDA device context owning the data.
 ```*/
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER: CUflushGPUDirectRDMAWritesScope_enum = CUflushGPUDirectRDMAWritesScope_enum(
         100,
     );
     /**```text
-< Blocks until remote writes are visible to all CUDA device contexts.
+Blocks until remote writes are visible to all CUDA device contexts.
 ```*/
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES: CUflushGPUDirectRDMAWritesScope_enum = CUflushGPUDirectRDMAWritesScope_enum(
         200,
@@ -13995,7 +13995,7 @@ The scopes for ::cuFlushGPUDirectRDMAWrites
 pub use self::CUflushGPUDirectRDMAWritesScope_enum as CUflushGPUDirectRDMAWritesScope;
 impl CUflushGPUDirectRDMAWritesTarget_enum {
     /**```text
-< Sets the target for ::cuFlushGPUDirectRDMAWrites() to the currently active CUDA device context.
+Sets the target for ::cuFlushGPUDirectRDMAWrites() to the currently active CUDA device context.
 ```*/
     pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX: CUflushGPUDirectRDMAWritesTarget_enum = CUflushGPUDirectRDMAWritesTarget_enum(
         0,
@@ -14013,109 +14013,109 @@ The targets for ::cuFlushGPUDirectRDMAWrites
 pub use self::CUflushGPUDirectRDMAWritesTarget_enum as CUflushGPUDirectRDMAWritesTarget;
 impl CUgraphDebugDot_flags_enum {
     /**```text
-< Output all debug data as if every debug flag is enabled
+Output all debug data as if every debug flag is enabled
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         1,
     );
     /**```text
-< Use CUDA Runtime structures for output
+Use CUDA Runtime structures for output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         2,
     );
     /**```text
-< Adds CUDA_KERNEL_NODE_PARAMS values to output
+Adds CUDA_KERNEL_NODE_PARAMS values to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         4,
     );
     /**```text
-< Adds CUDA_MEMCPY3D values to output
+Adds CUDA_MEMCPY3D values to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         8,
     );
     /**```text
-< Adds CUDA_MEMSET_NODE_PARAMS values to output
+Adds CUDA_MEMSET_NODE_PARAMS values to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         16,
     );
     /**```text
-< Adds CUDA_HOST_NODE_PARAMS values to output
+Adds CUDA_HOST_NODE_PARAMS values to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         32,
     );
     /**```text
-< Adds CUevent handle from record and wait nodes to output
+Adds CUevent handle from record and wait nodes to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         64,
     );
     /**```text
-< Adds CUDA_EXT_SEM_SIGNAL_NODE_PARAMS values to output
+Adds CUDA_EXT_SEM_SIGNAL_NODE_PARAMS values to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_SIGNAL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         128,
     );
     /**```text
-< Adds CUDA_EXT_SEM_WAIT_NODE_PARAMS values to output
+Adds CUDA_EXT_SEM_WAIT_NODE_PARAMS values to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_WAIT_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         256,
     );
     /**```text
-< Adds CUkernelNodeAttrValue values to output
+Adds CUkernelNodeAttrValue values to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_ATTRIBUTES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         512,
     );
     /**```text
-< Adds node handles and every kernel function handle to output
+Adds node handles and every kernel function handle to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         1024,
     );
     /**```text
-< Adds memory alloc node parameters to output
+Adds memory alloc node parameters to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_ALLOC_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         2048,
     );
     /**```text
-< Adds memory free node parameters to output
+Adds memory free node parameters to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_FREE_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         4096,
     );
     /**```text
-< Adds batch mem op node parameters to output
+Adds batch mem op node parameters to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         8192,
     );
     /**```text
-< Adds edge numbering information
+Adds edge numbering information
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         16384,
     );
     /**```text
-< Adds conditional node parameters to output
+Adds conditional node parameters to output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         32768,
     );
     /**```text
-< Adds batch memcpy node parameters to the output
+Adds batch memcpy node parameters to the output
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_BATCH_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         65536,
     );
     /**```text
-< Adds fabric copy batch node parameters
+Adds fabric copy batch node parameters
 ```*/
     pub const CU_GRAPH_DEBUG_DOT_FLAGS_FABRIC_CPY_BATCH_NODE_PARAMS: CUgraphDebugDot_flags_enum = CUgraphDebugDot_flags_enum(
         131072,
@@ -14133,7 +14133,7 @@ The additional write options for ::cuGraphDebugDotPrint
 pub use self::CUgraphDebugDot_flags_enum as CUgraphDebugDot_flags;
 impl CUuserObject_flags_enum {
     /**```text
-< Indicates the destructor execution is not synchronized by any CUDA handle.
+Indicates the destructor execution is not synchronized by any CUDA handle.
 ```*/
     pub const CU_USER_OBJECT_NO_DESTRUCTOR_SYNC: CUuserObject_flags_enum = CUuserObject_flags_enum(
         1,
@@ -14151,7 +14151,7 @@ Flags for user objects for graphs
 pub use self::CUuserObject_flags_enum as CUuserObject_flags;
 impl CUuserObjectRetain_flags_enum {
     /**```text
-< Transfer references from the caller rather than creating new references.
+Transfer references from the caller rather than creating new references.
 ```*/
     pub const CU_GRAPH_USER_OBJECT_MOVE: CUuserObjectRetain_flags_enum = CUuserObjectRetain_flags_enum(
         1,
@@ -14169,13 +14169,13 @@ Flags for retaining user object references for graphs
 pub use self::CUuserObjectRetain_flags_enum as CUuserObjectRetain_flags;
 impl CUgraphInstantiate_flags_enum {
     /**```text
-< Automatically free memory allocated in a graph before relaunching.
+Automatically free memory allocated in a graph before relaunching.
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(
         1,
     );
     /**```text
-< Automatically upload the graph after instantiation. Only supported by
+Automatically upload the graph after instantiation. Only supported by
 ::cuGraphInstantiateWithParams.  The upload will be performed using the
 stream provided in \p instantiateParams.
 ```*/
@@ -14183,7 +14183,7 @@ stream provided in \p instantiateParams.
         2,
     );
     /**```text
-< Instantiate the graph to be launchable from the device. This flag can only
+Instantiate the graph to be launchable from the device. This flag can only
 be used on platforms which support unified addressing. This flag cannot be
 used in conjunction with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.
 ```*/
@@ -14191,7 +14191,7 @@ used in conjunction with CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH.
         4,
     );
     /**```text
-< Run the graph using the per-node priority attributes rather than the
+Run the graph using the per-node priority attributes rather than the
 priority of the stream it is launched into.
 ```*/
     pub const CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY: CUgraphInstantiate_flags_enum = CUgraphInstantiate_flags_enum(
@@ -14210,13 +14210,13 @@ Flags for instantiating a graph
 pub use self::CUgraphInstantiate_flags_enum as CUgraphInstantiate_flags;
 impl CUdeviceNumaConfig_enum {
     /**```text
-< The GPU is not a NUMA node
+The GPU is not a NUMA node
 ```*/
     pub const CU_DEVICE_NUMA_CONFIG_NONE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(
         0,
     );
     /**```text
-< The GPU is a NUMA node, CU_DEVICE_ATTRIBUTE_NUMA_ID contains its NUMA ID
+The GPU is a NUMA node, CU_DEVICE_ATTRIBUTE_NUMA_ID contains its NUMA ID
 ```*/
     pub const CU_DEVICE_NUMA_CONFIG_NUMA_NODE: CUdeviceNumaConfig_enum = CUdeviceNumaConfig_enum(
         1,
@@ -14234,31 +14234,31 @@ CUDA device NUMA configuration
 pub use self::CUdeviceNumaConfig_enum as CUdeviceNumaConfig;
 impl CUprocessState_enum {
     /**```text
-< Default process state
+Default process state
 ```*/
     pub const CU_PROCESS_STATE_RUNNING: CUprocessState_enum = CUprocessState_enum(0);
     /**```text
-< CUDA API locks are taken so further CUDA API calls will block
+CUDA API locks are taken so further CUDA API calls will block
 ```*/
     pub const CU_PROCESS_STATE_LOCKED: CUprocessState_enum = CUprocessState_enum(1);
     /**```text
-< Application memory contents have been checkpointed and underlying allocations and device handles have been released
+Application memory contents have been checkpointed and underlying allocations and device handles have been released
 ```*/
     pub const CU_PROCESS_STATE_CHECKPOINTED: CUprocessState_enum = CUprocessState_enum(
         2,
     );
     /**```text
-< Application entered an uncorrectable error during the checkpoint/restore process
+Application entered an uncorrectable error during the checkpoint/restore process
 ```*/
     pub const CU_PROCESS_STATE_FAILED: CUprocessState_enum = CUprocessState_enum(3);
     /**```text
-< Application memory contents are being checkpointed
+Application memory contents are being checkpointed
 ```*/
     pub const CU_PROCESS_STATE_CHECKPOINTING: CUprocessState_enum = CUprocessState_enum(
         4,
     );
     /**```text
-< Application memory contents are being restored
+Application memory contents are being restored
 ```*/
     pub const CU_PROCESS_STATE_RESTORING: CUprocessState_enum = CUprocessState_enum(5);
 }
@@ -14279,15 +14279,15 @@ Per-GPU data for zero-copy mapped device memory used with CUDA checkpoint/restor
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointCustomStoragePerDeviceData_st {
     /**```text
-< Zero-copy mapped device memory pointer for the user to copy to/from
+Zero-copy mapped device memory pointer for the user to copy to/from
 ```*/
     pub devPtr: CUdeviceptr,
     /**```text
-< Size of mapped memory
+Size of mapped memory
 ```*/
     pub size: usize,
     /**```text
-< Stream the user may use for the copy; the CUDA driver synchronizes on this stream before completing checkpoint or restore
+Stream the user may use for the copy; the CUDA driver synchronizes on this stream before completing checkpoint or restore
 ```*/
     pub stream: CUstream,
 }
@@ -14340,15 +14340,15 @@ Output from CUDA custom storage checkpoint/restore: per-GPU device pointers and 
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointCustomStorageInfo_st {
     /**```text
-< Handle returned that is needed to complete checkpoint or restore
+Handle returned that is needed to complete checkpoint or restore
 ```*/
     pub handle: CUcheckpointOperationHandle,
     /**```text
-< Returned pointer to array of per-device data, one per device. User should set to NULL
+Returned pointer to array of per-device data, one per device. User should set to NULL
 ```*/
     pub perDeviceData: *mut CUcheckpointCustomStoragePerDeviceData,
     /**```text
-< Number of devices (and elements in \p perDeviceData array)
+Number of devices (and elements in \p perDeviceData array)
 ```*/
     pub deviceCount: ::std::os::raw::c_uint,
 }
@@ -14390,15 +14390,15 @@ CUDA checkpoint optional lock arguments
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointLockArgs_st {
     /**```text
-< Timeout in milliseconds to attempt to lock the process, 0 indicates no timeout
+Timeout in milliseconds to attempt to lock the process, 0 indicates no timeout
 ```*/
     pub timeoutMs: ::std::os::raw::c_uint,
     /**```text
-< Reserved for future use, must be zero
+Reserved for future use, must be zero
 ```*/
     pub reserved0: ::std::os::raw::c_uint,
     /**```text
-< Reserved for future use, must be zeroed
+Reserved for future use, must be zeroed
 ```*/
     pub reserved1: [cuuint64_t; 7usize],
 }
@@ -14431,11 +14431,11 @@ CUDA checkpoint optional checkpoint arguments
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointCheckpointArgs_st {
     /**```text
-< Optional custom storage; if NULL, GPU memory is checkpointed to host
+Optional custom storage; if NULL, GPU memory is checkpointed to host
 ```*/
     pub customStorageInfo_out: *mut *mut CUcheckpointCustomStorageInfo,
     /**```text
-< Reserved for future use, must be zeroed
+Reserved for future use, must be zeroed
 ```*/
     pub reserved: [::std::os::raw::c_char; 56usize],
 }
@@ -14475,11 +14475,11 @@ CUDA checkpoint GPU UUID pairs for device remapping during restore
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointGpuPair_st {
     /**```text
-< UUID of the GPU that was checkpointed
+UUID of the GPU that was checkpointed
 ```*/
     pub oldUuid: CUuuid,
     /**```text
-< UUID of the GPU to restore onto
+UUID of the GPU to restore onto
 ```*/
     pub newUuid: CUuuid,
 }
@@ -14509,23 +14509,23 @@ CUDA checkpoint optional restore arguments
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointRestoreArgs_st {
     /**```text
-< Pointer to array of gpu pairs that indicate how to remap GPUs during restore
+Pointer to array of gpu pairs that indicate how to remap GPUs during restore
 ```*/
     pub gpuPairs: *mut CUcheckpointGpuPair,
     /**```text
-< Number of gpu pairs to remap
+Number of gpu pairs to remap
 ```*/
     pub gpuPairsCount: ::std::os::raw::c_uint,
     /**```text
-< Padding to align the following fields
+Padding to align the following fields
 ```*/
     pub padding0: ::std::os::raw::c_uint,
     /**```text
-< Optional custom storage; if NULL, GPU memory is restored from host
+Optional custom storage; if NULL, GPU memory is restored from host
 ```*/
     pub customStorageInfo_out: *mut *mut CUcheckpointCustomStorageInfo,
     /**```text
-< Reserved for future use, must be zeroed; includes alignment before \p customStorageInfo
+Reserved for future use, must be zeroed; includes alignment before \p customStorageInfo
 ```*/
     pub reserved: [::std::os::raw::c_char; 40usize],
 }
@@ -14574,7 +14574,7 @@ CUDA checkpoint optional unlock arguments
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcheckpointUnlockArgs_st {
     /**```text
-< Reserved for future use, must be zeroed
+Reserved for future use, must be zeroed
 ```*/
     pub reserved: [cuuint64_t; 8usize],
 }
@@ -14596,13 +14596,13 @@ CUDA checkpoint optional unlock arguments
 pub type CUcheckpointUnlockArgs = CUcheckpointUnlockArgs_st;
 impl CUmoduleLoadingMode_enum {
     /**```text
-< Lazy Kernel Loading is not enabled
+Lazy Kernel Loading is not enabled
 ```*/
     pub const CU_MODULE_EAGER_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(
         1,
     );
     /**```text
-< Lazy Kernel Loading is enabled
+Lazy Kernel Loading is enabled
 ```*/
     pub const CU_MODULE_LAZY_LOADING: CUmoduleLoadingMode_enum = CUmoduleLoadingMode_enum(
         2,
@@ -14620,25 +14620,25 @@ CUDA Lazy Loading status
 pub use self::CUmoduleLoadingMode_enum as CUmoduleLoadingMode;
 impl CUmemDecompressAlgorithm_enum {
     /**```text
-< Decompression is unsupported.
+Decompression is unsupported.
 ```*/
     pub const CU_MEM_DECOMPRESS_UNSUPPORTED: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
         0,
     );
     /**```text
-< Deflate is supported.
+Deflate is supported.
 ```*/
     pub const CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
         1,
     );
     /**```text
-< Snappy is supported.
+Snappy is supported.
 ```*/
     pub const CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
         2,
     );
     /**```text
-< LZ4 is supported.
+LZ4 is supported.
 ```*/
     pub const CU_MEM_DECOMPRESS_ALGORITHM_LZ4: CUmemDecompressAlgorithm_enum = CUmemDecompressAlgorithm_enum(
         4,
@@ -14742,21 +14742,21 @@ impl Default for CUmemDecompressParams_st {
 pub type CUmemDecompressParams = CUmemDecompressParams_st;
 impl CUcliqueType_enum {
     /**```text
-< Unicast pointer clique
+Unicast pointer clique
 ```*/
     pub const CU_CLIQUE_TYPE_UNICAST_POINTER: CUcliqueType_enum = CUcliqueType_enum(0);
     /**```text
-< Multicast pointer clique
+Multicast pointer clique
 ```*/
     pub const CU_CLIQUE_TYPE_MULTICAST_POINTER: CUcliqueType_enum = CUcliqueType_enum(1);
     /**```text
-< Unicast logical endpoint clique
+Unicast logical endpoint clique
 ```*/
     pub const CU_CLIQUE_TYPE_UNICAST_LOGICAL_ENDPOINT: CUcliqueType_enum = CUcliqueType_enum(
         2,
     );
     /**```text
-< Multicast logical endpoint clique
+Multicast logical endpoint clique
 ```*/
     pub const CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT: CUcliqueType_enum = CUcliqueType_enum(
         3,
@@ -14779,11 +14779,11 @@ Fabric clique information
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUcliqueInfo_st {
     /**```text
-< Type of the fabric clique
+Type of the fabric clique
 ```*/
     pub type_: CUcliqueType,
     /**```text
-< ID of the fabric clique
+ID of the fabric clique
 ```*/
     pub id: ::std::os::raw::c_uint,
 }
@@ -14817,13 +14817,13 @@ An ID that represents a logical endpoint
 pub type CUlogicalEndpointId = cuuint32_t;
 impl CUlogicalEndpointIpcHandleType_enum {
     /**```text
-< Does not allow any export mechanism
+Does not allow any export mechanism
 ```*/
     pub const CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_NONE: CUlogicalEndpointIpcHandleType_enum = CUlogicalEndpointIpcHandleType_enum(
         0,
     );
     /**```text
-< Allows export to a fabric handle (CUlogicalEndpointFabricHandle)
+Allows export to a fabric handle (CUlogicalEndpointFabricHandle)
 ```*/
     pub const CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC: CUlogicalEndpointIpcHandleType_enum = CUlogicalEndpointIpcHandleType_enum(
         1,
@@ -14895,13 +14895,13 @@ Logical endpoint type
 pub use self::CUlogicalEndpointType_enum as CUlogicalEndpointType;
 impl CUlogicalEndpointFlag_enum {
     /**```text
-< Default flag for logical endpoint construction
+Default flag for logical endpoint construction
 ```*/
     pub const CU_LOGICAL_ENDPOINT_FLAG_NONE: CUlogicalEndpointFlag_enum = CUlogicalEndpointFlag_enum(
         0,
     );
     /**```text
-< Indicate the programmer's intention to use counted operations with the logical endpoint
+Indicate the programmer's intention to use counted operations with the logical endpoint
 ```*/
     pub const CU_LOGICAL_ENDPOINT_FLAG_COUNTED_OPS: CUlogicalEndpointFlag_enum = CUlogicalEndpointFlag_enum(
         1,
@@ -14924,20 +14924,20 @@ Properties of a logical endpoint construction
 #[derive(Copy, Clone)]
 pub struct CUlogicalEndpointProp_struct {
     /**```text
-< Type of the logical endpoint defined in ::CUlogicalEndpointType
+Type of the logical endpoint defined in ::CUlogicalEndpointType
 ```*/
     pub type_: CUlogicalEndpointType,
     pub __bindgen_anon_1: CUlogicalEndpointProp_struct__bindgen_ty_1,
     /**```text
-< Size of the logical endpoint
+Size of the logical endpoint
 ```*/
     pub size: ::std::os::raw::c_ulonglong,
     /**```text
-< A bitmask of IPC handle types defined in ::CUlogicalEndpointIpcHandleType
+A bitmask of IPC handle types defined in ::CUlogicalEndpointIpcHandleType
 ```*/
     pub ipcHandleTypes: ::std::os::raw::c_uint,
     /**```text
-< A bitmask of flags defined in ::CUlogicalEndpointFlag
+A bitmask of flags defined in ::CUlogicalEndpointFlag
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -14951,7 +14951,7 @@ pub union CUlogicalEndpointProp_struct__bindgen_ty_1 {
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlogicalEndpointProp_struct__bindgen_ty_1__bindgen_ty_1 {
     /**```text
-< Owner device of the unicast logical endpoint
+Owner device of the unicast logical endpoint
 ```*/
     pub device: CUdevice,
 }
@@ -14975,7 +14975,7 @@ const _: () = {
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUlogicalEndpointProp_struct__bindgen_ty_1__bindgen_ty_2 {
     /**```text
-< Number of devices in the multicast logical endpoint team
+Number of devices in the multicast logical endpoint team
 ```*/
     pub numDevices: ::std::os::raw::c_uint,
 }
@@ -15057,13 +15057,13 @@ Properties of a logical endpoint construction
 pub type CUlogicalEndpointProp = CUlogicalEndpointProp_struct;
 impl CUfabricCpyOperandType_enum {
     /**```text
-< Copy operand is a valid pointer.
+Copy operand is a valid pointer.
 ```*/
     pub const CU_FABRIC_COPY_OPERAND_TYPE_POINTER: CUfabricCpyOperandType_enum = CUfabricCpyOperandType_enum(
         1,
     );
     /**```text
-< Copy operand is a logical endpoint.
+Copy operand is a logical endpoint.
 ```*/
     pub const CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT: CUfabricCpyOperandType_enum = CUfabricCpyOperandType_enum(
         2,
@@ -15107,11 +15107,11 @@ Struct representing an operand when ::CUfabricCpyOperand::type is
 #[derive(Copy, Clone)]
 pub struct CUfabricCpyOperand_st__bindgen_ty_1__bindgen_ty_1 {
     /**```text
-< Pointer where the copy should begin.
+Pointer where the copy should begin.
 ```*/
     pub ptr: CUdeviceptr,
     /**```text
-< Hint location for the operand. Ignored when the pointers
+Hint location for the operand. Ignored when the pointers
 are not managed memory or memory allocated outside CUDA.
 ```*/
     pub locHint: CUmemLocation,
@@ -15152,11 +15152,11 @@ Struct representing an operand when ::CUfabricCpyOperand::type is
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUfabricCpyOperand_st__bindgen_ty_1__bindgen_ty_2 {
     /**```text
-< Logical endpoint ID.
+Logical endpoint ID.
 ```*/
     pub id: CUlogicalEndpointId,
     /**```text
-< Byte offset into the logical endpoint.
+Byte offset into the logical endpoint.
 ```*/
     pub offset: cuuint64_t,
 }
@@ -15238,19 +15238,19 @@ Struct representing a single copy operation for use with ::cuFabricCpyBatchAsync
 #[derive(Copy, Clone)]
 pub struct CUDA_FABRIC_COPY_BATCH_OP_st {
     /**```text
-< Source copy operand.
+Source copy operand.
 ```*/
     pub src: CUfabricCpyOperand,
     /**```text
-< Destination copy operand.
+Destination copy operand.
 ```*/
     pub dst: CUfabricCpyOperand,
     /**```text
-< Size in bytes. Zero makes this operation a no-op.
+Size in bytes. Zero makes this operation a no-op.
 ```*/
     pub size: usize,
     /**```text
-< Additional flags for fabric copy. Must be 0.
+Additional flags for fabric copy. Must be 0.
 ```*/
     pub flags: ::std::os::raw::c_uint,
 }
@@ -15286,19 +15286,19 @@ impl Default for CUDA_FABRIC_COPY_BATCH_OP_st {
 }
 impl CUgraphRecaptureStatus_enum {
     /**```text
-< Node is eligible for update in an instantiated graph.
+Node is eligible for update in an instantiated graph.
 ```*/
     pub const CU_GRAPH_RECAPTURE_ELIGIBLE_FOR_UPDATE: CUgraphRecaptureStatus_enum = CUgraphRecaptureStatus_enum(
         0,
     );
     /**```text
-< Parameter changes in the node cannot be applied to an instantiated graph.
+Parameter changes in the node cannot be applied to an instantiated graph.
 ```*/
     pub const CU_GRAPH_RECAPTURE_INELIGIBLE_FOR_UPDATE: CUgraphRecaptureStatus_enum = CUgraphRecaptureStatus_enum(
         1,
     );
     /**```text
-< Error while attempting to recapture the node. The recapture will be ended regardless of the return value from the callback.
+Error while attempting to recapture the node. The recapture will be ended regardless of the return value from the callback.
 ```*/
     pub const CU_GRAPH_RECAPTURE_ERROR: CUgraphRecaptureStatus_enum = CUgraphRecaptureStatus_enum(
         2,
@@ -15469,7 +15469,7 @@ pub type CUdevResourceDesc = *mut CUdevResourceDesc_st;
 impl CUgreenCtxCreate_flags {
     pub const CU_GREEN_CTX_NONE: CUgreenCtxCreate_flags = CUgreenCtxCreate_flags(0);
     /**```text
-< Creates a default stream to use inside the green context
+Creates a default stream to use inside the green context
 ```*/
     pub const CU_GREEN_CTX_DEFAULT_STREAM: CUgreenCtxCreate_flags = CUgreenCtxCreate_flags(
         1,
@@ -15490,13 +15490,13 @@ impl CUdevSmResourceGroup_flags {
         1,
     );
     /**```text
-< The SMs must be located on a specific locality domain, specified by localityDomainId
+The SMs must be located on a specific locality domain, specified by localityDomainId
 ```*/
     pub const CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID: CUdevSmResourceGroup_flags = CUdevSmResourceGroup_flags(
         2,
     );
     /**```text
-< Modifier to ::CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID which allows selection of SMs in the locality domain exceeding the ::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_MULTIPROCESSOR_COUNT
+Modifier to ::CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID which allows selection of SMs in the locality domain exceeding the ::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_MULTIPROCESSOR_COUNT
 ```*/
     pub const CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_SUPPLEMENTAL_SMS: CUdevSmResourceGroup_flags = CUdevSmResourceGroup_flags(
         4,
@@ -15523,17 +15523,17 @@ pub struct CUdevSmResourceSplitByCount_flags(pub ::std::os::raw::c_uint);
 impl CUdevResourceType {
     pub const CU_DEV_RESOURCE_TYPE_INVALID: CUdevResourceType = CUdevResourceType(0);
     /**```text
-< Streaming multiprocessors related information
+Streaming multiprocessors related information
 ```*/
     pub const CU_DEV_RESOURCE_TYPE_SM: CUdevResourceType = CUdevResourceType(1);
     /**```text
-< Workqueue configuration related information
+Workqueue configuration related information
 ```*/
     pub const CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG: CUdevResourceType = CUdevResourceType(
         1000,
     );
     /**```text
-< Pre-existing workqueue related information
+Pre-existing workqueue related information
 ```*/
     pub const CU_DEV_RESOURCE_TYPE_WORKQUEUE: CUdevResourceType = CUdevResourceType(
         10000,
@@ -15555,25 +15555,25 @@ pub struct CUdevResourceType(pub ::std::os::raw::c_uint);
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevSmResource_st {
     /**```text
-< The amount of streaming multiprocessors available in this resource.
+The amount of streaming multiprocessors available in this resource.
 ```*/
     pub smCount: ::std::os::raw::c_uint,
     /**```text
-< The minimum number of streaming multiprocessors required to partition this resource.
+The minimum number of streaming multiprocessors required to partition this resource.
 ```*/
     pub minSmPartitionSize: ::std::os::raw::c_uint,
     /**```text
-< The number of streaming multiprocessors in this resource that are guaranteed to
+The number of streaming multiprocessors in this resource that are guaranteed to
 be co-scheduled on the same GPU processing cluster. smCount will be a multiple of this value,
 unless the backfill flag is set.
 ```*/
     pub smCoscheduledAlignment: ::std::os::raw::c_uint,
     /**```text
-< The flags set on this SM resource. For possible values see ::CUdevSmResourceGroup_flags.
+The flags set on this SM resource. For possible values see ::CUdevSmResourceGroup_flags.
 ```*/
     pub flags: ::std::os::raw::c_uint,
     /**```text
-< Locality domain that the SM must be located on. Only valid if
+Locality domain that the SM must be located on. Only valid if
 CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID is set in flags. If the backfill flag is set,
 SMs may be assigned from other locality domains.
 ```*/
@@ -15611,13 +15611,13 @@ const _: () = {
 pub type CUdevSmResource = CUdevSmResource_st;
 impl CUdevWorkqueueConfigScope {
     /**```text
-< Use all shared workqueue resources across all contexts. Default driver behaviour.
+Use all shared workqueue resources across all contexts. Default driver behaviour.
 ```*/
     pub const CU_WORKQUEUE_SCOPE_DEVICE_CTX: CUdevWorkqueueConfigScope = CUdevWorkqueueConfigScope(
         0,
     );
     /**```text
-< When possible, use non-overlapping workqueue resources with other balanced green contexts.
+When possible, use non-overlapping workqueue resources with other balanced green contexts.
 ```*/
     pub const CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED: CUdevWorkqueueConfigScope = CUdevWorkqueueConfigScope(
         1,
@@ -15638,15 +15638,15 @@ pub struct CUdevWorkqueueConfigScope(pub ::std::os::raw::c_uint);
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevWorkqueueConfigResource_st {
     /**```text
-< The device on which the workqueue resources are available
+The device on which the workqueue resources are available
 ```*/
     pub device: CUdevice,
     /**```text
-< The expected maximum number of concurrent stream-ordered workloads
+The expected maximum number of concurrent stream-ordered workloads
 ```*/
     pub wqConcurrencyLimit: ::std::os::raw::c_uint,
     /**```text
-< The sharing scope for the workqueue resources
+The sharing scope for the workqueue resources
 ```*/
     pub sharingScope: CUdevWorkqueueConfigScope,
 }
@@ -15691,7 +15691,7 @@ pub type CUdevWorkqueueConfigResource = CUdevWorkqueueConfigResource_st;
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CUdevWorkqueueResource_st {
     /**```text
-< Reserved for future use
+Reserved for future use
 ```*/
     pub reserved: [::std::os::raw::c_uchar; 40usize],
 }
@@ -15729,23 +15729,23 @@ pub type CUdevWorkqueueResource = CUdevWorkqueueResource_st;
 #[derive(Debug, Default, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct CU_DEV_SM_RESOURCE_GROUP_PARAMS_st {
     /**```text
-< The amount of SMs available in this resource.
+The amount of SMs available in this resource.
 ```*/
     pub smCount: ::std::os::raw::c_uint,
     /**```text
-< The amount of co-scheduled SMs grouped together for locality purposes.
+The amount of co-scheduled SMs grouped together for locality purposes.
 ```*/
     pub coscheduledSmCount: ::std::os::raw::c_uint,
     /**```text
-< When possible, combine co-scheduled groups together into larger groups of this size.
+When possible, combine co-scheduled groups together into larger groups of this size.
 ```*/
     pub preferredCoscheduledSmCount: ::std::os::raw::c_uint,
     /**```text
-< The flags set on this SM resource group. For possible values see ::CUdevSmResourceGroup_flags.
+The flags set on this SM resource group. For possible values see ::CUdevSmResourceGroup_flags.
 ```*/
     pub flags: ::std::os::raw::c_uint,
     /**```text
-< Locality domain that the SM must be located on. Only valid if CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID is set in flags
+Locality domain that the SM must be located on. Only valid if CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID is set in flags
 ```*/
     pub localityDomainId: ::std::os::raw::c_uint,
     pub reserved: [::std::os::raw::c_uint; 11usize],
@@ -15809,7 +15809,7 @@ CUdevWorkqueueResource wq;
 #[derive(Copy, Clone)]
 pub struct CUdevResource_st {
     /**```text
-< Type of resource, dictates which union field was last set
+Type of resource, dictates which union field was last set
 ```*/
     pub type_: CUdevResourceType,
     pub _internal_padding: [::std::os::raw::c_uchar; 92usize],
@@ -15820,15 +15820,15 @@ pub struct CUdevResource_st {
 #[derive(Copy, Clone)]
 pub union CUdevResource_st__bindgen_ty_1 {
     /**```text
-< Resource corresponding to CU_DEV_RESOURCE_TYPE_SM \p type.
+Resource corresponding to CU_DEV_RESOURCE_TYPE_SM \p type.
 ```*/
     pub sm: CUdevSmResource,
     /**```text
-< Resource corresponding to CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG \p type.
+Resource corresponding to CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG \p type.
 ```*/
     pub wqConfig: CUdevWorkqueueConfigResource,
     /**```text
-< Resource corresponding to CU_DEV_RESOURCE_TYPE_WORKQUEUE \p type.
+Resource corresponding to CU_DEV_RESOURCE_TYPE_WORKQUEUE \p type.
 ```*/
     pub wq: CUdevWorkqueueResource,
     pub _oversize: [::std::os::raw::c_uchar; 40usize],
