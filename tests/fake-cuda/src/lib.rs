@@ -1,1 +1,133 @@
-//! placeholder
+//! A fake NVIDIA CUDA driver: a `cdylib` that exports the part of the driver API the workspace's
+//! crates use, for tests on machines without a GPU.
+//!
+//! Tests load it like the real driver, through `cuda_sys::Driver::load(
+//! LoadOptions::with_library_path(path))` or `CUDA_SYS_LIBRARY=<path>`, and steer or inspect it
+//! through the exported `fake_cuda_*` functions (see [`control`]), which they reach by opening the
+//! same library again (the system loader hands back the already loaded copy).
+//!
+//! # Configuration
+//!
+//! Read once, on first use, from the environment; most of it can be changed later through the
+//! control functions.
+//!
+//! | variable | effect |
+//! | --- | --- |
+//! | `FAKE_CUDA_VERSION` | the version `cuDriverGetVersion` reports (default 13000) |
+//! | `FAKE_CUDA_STUB=1` | behave like the toolkit's stub `libcuda.so`: every call returns 34 |
+//! | `FAKE_CUDA_MISSING=cuFoo,cuBar` | base symbols `cuGetProcAddress` claims not to know |
+//! | `FAKE_CUDA_FAIL=name[@n][=code],...` | fault injection (see [`control::fake_cuda_set_fault`]) |
+//! | `FAKE_CUDA_DEVICES` | number of devices (default 1) |
+//!
+//! `FAKE_CUDA_MISSING` only hides symbols from `cuGetProcAddress`/`cuGetProcAddress_v2`: every
+//! function is still exported, because the fake cannot change what `dlsym` finds. Drivers older
+//! than 11.3 (resolved by export name) therefore never miss anything.
+//!
+//! # What it models
+//!
+//! - `cuGetProcAddress_v2` and `cuGetProcAddress` (v1) over a table of every implemented function
+//!   and its versioned variants, with per-thread default-stream twins (`_ptsz`/`_ptds`), version
+//!   gating and the real status and error codes; every variant is also exported under its real
+//!   export name, as drivers older than 11.3 are resolved by export.
+//! - Devices, primary contexts (refcounted, one handle per device), created contexts and the
+//!   thread-local current-context stack. Handles are heap addresses that are never reused, and
+//!   every handle is checked against a registry: a stale one is reported (201 for contexts, 400
+//!   otherwise), never dereferenced.
+//! - **One driver-owned thread per context** (`fake-cuda-driver-<n>`), started at the context's first
+//!   enqueued operation, that runs every stream-ordered operation of that context: host functions,
+//!   stream callbacks, event records and waits, value writes, graph launches, and "holds" (the
+//!   stand-in for a long-running kernel, see [`control::fake_cuda_hold_stream`]). Each stream is a
+//!   FIFO; the thread runs the first runnable head of any stream of its context, round robin.
+//! - `cuStreamDestroy` returns at once and the stream's pending work still runs; destroying a
+//!   context (or the last release/reset of a primary one) first runs all its pending work, then
+//!   joins its thread.
+//! - Sticky errors ([`control::fake_cuda_poison_context`]): pending and later host functions of the
+//!   context never run, `cuLaunchHostFunc` still returns 0, and synchronize/query calls return 719.
+//! - Stream capture into graphs (host functions become host nodes, events fork other streams into
+//!   a capture, `cuStreamAddCallback` invalidates it), graphs, instantiation and replay, and user
+//!   objects whose destructors run on a fake-internal thread once the last reference (including an
+//!   in-flight launch's) is gone.
+//! - Host memory (`cuMemHostAlloc`, zeroed) and host memory standing in for device memory, with
+//!   synchronous copies; the "device pointer" of any of it is its host address.
+//!
+//! # What it simplifies
+//!
+//! - No kernels: `cuModuleLoadData` returns 801, kernel graph nodes are empty nodes.
+//! - The legacy default stream's implicit synchronization with other blocking streams is not
+//!   modelled; neither is the ordering of synchronous copies after pending stream work.
+//! - Capture: no capture modes (global/thread-local/relaxed are accepted and ignored), no check
+//!   that forked streams rejoin before `cuStreamEndCapture`, no graph launches or holds inside a
+//!   capture (900), and a wait on an event recorded outside the capture fails with 905.
+//! - A host function may call back into the fake (enqueue work, use the control functions), but
+//!   synchronizing its own context from its driver thread returns 800 (`CUDA_ERROR_NOT_PERMITTED`)
+//!   instead of deadlocking.
+//! - Everything of a context progresses on its one thread; a hold blocks only its own stream.
+//! - `cuDevicePrimaryCtxReset` runs pending work and gives the context fresh state but keeps its
+//!   retain count; the primary context's handle never changes.
+//!
+//! Like the real driver, calls other than `cuInit`, `cuDriverGetVersion`, `cuGetErrorName`,
+//! `cuGetErrorString` and `cuGetProcAddress*` return 3 before `cuInit`, and `cuUserObjectCreate`
+//! requires `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`.
+//!
+//! The fake has its own copy of the Rust standard library, so its threads are unknown to the
+//! caller's `std::thread::current()` (no name, a fresh id), like the real driver's C threads; the
+//! operating system knows them as `fake-cuda-drive` (the name cut to 15 bytes) and
+//! `fake-cuda-user-` (the user-object destructor thread).
+
+#![allow(clippy::missing_safety_doc, non_snake_case)]
+#![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+/// Exports `$name`, a variant of the base symbol `$base`, whose body is the `unsafe fn $imp` of the
+/// same parameters returning `Result<(), CUresult>`.
+macro_rules! export {
+    ($base:literal, $name:ident => $imp:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> cuda_sys::types::CUresult {
+            $crate::calls::call(stringify!($name), $base, || {
+                // SAFETY: the C caller upholds this function's contract in the CUDA Driver API
+                // reference (valid pointers for what it reads and writes), which is all that the
+                // implementation relies on.
+                $crate::errors::code(unsafe { $imp($($arg),*) })
+            })
+        }
+    };
+}
+
+/// Exports a stream-ordered function twice: `$name`, where the stream handle 0 means the legacy
+/// default stream, and its per-thread default-stream twin `$per_thread` (`_ptsz`/`_ptds`), where 0
+/// means the calling thread's default stream. `$imp` takes the parameters and then that choice.
+macro_rules! stream_export {
+    ($base:literal, $name:ident / $per_thread:ident => $imp:ident($($arg:ident: $ty:ty),* $(,)?)) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> cuda_sys::types::CUresult {
+            $crate::calls::call(stringify!($name), $base, || {
+                // SAFETY: as for `export!`: the C caller upholds the function's contract.
+                $crate::errors::code(unsafe { $imp($($arg,)* false) })
+            })
+        }
+
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $per_thread($($arg: $ty),*) -> cuda_sys::types::CUresult {
+            $crate::calls::call(stringify!($per_thread), $base, || {
+                // SAFETY: as for `export!`: the C caller upholds the function's contract.
+                $crate::errors::code(unsafe { $imp($($arg,)* true) })
+            })
+        }
+    };
+}
+
+mod calls;
+mod capture;
+mod config;
+mod context;
+pub mod control;
+mod device;
+mod errors;
+mod event;
+mod graph;
+mod memory;
+mod proc_address;
+mod scheduler;
+mod state;
+mod stream;
+mod user_object;

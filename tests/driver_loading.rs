@@ -1,0 +1,170 @@
+//! Loading the driver library: by explicit path and through `CUDA_SYS_LIBRARY`, and each way a load
+//! can fail (no library, not a driver, the toolkit's stub, `cuInit` failing). Every test runs in a
+//! process of its own: the driver is loaded once per process.
+
+use std::path::Path;
+
+use cuda_sys::types::CUresult;
+use cuda_sys::{
+    DEFAULT_NAMES, DefaultStream, Driver, DriverVersion, Error, LoadOptions, ResolutionPath,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{expect_error, fake, fake_driver_path};
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    a.canonicalize().ok() == b.canonicalize().ok()
+}
+
+isolated_test! {
+    /// `LoadOptions::with_library_path` opens that file, once; its version and path are reported.
+    fn loads_the_library_at_an_explicit_path() {
+        let path = fake_driver_path();
+        let driver = Driver::load(LoadOptions::with_library_path(&path)).unwrap();
+        assert_eq!(driver.version(), DriverVersion(13000));
+        assert!(same_file(driver.path(), &path), "{}", driver.path().display());
+        assert_eq!(driver.default_stream(), DefaultStream::Legacy);
+        assert_eq!(driver.resolution_path(), ResolutionPath::ProcAddressV2);
+
+        let again = Driver::load(LoadOptions::with_library_path(&path)).unwrap();
+        assert!(std::ptr::eq(driver, again));
+        assert!(std::ptr::eq(Driver::get().unwrap(), driver));
+        assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
+        assert_eq!(fake().call_count("cuInit"), 1);
+        assert_eq!(fake().call_count("cuDriverGetVersion"), 1);
+
+        let per_thread = LoadOptions {
+            library_path: Some(path.clone()),
+            default_stream: DefaultStream::PerThread,
+        };
+        let err = expect_error(Driver::load(per_thread));
+        assert!(matches!(err, Error::AlreadyLoaded { .. }), "{err}");
+        let err = expect_error(Driver::load(LoadOptions::with_library_path("/elsewhere/libcuda.so.1")));
+        assert!(matches!(err, Error::AlreadyLoaded { .. }), "{err}");
+        assert!(err.to_string().contains("/elsewhere/libcuda.so.1"), "{err}");
+    }
+
+    /// `cuda_sys::driver()` opens the file `CUDA_SYS_LIBRARY` names.
+    fn loads_the_library_named_by_cuda_sys_library(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        let driver = cuda_sys::driver().unwrap();
+        assert!(same_file(driver.path(), &fake_driver_path()));
+        assert_eq!(driver.version(), DriverVersion(13000));
+        assert_eq!(driver.default_stream(), DefaultStream::Legacy);
+    }
+
+    /// The version is what `cuDriverGetVersion` says.
+    fn reports_the_version_the_driver_gives(
+        FAKE_CUDA_VERSION = "12040",
+        CUDA_SYS_LIBRARY = fake_driver_path(),
+    ) {
+        let version = cuda_sys::driver().unwrap().version();
+        assert_eq!(version, DriverVersion(12040));
+        assert_eq!((version.major(), version.minor()), (12, 4));
+        assert_eq!(version.to_string(), "12.4");
+    }
+
+    /// A path that does not exist: `LibraryNotFound` names it with the system loader's message and
+    /// says what to do; the failure is not remembered, so a later load can succeed.
+    fn a_missing_library_is_reported_with_what_was_tried(
+        CUDA_SYS_LIBRARY = "/nonexistent/libcuda.so.1",
+    ) {
+        let err = expect_error(cuda_sys::driver());
+        let Error::LibraryNotFound { tried } = &err else {
+            panic!("expected LibraryNotFound, got {err:?}");
+        };
+        assert_eq!(tried.len(), 1, "{tried:?}");
+        assert_eq!(tried[0].candidate, "/nonexistent/libcuda.so.1");
+        // The message is libloading's `Display` ("dlopen failed"); the system loader's own reason
+        // ("No such file or directory") is only in its `source()`, which cuda-sys drops today.
+        assert!(!tried[0].message.is_empty());
+        let text = err.to_string();
+        for needle in ["/nonexistent/libcuda.so.1", "CUDA_SYS_LIBRARY", "Install the NVIDIA driver"] {
+            assert!(text.contains(needle), "{needle:?} not in: {text}");
+        }
+        assert!(Driver::get().is_none());
+        assert!(matches!(cuda_sys::driver(), Err(Error::LibraryNotFound { .. })));
+
+        let driver = Driver::load(LoadOptions::with_library_path(fake_driver_path())).unwrap();
+        assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
+    }
+
+    /// An explicit path is the only candidate: the default names are not searched after it.
+    fn an_explicit_path_is_the_only_candidate() {
+        let err = expect_error(Driver::load(LoadOptions::with_library_path("/nonexistent/libcuda.so")));
+        let Error::LibraryNotFound { tried } = err else {
+            panic!("expected LibraryNotFound, got {err:?}");
+        };
+        let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
+        assert_eq!(names, ["/nonexistent/libcuda.so"]);
+    }
+
+    /// Without a path, the default names are tried in order. This machine may have no driver (an
+    /// error) or a real one (fine): either way the answer is not a panic.
+    fn without_a_path_the_default_names_are_tried_in_order() {
+        match Driver::load(LoadOptions::default()) {
+            Err(Error::LibraryNotFound { tried }) => {
+                let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
+                assert_eq!(names, DEFAULT_NAMES);
+                assert!(tried.iter().all(|a| !a.message.is_empty()), "{tried:?}");
+            }
+            // A real driver (or the toolkit's stub, or a driver without a GPU) is installed here.
+            Ok(_) | Err(Error::StubLibrary { .. } | Error::Driver(_)) => {}
+            Err(e) => panic!("unexpected error: {e:?}"),
+        }
+    }
+
+    /// A library without the driver's exports is skipped with a message that says so.
+    #[cfg(target_os = "linux")]
+    fn a_library_that_is_not_a_driver_is_reported() {
+        let err = expect_error(Driver::load(LoadOptions::with_library_path("libm.so.6")));
+        let Error::LibraryNotFound { tried } = &err else {
+            panic!("expected LibraryNotFound, got {err:?}");
+        };
+        assert_eq!(tried.len(), 1);
+        assert_eq!(tried[0].message, "opened, but it is not a CUDA driver: no cuInit export");
+    }
+
+    /// The toolkit's stub (`cuInit` returns 34) is named as such, with the fix; nothing else was
+    /// called. Once the stub behaviour stops, loading works (a failed load is not remembered).
+    fn the_stub_library_is_reported_with_the_fix(
+        FAKE_CUDA_STUB = "1",
+        CUDA_SYS_LIBRARY = fake_driver_path(),
+    ) {
+        // The loader closes a library it rejects; keep the fake mapped so its counters survive.
+        let fake = fake();
+        let err = expect_error(cuda_sys::driver());
+        let Error::StubLibrary { path } = &err else {
+            panic!("expected StubLibrary, got {err:?}");
+        };
+        assert!(same_file(path, &fake_driver_path()));
+        let text = err.to_string();
+        for needle in ["stub library", "CUDA_ERROR_STUB_LIBRARY", "Install the NVIDIA driver", "CUDA_SYS_LIBRARY"] {
+            assert!(text.contains(needle), "{needle:?} not in: {text}");
+        }
+        assert_eq!(fake.call_count("cuInit"), 1);
+        assert_eq!(fake.call_count("cuDriverGetVersion"), 0);
+
+        fake.set_stub(false);
+        assert_eq!(cuda_sys::driver().unwrap().version(), DriverVersion(13000));
+    }
+
+    /// `cuInit` failing is a described driver error, and not remembered either.
+    fn a_failing_cuinit_is_a_driver_error(
+        FAKE_CUDA_FAIL = "cuInit=100",
+        CUDA_SYS_LIBRARY = fake_driver_path(),
+    ) {
+        // The loader closes the library after a failed cuInit, yet the error's name and
+        // description point into it (see the report on cuda-sys): keep it mapped meanwhile.
+        let fake = fake();
+        let err = expect_error(cuda_sys::driver());
+        let Error::Driver(e) = &err else {
+            panic!("expected a driver error, got {err:?}");
+        };
+        assert_eq!(e.code(), CUresult::CUDA_ERROR_NO_DEVICE);
+        assert_eq!(e.name(), "CUDA_ERROR_NO_DEVICE");
+        assert_eq!(e.function(), Some("cuInit"));
+        assert_eq!(e.description(), "no CUDA-capable device is detected");
+
+        fake.clear_faults();
+        cuda_sys::driver().unwrap();
+    }
+}

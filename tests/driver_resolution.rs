@@ -1,0 +1,221 @@
+//! Resolving table entries: a symbol the driver lacks, the default-stream flag reaching
+//! `cuGetProcAddress`, and many threads resolving at once.
+
+use std::ptr;
+use std::sync::{Arc, Barrier};
+
+use cuda_sys::types::CUstream;
+use cuda_sys::{
+    DefaultStream, Driver, DriverVersion, Error, Function, LoadOptions, MissingReason,
+    ResolutionPath,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{
+    current_primary_context, expect_error, fake, fake_driver_path, load_fake_driver,
+};
+
+fn assert_missing(err: &Error, path: ResolutionPath) {
+    match err {
+        Error::SymbolMissing {
+            function,
+            required,
+            reason,
+            ..
+        } => {
+            assert_eq!(*function, "cuStreamQuery");
+            assert_eq!(*required, 2000);
+            assert_eq!(*reason, MissingReason::NotFound, "via {path:?}");
+        }
+        other => panic!("expected SymbolMissing, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("does not provide cuStreamQuery"),
+        "{err}"
+    );
+}
+
+/// `cuStreamQuery` is missing, the answer is cached, and `cuStreamSynchronize` is unaffected.
+fn missing_symbol_is_reported_and_cached(path: ResolutionPath) {
+    let driver = load_fake_driver();
+    assert_eq!(driver.resolution_path(), path);
+    let _context = current_primary_context(driver);
+    let mut stream: CUstream = ptr::null_mut();
+    // SAFETY: `stream` is a valid out-pointer.
+    unsafe { driver.cuStreamCreate(&mut stream, 0).unwrap() };
+
+    let lookups = || fake().proc_address_calls(1) + fake().proc_address_calls(2);
+    assert_missing(&expect_error(driver.raw().cuStreamQuery()), path);
+    let after_first = lookups();
+    assert_missing(&expect_error(driver.raw().cuStreamQuery()), path);
+    // SAFETY: `stream` is live; the call is refused before the driver is reached anyway.
+    assert_missing(&unsafe { driver.cuStreamQuery(stream) }.unwrap_err(), path);
+    assert_eq!(
+        lookups(),
+        after_first,
+        "a cached answer was looked up again"
+    );
+    assert_eq!(fake().call_count("cuStreamQuery"), 0);
+
+    // SAFETY: `stream` is live.
+    unsafe {
+        driver.cuStreamSynchronize(stream).unwrap();
+        driver.cuStreamDestroy(stream).unwrap();
+    }
+}
+
+/// The table resolves `cuStreamSynchronize` for `mode`: the flag `cuGetProcAddress` saw, the
+/// pointer (the per-thread one differs from the legacy one), and the export stream 0 reaches.
+fn resolves_for_mode(driver: &Driver, mode: DefaultStream) {
+    assert_eq!(driver.default_stream(), mode);
+    let per_thread = mode == DefaultStream::PerThread;
+    let table = driver.raw().cuStreamSynchronize().unwrap() as usize;
+    assert_eq!(
+        fake().last_proc_address_flags(),
+        if per_thread { 2 } else { 1 }
+    );
+    // The per-thread variant is asked for at its own ABI version (PFN_..._v7000_ptsz).
+    assert_eq!(
+        fake().last_proc_address_version(),
+        if per_thread { 7000 } else { 2000 }
+    );
+
+    let lookup = |mode| {
+        let version = if mode == DefaultStream::PerThread {
+            7000
+        } else {
+            2000
+        };
+        driver
+            .get_proc_address("cuStreamSynchronize", version, mode)
+            .unwrap()
+            .addr()
+            .get()
+    };
+    // As on the real driver: the per-thread variant does not exist at 2000.
+    assert!(matches!(
+        driver.get_proc_address("cuStreamSynchronize", 2000, DefaultStream::PerThread),
+        Err(Error::SymbolMissing {
+            reason: MissingReason::VersionNotSufficient,
+            ..
+        })
+    ));
+    let (legacy, per_thread_fn) = (
+        lookup(DefaultStream::Legacy),
+        lookup(DefaultStream::PerThread),
+    );
+    assert_ne!(legacy, per_thread_fn);
+    assert_eq!(table, if per_thread { per_thread_fn } else { legacy });
+    assert_eq!(Some(legacy), fake().export_address("cuStreamSynchronize"));
+    assert_eq!(
+        Some(per_thread_fn),
+        fake().export_address("cuStreamSynchronize_ptsz")
+    );
+
+    // A function with no per-thread variant resolves to the same function in both modes.
+    let create = |mode| {
+        driver
+            .get_proc_address("cuStreamCreate", 2000, mode)
+            .unwrap()
+    };
+    assert_eq!(
+        create(DefaultStream::Legacy),
+        create(DefaultStream::PerThread)
+    );
+
+    let _context = current_primary_context(driver);
+    // SAFETY: stream 0 of the current context.
+    unsafe { driver.cuStreamSynchronize(ptr::null_mut()).unwrap() };
+    assert_eq!(
+        fake().call_count("cuStreamSynchronize_ptsz"),
+        u64::from(per_thread)
+    );
+    assert_eq!(fake().call_count("cuStreamSynchronize"), 1);
+}
+
+isolated_test! {
+    /// `FAKE_CUDA_MISSING=cuStreamQuery` on a 13.0 driver: `SymbolMissing`, cached.
+    fn a_symbol_the_driver_lacks_is_missing_and_others_still_work(
+        FAKE_CUDA_MISSING = "cuStreamQuery",
+    ) {
+        missing_symbol_is_reported_and_cached(ResolutionPath::ProcAddressV2);
+    }
+
+    /// The same through the 11.3–11.8 `cuGetProcAddress`, which answers `CUDA_ERROR_NOT_FOUND`.
+    fn a_symbol_an_11_8_driver_lacks_is_missing_too(
+        FAKE_CUDA_MISSING = "cuStreamQuery",
+        FAKE_CUDA_VERSION = "11080",
+    ) {
+        missing_symbol_is_reported_and_cached(ResolutionPath::ProcAddress);
+    }
+
+    /// `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1` asks for the per-thread variants.
+    fn per_thread_mode_from_the_environment(
+        CUDA_SYS_PER_THREAD_DEFAULT_STREAM = "1",
+        CUDA_SYS_LIBRARY = fake_driver_path(),
+    ) {
+        resolves_for_mode(cuda_sys::driver().unwrap(), DefaultStream::PerThread);
+    }
+
+    /// `LoadOptions::default_stream` does the same.
+    fn per_thread_mode_from_load_options() {
+        let options = LoadOptions {
+            library_path: Some(fake_driver_path()),
+            default_stream: DefaultStream::PerThread,
+        };
+        resolves_for_mode(Driver::load(options).unwrap(), DefaultStream::PerThread);
+    }
+
+    /// By default the legacy variants are asked for.
+    fn legacy_mode_is_the_default() {
+        resolves_for_mode(load_fake_driver(), DefaultStream::Legacy);
+    }
+
+    /// 16 threads making their first call at once, of four different functions and then all of
+    /// the same one, each get the pointer the driver gives for that entry.
+    fn sixteen_threads_resolving_at_once_get_the_right_pointers() {
+        let driver = load_fake_driver();
+        assert_eq!(driver.version(), DriverVersion(13000));
+        let expected = |f: Function| {
+            let info = f.info();
+            driver
+                .get_proc_address(info.symbol.to_str().unwrap(), info.version, driver.default_stream())
+                .unwrap()
+                .addr()
+                .get()
+        };
+        let race = |functions: &[Function]| {
+            let barrier = Arc::new(Barrier::new(16));
+            let threads: Vec<_> = (0..16)
+                .map(|i| {
+                    let barrier = barrier.clone();
+                    let f = functions[i % functions.len()];
+                    std::thread::spawn(move || {
+                        let driver = Driver::get().unwrap();
+                        barrier.wait();
+                        let p = if f == Function::cuStreamSynchronize {
+                            driver.raw().cuStreamSynchronize().unwrap() as usize
+                        } else {
+                            driver.resolve(f).unwrap().addr().get()
+                        };
+                        (f, p)
+                    })
+                })
+                .collect();
+            for thread in threads {
+                let (f, p) = thread.join().unwrap();
+                assert_eq!(p, expected(f), "{f}");
+            }
+        };
+        race(&[
+            Function::cuStreamSynchronize,
+            Function::cuLaunchHostFunc,
+            Function::cuMemAlloc,
+            Function::cuStreamGetCaptureInfo,
+        ]);
+        race(&[Function::cuEventQuery]);
+        assert_eq!(
+            driver.resolve(Function::cuStreamGetCaptureInfo).unwrap().addr().get(),
+            fake().export_address("cuStreamGetCaptureInfo_v3").unwrap()
+        );
+    }
+}

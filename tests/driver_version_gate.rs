@@ -1,0 +1,106 @@
+//! A function whose ABI version is newer than the driver is refused before anything is called; on a
+//! driver new enough it resolves and runs. `cuLaunchHostFunc_v2` (13010) is the example.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cuda_sys::types::{CUresult, CUstream};
+use cuda_sys::{DriverVersion, Error};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};
+
+unsafe extern "C" fn bump(data: *mut c_void) {
+    // SAFETY: every launch below passes a pointer to a live `AtomicUsize`.
+    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
+}
+
+fn assert_too_old(err: &Error, version: i32) {
+    match err {
+        Error::DriverTooOld {
+            function,
+            required,
+            found,
+        } => {
+            assert_eq!(*function, "cuLaunchHostFunc_v2");
+            assert_eq!(*required, 13010);
+            assert_eq!(*found, DriverVersion(version));
+        }
+        other => panic!("expected DriverTooOld, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("CUDA 13.1") && text.contains("Upgrade the NVIDIA driver"),
+        "{text}"
+    );
+}
+
+/// On a 13.1+ driver the four-argument `cuLaunchHostFunc_v2` resolves (looked up at 13010) and
+/// runs its function; a bad `syncMode` is the driver's `CUDA_ERROR_INVALID_VALUE`.
+fn launch_host_func_v2_runs(version: i32) {
+    let driver = load_fake_driver();
+    assert_eq!(driver.version(), DriverVersion(version));
+    let _context = current_primary_context(driver);
+    let mut stream: CUstream = ptr::null_mut();
+    let count = AtomicUsize::new(0);
+    let data = ptr::from_ref(&count).cast_mut().cast::<c_void>();
+    // SAFETY: `stream` is a valid out-pointer; `count` outlives the synchronize below.
+    unsafe {
+        driver.cuStreamCreate(&mut stream, 0).unwrap();
+        driver.raw().cuLaunchHostFunc_v2().unwrap();
+        assert_eq!(fake().last_proc_address_version(), 13010);
+        driver
+            .cuLaunchHostFunc_v2(stream, Some(bump), data, 0)
+            .unwrap();
+        driver
+            .cuLaunchHostFunc_v2(stream, Some(bump), data, 1)
+            .unwrap();
+        let err = driver
+            .cuLaunchHostFunc_v2(stream, Some(bump), data, 2)
+            .unwrap_err();
+        assert_eq!(err.code(), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        driver.cuStreamSynchronize(stream).unwrap();
+        driver.cuStreamDestroy(stream).unwrap();
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 3);
+}
+
+isolated_test! {
+    /// On 13.0, `cuLaunchHostFunc_v2` is `DriverTooOld` every time, without a lookup or a call;
+    /// the three-argument `cuLaunchHostFunc` still works.
+    fn a_function_newer_than_the_driver_is_refused_without_a_call(FAKE_CUDA_VERSION = "13000") {
+        let driver = load_fake_driver();
+        let lookups = fake().proc_address_calls(2);
+
+        assert_too_old(&expect_error(driver.raw().cuLaunchHostFunc_v2()), 13000);
+        // SAFETY: never called: the entry is refused before the driver is reached.
+        let result = unsafe { driver.cuLaunchHostFunc_v2(ptr::null_mut(), Some(bump), ptr::null_mut(), 0) };
+        assert_too_old(&result.unwrap_err(), 13000);
+        assert_too_old(&expect_error(driver.raw().cuLaunchHostFunc_v2()), 13000);
+
+        assert_eq!(fake().proc_address_calls(2), lookups, "the gate looked the symbol up");
+        assert_eq!(fake().call_count("cuLaunchHostFunc"), 0);
+
+        let _context = current_primary_context(driver);
+        let count = AtomicUsize::new(0);
+        let data = ptr::from_ref(&count).cast_mut().cast::<c_void>();
+        // SAFETY: the legacy stream of the current context; `count` outlives the synchronize.
+        unsafe {
+            driver.cuLaunchHostFunc(ptr::null_mut(), Some(bump), data).unwrap();
+            driver.cuStreamSynchronize(ptr::null_mut()).unwrap();
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 0);
+    }
+
+    /// 13.1 is the first driver with `cuLaunchHostFunc_v2`.
+    fn the_four_argument_host_launch_works_from_13_1(FAKE_CUDA_VERSION = "13010") {
+        launch_host_func_v2_runs(13010);
+    }
+
+    /// ... and a newer one has it too.
+    fn the_four_argument_host_launch_works_on_13_2(FAKE_CUDA_VERSION = "13020") {
+        launch_host_func_v2_runs(13020);
+    }
+}

@@ -1,0 +1,153 @@
+//! What every exported driver function does first: count the call, answer as the stub would,
+//! inject a configured fault, insist on `cuInit`, and keep panics from crossing the C boundary.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex};
+
+use cuda_sys::types::CUresult;
+
+use crate::config::config;
+use crate::errors::{NOT_INITIALIZED, STUB_LIBRARY, UNKNOWN};
+use crate::state::relock;
+
+/// An injected failure: the `nth` call (1-based, counted from when the fault was set; 0 = every
+/// call) of a function returns `code` and does nothing else.
+struct Fault {
+    nth: u64,
+    code: u32,
+    seen: u64,
+}
+
+#[derive(Default)]
+struct Calls {
+    /// Per export name: its base name and how often it was called.
+    counts: BTreeMap<&'static str, (&'static str, u64)>,
+    /// Per base (or export) name.
+    faults: BTreeMap<String, Fault>,
+}
+
+static CALLS: LazyLock<Mutex<Calls>> = LazyLock::new(|| {
+    let mut calls = Calls::default();
+    if let Ok(spec) = std::env::var("FAKE_CUDA_FAIL") {
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match parse_fault(item) {
+                Some((name, nth, code)) => {
+                    calls
+                        .faults
+                        .insert(name.to_owned(), Fault { nth, code, seen: 0 });
+                }
+                None => eprintln!("fake-cuda: ignoring FAKE_CUDA_FAIL item {item:?}"),
+            }
+        }
+    }
+    Mutex::new(calls)
+});
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+/// `name[@n][=code]` → (name, n or 0, code or 999).
+fn parse_fault(item: &str) -> Option<(&str, u64, u32)> {
+    let (rest, code) = match item.split_once('=') {
+        Some((rest, code)) => (rest, code.trim().parse().ok()?),
+        None => (item, UNKNOWN.0),
+    };
+    let (name, nth) = match rest.split_once('@') {
+        Some((name, nth)) => (name, nth.trim().parse().ok()?),
+        None => (rest, 0),
+    };
+    let name = name.trim();
+    (!name.is_empty()).then_some((name, nth, code))
+}
+
+/// Functions that answer before `cuInit`, as the real driver's do.
+fn works_uninitialized(base: &str) -> bool {
+    matches!(
+        base,
+        "cuInit"
+            | "cuDriverGetVersion"
+            | "cuGetErrorName"
+            | "cuGetErrorString"
+            | "cuGetProcAddress"
+    )
+}
+
+/// Runs the body of the export `export` (a variant of `base`) after the common checks.
+pub(crate) fn call(
+    export: &'static str,
+    base: &'static str,
+    body: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if let Some(code) = count_and_fault(export, base) {
+        return code;
+    }
+    if !works_uninitialized(base) && !INITIALIZED.load(Ordering::Acquire) {
+        return NOT_INITIALIZED;
+    }
+    // A panic must not unwind into C (it would abort the process); report it as an unknown error.
+    catch_unwind(AssertUnwindSafe(body)).unwrap_or(UNKNOWN)
+}
+
+fn count_and_fault(export: &'static str, base: &'static str) -> Option<CUresult> {
+    let mut calls = relock(&CALLS);
+    calls.counts.entry(export).or_insert((base, 0)).1 += 1;
+    if config().stub() {
+        return Some(STUB_LIBRARY);
+    }
+    for name in [base, export] {
+        if let Some(fault) = calls.faults.get_mut(name) {
+            fault.seen += 1;
+            if fault.nth == 0 || fault.seen == fault.nth {
+                return Some(CUresult(fault.code));
+            }
+        }
+        if base == export {
+            break;
+        }
+    }
+    None
+}
+
+pub(crate) fn set_initialized() {
+    INITIALIZED.store(true, Ordering::Release);
+}
+
+/// Calls of `name`: a base name counts every variant, any other export name only itself.
+pub(crate) fn count(name: &str) -> u64 {
+    relock(&CALLS)
+        .counts
+        .iter()
+        .filter(|(export, (base, _))| **export == name || *base == name)
+        .map(|(_, (_, n))| n)
+        .sum()
+}
+
+pub(crate) fn reset_counts() {
+    relock(&CALLS).counts.clear();
+}
+
+pub(crate) fn set_fault(name: &str, nth: u64, code: u32) {
+    relock(&CALLS)
+        .faults
+        .insert(name.to_owned(), Fault { nth, code, seen: 0 });
+}
+
+pub(crate) fn clear_faults() {
+    relock(&CALLS).faults.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_fault;
+
+    #[test]
+    fn fault_specs_parse() {
+        assert_eq!(parse_fault("cuInit"), Some(("cuInit", 0, 999)));
+        assert_eq!(parse_fault("cuInit=100"), Some(("cuInit", 0, 100)));
+        assert_eq!(parse_fault("cuInit@3"), Some(("cuInit", 3, 999)));
+        assert_eq!(parse_fault("cuInit@2=34"), Some(("cuInit", 2, 34)));
+        assert_eq!(parse_fault("cuInit@x"), None);
+        assert_eq!(parse_fault("=4"), None);
+    }
+}

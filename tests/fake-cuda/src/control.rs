@@ -1,0 +1,184 @@
+//! The fake's own C API, for tests: fault injection, call counters, and stand-ins for device
+//! behaviour a test needs to provoke (long-running kernels, sticky errors).
+//!
+//! A test reaches these by opening the fake library again (with `dlopen`/`libloading`); the system
+//! loader returns the copy the driver loader already mapped, so both see the same state. None of
+//! them needs `cuInit`, and none is affected by `FAKE_CUDA_STUB` or injected faults.
+
+use std::ffi::{CStr, c_char};
+use std::sync::atomic::Ordering;
+
+use cuda_sys::types::{CUcontext, CUresult, CUstream};
+
+use crate::calls;
+use crate::config::config;
+use crate::context::{check_context, current};
+use crate::errors::SUCCESS;
+use crate::proc_address::{LAST_FLAGS, LAST_VERSION};
+use crate::scheduler::{self, WORKERS};
+use crate::state::{Op, lock, notify};
+use crate::stream::resolve;
+use crate::user_object::LIVE;
+
+/// # Safety
+/// `s` is null or NUL-terminated.
+unsafe fn text<'a>(s: *const c_char) -> Option<&'a str> {
+    if s.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, and the caller passes a NUL-terminated string.
+    unsafe { CStr::from_ptr(s) }.to_str().ok()
+}
+
+/// Makes the `nth` call (1-based, counted from now; 0 = every call) of `name` return `code` with no
+/// other effect. `name` is a base symbol (`cuLaunchHostFunc`: every variant) or an export name
+/// (`cuLaunchHostFunc_v2`: that one). Replaces an earlier fault of that name.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_set_fault(name: *const c_char, nth: u64, code: u32) {
+    // SAFETY: the caller passes a NUL-terminated name.
+    if let Some(name) = unsafe { text(name) } {
+        calls::set_fault(name, nth, code);
+    }
+}
+
+/// Removes every injected fault (those of `FAKE_CUDA_FAIL` included).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_clear_faults() {
+    calls::clear_faults();
+}
+
+/// Calls of `name` so far: a base symbol counts every exported variant (`cuStreamSynchronize`
+/// counts `cuStreamSynchronize_ptsz` too), an export name only itself. Faulted and stub calls count.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_call_count(name: *const c_char) -> u64 {
+    // SAFETY: the caller passes a NUL-terminated name.
+    unsafe { text(name) }.map_or(0, calls::count)
+}
+
+/// Sets every call counter back to 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_reset_call_counts() {
+    calls::reset_counts();
+}
+
+/// Calls of `cuGetProcAddress` (`which` = 1) or `cuGetProcAddress_v2` (`which` = 2).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_proc_address_calls(which: u32) -> u64 {
+    match which {
+        1 => calls::count("cuGetProcAddress") - calls::count("cuGetProcAddress_v2"),
+        2 => calls::count("cuGetProcAddress_v2"),
+        _ => 0,
+    }
+}
+
+/// The `flags` of the last `cuGetProcAddress*` call (0 before any).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_last_proc_address_flags() -> u64 {
+    LAST_FLAGS.load(Ordering::SeqCst)
+}
+
+/// The `cudaVersion` of the last `cuGetProcAddress*` call (0 before any).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_last_proc_address_version() -> i32 {
+    LAST_VERSION.load(Ordering::SeqCst)
+}
+
+/// Changes the version `cuDriverGetVersion` reports (and `cuGetProcAddress*` gates on).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_set_version(version: i32) {
+    config().set_version(version);
+}
+
+/// Turns stub behaviour (every driver call returns 34) on (non-zero) or off.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_set_stub(on: u32) {
+    config().set_stub(on != 0);
+}
+
+/// Replaces the `FAKE_CUDA_MISSING` list (comma-separated base symbols; null clears it).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_set_missing(list: *const c_char) {
+    // SAFETY: the caller passes a NUL-terminated list or null.
+    config().set_missing(unsafe { text(list) }.unwrap_or(""));
+}
+
+/// Changes the number of devices.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_set_device_count(count: i32) {
+    config().set_devices(count);
+}
+
+/// Enqueues "device work" on `stream` (0 or `CU_STREAM_LEGACY`: the current context's legacy
+/// stream; `CU_STREAM_PER_THREAD`: the calling thread's) that blocks that stream, like a spinning
+/// kernel, until [`fake_cuda_release_hold`]. Other streams keep running. Returns the token, or 0 if
+/// the stream is invalid or capturing.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_hold_stream(stream: CUstream) -> u64 {
+    let mut st = lock();
+    let Ok(s) = resolve(&mut st, stream, false) else {
+        return 0;
+    };
+    if crate::capture::is_capturing(&st, s) {
+        return 0;
+    }
+    let token = st.next_id();
+    st.holds.insert(token, false);
+    if scheduler::enqueue(&mut st, s, Op::Hold { token }) != SUCCESS {
+        st.holds.remove(&token);
+        return 0;
+    }
+    token
+}
+
+/// Lets the held stream continue. Unknown (or already finished) tokens are ignored.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_release_hold(token: u64) {
+    let mut st = lock();
+    if let Some(released) = st.holds.get_mut(&token) {
+        *released = true;
+    }
+    notify();
+}
+
+/// A sticky error in `ctx` (null: the current context), as after a trapping kernel: from now on
+/// its host functions never run (pending ones included), `cuLaunchHostFunc` still returns 0, and
+/// synchronize/query calls return 719 (`CUDA_ERROR_LAUNCH_FAILED`). Cleared only by the last
+/// release or a reset of a primary context. Returns 0, or 201 for an invalid context.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_poison_context(ctx: CUcontext) -> CUresult {
+    let mut st = lock();
+    let ctx = if ctx.is_null() {
+        match current(&st) {
+            Ok(ctx) => ctx,
+            Err(code) => return code,
+        }
+    } else {
+        ctx.addr()
+    };
+    match check_context(&st, ctx) {
+        Ok(c) => c.poisoned.store(true, Ordering::Release),
+        Err(code) => return code,
+    }
+    scheduler::drain(&mut st, ctx);
+    notify();
+    SUCCESS
+}
+
+/// Host functions (and stream callbacks, and host nodes of launched graphs) of `ctx` (null: every
+/// context) enqueued and not yet finished, the one running now included.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_pending_host_functions(ctx: CUcontext) -> u64 {
+    scheduler::pending_host_functions(&lock(), ctx.addr())
+}
+
+/// User objects created and not yet destroyed: a count drops once the destructor has returned.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_live_user_objects() -> u64 {
+    LIVE.load(Ordering::SeqCst)
+}
+
+/// Context worker threads ("driver threads") running now: one per context that has had work.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_driver_thread_count() -> u64 {
+    WORKERS.load(Ordering::SeqCst)
+}

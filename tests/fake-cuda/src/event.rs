@@ -1,0 +1,156 @@
+//! Events: records that complete in stream order, waits on them, and their role in capture (a
+//! record in a capture lets another stream join it).
+
+use std::ffi::c_uint;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use cuda_sys::types::{CUevent, CUstream};
+
+use crate::capture;
+use crate::context::current;
+use crate::errors::{
+    CAPTURE_INVALIDATED, CAPTURE_ISOLATION, INVALID_HANDLE, INVALID_VALUE, LAUNCH_FAILED,
+    NOT_PERMITTED, NOT_READY, Res, ensure, result,
+};
+use crate::scheduler::{enqueue, on_worker_of};
+use crate::state::{Event, Op, State, as_ptr, lock, new_handle, wait};
+use crate::stream::resolve;
+
+/// `CU_EVENT_WAIT_EXTERNAL`, the one wait flag.
+const WAIT_EXTERNAL: c_uint = 1;
+
+fn event_ctx_poisoned(st: &State, event: &Event) -> bool {
+    st.contexts.get(&event.ctx).is_some_and(|c| c.is_poisoned())
+}
+
+export!("cuEventCreate", cuEventCreate => event_create(phEvent: *mut CUevent, Flags: c_uint));
+unsafe fn event_create(ph: *mut CUevent, _flags: c_uint) -> Res {
+    ensure(!ph.is_null(), INVALID_VALUE)?;
+    let mut st = lock();
+    let ctx = current(&st)?;
+    let handle = new_handle();
+    st.events.insert(
+        handle,
+        Event {
+            ctx,
+            last_record: None,
+            capture: None,
+        },
+    );
+    // SAFETY: non-null, and the caller passes a valid place for an event handle.
+    unsafe { ph.write(as_ptr(handle)) };
+    Ok(())
+}
+
+unsafe fn event_destroy(event: CUevent) -> Res {
+    // A record or wait still queued keeps its own completion flag, so it completes regardless.
+    lock()
+        .events
+        .remove(&event.addr())
+        .map(|_| ())
+        .ok_or(INVALID_HANDLE)
+}
+export!("cuEventDestroy", cuEventDestroy => event_destroy(hEvent: CUevent));
+export!("cuEventDestroy", cuEventDestroy_v2 => event_destroy(hEvent: CUevent));
+
+stream_export!("cuEventRecord", cuEventRecord / cuEventRecord_ptsz => event_record(hEvent: CUevent, hStream: CUstream));
+unsafe fn event_record(event: CUevent, handle: CUstream, per_thread: bool) -> Res {
+    let mut st = lock();
+    ensure(st.events.contains_key(&event.addr()), INVALID_HANDLE)?;
+    let s = resolve(&mut st, handle, per_thread)?;
+    let captured = st.streams[&s]
+        .capture
+        .as_ref()
+        .map(|cap| (cap.id, cap.deps.clone()));
+    if let Some((id, deps)) = captured {
+        let invalidated = st.captures.get(&id).is_none_or(|c| c.invalidated);
+        ensure(!invalidated, CAPTURE_INVALIDATED)?;
+        if let Some(e) = st.events.get_mut(&event.addr()) {
+            e.capture = Some((id, deps));
+        }
+        return Ok(());
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    if let Some(e) = st.events.get_mut(&event.addr()) {
+        e.last_record = Some(done.clone());
+        e.capture = None;
+    }
+    result(enqueue(&mut st, s, Op::Record { done }))
+}
+
+stream_export!("cuEventRecordWithFlags", cuEventRecordWithFlags / cuEventRecordWithFlags_ptsz => event_record_with_flags(hEvent: CUevent, hStream: CUstream, flags: c_uint));
+unsafe fn event_record_with_flags(
+    event: CUevent,
+    handle: CUstream,
+    _flags: c_uint,
+    per_thread: bool,
+) -> Res {
+    // SAFETY: the same contract as cuEventRecord.
+    unsafe { event_record(event, handle, per_thread) }
+}
+
+export!("cuEventQuery", cuEventQuery => event_query(hEvent: CUevent));
+unsafe fn event_query(event: CUevent) -> Res {
+    let st = lock();
+    let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
+    ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
+    let done = e
+        .last_record
+        .as_ref()
+        .is_none_or(|d| d.load(Ordering::Acquire));
+    ensure(done, NOT_READY)
+}
+
+export!("cuEventSynchronize", cuEventSynchronize => event_synchronize(hEvent: CUevent));
+unsafe fn event_synchronize(event: CUevent) -> Res {
+    let mut st = lock();
+    loop {
+        let Some(e) = st.events.get(&event.addr()) else {
+            return Err(INVALID_HANDLE);
+        };
+        ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
+        let Some(done) = e.last_record.clone() else {
+            return Ok(());
+        };
+        if done.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        ensure(!on_worker_of(e.ctx), NOT_PERMITTED)?;
+        st = wait(st);
+    }
+}
+
+stream_export!("cuStreamWaitEvent", cuStreamWaitEvent / cuStreamWaitEvent_ptsz => stream_wait_event(hStream: CUstream, hEvent: CUevent, Flags: c_uint));
+unsafe fn stream_wait_event(
+    handle: CUstream,
+    event: CUevent,
+    flags: c_uint,
+    per_thread: bool,
+) -> Res {
+    ensure(flags & !WAIT_EXTERNAL == 0, INVALID_VALUE)?;
+    let mut st = lock();
+    let s = resolve(&mut st, handle, per_thread)?;
+    let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
+    let record_capture = e
+        .capture
+        .clone()
+        .filter(|(id, _)| st.captures.contains_key(id));
+    if let Some((id, deps)) = record_capture {
+        // A stream forked into (or merging within) a capture.
+        return capture::join(&mut st, s, id, &deps);
+    }
+    let done = e.last_record.clone();
+    if capture::is_capturing(&st, s) {
+        // Waiting on uncaptured work from inside a capture: not modelled (the real driver can add
+        // an external wait node); reported as the isolation error and the capture invalidated.
+        capture::invalidate(&mut st, s);
+        return Err(CAPTURE_ISOLATION);
+    }
+    match done {
+        Some(done) if !done.load(Ordering::Acquire) => {
+            result(enqueue(&mut st, s, Op::Wait { done }))
+        }
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,146 @@
+//! Memory: page-locked host memory and "device" memory are both zeroed host memory; a device
+//! pointer is the host address. Copies and sets are synchronous.
+
+use std::alloc::Layout;
+use std::ffi::{c_uchar, c_uint, c_void};
+
+use cuda_sys::types::{CUdeviceptr, CUmodule};
+
+use crate::context::current;
+use crate::errors::{INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, Res, ensure};
+use crate::state::{State, as_ptr, lock};
+
+/// Alignment of every allocation (the real driver's is at least 256 for device memory).
+const ALIGN: usize = 256;
+
+fn allocate(st: &mut State, size: usize, host: bool) -> Result<usize, cuda_sys::types::CUresult> {
+    ensure(size > 0, INVALID_VALUE)?;
+    let layout = Layout::from_size_align(size, ALIGN).map_err(|_| OUT_OF_MEMORY)?;
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    ensure(!p.is_null(), OUT_OF_MEMORY)?;
+    let addr = p.expose_provenance();
+    st.allocations.insert(addr, (size, host));
+    Ok(addr)
+}
+
+fn free(st: &mut State, addr: usize, host: bool) -> Res {
+    match st.allocations.get(&addr) {
+        Some(&(size, h)) if h == host => {
+            st.allocations.remove(&addr);
+            let layout = Layout::from_size_align(size, ALIGN).map_err(|_| INVALID_VALUE)?;
+            // SAFETY: `addr` came from `alloc_zeroed` with this layout and is freed only once (it
+            // has just left the registry).
+            unsafe { std::alloc::dealloc(as_ptr(addr), layout) };
+            Ok(())
+        }
+        _ => Err(INVALID_VALUE),
+    }
+}
+
+/// `Ok` if `[addr, addr + len)` lies inside one allocation.
+fn check_range(st: &State, addr: usize, len: usize) -> Res {
+    if len == 0 {
+        return Ok(());
+    }
+    let inside = st
+        .allocations
+        .range(..=addr)
+        .next_back()
+        .is_some_and(|(start, (size, _))| {
+            addr.checked_add(len).is_some_and(|end| end <= start + size)
+        });
+    ensure(inside, INVALID_VALUE)
+}
+
+export!("cuMemHostAlloc", cuMemHostAlloc => mem_host_alloc(pp: *mut *mut c_void, bytesize: usize, Flags: c_uint));
+unsafe fn mem_host_alloc(pp: *mut *mut c_void, size: usize, _flags: c_uint) -> Res {
+    ensure(!pp.is_null(), INVALID_VALUE)?;
+    let mut st = lock();
+    current(&st)?;
+    let addr = allocate(&mut st, size, true)?;
+    // SAFETY: non-null, and the caller passes a valid place for a pointer.
+    unsafe { pp.write(as_ptr(addr)) };
+    Ok(())
+}
+
+export!("cuMemFreeHost", cuMemFreeHost => mem_free_host(p: *mut c_void));
+unsafe fn mem_free_host(p: *mut c_void) -> Res {
+    free(&mut lock(), p.addr(), true)
+}
+
+export!("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2 => mem_host_get_device_pointer(pdptr: *mut CUdeviceptr, p: *mut c_void, Flags: c_uint));
+unsafe fn mem_host_get_device_pointer(
+    pdptr: *mut CUdeviceptr,
+    p: *mut c_void,
+    flags: c_uint,
+) -> Res {
+    ensure(!pdptr.is_null() && flags == 0, INVALID_VALUE)?;
+    let st = lock();
+    let host = st
+        .allocations
+        .range(..=p.addr())
+        .next_back()
+        .is_some_and(|(start, (size, host))| *host && p.addr() < start + size);
+    ensure(host, INVALID_VALUE)?;
+    // SAFETY: non-null, and the caller passes a valid place for a device pointer.
+    unsafe { pdptr.write(p.addr() as CUdeviceptr) };
+    Ok(())
+}
+
+export!("cuMemAlloc", cuMemAlloc_v2 => mem_alloc(dptr: *mut CUdeviceptr, bytesize: usize));
+unsafe fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> Res {
+    ensure(!dptr.is_null(), INVALID_VALUE)?;
+    let mut st = lock();
+    current(&st)?;
+    let addr = allocate(&mut st, size, false)?;
+    // SAFETY: non-null, and the caller passes a valid place for a device pointer.
+    unsafe { dptr.write(addr as CUdeviceptr) };
+    Ok(())
+}
+
+export!("cuMemFree", cuMemFree_v2 => mem_free(dptr: CUdeviceptr));
+unsafe fn mem_free(dptr: CUdeviceptr) -> Res {
+    free(&mut lock(), dptr as usize, false)
+}
+
+/// `cuMemcpyHtoD` and its per-thread twin (synchronous either way).
+unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> Res {
+    let st = lock();
+    check_range(&st, dst as usize, n)?;
+    ensure(n == 0 || !src.is_null(), INVALID_VALUE)?;
+    // SAFETY: the destination range lies in a live allocation (checked); the caller passes `n`
+    // readable bytes at `src`.
+    unsafe { std::ptr::copy(src.cast::<u8>(), as_ptr(dst as usize), n) };
+    Ok(())
+}
+export!("cuMemcpyHtoD", cuMemcpyHtoD_v2 => memcpy_htod(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize));
+export!("cuMemcpyHtoD", cuMemcpyHtoD_v2_ptds => memcpy_htod(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize));
+
+unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> Res {
+    let st = lock();
+    check_range(&st, src as usize, n)?;
+    ensure(n == 0 || !dst.is_null(), INVALID_VALUE)?;
+    // SAFETY: the source range lies in a live allocation (checked); the caller passes `n`
+    // writable bytes at `dst`.
+    unsafe { std::ptr::copy(as_ptr::<u8>(src as usize), dst.cast::<u8>(), n) };
+    Ok(())
+}
+export!("cuMemcpyDtoH", cuMemcpyDtoH_v2 => memcpy_dtoh(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize));
+export!("cuMemcpyDtoH", cuMemcpyDtoH_v2_ptds => memcpy_dtoh(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize));
+
+unsafe fn memset_d8(dst: CUdeviceptr, value: c_uchar, n: usize) -> Res {
+    let st = lock();
+    check_range(&st, dst as usize, n)?;
+    // SAFETY: the range lies in a live allocation (checked).
+    unsafe { std::ptr::write_bytes(as_ptr::<u8>(dst as usize), value, n) };
+    Ok(())
+}
+export!("cuMemsetD8", cuMemsetD8_v2 => memset_d8(dstDevice: CUdeviceptr, uc: c_uchar, N: usize));
+export!("cuMemsetD8", cuMemsetD8_v2_ptds => memset_d8(dstDevice: CUdeviceptr, uc: c_uchar, N: usize));
+
+export!("cuModuleLoadData", cuModuleLoadData => module_load_data(module: *mut CUmodule, image: *const c_void));
+/// The fake runs no kernels.
+unsafe fn module_load_data(_module: *mut CUmodule, _image: *const c_void) -> Res {
+    Err(NOT_SUPPORTED)
+}

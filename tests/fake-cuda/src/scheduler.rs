@@ -1,0 +1,337 @@
+//! The driver-owned worker thread of each context, which runs every stream-ordered operation of
+//! that context, and the waits built on it.
+
+use std::cell::Cell;
+use std::ffi::c_void;
+use std::sync::MutexGuard;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use cuda_sys::types::CUresult;
+
+use crate::errors::{LAUNCH_FAILED, NOT_PERMITTED, SUCCESS, UNKNOWN};
+use crate::state::{Action, Op, State, as_ptr, lock, notify, wait};
+use crate::user_object;
+
+type Guard = MutexGuard<'static, State>;
+
+/// Context worker threads started and not yet finished.
+pub(crate) static WORKERS: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// The context whose worker this thread is (0 on every other thread).
+    static WORKER_OF: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is the worker of `ctx` (running one of its host functions).
+pub(crate) fn on_worker_of(ctx: usize) -> bool {
+    WORKER_OF.with(Cell::get) == ctx
+}
+
+/// Appends `op` to `stream` (valid, not capturing), starting the context's worker if needed. On a
+/// poisoned context the operation is dropped and the call still succeeds, as the real driver does.
+pub(crate) fn enqueue(st: &mut State, stream: usize, op: Op) -> CUresult {
+    let Some(ctx) = st.streams.get(&stream).map(|s| s.ctx) else {
+        discard(st, op);
+        return SUCCESS;
+    };
+    let poisoned = st.contexts.get(&ctx).is_none_or(|c| c.is_poisoned());
+    if poisoned {
+        discard(st, op);
+        return SUCCESS;
+    }
+    if let Err(code) = ensure_worker(st, ctx) {
+        discard(st, op);
+        return code;
+    }
+    if let Some(s) = st.streams.get_mut(&stream) {
+        s.queue.push_back(op);
+    }
+    notify();
+    SUCCESS
+}
+
+fn ensure_worker(st: &mut State, ctx: usize) -> Result<(), CUresult> {
+    let Some(c) = st.contexts.get_mut(&ctx) else {
+        return Err(UNKNOWN);
+    };
+    if c.worker.is_some() {
+        return Ok(());
+    }
+    let handle = std::thread::Builder::new()
+        .name(format!("fake-cuda-driver-{}", c.id))
+        .spawn(move || worker_main(ctx))
+        .map_err(|_| UNKNOWN)?;
+    WORKERS.fetch_add(1, Ordering::SeqCst);
+    c.worker = Some(handle);
+    Ok(())
+}
+
+/// Drops an operation that will never run, releasing what it holds.
+pub(crate) fn discard(st: &mut State, op: Op) {
+    match op {
+        Op::Launch { user_objects, .. } => user_object::release_all(st, &user_objects),
+        Op::Hold { token } => {
+            st.holds.remove(&token);
+        }
+        _ => {}
+    }
+}
+
+/// Discards everything queued on the streams of `ctx` (after a sticky error).
+pub(crate) fn drain(st: &mut State, ctx: usize) {
+    let Some(c) = st.contexts.get(&ctx) else {
+        return;
+    };
+    let mut dropped = Vec::new();
+    for stream in c.streams.clone() {
+        if let Some(s) = st.streams.get_mut(&stream) {
+            dropped.extend(s.queue.drain(..));
+        }
+    }
+    for op in dropped {
+        discard(st, op);
+    }
+    forget_finished_streams(st, ctx);
+    notify();
+}
+
+/// Removes destroyed streams of `ctx` whose work is all done.
+fn forget_finished_streams(st: &mut State, ctx: usize) {
+    let Some(c) = st.contexts.get(&ctx) else {
+        return;
+    };
+    let finished: Vec<usize> = c
+        .streams
+        .iter()
+        .copied()
+        .filter(|s| st.streams.get(s).is_none_or(|s| s.destroyed && s.idle()))
+        .collect();
+    for stream in &finished {
+        st.streams.remove(stream);
+    }
+    if let Some(c) = st.contexts.get_mut(&ctx) {
+        c.streams.retain(|s| !finished.contains(s));
+    }
+}
+
+/// Whether every stream of `ctx` has finished all its work.
+pub(crate) fn context_idle(st: &State, ctx: usize) -> bool {
+    st.contexts.get(&ctx).is_none_or(|c| {
+        c.streams
+            .iter()
+            .all(|s| st.streams.get(s).is_none_or(|s| s.idle()))
+    })
+}
+
+fn runnable(st: &State, op: &Op) -> bool {
+    match op {
+        Op::Hold { token } => st.holds.get(token).is_none_or(|released| *released),
+        Op::Wait { done } => done.load(Ordering::Acquire),
+        _ => true,
+    }
+}
+
+/// Pops the first runnable head operation of the streams of `ctx`, round robin.
+fn take_runnable(st: &mut State, ctx: usize) -> Option<(usize, Op)> {
+    let c = st.contexts.get(&ctx)?;
+    let n = c.streams.len();
+    let start = c.cursor;
+    let found = (0..n).map(|i| (start + i) % n).find_map(|index| {
+        let stream = c.streams[index];
+        let s = st.streams.get(&stream)?;
+        let head = s.queue.front()?;
+        (s.running.is_none() && runnable(st, head)).then_some((index, stream))
+    });
+    let (index, stream) = found?;
+    if let Some(c) = st.contexts.get_mut(&ctx) {
+        c.cursor = index + 1;
+    }
+    let s = st.streams.get_mut(&stream)?;
+    let op = s.queue.pop_front()?;
+    s.running = Some(op.host_functions());
+    Some((stream, op))
+}
+
+fn worker_main(ctx: usize) {
+    WORKER_OF.with(|w| w.set(ctx));
+    let mut st = lock();
+    while let Some(c) = st.contexts.get(&ctx) {
+        if c.is_poisoned() {
+            drain(&mut st, ctx);
+        }
+        let Some(c) = st.contexts.get(&ctx) else {
+            break;
+        };
+        let poisoned = c.poisoned.clone();
+        let stop = c.stop;
+        match take_runnable(&mut st, ctx) {
+            Some((stream, op)) => {
+                st = run(st, op, &poisoned);
+                if let Some(s) = st.streams.get_mut(&stream) {
+                    s.running = None;
+                }
+                forget_finished_streams(&mut st, ctx);
+                notify();
+            }
+            None if stop => break,
+            None => st = wait(st),
+        }
+    }
+    drop(st);
+    WORKERS.fetch_sub(1, Ordering::SeqCst);
+    notify();
+}
+
+/// Runs one operation; host code runs with the lock released.
+fn run(mut st: Guard, op: Op, poisoned: &AtomicBool) -> Guard {
+    match op {
+        Op::Hold { token } => {
+            st.holds.remove(&token);
+        }
+        Op::Record { done } => done.store(true, Ordering::Release),
+        Op::Wait { .. } => {}
+        Op::Write32 { addr, value } => write32(addr, value),
+        Op::Write64 { addr, value } => write64(addr, value),
+        Op::HostFn { f, data } => {
+            drop(st);
+            if !poisoned.load(Ordering::Acquire) {
+                // SAFETY: the user enqueued `f` with `data` for exactly this call, on this (the
+                // driver's) thread, as cuLaunchHostFunc's contract describes.
+                unsafe { f(as_ptr::<c_void>(data)) };
+            }
+            st = lock();
+        }
+        Op::Callback { f, stream, data } => {
+            drop(st);
+            if !poisoned.load(Ordering::Acquire) {
+                // SAFETY: as for a host function: the user registered `f` with these arguments
+                // through cuStreamAddCallback.
+                unsafe { f(as_ptr(stream), SUCCESS, as_ptr::<c_void>(data)) };
+            }
+            st = lock();
+        }
+        Op::Launch {
+            actions,
+            user_objects,
+        } => {
+            drop(st);
+            for action in actions.iter() {
+                if poisoned.load(Ordering::Acquire) {
+                    break;
+                }
+                match *action {
+                    // SAFETY: the graph's host node was given `f` and `data` for calls like this
+                    // one, at every launch.
+                    Action::Host { f, data } => unsafe { f(as_ptr::<c_void>(data)) },
+                    Action::Write32 { addr, value } => write32(addr, value),
+                    Action::Write64 { addr, value } => write64(addr, value),
+                }
+            }
+            st = lock();
+            user_object::release_all(&mut st, &user_objects);
+        }
+    }
+    st
+}
+
+fn write32(addr: usize, value: u32) {
+    // SAFETY: cuStreamWriteValue32 checked that `addr` is non-null and 4-byte aligned; the caller
+    // promised it stays valid memory until the write has happened (the driver's contract).
+    unsafe { AtomicU32::from_ptr(as_ptr(addr)) }.store(value, Ordering::Release);
+}
+
+fn write64(addr: usize, value: u64) {
+    // SAFETY: as in `write32`, with 8-byte alignment checked.
+    unsafe { AtomicU64::from_ptr(as_ptr(addr)) }.store(value, Ordering::Release);
+}
+
+/// Waits until `stream` has finished all its work (or is gone). 719 if its context is poisoned.
+pub(crate) fn wait_stream(mut st: Guard, stream: usize) -> CUresult {
+    loop {
+        let Some(s) = st.streams.get(&stream) else {
+            return SUCCESS;
+        };
+        let Some(c) = st.contexts.get(&s.ctx) else {
+            return SUCCESS;
+        };
+        if c.is_poisoned() {
+            return LAUNCH_FAILED;
+        }
+        if s.idle() {
+            return SUCCESS;
+        }
+        if on_worker_of(s.ctx) {
+            return NOT_PERMITTED;
+        }
+        st = wait(st);
+    }
+}
+
+/// Waits until every stream of `ctx` has finished all its work. 719 if it is poisoned.
+pub(crate) fn wait_context(mut st: Guard, ctx: usize) -> CUresult {
+    loop {
+        let Some(c) = st.contexts.get(&ctx) else {
+            return SUCCESS;
+        };
+        if c.is_poisoned() {
+            return LAUNCH_FAILED;
+        }
+        if context_idle(&st, ctx) {
+            return SUCCESS;
+        }
+        if on_worker_of(ctx) {
+            return NOT_PERMITTED;
+        }
+        st = wait(st);
+    }
+}
+
+/// Runs (or, after a sticky error, discards) all pending work of `ctx`, then stops and joins its
+/// worker. The caller has already marked the context as closing. Returns with the lock held.
+pub(crate) fn shut_down(mut st: Guard, ctx: usize) -> Guard {
+    loop {
+        let Some(c) = st.contexts.get(&ctx) else {
+            return st;
+        };
+        if c.is_poisoned() {
+            drain(&mut st, ctx);
+        }
+        if context_idle(&st, ctx) {
+            break;
+        }
+        st = wait(st);
+    }
+    let handle = st.contexts.get_mut(&ctx).and_then(|c| {
+        c.stop = true;
+        c.worker.take()
+    });
+    notify();
+    drop(st);
+    if let Some(handle) = handle {
+        // The worker never panics out of its loop (host functions are `extern "C"` and abort
+        // rather than unwind), so the result carries nothing.
+        let _ = handle.join();
+    }
+    let mut st = lock();
+    let streams: Vec<usize> = st
+        .streams
+        .iter()
+        .filter(|(_, s)| s.ctx == ctx)
+        .map(|(k, _)| *k)
+        .collect();
+    for stream in streams {
+        st.streams.remove(&stream);
+    }
+    st.events.retain(|_, e| e.ctx != ctx);
+    notify();
+    st
+}
+
+/// The number of host functions of `ctx` (every context if 0) enqueued and not yet finished.
+pub(crate) fn pending_host_functions(st: &State, ctx: usize) -> u64 {
+    st.streams
+        .values()
+        .filter(|s| ctx == 0 || s.ctx == ctx)
+        .map(|s| s.running.unwrap_or(0) + s.queue.iter().map(Op::host_functions).sum::<u64>())
+        .sum()
+}

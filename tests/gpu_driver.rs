@@ -1,0 +1,136 @@
+//! cuda-sys against the real driver. Opt-in: `cargo test --test gpu_driver -- --ignored`, or the
+//! bundle of `scripts/gpu-bundle`. Without a driver every test here fails (it does not skip).
+
+use std::ptr;
+
+use cuda_sys::{DefaultStream, Error, Function, ResolutionPath, driver};
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn the_real_driver_loads_and_reports_its_version_and_path() {
+    let d = driver().expect("the NVIDIA driver loads");
+    println!(
+        "driver: CUDA {} ({}) at {}, resolved through {:?}",
+        d.version(),
+        d.version().0,
+        d.path().display(),
+        d.resolution_path()
+    );
+    assert!(
+        d.version().0 >= 12000,
+        "this project's GPU runner has a 13.x driver"
+    );
+    assert_eq!(d.resolution_path(), ResolutionPath::ProcAddressV2);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn device_context_and_stream_calls_work_through_the_table() {
+    let d = driver().expect("driver");
+    let mut count = 0;
+    // SAFETY: valid out-pointer.
+    unsafe { d.cuDeviceGetCount(&mut count) }.expect("cuDeviceGetCount");
+    assert!(count >= 1);
+    let mut device = 0;
+    let mut name = [0 as std::ffi::c_char; 128];
+    let mut context = ptr::null_mut();
+    let mut stream = ptr::null_mut();
+    // SAFETY: valid out-pointers; handles come from the driver and are used while alive.
+    unsafe {
+        d.cuDeviceGet(&mut device, 0).expect("cuDeviceGet");
+        d.cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, device)
+            .expect("name");
+        d.cuDevicePrimaryCtxRetain(&mut context, device)
+            .expect("retain");
+        d.cuCtxSetCurrent(context).expect("set current");
+        d.cuStreamCreate(&mut stream, 0).expect("cuStreamCreate");
+        d.cuStreamSynchronize(stream).expect("cuStreamSynchronize");
+        d.cuStreamDestroy(stream).expect("cuStreamDestroy");
+        d.cuDevicePrimaryCtxRelease(device).expect("release");
+    }
+    // SAFETY: the driver wrote a NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    println!("{count} device(s); device 0: {name}");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn launch_host_func_v2_is_gated_by_the_driver_version() {
+    let d = driver().expect("driver");
+    let required = Function::cuLaunchHostFunc_v2.info().version;
+    match d.raw().cuLaunchHostFunc_v2() {
+        Err(Error::DriverTooOld {
+            function,
+            required: r,
+            found,
+        }) => {
+            println!(
+                "{function}: DriverTooOld (needs {r}, driver {found}): {}",
+                d.version()
+            );
+            assert!(d.version().0 < required as i32);
+            assert_eq!(r, required);
+            assert_eq!(found, d.version());
+        }
+        Ok(_) => {
+            println!(
+                "cuLaunchHostFunc_v2 resolved: driver {} >= {required}",
+                d.version().0
+            );
+            assert!(d.version().0 >= required as i32);
+        }
+        Err(other) => panic!("unexpected: {other}"),
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn legacy_and_per_thread_stream_variants_resolve_to_different_pointers() {
+    let d = driver().expect("driver");
+    let legacy = d
+        .get_proc_address("cuStreamSynchronize", 2000, DefaultStream::Legacy)
+        .unwrap();
+    let per_thread = d
+        .get_proc_address("cuStreamSynchronize", 2000, DefaultStream::PerThread)
+        .unwrap();
+    println!("cuStreamSynchronize: legacy {legacy:p}, per-thread {per_thread:p}");
+    assert_ne!(legacy, per_thread);
+    // The table (loaded in legacy mode here) resolves the legacy variant.
+    assert_eq!(d.default_stream(), DefaultStream::Legacy);
+    let table = d.raw().cuStreamSynchronize().unwrap();
+    assert_eq!(table as *mut std::ffi::c_void, legacy.as_ptr());
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn a_walk_over_the_whole_table_finds_nothing_missing_at_or_below_the_driver_version() {
+    let d = driver().expect("driver");
+    let (mut resolved, mut gated, mut missing) = (0, 0, Vec::new());
+    for &f in Function::ALL {
+        match d.resolve(f) {
+            Ok(_) => resolved += 1,
+            Err(Error::DriverTooOld { .. }) => gated += 1,
+            Err(Error::SymbolMissing { reason, .. }) => {
+                missing.push(format!("{} (v{}, {reason})", f.name(), f.info().version))
+            }
+            Err(e) => panic!("{}: {e}", f.name()),
+        }
+    }
+    println!(
+        "table walk on CUDA {}: {} entries, {resolved} resolved, {gated} gated (newer than the \
+         driver), {} missing",
+        d.version(),
+        Function::ALL.len(),
+        missing.len()
+    );
+    for m in &missing {
+        println!("  missing: {m}");
+    }
+    assert_eq!(resolved + gated + missing.len(), Function::ALL.len());
+    assert!(
+        missing.is_empty(),
+        "entries at or below the driver's version are missing"
+    );
+}

@@ -1,0 +1,280 @@
+//! Capture-aware host launches, graph host nodes and the sync-mode option on the real GPU. Opt-in:
+//! `--ignored --test-threads=1`, or the bundle of `scripts/gpu-bundle`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use cuda_host_launch::{
+    Error, Event, Graph, HostTaskSyncMode, LaunchOptions, Stream, add_host_node,
+    add_host_node_with, flush, host_launch_repeatable, host_launch_with,
+};
+use cuda_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
+use cuda_workspace::gpu::{Gpu, MappedU32s};
+
+const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+
+/// Which thread dropped an owner, and its name.
+type DroppedOn = Arc<Mutex<Option<(ThreadId, Option<String>)>>>;
+
+/// Records where and whether it was dropped.
+struct Owner {
+    dropped: Arc<AtomicUsize>,
+    dropped_on: DroppedOn,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let t = std::thread::current();
+        *self.dropped_on.lock().unwrap() = Some((t.id(), t.name().map(str::to_owned)));
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn owner() -> (Owner, Arc<AtomicUsize>, DroppedOn) {
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let on = Arc::new(Mutex::new(None));
+    (
+        Owner {
+            dropped: Arc::clone(&dropped),
+            dropped_on: Arc::clone(&on),
+        },
+        dropped,
+        on,
+    )
+}
+
+/// Waits (flushing) until `count` reaches `want`, for at most 5 s: the driver destroys user
+/// objects asynchronously.
+fn wait_for(count: &AtomicUsize, want: usize) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        flush(Duration::from_secs(1)).unwrap();
+        if count.load(Ordering::SeqCst) == want {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+fn capture(gpu: &Gpu, stream: &Stream, body: impl FnOnce()) -> Graph {
+    // SAFETY: live stream.
+    unsafe { gpu.driver.cuStreamBeginCapture(stream.raw(), RELAXED) }.unwrap();
+    body();
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: live stream, valid out-pointer.
+    unsafe { gpu.driver.cuStreamEndCapture(stream.raw(), &mut raw) }.unwrap();
+    // SAFETY: the graph the capture made, owned by nobody else.
+    unsafe { Graph::from_raw(raw) }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn a_captured_host_launch_is_one_host_node_that_runs_on_every_launch_of_the_executable() {
+    let gpu = Gpu::open();
+    let stream = Stream::new_non_blocking(&gpu.context).unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let graph = capture(&gpu, &stream, || {
+        host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    });
+    let nodes = graph.node_types().unwrap();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].1, CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST);
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "capturing does not run it");
+    let exec = graph.instantiate().unwrap();
+    for _ in 0..3 {
+        exec.launch(&stream).unwrap();
+    }
+    stream.synchronize().unwrap();
+    println!(
+        "captured: {} node(s) of type {:?}; 3 launches ran it {} times",
+        nodes.len(),
+        nodes[0].1,
+        runs.load(Ordering::SeqCst)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn owners_outlive_clones_executables_and_the_source_graph_and_drop_after_the_last_executable() {
+    let gpu = Gpu::open();
+    let stream = Stream::new_non_blocking(&gpu.context).unwrap();
+    let (owner, dropped, dropped_on) = owner();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let driver_thread = Arc::new(Mutex::new(None));
+    let (counter, seen) = (Arc::clone(&runs), Arc::clone(&driver_thread));
+    let graph = capture(&gpu, &stream, || {
+        host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
+            let _keep = &owner;
+            *seen.lock().unwrap() = Some(std::thread::current().id());
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    });
+    let clone = graph.try_clone().unwrap();
+    let first = graph.instantiate().unwrap();
+    let second = clone.instantiate().unwrap();
+    drop(graph);
+    drop(clone);
+    first.launch(&stream).unwrap();
+    second.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    flush(Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "alive while two executables exist"
+    );
+    drop(first);
+    std::thread::sleep(Duration::from_millis(100));
+    flush(Duration::from_secs(1)).unwrap();
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "alive while one executable exists"
+    );
+    second.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    drop(second);
+    assert!(
+        wait_for(&dropped, 1),
+        "dropped once the last executable is destroyed"
+    );
+    let (thread, name) = dropped_on.lock().unwrap().clone().unwrap();
+    let driver_thread = driver_thread.lock().unwrap().unwrap();
+    println!(
+        "ran {} times; owner dropped once, after the last executable, on {thread:?} ({name:?}); \
+         driver thread {driver_thread:?}",
+        runs.load(Ordering::SeqCst)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    assert_ne!(thread, driver_thread);
+    assert_eq!(name.as_deref(), Some("cuda-host-launch-reaper"));
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn a_host_launch_on_a_stream_forked_into_a_capture_is_captured_and_tied_to_that_graph() {
+    let gpu = Gpu::open();
+    let origin = Stream::new_non_blocking(&gpu.context).unwrap();
+    let forked = Stream::new_non_blocking(&gpu.context).unwrap();
+    let (fork, join) = (
+        Event::new(&gpu.context).unwrap(),
+        Event::new(&gpu.context).unwrap(),
+    );
+    let (owner, dropped, _) = owner();
+    let ran = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&ran);
+    let graph = capture(&gpu, &origin, || {
+        fork.record(&origin).unwrap();
+        fork.make_wait(&forked).unwrap();
+        host_launch_repeatable(&forked, &LaunchOptions::default(), move || {
+            let _keep = &owner;
+            flag.store(true, Ordering::SeqCst);
+        })
+        .unwrap();
+        join.record(&forked).unwrap();
+        join.make_wait(&origin).unwrap();
+    });
+    let hosts = graph
+        .node_types()
+        .unwrap()
+        .into_iter()
+        .filter(|(_, t)| *t == CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST)
+        .count();
+    assert_eq!(hosts, 1);
+    assert!(!ran.load(Ordering::SeqCst));
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&origin).unwrap();
+    origin.synchronize().unwrap();
+    assert!(ran.load(Ordering::SeqCst));
+    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    drop(exec);
+    drop(graph);
+    assert!(wait_for(&dropped, 1));
+    println!(
+        "forked-stream launch captured as 1 host node; ran on replay; owner dropped with the graph"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn graph_host_nodes_run_in_dependency_order_with_a_kernel_node() {
+    let gpu = Gpu::open();
+    let stream = Stream::new_non_blocking(&gpu.context).unwrap();
+    // 0: the kernel's value; 1: what the second host node saw; 2: the order of events.
+    let m = Arc::new(MappedU32s::new(gpu.driver, 3));
+    let graph = Graph::new().unwrap();
+    let (a, b) = (Arc::clone(&m), Arc::clone(&m));
+    let first = add_host_node(&graph, &[], move || {
+        // Runs before the kernel: the kernel's value is not there yet.
+        a.set(2, if a.get(0) == 0 { 1 } else { 99 });
+    })
+    .unwrap();
+    // SAFETY: a live graph and one of its nodes.
+    let kernel = unsafe {
+        gpu.kernels
+            .add_spin_then_write_node(graph.raw(), &[first], m.device(0), 7, 20_000_000)
+    };
+    add_host_node(&graph, &[kernel], move || {
+        b.set(1, b.get(0));
+        b.set(2, b.get(2) * 10 + 2);
+    })
+    .unwrap();
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    println!(
+        "order code {} (12 = host, kernel, host); second host node saw {}",
+        m.get(2),
+        m.get(1)
+    );
+    assert_eq!(m.get(1), 7, "the second host node ran after the kernel");
+    assert_eq!(m.get(2), 12, "the first host node ran before the kernel");
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn the_sync_mode_option_is_gated_on_the_driver_version() {
+    let gpu = Gpu::open();
+    let stream = Stream::new(&gpu.context).unwrap();
+    let options = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
+    let (owner, dropped, _) = owner();
+    let launched = host_launch_with(&stream, &options, move || {
+        let _keep = &owner;
+    });
+    let graph = Graph::new().unwrap();
+    let node = add_host_node_with(&graph, &[], &options, || {});
+    let version = gpu.driver.version().0;
+    println!("driver {version}: sync-mode launch -> {launched:?}; node -> {node:?}");
+    if version < 13010 {
+        for result in [launched.map(|_| ()), node.map(|_| ())] {
+            match result {
+                Err(Error::Cuda(cuda_sys::Error::DriverTooOld {
+                    required, found, ..
+                })) => {
+                    assert_eq!(required, 13010);
+                    assert_eq!(found.0, version);
+                }
+                other => panic!("expected DriverTooOld, got {other:?}"),
+            }
+        }
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            1,
+            "the refused launch dropped its owner"
+        );
+    } else {
+        launched.unwrap();
+        node.unwrap();
+        stream.synchronize().unwrap();
+    }
+}
