@@ -1,0 +1,549 @@
+//! Host-launch overhead against the raw driver call, measured in one run on a real GPU.
+//!
+//! `cargo bench --bench host_launch` on a GPU machine, or `BENCH=1 gpu-bundle/run` from the bundle
+//! of `scripts/gpu-bundle`. Prints a table and writes the same figures to `bench-results.json` in the
+//! working directory. Every figure of a wrapper is also given as a ratio to the floor (the raw
+//! `cuLaunchHostFunc` through the cuda-sys pointer) measured in the same run, interleaved with it.
+//!
+//! Methods (see BENCHMARKS.md): 1 raw floor; 2 `launch_host_function` with one small owner;
+//! 3 `host_launch` with a closure capturing a small value; 4 the cust/CCCL way
+//! (`cuStreamAddCallback`, a boxed closure freed on the driver thread).
+
+use std::ffi::c_void;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cuda_host_launch::{Stream, flush, host_launch, launch_host_function};
+use cuda_sys::types::{CUresult, CUstream};
+use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
+
+const N: usize = 200_000;
+const REPS: usize = 5;
+const LATENCY_SAMPLES: usize = 2_000;
+const PENDING: usize = 20_000;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Method {
+    Raw,
+    Owner,
+    Closure,
+    Callback,
+}
+
+const METHODS: [Method; 4] = [
+    Method::Raw,
+    Method::Owner,
+    Method::Closure,
+    Method::Callback,
+];
+
+impl Method {
+    fn name(self) -> &'static str {
+        match self {
+            Method::Raw => "raw cuLaunchHostFunc (floor)",
+            Method::Owner => "launch_host_function + owner",
+            Method::Closure => "host_launch closure",
+            Method::Callback => "cuStreamAddCallback + Box<dyn FnOnce> (cust/CCCL)",
+        }
+    }
+    fn key(self) -> &'static str {
+        match self {
+            Method::Raw => "raw",
+            Method::Owner => "owner",
+            Method::Closure => "closure",
+            Method::Callback => "callback",
+        }
+    }
+}
+
+unsafe extern "C" fn noop(_: *mut c_void) {}
+
+/// The peer approach: cust's `add_callback` / CCCL's closure path.
+unsafe extern "C" fn boxed_callback(_: CUstream, _: CUresult, data: *mut c_void) {
+    // SAFETY: `data` is the Box leaked by `launch_callback`, taken back once, here.
+    let f = unsafe { Box::from_raw(data.cast::<Box<dyn FnOnce() + Send>>()) };
+    f();
+}
+
+struct Bench {
+    gpu: Gpu,
+}
+
+impl Bench {
+    /// Enqueues one launch of `method` on `stream`.
+    #[inline(always)]
+    fn launch(&self, method: Method, stream: &Stream, value: u64) {
+        match method {
+            Method::Raw => {
+                let launch = self.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+                // SAFETY: live stream; `noop` ignores its argument.
+                let code = unsafe { launch(stream.raw(), Some(noop), std::ptr::null_mut()) };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+            }
+            Method::Owner => {
+                // SAFETY: `noop` ignores its argument.
+                unsafe {
+                    launch_host_function(stream, Some(noop), std::ptr::null_mut(), [value; 2])
+                }
+                .unwrap();
+            }
+            Method::Closure => {
+                host_launch(stream, move || {
+                    std::hint::black_box(value);
+                })
+                .unwrap();
+            }
+            Method::Callback => {
+                let f: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(move || {
+                    std::hint::black_box(value);
+                }));
+                let add = self.gpu.driver.raw().cuStreamAddCallback().unwrap();
+                // SAFETY: live stream; the callback takes the box back once.
+                let code = unsafe {
+                    add(
+                        stream.raw(),
+                        Some(boxed_callback),
+                        Box::into_raw(f).cast(),
+                        0,
+                    )
+                };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+            }
+        }
+    }
+
+    /// ns per enqueue of `n` launches spread round-robin over `streams`; and the end-to-end rate
+    /// (host functions per second, enqueue through synchronize).
+    fn enqueue_and_throughput(&self, method: Method, streams: &[Stream], n: usize) -> (f64, f64) {
+        let started = Instant::now();
+        for i in 0..n {
+            self.launch(method, &streams[i % streams.len()], i as u64);
+        }
+        let enqueued = started.elapsed();
+        for s in streams {
+            s.synchronize().unwrap();
+        }
+        let total = started.elapsed();
+        flush(Duration::from_secs(30)).unwrap();
+        (
+            enqueued.as_nanos() as f64 / n as f64,
+            n as f64 / total.as_secs_f64(),
+        )
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+static STAMP: Mutex<Option<Instant>> = Mutex::new(None);
+
+unsafe extern "C" fn stamp_start(_: *mut c_void) {
+    *STAMP.lock().unwrap() = Some(Instant::now());
+}
+
+/// Latency from a kernel's write (seen by a host thread spinning on mapped memory) to the host
+/// function's first instruction, in µs, `samples` times.
+fn latency(bench: &Bench, method: Method, stream: &Stream, samples: usize) -> Vec<f64> {
+    let flag = Arc::new(MappedU32s::new(bench.gpu.driver, 1));
+    let mut out = Vec::with_capacity(samples);
+    for i in 1..=samples as u32 {
+        *STAMP.lock().unwrap() = None;
+        bench
+            .gpu
+            .kernels
+            .spin_then_write(stream.raw(), flag.device(0), i, 20_000);
+        match method {
+            Method::Raw => {
+                let launch = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+                // SAFETY: live stream; `stamp_start` ignores its argument.
+                unsafe { launch(stream.raw(), Some(stamp_start), std::ptr::null_mut()) };
+            }
+            _ => {
+                host_launch(stream, || {
+                    *STAMP.lock().unwrap() = Some(Instant::now());
+                })
+                .unwrap();
+            }
+        }
+        while flag.get(0) != i {
+            std::hint::spin_loop();
+        }
+        let seen = Instant::now();
+        stream.synchronize().unwrap();
+        let started = STAMP.lock().unwrap().expect("the host function ran");
+        out.push(started.saturating_duration_since(seen).as_nanos() as f64 / 1000.0);
+    }
+    flush(Duration::from_secs(10)).unwrap();
+    out.sort_by(|a, b| a.total_cmp(b));
+    out
+}
+
+static RETURNED_AT: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
+static DROPPED_AT: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn stamp_return(_: *mut c_void) {
+    RETURNED_AT.lock().unwrap().push(Instant::now());
+}
+
+struct StampDrop;
+impl Drop for StampDrop {
+    fn drop(&mut self) {
+        DROPPED_AT.lock().unwrap().push(Instant::now());
+    }
+}
+
+/// How long owners wait in the cleanup queue: from the host function's return to the owner's drop,
+/// in µs (paired in order: one stream, FIFO queue).
+fn cleanup_wait(stream: &Stream, n: usize) -> Vec<f64> {
+    RETURNED_AT.lock().unwrap().clear();
+    DROPPED_AT.lock().unwrap().clear();
+    for _ in 0..n {
+        // SAFETY: `stamp_return` ignores its argument.
+        unsafe {
+            launch_host_function(stream, Some(stamp_return), std::ptr::null_mut(), StampDrop)
+        }
+        .unwrap();
+    }
+    stream.synchronize().unwrap();
+    flush(Duration::from_secs(30)).unwrap();
+    let returned = RETURNED_AT.lock().unwrap();
+    let dropped = DROPPED_AT.lock().unwrap();
+    let mut waits: Vec<f64> = returned
+        .iter()
+        .zip(dropped.iter())
+        .map(|(r, d)| d.saturating_duration_since(*r).as_nanos() as f64 / 1000.0)
+        .collect();
+    waits.sort_by(|a, b| a.total_cmp(b));
+    waits
+}
+
+/// Heap bytes per pending launch: launches held behind a stream that waits on mapped memory.
+fn heap_per_pending(bench: &Bench, method: Method, stream: &Stream) -> f64 {
+    let gate = MappedU32s::new(bench.gpu.driver, 1);
+    // SAFETY: live stream; the gate is mapped memory that outlives the wait (released below).
+    unsafe {
+        bench
+            .gpu
+            .driver
+            .cuStreamWaitValue32(stream.raw(), gate.device(0), 1, 0)
+    }
+    .unwrap();
+    let before = heap_in_use();
+    for i in 0..PENDING {
+        bench.launch(method, stream, i as u64);
+    }
+    let after = heap_in_use();
+    gate.set(0, 1);
+    stream.synchronize().unwrap();
+    flush(Duration::from_secs(30)).unwrap();
+    (after as f64 - before as f64) / PENDING as f64
+}
+
+/// Cold start, in a fresh process: opening the driver (dlopen + cuInit + version) and the first
+/// resolution of a table entry.
+fn cold_start_child() {
+    let t0 = Instant::now();
+    let driver = cuda_sys::driver().unwrap();
+    let opened = t0.elapsed();
+    let t1 = Instant::now();
+    let mut v = 0;
+    // SAFETY: valid out-pointer.
+    unsafe { driver.cuDeviceGetCount(&mut v) }.unwrap();
+    let first = t1.elapsed();
+    let t2 = Instant::now();
+    // SAFETY: valid out-pointer.
+    unsafe { driver.cuDeviceGetCount(&mut v) }.unwrap();
+    let second = t2.elapsed();
+    println!(
+        "{} {} {}",
+        opened.as_nanos(),
+        first.as_nanos(),
+        second.as_nanos()
+    );
+}
+
+fn cold_start() -> (f64, f64, f64) {
+    let mut runs: Vec<(f64, f64, f64)> = (0..5)
+        .map(|_| {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .arg("--cold-start-child")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let v: Vec<f64> = text
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            (v[0] / 1e6, v[1] / 1e3, v[2] / 1e3)
+        })
+        .collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs[runs.len() / 2]
+}
+
+/// ns per call of a cheap function through the table, and through a cached raw pointer.
+fn gated_call_cost(bench: &Bench) -> (f64, f64) {
+    const CALLS: usize = 5_000_000;
+    let d = bench.gpu.driver;
+    let raw = d.raw().cuDriverGetVersion().unwrap();
+    let mut through_table = Vec::new();
+    let mut through_pointer = Vec::new();
+    for _ in 0..REPS {
+        let mut v = 0;
+        let t = Instant::now();
+        for _ in 0..CALLS {
+            // SAFETY: valid out-pointer.
+            unsafe { std::hint::black_box(d).cuDriverGetVersion(&mut v) }.unwrap();
+        }
+        through_table.push(t.elapsed().as_nanos() as f64 / CALLS as f64);
+        let t = Instant::now();
+        for _ in 0..CALLS {
+            // SAFETY: valid out-pointer.
+            let code = unsafe { std::hint::black_box(raw)(&mut v) };
+            assert_eq!(code, CUresult::CUDA_SUCCESS);
+        }
+        through_pointer.push(t.elapsed().as_nanos() as f64 / CALLS as f64);
+    }
+    (median(&mut through_table), median(&mut through_pointer))
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--cold-start-child") {
+        cold_start_child();
+        return;
+    }
+    let bench = Bench { gpu: Gpu::open() };
+    let device = cuda_host_launch::Device::get(0).unwrap().name().unwrap();
+    let version = bench.gpu.driver.version();
+    let one = vec![Stream::new(&bench.gpu.context).unwrap()];
+    let four: Vec<Stream> = (0..4)
+        .map(|_| Stream::new(&bench.gpu.context).unwrap())
+        .collect();
+    let mut json = String::new();
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "host-launch benchmark: {device}, driver CUDA {version} ({})",
+        version.0
+    );
+    let _ = writeln!(
+        table,
+        "N = {N} launches per repetition, {REPS} repetitions (median), methods interleaved\n"
+    );
+    json.push_str(&format!(
+        "{{\n  \"device\": {device:?},\n  \"driver_version\": {},\n  \"n\": {N},\n  \"reps\": {REPS},\n  \"throughput\": {{",
+        version.0
+    ));
+
+    // Warm-up: every method, both stream sets.
+    for m in METHODS {
+        bench.enqueue_and_throughput(m, &one, 20_000);
+        bench.enqueue_and_throughput(m, &four, 20_000);
+    }
+
+    for (label, streams) in [("1 stream", &one), ("4 streams", &four)] {
+        let mut enqueue = [const { Vec::new() }; 4];
+        let mut rate = [const { Vec::new() }; 4];
+        for _ in 0..REPS {
+            for (k, m) in METHODS.iter().enumerate() {
+                let (ns, per_s) = bench.enqueue_and_throughput(*m, streams, N);
+                enqueue[k].push(ns);
+                rate[k].push(per_s);
+            }
+        }
+        let e: Vec<f64> = enqueue.iter_mut().map(|v| median(v)).collect();
+        let r: Vec<f64> = rate.iter_mut().map(|v| median(v)).collect();
+        let _ = writeln!(table, "{label}:");
+        let _ = writeln!(
+            table,
+            "  {:<52} {:>10} {:>8} {:>14} {:>8}",
+            "method", "enqueue ns", "x floor", "host fns/s", "x floor"
+        );
+        json.push_str(&format!("\n    {label:?}: {{"));
+        for (k, m) in METHODS.iter().enumerate() {
+            let _ = writeln!(
+                table,
+                "  {:<52} {:>10.0} {:>8.3} {:>14.0} {:>8.3}",
+                m.name(),
+                e[k],
+                e[k] / e[0],
+                r[k],
+                r[k] / r[0]
+            );
+            json.push_str(&format!(
+                "\n      {:?}: {{\"enqueue_ns\": {:.1}, \"enqueue_ratio\": {:.4}, \"per_second\": {:.0}, \"throughput_ratio\": {:.4}}}{}",
+                m.key(),
+                e[k],
+                e[k] / e[0],
+                r[k],
+                r[k] / r[0],
+                if k + 1 < METHODS.len() { "," } else { "" }
+            ));
+        }
+        json.push_str(if label == "1 stream" {
+            "\n    },"
+        } else {
+            "\n    }"
+        });
+        let _ = writeln!(table);
+    }
+    json.push_str("\n  },");
+
+    let raw_latency = latency(&bench, Method::Raw, &one[0], LATENCY_SAMPLES);
+    let closure_latency = latency(&bench, Method::Closure, &one[0], LATENCY_SAMPLES);
+    let _ = writeln!(
+        table,
+        "latency, kernel's write seen by a host spinner -> host function starts ({LATENCY_SAMPLES} samples, µs):"
+    );
+    json.push_str("\n  \"latency_us\": {");
+    for (name, v, key, last) in [
+        (Method::Raw.name(), &raw_latency, "raw", false),
+        (Method::Closure.name(), &closure_latency, "closure", true),
+    ] {
+        let (p50, p90, p99) = (percentile(v, 0.5), percentile(v, 0.9), percentile(v, 0.99));
+        let _ = writeln!(
+            table,
+            "  {name:<52} p50 {p50:>7.1}  p90 {p90:>7.1}  p99 {p99:>7.1}"
+        );
+        json.push_str(&format!(
+            "\n    {key:?}: {{\"p50\": {p50:.2}, \"p90\": {p90:.2}, \"p99\": {p99:.2}}}{}",
+            if last { "" } else { "," }
+        ));
+    }
+    json.push_str("\n  },");
+
+    let waits = cleanup_wait(&one[0], 50_000);
+    let (w50, w99) = (percentile(&waits, 0.5), percentile(&waits, 0.99));
+    let _ = writeln!(
+        table,
+        "\nowners' wait in the cleanup queue (host function returns -> owner dropped, reaper mode, {} samples): p50 {w50:.1} µs, p99 {w99:.1} µs",
+        waits.len()
+    );
+    json.push_str(&format!(
+        "\n  \"cleanup_wait_us\": {{\"p50\": {w50:.2}, \"p99\": {w99:.2}}},"
+    ));
+
+    let _ = writeln!(
+        table,
+        "\nheap bytes per pending launch ({PENDING} launches held behind a stream wait; driver's own heap included):"
+    );
+    json.push_str("\n  \"heap_bytes_per_pending_launch\": {");
+    for (k, m) in METHODS.iter().enumerate() {
+        let bytes = heap_per_pending(&bench, *m, &one[0]);
+        let _ = writeln!(table, "  {:<52} {bytes:>8.1}", m.name());
+        json.push_str(&format!(
+            "\n    {:?}: {bytes:.1}{}",
+            m.key(),
+            if k + 1 < METHODS.len() { "," } else { "" }
+        ));
+    }
+    json.push_str("\n  },");
+
+    let (table_ns, pointer_ns) = gated_call_cost(&bench);
+    let (open_ms, first_us, second_us) = cold_start();
+    let _ = writeln!(
+        table,
+        "\ncuDriverGetVersion: {table_ns:.2} ns through the table, {pointer_ns:.2} ns through a cached pointer (difference {:.2} ns)",
+        table_ns - pointer_ns
+    );
+    let _ = writeln!(
+        table,
+        "cold start (fresh process, median of 5): open (dlopen + cuInit + cuDriverGetVersion) {open_ms:.2} ms; first call of a table entry (resolve + call) {first_us:.1} µs; second call {second_us:.2} µs"
+    );
+    json.push_str(&format!(
+        "\n  \"gated_call_ns\": {{\"table\": {table_ns:.3}, \"cached_pointer\": {pointer_ns:.3}}},\n  \"cold_start\": {{\"open_ms\": {open_ms:.3}, \"first_call_us\": {first_us:.2}, \"second_call_us\": {second_us:.3}}}\n}}\n"
+    ));
+    let costs = ingredient_costs(&bench, &one[0]);
+    let _ = writeln!(
+        table,
+        "\ningredients of a launch (ns per call, median of {REPS}):"
+    );
+    for (name, ns) in &costs {
+        let _ = writeln!(table, "  {name:<52} {ns:>8.1}");
+    }
+    json.truncate(json.trim_end().len() - 1); // reopen the object
+    json.push_str(",\n  \"ingredients_ns\": {");
+    for (k, (name, ns)) in costs.iter().enumerate() {
+        json.push_str(&format!(
+            "\n    {name:?}: {ns:.2}{}",
+            if k + 1 < costs.len() { "," } else { "" }
+        ));
+    }
+    json.push_str("\n  }\n}\n");
+    print!("{table}");
+    std::fs::write("bench-results.json", json).unwrap();
+    println!("\nwrote bench-results.json");
+}
+
+/// What the pieces a wrapper adds to a launch cost on their own: the driver queries it makes and
+/// the allocation of its record.
+fn ingredient_costs(bench: &Bench, stream: &Stream) -> Vec<(&'static str, f64)> {
+    const CALLS: usize = 1_000_000;
+    let d = bench.gpu.driver;
+    let s = stream.raw();
+    let info = d.raw().cuStreamGetCaptureInfo().unwrap();
+    let is_capturing = d.raw().cuStreamIsCapturing().unwrap();
+    let get_ctx = d.raw().cuStreamGetCtx().unwrap();
+    let current = d.raw().cuCtxGetCurrent().unwrap();
+    let time = |f: &mut dyn FnMut()| {
+        let mut v: Vec<f64> = (0..REPS)
+            .map(|_| {
+                let t = Instant::now();
+                for _ in 0..CALLS {
+                    f();
+                }
+                t.elapsed().as_nanos() as f64 / CALLS as f64
+            })
+            .collect();
+        median(&mut v)
+    };
+    use std::ptr::null_mut as null;
+    let none = cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    vec![
+        (
+            "cuStreamGetCaptureInfo (status, id, graph)",
+            time(&mut || {
+                let (mut st, mut id, mut g) = (none, 0, null());
+                // SAFETY: live stream, valid out-pointers.
+                unsafe { info(s, &mut st, &mut id, &mut g, null(), null(), null()) };
+            }),
+        ),
+        (
+            "cuStreamIsCapturing",
+            time(&mut || {
+                let mut st = none;
+                // SAFETY: live stream, valid out-pointer.
+                unsafe { is_capturing(s, &mut st) };
+            }),
+        ),
+        (
+            "cuStreamGetCtx",
+            time(&mut || {
+                let mut c = null();
+                // SAFETY: live stream, valid out-pointer.
+                unsafe { get_ctx(s, &mut c) };
+            }),
+        ),
+        (
+            "cuCtxGetCurrent",
+            time(&mut || {
+                let mut c = null();
+                // SAFETY: valid out-pointer.
+                unsafe { current(&mut c) };
+            }),
+        ),
+        (
+            "Box<[u64; 4]> allocate + free (same thread)",
+            time(&mut || {
+                std::hint::black_box(Box::new([0u64; 4]));
+            }),
+        ),
+    ]
+}

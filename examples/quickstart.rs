@@ -1,0 +1,119 @@
+//! Launches host functions in stream order and shows which thread ran them and which thread
+//! released their owners.
+//!
+//! `cargo run --example quickstart`. On a machine with an NVIDIA driver it uses the GPU; where no
+//! driver is found it says so and runs against the workspace's fake driver (a test double that runs
+//! host functions on its own "driver" thread, but no kernels).
+
+use std::process::ExitCode;
+use std::sync::mpsc::{Sender, channel};
+use std::time::Duration;
+
+use cuda_host_launch::{Device, PrimaryContext, Stream, flush, host_launch, launch_host_function};
+use cuda_sys::{Driver, LoadOptions};
+
+/// An owner that reports, when dropped, which thread dropped it.
+struct Owner {
+    label: String,
+    report: Sender<String>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let _ = self.report.send(format!(
+            "owner of {} released on {}",
+            self.label,
+            thread_name()
+        ));
+    }
+}
+
+fn thread_name() -> String {
+    let t = std::thread::current();
+    format!(
+        "{:?} ({})",
+        t.id(),
+        t.name().unwrap_or("unnamed: the driver's thread")
+    )
+}
+
+unsafe extern "C" fn c_host_function(data: *mut std::ffi::c_void) {
+    // SAFETY: `data` points at the `Sender` owned by this launch's owners, alive until we return.
+    let report = unsafe { &*data.cast::<Sender<String>>() };
+    let _ = report.send(format!("C host function ran on {}", thread_name()));
+}
+
+fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
+    match cuda_sys::driver() {
+        Ok(driver) => {
+            println!(
+                "Using the NVIDIA driver at {} (CUDA {}).",
+                driver.path().display(),
+                driver.version()
+            );
+            Ok(driver)
+        }
+        Err(e) => {
+            println!("No usable NVIDIA driver here: {e}");
+            let fake = cuda_workspace::testing::fake_driver_path();
+            println!(
+                "Running against the FAKE driver instead ({}): host functions run on its \
+                 stand-in driver thread; nothing runs on a GPU.",
+                fake.display()
+            );
+            Driver::load(LoadOptions::with_library_path(fake))
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
+    open_driver()?;
+    let device = Device::get(0)?;
+    println!("Device 0: {}", device.name()?);
+    let context = PrimaryContext::retain(device)?;
+    let stream = Stream::new(&context)?;
+    let (report, messages) = channel();
+    println!("main thread: {}", thread_name());
+
+    for i in 0..3 {
+        let owner = Owner {
+            label: format!("closure {i}"),
+            report: report.clone(),
+        };
+        let tell = report.clone();
+        host_launch(&stream, move || {
+            let _ = &owner; // the closure's captures are its owners
+            let _ = tell.send(format!("closure {i} ran on {}", thread_name()));
+        })?;
+    }
+    let sender = Box::new(report.clone());
+    let data = (&*sender as *const Sender<String>).cast_mut().cast();
+    let owners = (
+        sender,
+        Owner {
+            label: "the C host function".into(),
+            report: report.clone(),
+        },
+    );
+    // SAFETY: `c_host_function` only reads the Sender that `owners` keeps alive until it returns.
+    unsafe { launch_host_function(&stream, Some(c_host_function), data, owners)? };
+
+    stream.synchronize()?;
+    flush(Duration::from_secs(5))?;
+    drop(report);
+    for message in messages.try_iter() {
+        println!("  {message}");
+    }
+    println!("Every owner was released after its function ran, off the driver's thread.");
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("quickstart failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
