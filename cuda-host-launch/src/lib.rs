@@ -73,12 +73,13 @@ mod options;
 mod panic_report;
 mod raw_stream;
 mod record;
+mod record_pool;
 mod resources;
 mod sync;
 mod user_object;
 
 pub use cleanup::{
-    CLEANUP_MODE_ENV, CleanupMode, CleanupStats, cleanup_mode, cleanup_stats, defer_drop, drain,
+    CLEANUP_MODE_ENV, CleanupMode, REAPER_LINGER_ENV, REAPER_POLL_ENV, CleanupStats, cleanup_mode, cleanup_stats, defer_drop, drain,
     flush, set_cleanup_mode,
 };
 pub use error::Error;

@@ -29,6 +29,7 @@ use std::ptr::{self, NonNull};
 use crate::cleanup;
 use crate::host_thread::HostFunctionScope;
 use crate::intrusive_stack::Linked;
+use crate::record_pool;
 use crate::sync::AtomicPtr;
 
 /// A caught panic's payload.
@@ -139,20 +140,59 @@ struct Record<P> {
     payload: P,
 }
 
-/// Boxes `payload` into a record.
+/// Puts `payload` into a record: a pooled slot if it fits (and this is not a driver thread), else a
+/// `Box`. The dispatch function remembers which.
 pub(crate) fn new_record<P: Payload>(payload: P) -> OwnedRecord {
-    let record = Box::new(Record {
-        header: RecordHeader::new(dispatch::<P>),
-        payload,
-    });
-    OwnedRecord(NonNull::from(Box::leak(record)).cast())
+    if record_pool::fits(Layout::new::<Record<P>>()) && !crate::in_host_function() {
+        let slot = record_pool::allocate().cast::<Record<P>>();
+        let header = RecordHeader::new(dispatch::<P, true>);
+        // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>.
+        unsafe { slot.write(Record { header, payload }) };
+        OwnedRecord(slot.cast())
+    } else {
+        let header = RecordHeader::new(dispatch::<P, false>);
+        let record = Box::new(Record { header, payload });
+        OwnedRecord(NonNull::from(Box::leak(record)).cast())
+    }
+}
+
+/// Drops a record in place and frees its memory, to the pool (`POOLED`) or as a `Box`; the memory
+/// is freed also if an owner's `Drop` panics.
+///
+/// # Safety
+/// `record` must be a live record allocated as `POOLED` says, owned by the caller, released once.
+unsafe fn release_record<R, const POOLED: bool>(record: *mut R) {
+    if POOLED {
+        /// Frees the slot when dropped: after the record's drop, or while unwinding from it.
+        struct SlotGuard(*mut u8);
+        impl Drop for SlotGuard {
+            fn drop(&mut self) {
+                if let Some(slot) = NonNull::new(self.0) {
+                    // SAFETY: the slot's value has been dropped (or is being unwound from); the
+                    // slot came from the pool and is used no more.
+                    unsafe { record_pool::free(slot) };
+                }
+            }
+        }
+        let _free = SlotGuard(record.cast());
+        // SAFETY: the record is live and owned by the caller; it is dropped once.
+        unsafe { ptr::drop_in_place(record) };
+    } else {
+        // SAFETY: made with `Box`; dropping the Box drops the owners, then frees (also if an
+        // owner's Drop panics).
+        drop(unsafe { Box::from_raw(record) });
+    }
 }
 
 /// The dispatch function of `Record<P>`.
 ///
 /// # Safety
-/// As [`RecordHeader::dispatch`]; `header` must be the header of a `Record<P>` made by `new_record`.
-unsafe fn dispatch<P: Payload>(header: NonNull<RecordHeader>, op: Op) -> Option<PanicPayload> {
+/// As [`RecordHeader::dispatch`]; `header` must be the header of a `Record<P>` made by `new_record`
+/// with this `POOLED`.
+unsafe fn dispatch<P: Payload, const POOLED: bool>(
+    header: NonNull<RecordHeader>,
+    op: Op,
+) -> Option<PanicPayload> {
     let record = header.cast::<Record<P>>().as_ptr();
     match op {
         Op::Run => {
@@ -163,9 +203,8 @@ unsafe fn dispatch<P: Payload>(header: NonNull<RecordHeader>, op: Op) -> Option<
         // SAFETY: the record is live and owned by the caller.
         Op::TakePanic => unsafe { (*record).payload.take_panic() },
         Op::Release => {
-            // SAFETY: `new_record` made this allocation with `Box`; the caller owns it and releases it
-            // once. Dropping the Box drops the owners, then frees (also if an owner's Drop panics).
-            drop(unsafe { Box::from_raw(record) });
+            // SAFETY: the caller owns the live record and releases it once; POOLED matches.
+            unsafe { release_record::<Record<P>, POOLED>(record) };
             None
         }
     }
@@ -318,13 +357,19 @@ pub(crate) trait SharedPayload: Send + Sync + 'static {
     unsafe fn run_shared(&self);
 }
 
-/// Boxes a repeatable payload into a record.
+/// Puts a repeatable payload into a record (pooled if it fits, as [`new_record`]).
 pub(crate) fn new_shared_record<P: SharedPayload>(payload: P) -> OwnedRecord {
-    let record = Box::new(Record {
-        header: RecordHeader::new(dispatch_shared::<P>),
-        payload,
-    });
-    OwnedRecord(NonNull::from(Box::leak(record)).cast())
+    if record_pool::fits(Layout::new::<Record<P>>()) && !crate::in_host_function() {
+        let slot = record_pool::allocate().cast::<Record<P>>();
+        let header = RecordHeader::new(dispatch_shared::<P, true>);
+        // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>.
+        unsafe { slot.write(Record { header, payload }) };
+        OwnedRecord(slot.cast())
+    } else {
+        let header = RecordHeader::new(dispatch_shared::<P, false>);
+        let record = Box::new(Record { header, payload });
+        OwnedRecord(NonNull::from(Box::leak(record)).cast())
+    }
 }
 
 /// The dispatch function of `Record<P>` for a repeatable `P`.
@@ -332,7 +377,7 @@ pub(crate) fn new_shared_record<P: SharedPayload>(payload: P) -> OwnedRecord {
 /// # Safety
 /// As [`RecordHeader::dispatch`], except that `Run` may be called any number of times and
 /// concurrently; `header` must be the header of a `Record<P>` made by `new_shared_record`.
-unsafe fn dispatch_shared<P: SharedPayload>(
+unsafe fn dispatch_shared<P: SharedPayload, const POOLED: bool>(
     header: NonNull<RecordHeader>,
     op: Op,
 ) -> Option<PanicPayload> {
@@ -346,8 +391,9 @@ unsafe fn dispatch_shared<P: SharedPayload>(
         }
         Op::TakePanic => None,
         Op::Release => {
-            // SAFETY: made with `Box` in `new_shared_record`; released once, after the last run.
-            drop(unsafe { Box::from_raw(record) });
+            // SAFETY: made by `new_shared_record` with this POOLED; released once, after the last
+            // run.
+            unsafe { release_record::<Record<P>, POOLED>(record) };
             None
         }
     }
