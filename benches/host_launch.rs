@@ -29,13 +29,20 @@ enum Method {
     Owner,
     Closure,
     Callback,
+    /// The floor plus a `cuStreamGetCaptureInfo` before each launch: what the capture check costs
+    /// under load.
+    RawWithCaptureQuery,
+    /// The floor plus a 32-byte allocation before and its free after each launch (same thread).
+    RawWithAllocation,
 }
 
-const METHODS: [Method; 4] = [
+const METHODS: [Method; 6] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
     Method::Callback,
+    Method::RawWithCaptureQuery,
+    Method::RawWithAllocation,
 ];
 
 impl Method {
@@ -45,6 +52,8 @@ impl Method {
             Method::Owner => "launch_host_function + owner",
             Method::Closure => "host_launch closure",
             Method::Callback => "cuStreamAddCallback + Box<dyn FnOnce> (cust/CCCL)",
+            Method::RawWithCaptureQuery => "  part: floor + cuStreamGetCaptureInfo",
+            Method::RawWithAllocation => "  part: floor + 32-byte malloc/free",
         }
     }
     fn key(self) -> &'static str {
@@ -53,6 +62,8 @@ impl Method {
             Method::Owner => "owner",
             Method::Closure => "closure",
             Method::Callback => "callback",
+            Method::RawWithCaptureQuery => "raw_with_capture_query",
+            Method::RawWithAllocation => "raw_with_allocation",
         }
     }
 }
@@ -93,6 +104,27 @@ impl Bench {
                     std::hint::black_box(value);
                 })
                 .unwrap();
+            }
+            Method::RawWithCaptureQuery => {
+                let info = self.gpu.driver.raw().cuStreamGetCaptureInfo().unwrap();
+                let launch = self.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+                let mut status = cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+                let (mut id, mut graph) = (0, std::ptr::null_mut());
+                use std::ptr::null_mut as null;
+                // SAFETY: live stream; valid out-pointers; `noop` ignores its argument.
+                let code = unsafe {
+                    info(stream.raw(), &mut status, &mut id, &mut graph, null(), null(), null());
+                    launch(stream.raw(), Some(noop), std::ptr::null_mut())
+                };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+            }
+            Method::RawWithAllocation => {
+                let record = std::hint::black_box(Box::new([value; 4]));
+                let launch = self.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+                // SAFETY: live stream; `noop` ignores its argument.
+                let code = unsafe { launch(stream.raw(), Some(noop), std::ptr::null_mut()) };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+                drop(record);
             }
             Method::Callback => {
                 let f: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(move || {
@@ -314,9 +346,68 @@ fn gated_call_cost(bench: &Bench) -> (f64, f64) {
     (median(&mut through_table), median(&mut through_pointer))
 }
 
+/// One variant's 1-stream enqueue cost and throughput for the floor, owner and closure methods,
+/// measured in this (child) process with whatever cleanup settings its environment gives.
+fn variant_child() {
+    let bench = Bench { gpu: Gpu::open() };
+    let streams = vec![Stream::new(&bench.gpu.context).unwrap()];
+    let methods = [Method::Raw, Method::Owner, Method::Closure];
+    for m in methods {
+        bench.enqueue_and_throughput(m, &streams, 20_000);
+    }
+    let mut e = [const { Vec::new() }; 3];
+    let mut r = [const { Vec::new() }; 3];
+    for _ in 0..REPS {
+        for (k, m) in methods.iter().enumerate() {
+            let (ns, per_s) = bench.enqueue_and_throughput(*m, &streams, N / 2);
+            e[k].push(ns);
+            r[k].push(per_s);
+        }
+    }
+    let e: Vec<f64> = e.iter_mut().map(|v| median(v)).collect();
+    let r: Vec<f64> = r.iter_mut().map(|v| median(v)).collect();
+    println!("{} {} {} {} {} {}", e[0], e[1], e[2], r[0], r[1], r[2]);
+}
+
+/// The cleanup settings compared, each in a fresh process.
+const VARIANTS: [(&str, &[(&str, &str)]); 4] = [
+    ("reaper parks after every batch (poll 0)", &[("CUDA_HOST_LAUNCH_REAPER_POLL_US", "0")]),
+    ("reaper lingers, poll 50 us (default)", &[]),
+    ("reaper lingers, poll 200 us", &[("CUDA_HOST_LAUNCH_REAPER_POLL_US", "200")]),
+    ("manual mode: drained at each launch", &[("CUDA_HOST_LAUNCH_CLEANUP", "manual")]),
+];
+
+fn variants() -> Vec<(&'static str, [f64; 6])> {
+    VARIANTS
+        .iter()
+        .map(|(label, envs)| {
+            let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+            command.arg("--variant-child");
+            for (k, v) in envs.iter() {
+                command.env(k, v);
+            }
+            let out = command.output().unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let v: Vec<f64> = text
+                .lines()
+                .last()
+                .unwrap_or("")
+                .split_whitespace()
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            assert_eq!(v.len(), 6, "variant {label}: {text} {}", String::from_utf8_lossy(&out.stderr));
+            (*label, [v[0], v[1], v[2], v[3], v[4], v[5]])
+        })
+        .collect()
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--cold-start-child") {
         cold_start_child();
+        return;
+    }
+    if std::env::args().any(|a| a == "--variant-child") {
+        variant_child();
         return;
     }
     let bench = Bench { gpu: Gpu::open() };
@@ -349,8 +440,8 @@ fn main() {
     }
 
     for (label, streams) in [("1 stream", &one), ("4 streams", &four)] {
-        let mut enqueue = [const { Vec::new() }; 4];
-        let mut rate = [const { Vec::new() }; 4];
+        let mut enqueue = [const { Vec::new() }; METHODS.len()];
+        let mut rate = [const { Vec::new() }; METHODS.len()];
         for _ in 0..REPS {
             for (k, m) in METHODS.iter().enumerate() {
                 let (ns, per_s) = bench.enqueue_and_throughput(*m, streams, N);
@@ -358,32 +449,47 @@ fn main() {
                 rate[k].push(per_s);
             }
         }
+        let spread = |v: &[f64]| {
+            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().copied().fold(0.0, f64::max);
+            (lo, hi)
+        };
+        let e_spread: Vec<(f64, f64)> = enqueue.iter().map(|v| spread(v)).collect();
+        let r_spread: Vec<(f64, f64)> = rate.iter().map(|v| spread(v)).collect();
         let e: Vec<f64> = enqueue.iter_mut().map(|v| median(v)).collect();
         let r: Vec<f64> = rate.iter_mut().map(|v| median(v)).collect();
         let _ = writeln!(table, "{label}:");
         let _ = writeln!(
             table,
-            "  {:<52} {:>10} {:>8} {:>14} {:>8}",
-            "method", "enqueue ns", "x floor", "host fns/s", "x floor"
+            "  {:<52} {:>10} {:>8} {:>14} {:>8}   {}",
+            "method", "enqueue ns", "x floor", "host fns/s", "x floor", "range over reps (ns; /s)"
         );
         json.push_str(&format!("\n    {label:?}: {{"));
         for (k, m) in METHODS.iter().enumerate() {
             let _ = writeln!(
                 table,
-                "  {:<52} {:>10.0} {:>8.3} {:>14.0} {:>8.3}",
+                "  {:<52} {:>10.0} {:>8.3} {:>14.0} {:>8.3}   {:.0}-{:.0}; {:.0}-{:.0}",
                 m.name(),
                 e[k],
                 e[k] / e[0],
                 r[k],
-                r[k] / r[0]
+                r[k] / r[0],
+                e_spread[k].0,
+                e_spread[k].1,
+                r_spread[k].0,
+                r_spread[k].1
             );
             json.push_str(&format!(
-                "\n      {:?}: {{\"enqueue_ns\": {:.1}, \"enqueue_ratio\": {:.4}, \"per_second\": {:.0}, \"throughput_ratio\": {:.4}}}{}",
+                "\n      {:?}: {{\"enqueue_ns\": {:.1}, \"enqueue_ratio\": {:.4}, \"per_second\": {:.0}, \"throughput_ratio\": {:.4}, \"enqueue_ns_range\": [{:.1}, {:.1}], \"per_second_range\": [{:.0}, {:.0}]}}{}",
                 m.key(),
                 e[k],
                 e[k] / e[0],
                 r[k],
                 r[k] / r[0],
+                e_spread[k].0,
+                e_spread[k].1,
+                r_spread[k].0,
+                r_spread[k].1,
                 if k + 1 < METHODS.len() { "," } else { "" }
             ));
         }
@@ -435,13 +541,13 @@ fn main() {
         "\nheap bytes per pending launch ({PENDING} launches held behind a stream wait; driver's own heap included):"
     );
     json.push_str("\n  \"heap_bytes_per_pending_launch\": {");
-    for (k, m) in METHODS.iter().enumerate() {
+    for (k, m) in METHODS[..4].iter().enumerate() {
         let bytes = heap_per_pending(&bench, *m, &one[0]);
         let _ = writeln!(table, "  {:<52} {bytes:>8.1}", m.name());
         json.push_str(&format!(
             "\n    {:?}: {bytes:.1}{}",
             m.key(),
-            if k + 1 < METHODS.len() { "," } else { "" }
+            if k + 1 < 4 { "," } else { "" }
         ));
     }
     json.push_str("\n  },");
@@ -460,6 +566,39 @@ fn main() {
     json.push_str(&format!(
         "\n  \"gated_call_ns\": {{\"table\": {table_ns:.3}, \"cached_pointer\": {pointer_ns:.3}}},\n  \"cold_start\": {{\"open_ms\": {open_ms:.3}, \"first_call_us\": {first_us:.2}, \"second_call_us\": {second_us:.3}}}\n}}\n"
     ));
+    let variant_rows = variants();
+    let _ = writeln!(table, "\ncleanup settings, each in a fresh process (1 stream, N/2 launches, ratios to that process's floor):");
+    let _ = writeln!(
+        table,
+        "  {:<44} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "setting", "floor ns", "owner x", "closure x", "floor/s", "owner x"
+    );
+    json.truncate(json.trim_end().len() - 1);
+    json.push_str(",\n  \"cleanup_variants\": {");
+    for (k, (label, v)) in variant_rows.iter().enumerate() {
+        let _ = writeln!(
+            table,
+            "  {label:<44} {:>9.0} {:>9.3} {:>9.3} {:>9.0} {:>9.3}   (closure x {:.3})",
+            v[0],
+            v[1] / v[0],
+            v[2] / v[0],
+            v[3],
+            v[4] / v[3],
+            v[5] / v[3]
+        );
+        json.push_str(&format!(
+            "\n    {label:?}: {{\"floor_enqueue_ns\": {:.1}, \"owner_enqueue_ratio\": {:.4}, \"closure_enqueue_ratio\": {:.4}, \"floor_per_second\": {:.0}, \"owner_throughput_ratio\": {:.4}, \"closure_throughput_ratio\": {:.4}}}{}",
+            v[0],
+            v[1] / v[0],
+            v[2] / v[0],
+            v[3],
+            v[4] / v[3],
+            v[5] / v[3],
+            if k + 1 < variant_rows.len() { "," } else { "" }
+        ));
+    }
+    json.push_str("\n  }\n}\n");
+
     let costs = ingredient_costs(&bench, &one[0]);
     let _ = writeln!(
         table,
