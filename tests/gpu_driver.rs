@@ -4,6 +4,7 @@
 use std::ptr;
 
 use cuda_sys::{DefaultStream, Error, Function, ResolutionPath, driver};
+use cuda_workspace::isolated_test;
 
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
@@ -92,8 +93,14 @@ fn legacy_and_per_thread_stream_variants_resolve_to_different_pointers() {
     let legacy = d
         .get_proc_address("cuStreamSynchronize", 2000, DefaultStream::Legacy)
         .unwrap();
+    // The per-thread variant has its own ABI version, PFN_cuStreamSynchronize_v7000_ptsz; at
+    // 2000 the driver has none (VERSION_NOT_SUFFICIENT), which the table's per-thread mode
+    // accounts for (it asks for 7000).
+    let too_early = d.get_proc_address("cuStreamSynchronize", 2000, DefaultStream::PerThread);
+    println!("per-thread cuStreamSynchronize at 2000: {too_early:?}");
+    assert!(too_early.is_err());
     let per_thread = d
-        .get_proc_address("cuStreamSynchronize", 2000, DefaultStream::PerThread)
+        .get_proc_address("cuStreamSynchronize", 7000, DefaultStream::PerThread)
         .unwrap();
     println!("cuStreamSynchronize: legacy {legacy:p}, per-thread {per_thread:p}");
     assert_ne!(legacy, per_thread);
@@ -133,4 +140,43 @@ fn a_walk_over_the_whole_table_finds_nothing_missing_at_or_below_the_driver_vers
         missing.is_empty(),
         "entries at or below the driver's version are missing"
     );
+}
+
+isolated_test! {
+    /// Loaded with `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1`, the table resolves the per-thread
+    /// variants (at their own ABI versions) and they work.
+    #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+    fn the_table_resolves_and_calls_per_thread_variants_in_per_thread_mode(
+        CUDA_SYS_PER_THREAD_DEFAULT_STREAM = "1"
+    ) {
+        let d = driver().expect("driver");
+        assert_eq!(d.default_stream(), DefaultStream::PerThread);
+        let table = d.raw().cuStreamSynchronize().expect("per-thread cuStreamSynchronize");
+        let per_thread = d
+            .get_proc_address("cuStreamSynchronize", 7000, DefaultStream::PerThread)
+            .unwrap();
+        assert_eq!(table as *mut std::ffi::c_void, per_thread.as_ptr());
+        let mut device = 0;
+        let mut context = ptr::null_mut();
+        // SAFETY: valid out-pointers; stream 0 is the calling thread's per-thread stream.
+        unsafe {
+            d.cuDeviceGet(&mut device, 0).unwrap();
+            d.cuDevicePrimaryCtxRetain(&mut context, device).unwrap();
+            d.cuCtxSetCurrent(context).unwrap();
+            d.cuStreamSynchronize(ptr::null_mut()).unwrap();
+            d.cuStreamQuery(ptr::null_mut()).unwrap();
+        }
+        let (mut resolved, mut gated) = (0, 0);
+        for &f in Function::ALL {
+            match d.resolve(f) {
+                Ok(_) => resolved += 1,
+                Err(Error::DriverTooOld { .. }) => gated += 1,
+                Err(e) => panic!("{}: {e}", f.name()),
+            }
+        }
+        println!(
+            "per-thread mode: cuStreamSynchronize -> {per_thread:p} (the _ptsz variant); table \
+             walk: {resolved} resolved, {gated} gated, 0 missing"
+        );
+    }
 }
