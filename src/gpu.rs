@@ -69,6 +69,11 @@ unsafe impl Send for Kernels {}
 unsafe impl Sync for Kernels {}
 
 impl Kernels {
+    /// Loads the kernels into the calling thread's current context.
+    pub fn load_current(driver: &'static Driver) -> Kernels {
+        Self::load(driver)
+    }
+
     fn load(driver: &'static Driver) -> Kernels {
         let ptx = CString::new(TEST_KERNELS_PTX).expect("PTX has no NUL");
         let mut module = ptr::null_mut();

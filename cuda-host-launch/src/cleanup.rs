@@ -144,6 +144,7 @@ pub fn defer_drop<T: Send + 'static>(value: T) {
 /// Releases one record: reports the panic its host function had, then drops its owners and frees
 /// it, catching a panic from an owner's `Drop`.
 fn release_one(header: NonNull<RecordHeader>) {
+    crate::pending::forget(header);
     // SAFETY: the caller owns the live record.
     if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
         report(PanicOrigin::HostFunction, &*panic);
@@ -368,7 +369,12 @@ fn precise_sleeps() {
 
 /// A duration in microseconds from the environment; `None` if unset or not a number.
 fn env_micros(variable: &str) -> Option<Duration> {
-    std::env::var(variable).ok()?.trim().parse().ok().map(Duration::from_micros)
+    std::env::var(variable)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .map(Duration::from_micros)
 }
 
 /// Counters of the cleanup queue, for tests and benchmarks.

@@ -3,12 +3,13 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::types::{CUhostFn, CUresult, CUstream};
+use cuda_sys::types::{CUcontext, CUhostFn, CUresult, CUstream};
 
 use crate::capture::{Capture, capture_graph_legacy, capture_of};
 use crate::cleanup::{self, CleanupMode};
 use crate::error::Error;
 use crate::options::{LaunchCall, LaunchOptions};
+use crate::pending;
 use crate::raw_stream::AsRawStream;
 use crate::record::{
     ClosurePayload, OwnedRecord, RawPayload, RepeatableClosure, new_bytes_record, new_record,
@@ -105,7 +106,7 @@ where
         owners,
     });
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
-    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Once, options) }
+    unsafe { enqueue(&stream, record, Runs::Once, options) }
 }
 
 /// Like [`launch_host_function`], but `f` may run many times: on a stream whose capture is active
@@ -144,7 +145,7 @@ where
         owners,
     });
     // SAFETY: the caller's contract covers any number of runs.
-    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Repeatable, options) }
+    unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
 }
 
 /// Enqueues `f` with a private copy of `bytes` as its user data: `f` gets a pointer to the copy
@@ -166,14 +167,7 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
     let f = f.ok_or(Error::NullFunction)?;
     let record = new_bytes_record(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
-    unsafe {
-        enqueue(
-            stream.as_raw_stream(),
-            record,
-            Runs::Once,
-            &LaunchOptions::default(),
-        )
-    }
+    unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default()) }
 }
 
 /// Runs the closure `f` in stream order, on the driver's thread; its captures are its owners.
@@ -224,7 +218,7 @@ where
 {
     let record = new_record(ClosurePayload { f, panic: None });
     // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
-    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Once, options) }
+    unsafe { enqueue(&stream, record, Runs::Once, options) }
 }
 
 /// Runs `f` in stream order like [`host_launch`], but `f` may run many times, so it also works on a
@@ -246,7 +240,31 @@ where
     let record = new_shared_record(RepeatableClosure(f));
     // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`), with
     // panics caught.
-    unsafe { enqueue(stream.as_raw_stream(), record, Runs::Repeatable, options) }
+    unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
+}
+
+/// The context a launch on `stream` goes to: the implementor's hint, the current context for the
+/// special handles, or `cuStreamGetCtx`.
+fn context_of(
+    driver: &cuda_sys::Driver,
+    stream: CUstream,
+    hint: Option<CUcontext>,
+) -> Result<CUcontext, Error> {
+    if let Some(context) = hint {
+        return Ok(context);
+    }
+    let mut context: CUcontext = std::ptr::null_mut();
+    let special = stream.is_null()
+        || stream == cuda_sys::CU_STREAM_LEGACY
+        || stream == cuda_sys::CU_STREAM_PER_THREAD;
+    if special {
+        // SAFETY: a valid out-pointer.
+        unsafe { driver.cuCtxGetCurrent(&mut context)? };
+    } else {
+        // SAFETY: the stream is valid (the `AsRawStream` guarantee); a valid out-pointer.
+        unsafe { driver.cuStreamGetCtx(stream, &mut context)? };
+    }
+    Ok(context)
 }
 
 /// Whether a launch's record may run more than once.
@@ -264,11 +282,13 @@ enum Runs {
 /// # Safety
 /// The record's payload must be sound to run as `runs` says on the driver's thread.
 unsafe fn enqueue(
-    stream: CUstream,
+    stream: &impl AsRawStream,
     record: OwnedRecord,
     runs: Runs,
     options: &LaunchOptions,
 ) -> Result<(), Error> {
+    let hint = stream.context_hint();
+    let stream = stream.as_raw_stream();
     if crate::in_host_function() {
         // `record` is dropped here, which defers its owners to the cleanup queue.
         return Err(Error::InsideHostFunction {
@@ -280,8 +300,13 @@ unsafe fn enqueue(
     let call = LaunchCall::resolve(driver, options)?;
     match (capture_of(driver, stream)?, runs) {
         (Capture::None, _) => {
+            let context = context_of(driver, stream, hint)?;
             let user_data = record.as_user_data();
             let header = record.into_raw();
+            // Tracked from before the launch until released, so a reclaim after a context loss
+            // finds it. (A failed launch untracks it in its release below.)
+            // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
+            unsafe { pending::track(header, context) };
             // SAFETY: `trampoline` runs the record once and queues it; `user_data` is a live record
             // the driver owns until then. The stream's validity is the `AsRawStream` guarantee.
             let (code, function) = unsafe { call.call(stream, trampoline, user_data) };

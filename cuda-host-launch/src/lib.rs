@@ -28,7 +28,10 @@
 //! - **One driver thread runs every host function of a context**: a slow one delays the host
 //!   functions of every stream of that context (device work is not delayed).
 //! - **A host function never runs after a sticky context error** (a kernel trapped, error 719),
-//!   although the launch succeeded.
+//!   although the launch succeeded. This crate tracks the launches still pending in each context;
+//!   once the context is reset ([`PrimaryContext::reset`], or the last release of a
+//!   [`PrimaryContext`]) or destroyed ([`reclaim_pending`]), their owners are released.
+//!   [`pending_launches`] counts them.
 //! - **`cuCtxDestroy` waits for pending host functions**, running them first.
 //! - **Run-once launches on a capturing stream are refused** with [`Error::CaptureActive`]: a
 //!   captured host function runs on every replay of the graph, long after a run-once launch would
@@ -71,6 +74,7 @@ mod intrusive_stack;
 mod launch;
 mod options;
 mod panic_report;
+mod pending;
 mod raw_stream;
 mod record;
 mod record_pool;
@@ -79,8 +83,8 @@ mod sync;
 mod user_object;
 
 pub use cleanup::{
-    CLEANUP_MODE_ENV, CleanupMode, REAPER_LINGER_ENV, REAPER_POLL_ENV, CleanupStats, cleanup_mode, cleanup_stats, defer_drop, drain,
-    flush, set_cleanup_mode,
+    CLEANUP_MODE_ENV, CleanupMode, CleanupStats, REAPER_LINGER_ENV, REAPER_POLL_ENV, cleanup_mode,
+    cleanup_stats, defer_drop, drain, flush, set_cleanup_mode,
 };
 pub use error::Error;
 pub use graph::{Graph, GraphExec, add_host_node, add_host_node_raw, add_host_node_with};
@@ -91,6 +95,7 @@ pub use launch::{
 };
 pub use options::{HostTaskSyncMode, LaunchOptions};
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
+pub use pending::{pending_launches, reclaim_pending};
 pub use raw_stream::{AsRawStream, RawStream};
 pub use resources::{Device, Event, PrimaryContext, Stream};
 

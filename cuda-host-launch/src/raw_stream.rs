@@ -12,12 +12,24 @@ use cuda_sys::types::CUstream;
 pub unsafe trait AsRawStream {
     /// The handle.
     fn as_raw_stream(&self) -> CUstream;
+
+    /// The stream's context, if the implementor knows it without asking the driver (this crate's
+    /// [`Stream`](crate::Stream) does). `None` (the default) makes a launch ask the driver
+    /// (`cuStreamGetCtx`, or the current context for the special handles). An implementor that
+    /// returns `Some` must return the stream's true context.
+    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+        None
+    }
 }
 
-// SAFETY: a reference to a valid stream holder returns that holder's valid handle.
+// SAFETY: a reference to a valid stream holder returns that holder's valid handle and context.
 unsafe impl<T: AsRawStream + ?Sized> AsRawStream for &T {
     fn as_raw_stream(&self) -> CUstream {
         (**self).as_raw_stream()
+    }
+
+    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+        (**self).context_hint()
     }
 }
 

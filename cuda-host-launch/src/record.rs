@@ -29,6 +29,7 @@ use std::ptr::{self, NonNull};
 use crate::cleanup;
 use crate::host_thread::HostFunctionScope;
 use crate::intrusive_stack::Linked;
+use crate::pending;
 use crate::record_pool;
 use crate::sync::AtomicPtr;
 
@@ -54,6 +55,8 @@ pub(crate) struct RecordHeader {
     next: AtomicPtr<RecordHeader>,
     /// The record's type-specific operations.
     dispatch: unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>,
+    /// Its place among the pending launches of its context (run-once launches only).
+    tracking: pending::Tracking,
 }
 
 // SAFETY: `link` always returns `next`, which only the intrusive stack writes.
@@ -68,7 +71,14 @@ impl RecordHeader {
         RecordHeader {
             next: AtomicPtr::new(ptr::null_mut()),
             dispatch,
+            tracking: pending::Tracking::new(),
         }
+    }
+
+    /// The record's tracking fields.
+    pub(crate) fn tracking(header: NonNull<RecordHeader>) -> *const pending::Tracking {
+        // SAFETY: a field projection of a live header; no reference is made here.
+        unsafe { ptr::addr_of!((*header.as_ptr()).tracking) }
     }
 
     /// Runs `op` on the record at `header`.
@@ -227,8 +237,13 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
         // by this thread; this is its one run.
         unsafe { RecordHeader::dispatch(header, Op::Run) };
     }
-    // SAFETY: the run is over; ownership passes to the cleanup queue.
-    unsafe { cleanup::push(header) };
+    // The run is over. If the record was reclaimed meanwhile (its context was declared gone while
+    // the driver could still run it: a broken promise of the caller of `reclaim_pending`), it is
+    // not ours to touch any more.
+    if pending::mark_ran(header) {
+        // SAFETY: ownership passes to the cleanup queue.
+        unsafe { cleanup::push(header) };
+    }
 }
 
 /// A raw launch: `f(user_data)`, with owners kept alive until it has returned.
@@ -477,8 +492,8 @@ mod tests {
 
     #[test]
     fn records_are_as_small_as_their_contents_allow() {
-        assert_eq!(size_of::<RecordHeader>(), 2 * size_of::<usize>());
-        assert_eq!(size_of::<Record<RawPayload<()>>>(), 4 * size_of::<usize>());
+        assert_eq!(size_of::<RecordHeader>(), 48);
+        assert_eq!(size_of::<Record<RawPayload<()>>>(), 64);
         let (layout, offset) = bytes_layout(24).unwrap();
         assert_eq!(offset % BYTES_ALIGN, 0);
         assert!(layout.size() >= offset + 24);

@@ -3,7 +3,7 @@
 //! A record is allocated by the launching thread and freed by the reaper. With the system allocator
 //! that pattern makes the launcher's allocations miss its thread cache and contend with the reaper's
 //! frees on the same arena. Small records (at most [`SLOT_SIZE`] bytes, the raw launch with a small
-//! owner and closures with small captures) come from 64-byte slots instead:
+//! owner and closures with small captures) come from 128-byte slots instead:
 //!
 //! - a thread-local cache of free slots that only its thread touches (no atomics);
 //! - a global lock-free stack ([`IntrusiveStack`]) that releasing threads push freed slots onto and
@@ -21,7 +21,7 @@ use crate::intrusive_stack::{IntrusiveStack, Linked};
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
 /// The size of a slot: records up to this size are pooled.
-pub(crate) const SLOT_SIZE: usize = 64;
+pub(crate) const SLOT_SIZE: usize = 128;
 /// The alignment of a slot.
 pub(crate) const SLOT_ALIGN: usize = 16;
 /// The most slots the global stack keeps.
@@ -93,7 +93,9 @@ pub(crate) fn allocate() -> NonNull<u8> {
 fn pop_local(cache: &LocalCache) -> Option<NonNull<FreeSlot>> {
     let slot = NonNull::new(cache.head.get())?;
     // SAFETY: slots in the local list are free and owned by it.
-    cache.head.set(unsafe { slot.as_ref() }.next.load(Ordering::Relaxed));
+    cache
+        .head
+        .set(unsafe { slot.as_ref() }.next.load(Ordering::Relaxed));
     Some(slot)
 }
 
@@ -106,7 +108,9 @@ fn allocate_slow() -> NonNull<u8> {
         let cached = LOCAL.try_with(|cache| {
             for slot in batch.by_ref() {
                 // SAFETY: the batch's slots are free and now ours.
-                unsafe { slot.as_ref() }.next.store(cache.head.get(), Ordering::Relaxed);
+                unsafe { slot.as_ref() }
+                    .next
+                    .store(cache.head.get(), Ordering::Relaxed);
                 cache.head.set(slot.as_ptr());
                 count += 1;
             }

@@ -62,6 +62,27 @@ impl PrimaryContext {
         })
     }
 
+    /// Resets the device's primary context (`cuDevicePrimaryCtxReset`): every allocation, module,
+    /// stream and event of it is destroyed, and a sticky error (719) is cleared. Pending host
+    /// functions that will now never run (after a sticky error) have their owners released through
+    /// the cleanup queue; returns how many. The context stays retained and can be used again.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
+    pub fn reset(&self) -> Result<usize, Error> {
+        let driver = cuda_sys::driver()?;
+        // SAFETY: a valid device handle.
+        unsafe { driver.cuDevicePrimaryCtxReset(self.device.raw())? };
+        // SAFETY: the reset has returned: the driver will not run this context's pending host
+        // functions any more (it ran them first, or discards them after a sticky error).
+        Ok(unsafe { crate::pending::reclaim(self.raw) })
+    }
+
+    /// How many launches of this crate into this context wait for their host function.
+    pub fn pending_launches(&self) -> usize {
+        crate::pending::count(Some(self.raw))
+    }
+
     /// The driver's handle.
     pub fn raw(&self) -> CUcontext {
         self.raw
@@ -91,19 +112,34 @@ impl PrimaryContext {
 }
 
 /// The release, as a value that can be deferred off a driver thread.
-struct Release(CUdevice);
+struct Release(CUdevice, CUcontext);
+
+// SAFETY: a device ordinal and a context handle: tokens the driver accepts from any thread.
+unsafe impl Send for Release {}
 
 impl Drop for Release {
     fn drop(&mut self) {
-        if let Ok(driver) = cuda_sys::driver() {
-            // SAFETY: the device's primary context was retained once by this value's owner.
-            let _ = unsafe { driver.cuDevicePrimaryCtxRelease(self.0) };
+        let Ok(driver) = cuda_sys::driver() else {
+            return;
+        };
+        // SAFETY: the device's primary context was retained once by this value's owner.
+        if unsafe { driver.cuDevicePrimaryCtxRelease(self.0) }.is_err() {
+            return;
+        }
+        // The last release resets the context: its pending host functions will never run.
+        let (mut flags, mut active) = (0, 0);
+        // SAFETY: a valid device handle and out-pointers.
+        let state = unsafe { driver.cuDevicePrimaryCtxGetState(self.0, &mut flags, &mut active) };
+        if state.is_ok() && active == 0 {
+            // SAFETY: the context is inactive (reset by the last release): the driver will not
+            // run its host functions any more; no one holds it to launch into it.
+            unsafe { crate::pending::reclaim(self.1) };
         }
     }
 }
 
 impl Drop for PrimaryContext {
     fn drop(&mut self) {
-        defer_drop(Release(self.device.raw()));
+        defer_drop(Release(self.device.raw(), self.raw));
     }
 }

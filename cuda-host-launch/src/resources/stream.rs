@@ -94,10 +94,14 @@ impl Stream {
     }
 }
 
-// SAFETY: the handle is live for as long as the `Stream` is.
+// SAFETY: the handle is live for as long as the `Stream` is, and was created in `context`.
 unsafe impl AsRawStream for Stream {
     fn as_raw_stream(&self) -> CUstream {
         self.raw
+    }
+
+    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+        Some(self.context.raw())
     }
 }
 

@@ -1,0 +1,257 @@
+//! Launches whose host function has not run yet, per context, so their owners can be reclaimed once
+//! the driver can no longer run them.
+//!
+//! After a sticky context error (a kernel trapped: 719) the driver still accepts `cuLaunchHostFunc`
+//! but never calls the function, so a record released only by its trampoline would leak. Every
+//! run-once record is therefore linked, from its launch until it is released, into one of
+//! [`SHARDS`] intrusive doubly linked lists, each behind its own mutex, with its context and a
+//! state:
+//!
+//! ```text
+//!   UNTRACKED --track--> PENDING --trampoline (CAS)--> RAN --reaper: untrack--> released
+//!                           \--reclaim (CAS, context destroyed or reset)--> RECLAIMED --> queued
+//! ```
+//!
+//! Who touches what: a launching thread links its record into the shard its thread was given (an
+//! uncontended lock in the common case); the trampoline, on the driver's thread, only flips the
+//! state with one compare-and-swap (no lock: a launcher may hold a shard lock while it is blocked
+//! in the driver); the thread that releases a record unlinks it; [`reclaim`] walks the shards.
+//! The state's compare-and-swap decides, exactly once, whether the trampoline or a reclaim owns
+//! the record.
+
+use std::cell::UnsafeCell;
+use std::ptr::{self, NonNull};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use cuda_sys::types::CUcontext;
+
+use crate::record::RecordHeader;
+
+/// How many lists (and locks) launches are spread over.
+pub(crate) const SHARDS: usize = 16;
+
+const UNTRACKED: u8 = 0;
+const PENDING: u8 = 1;
+const RAN: u8 = 2;
+const RECLAIMED: u8 = 3;
+
+/// The tracking part of a record's header.
+pub(crate) struct Tracking {
+    state: AtomicU8,
+    /// The shard the record is linked into (valid while PENDING or RAN).
+    shard: UnsafeCell<u8>,
+    /// The context it was launched into (written before it is linked, read under its shard lock).
+    context: UnsafeCell<usize>,
+    /// The shard list's links; read and written only under the shard's lock.
+    prev: UnsafeCell<*mut RecordHeader>,
+    next: UnsafeCell<*mut RecordHeader>,
+}
+
+impl Tracking {
+    pub(crate) const fn new() -> Tracking {
+        Tracking {
+            state: AtomicU8::new(UNTRACKED),
+            shard: UnsafeCell::new(0),
+            context: UnsafeCell::new(0),
+            prev: UnsafeCell::new(ptr::null_mut()),
+            next: UnsafeCell::new(ptr::null_mut()),
+        }
+    }
+}
+
+struct Shard {
+    head: *mut RecordHeader,
+}
+
+// SAFETY: the raw pointers are links of records that the shard's mutex protects; they are only
+// followed under that mutex.
+unsafe impl Send for Shard {}
+
+static LISTS: [Mutex<Shard>; SHARDS] = [const {
+    Mutex::new(Shard {
+        head: ptr::null_mut(),
+    })
+}; SHARDS];
+
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static MY_SHARD: usize = NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS;
+}
+
+fn lock(shard: usize) -> std::sync::MutexGuard<'static, Shard> {
+    LISTS[shard]
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn tracking(header: NonNull<RecordHeader>) -> &'static Tracking {
+    // SAFETY: callers pass live records; the reference is used only while the record is live
+    // (the `'static` is local to this module's functions, which never keep it).
+    unsafe { &*RecordHeader::tracking(header) }
+}
+
+/// Links a record about to be launched into `context`'s pending launches.
+///
+/// # Safety
+/// `header` must be a live run-once record, not yet tracked, owned by the caller.
+pub(crate) unsafe fn track(header: NonNull<RecordHeader>, context: CUcontext) {
+    let t = tracking(header);
+    let shard = MY_SHARD.try_with(|s| *s).unwrap_or(0);
+    let mut list = lock(shard);
+    // SAFETY: the record is ours and unlinked; its list fields are written under the shard lock
+    // that every later reader takes.
+    unsafe {
+        *t.shard.get() = shard as u8;
+        *t.context.get() = context.addr();
+        *t.prev.get() = ptr::null_mut();
+        *t.next.get() = list.head;
+        if let Some(old) = NonNull::new(list.head) {
+            *tracking(old).prev.get() = header.as_ptr();
+        }
+    }
+    list.head = header.as_ptr();
+    t.state.store(PENDING, Ordering::Release);
+}
+
+/// Unlinks a record under its shard's lock (the caller holds `list`).
+///
+/// # Safety
+/// The record must be linked into the list `list` guards.
+unsafe fn unlink(list: &mut Shard, header: NonNull<RecordHeader>) {
+    let t = tracking(header);
+    // SAFETY: under the shard lock; the neighbours are live linked records of this list.
+    unsafe {
+        let (prev, next) = (*t.prev.get(), *t.next.get());
+        match NonNull::new(prev) {
+            Some(p) => *tracking(p).next.get() = next,
+            None => list.head = next,
+        }
+        if let Some(n) = NonNull::new(next) {
+            *tracking(n).prev.get() = prev;
+        }
+        *t.prev.get() = ptr::null_mut();
+        *t.next.get() = ptr::null_mut();
+    }
+}
+
+/// The trampoline's step, on the driver's thread: the record ran. Returns `false` if it had been
+/// reclaimed (the driver ran a function of a context declared gone: a broken promise of
+/// [`reclaim`]'s caller), in which case the caller must not touch the record again.
+#[inline]
+pub(crate) fn mark_ran(header: NonNull<RecordHeader>) -> bool {
+    let t = tracking(header);
+    match t
+        .state
+        .compare_exchange(PENDING, RAN, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => true,
+        Err(state) => state != RECLAIMED,
+    }
+}
+
+/// Before a record is released: unlinks it if it is still linked (it ran, or its launch failed).
+///
+/// Never called on a driver thread.
+pub(crate) fn forget(header: NonNull<RecordHeader>) {
+    let t = tracking(header);
+    let state = t.state.load(Ordering::Acquire);
+    if state == PENDING || state == RAN {
+        // SAFETY: written before the record was linked and never changed since.
+        let shard = unsafe { *t.shard.get() } as usize;
+        let mut list = lock(shard);
+        // SAFETY: PENDING or RAN records are linked into their shard (a reclaim changes the state
+        // to RECLAIMED before it unlinks, under this same lock, so the state read above is stable
+        // for a record its owner is releasing).
+        unsafe { unlink(&mut list, header) };
+        t.state.store(UNTRACKED, Ordering::Release);
+    }
+}
+
+/// Unlinks every pending (never run) launch of `context` and hands it to the cleanup queue, which
+/// drops its owners. Returns how many.
+///
+/// # Safety
+/// The driver must no longer be able to run host functions of `context`: it has been destroyed
+/// (`cuCtxDestroy`) or, for a primary context, reset (`cuDevicePrimaryCtxReset`), and no thread
+/// launches into it any more.
+pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
+    let mut reclaimed = Vec::new();
+    for shard in 0..SHARDS {
+        let mut list = lock(shard);
+        let mut node = list.head;
+        while let Some(header) = NonNull::new(node) {
+            let t = tracking(header);
+            // SAFETY: under the shard lock.
+            node = unsafe { *t.next.get() };
+            // SAFETY: under the shard lock.
+            let same_context = unsafe { *t.context.get() } == context.addr();
+            if same_context
+                && t.state
+                    .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                // SAFETY: linked into this list.
+                unsafe { unlink(&mut list, header) };
+                reclaimed.push(header);
+            }
+        }
+    }
+    let count = reclaimed.len();
+    for header in reclaimed {
+        // SAFETY: the reclaim owns the record now (its trampoline will never run) and it is in no
+        // queue.
+        unsafe { crate::cleanup::push(header) };
+    }
+    count
+}
+
+/// Launches of this crate whose host function has not run (nor been reclaimed), in `context` or in
+/// all contexts. Walks the lists: a diagnostic, not for hot paths.
+pub(crate) fn count(context: Option<CUcontext>) -> usize {
+    let mut n = 0;
+    for shard in 0..SHARDS {
+        let list = lock(shard);
+        let mut node = list.head;
+        while let Some(header) = NonNull::new(node) {
+            let t = tracking(header);
+            // SAFETY: under the shard lock.
+            let here = context.is_none_or(|c| unsafe { *t.context.get() } == c.addr());
+            if here && t.state.load(Ordering::Acquire) == PENDING {
+                n += 1;
+            }
+            // SAFETY: under the shard lock.
+            node = unsafe { *t.next.get() };
+        }
+    }
+    n
+}
+
+/// How many launches of this crate wait for their host function: in `context`, or in every
+/// context (`None`). A launch counts from its enqueue until its host function has run, or until a
+/// reclaim after its context was lost.
+///
+/// It walks the pending lists: a diagnostic, not for a hot path.
+pub fn pending_launches(context: Option<CUcontext>) -> usize {
+    count(context)
+}
+
+/// Releases, through the cleanup queue, the owners of every launch into `context` whose host
+/// function has not run, and returns how many.
+///
+/// Call it after destroying a context yourself (`cuCtxDestroy`), or resetting a primary context
+/// (`cuDevicePrimaryCtxReset`), that may have had a sticky error: the driver then never runs those
+/// host functions, and without this their owners would never be dropped. (After a normal destroy
+/// the driver has already run them all, and this finds nothing.)
+/// [`PrimaryContext::reset`](crate::PrimaryContext::reset) and the last release of a
+/// [`PrimaryContext`](crate::PrimaryContext) do it for you.
+///
+/// # Safety
+/// The driver must no longer be able to run host functions of `context` (it was destroyed or
+/// reset, and the call returned), and no thread may be launching into it any more. Otherwise a host
+/// function could run after its owners were dropped.
+pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
+    // SAFETY: the caller's promise is `reclaim`'s precondition.
+    unsafe { reclaim(context) }
+}

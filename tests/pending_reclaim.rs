@@ -1,0 +1,197 @@
+//! Launches whose host function will never run (a sticky context error) are tracked per context and
+//! their owners reclaimed once the context is reset or destroyed; a normal destroy runs them first
+//! and nothing is released twice. Against the fake driver, each case in its own process.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use cuda_host_launch::{
+    Device, PrimaryContext, RawStream, Stream, flush, host_launch, launch_host_function,
+    pending_launches, reclaim_pending,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{fake, fake_driver_path, load_fake_driver};
+
+const N: usize = 200;
+
+struct Counted(Arc<AtomicUsize>);
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+unsafe extern "C" fn bump(data: *mut c_void) {
+    // SAFETY: `data` points at the AtomicUsize the launch's owners keep alive.
+    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
+}
+
+/// Launches `N` host functions (half closures, half raw) on `stream`, each with a counted owner.
+fn launch_counted(stream: &Stream, ran: &Arc<AtomicUsize>, dropped: &Arc<AtomicUsize>) {
+    for i in 0..N {
+        let owner = Counted(Arc::clone(dropped));
+        if i % 2 == 0 {
+            let ran = Arc::clone(ran);
+            host_launch(stream, move || {
+                let _keep = &owner;
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        } else {
+            let data = Arc::as_ptr(ran).cast_mut().cast();
+            // SAFETY: `bump` only touches the counter kept alive by the owners.
+            unsafe { launch_host_function(stream, Some(bump), data, (owner, Arc::clone(ran))) }
+                .unwrap();
+        }
+    }
+}
+
+isolated_test! {
+    /// Pending host functions of a poisoned context never run; `reset` reclaims all their owners,
+    /// each dropped once.
+    fn a_reset_after_a_sticky_error_reclaims_every_pending_owner(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let hold = fake().hold_stream(stream.raw());
+        launch_counted(&stream, &ran, &dropped);
+        assert_eq!(context.pending_launches(), N);
+        fake().poison_context(context.raw());
+        fake().release_hold(hold);
+        assert!(stream.synchronize().is_err(), "a sticky error");
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!((ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)), (0, 0));
+        assert_eq!(pending_launches(None), N);
+        drop(stream);
+        let reclaimed = context.reset().unwrap();
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(reclaimed, N);
+        assert_eq!(dropped.load(Ordering::SeqCst), N);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(pending_launches(None), 0);
+        // The context works again.
+        context.set_current().unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let again = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&again);
+        host_launch(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(again.load(Ordering::SeqCst), 1);
+    }
+
+    /// The last release of a poisoned primary context resets it: the owners are reclaimed too.
+    fn the_last_release_of_a_poisoned_primary_context_reclaims_its_owners(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let hold = fake().hold_stream(stream.raw());
+        launch_counted(&stream, &ran, &dropped);
+        fake().poison_context(context.raw());
+        fake().release_hold(hold);
+        drop(stream);
+        drop(context);
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), N);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// `cuCtxDestroy` of a healthy context runs its pending host functions first: a reclaim then
+    /// finds nothing, and every owner is dropped exactly once.
+    fn a_normal_destroy_runs_pending_functions_first_and_owners_drop_once(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let d = load_fake_driver();
+        let mut device = 0;
+        let (mut context, mut raw) = (ptr::null_mut(), ptr::null_mut());
+        // SAFETY: valid out-pointers; a context of our own with a stream.
+        unsafe {
+            d.cuDeviceGet(&mut device, 0).unwrap();
+            d.cuCtxCreate(&mut context, ptr::null_mut(), 0, device).unwrap();
+            d.cuStreamCreate(&mut raw, 0).unwrap();
+        }
+        let hold = fake().hold_stream(raw);
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        // SAFETY: `raw` is live until the context is destroyed, after the launches.
+        let stream = unsafe { RawStream::from_raw(raw) };
+        for _ in 0..N {
+            let owner = Counted(Arc::clone(&dropped));
+            let ran = Arc::clone(&ran);
+            host_launch(stream, move || {
+                let _keep = &owner;
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
+        assert_eq!(pending_launches(Some(context)), N);
+        fake().release_hold(hold);
+        // SAFETY: our context, destroyed once; it runs the pending host functions first.
+        unsafe { d.cuCtxDestroy(context) }.unwrap();
+        // SAFETY: destroyed; nothing launches into it.
+        let reclaimed = unsafe { reclaim_pending(context) };
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(reclaimed, 0);
+        assert_eq!(ran.load(Ordering::SeqCst), N);
+        assert_eq!(dropped.load(Ordering::SeqCst), N);
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// Pending counts are per context, and a reclaim of one context leaves the other alone.
+    fn pending_launches_are_counted_per_context_and_reclaimed_per_context(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let d = load_fake_driver();
+        let primary = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let on_primary = Stream::new(&primary).unwrap();
+        let mut device = 0;
+        let (mut other, mut raw) = (ptr::null_mut(), ptr::null_mut());
+        // SAFETY: valid out-pointers; a second context with a stream.
+        unsafe {
+            d.cuDeviceGet(&mut device, 0).unwrap();
+            d.cuCtxCreate(&mut other, ptr::null_mut(), 0, device).unwrap();
+            d.cuStreamCreate(&mut raw, 0).unwrap();
+        }
+        let holds = [fake().hold_stream(on_primary.raw()), fake().hold_stream(raw)];
+        let dropped = Arc::new(AtomicUsize::new(0));
+        // SAFETY: `raw` is live until its context is destroyed.
+        let on_other = unsafe { RawStream::from_raw(raw) };
+        for i in 0..30 {
+            let owner = Counted(Arc::clone(&dropped));
+            let f = move || {
+                let _keep = &owner;
+            };
+            if i < 10 {
+                host_launch(&on_primary, f).unwrap();
+            } else {
+                host_launch(on_other, f).unwrap();
+            }
+        }
+        assert_eq!(pending_launches(Some(primary.raw())), 10);
+        assert_eq!(pending_launches(Some(other)), 20);
+        assert_eq!(pending_launches(None), 30);
+        fake().poison_context(other);
+        fake().release_hold(holds[1]);
+        // SAFETY: the second context, destroyed once (poisoned: its host functions never run).
+        let _ = unsafe { d.cuCtxDestroy(other) };
+        // SAFETY: destroyed; nothing launches into it.
+        assert_eq!(unsafe { reclaim_pending(other) }, 20);
+        assert_eq!(pending_launches(Some(primary.raw())), 10);
+        fake().release_hold(holds[0]);
+        on_primary.synchronize().unwrap();
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), 30);
+        assert_eq!(pending_launches(None), 0);
+    }
+}
