@@ -61,6 +61,14 @@ pub(crate) fn capture_graph_legacy(
     driver: &cuda_sys::Driver,
     stream: CUstream,
 ) -> Result<CUgraph, Error> {
+    // Below 11.3 the lookup would fall back to the 10.1 export, which has another signature.
+    if driver.version().0 < 11030 {
+        return Err(Error::Cuda(cuda_sys::Error::DriverTooOld {
+            function: "cuStreamGetCaptureInfo (11.3 signature)",
+            required: 11030,
+            found: driver.version(),
+        }));
+    }
     let p: *mut c_void = driver
         .get_proc_address("cuStreamGetCaptureInfo", 11030, driver.default_stream())?
         .as_ptr();

@@ -324,6 +324,9 @@ unsafe fn enqueue(
             });
         }
         (Capture::Active { graph, .. }, Runs::Repeatable) => {
+            // User objects (11.3) come first: below them a captured launch cannot be owned by its
+            // graph, and the 11.3 capture query below would not exist either.
+            driver.raw().cuUserObjectCreate()?;
             let graph = if graph.is_null() {
                 capture_graph_legacy(driver, stream)?
             } else {
