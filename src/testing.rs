@@ -4,6 +4,8 @@
 //!   package dev-depends on it), and [`load_fake_driver`] loads it as the process's driver.
 //! - [`FakeCuda`] (through [`fake`]) reaches the fake's `fake_cuda_*` control functions: fault
 //!   injection, call counters, holds (stand-ins for long-running kernels), sticky errors.
+//! - [`owners`]: for the `cuda-host-launch` tests: the process's primary context, owners that
+//!   record where and when they are dropped ([`Drops`]), and where a host function ran.
 //! - [`in_own_process`] and [`isolated_test!`](crate::isolated_test) run a test in a process of its
 //!   own, with its own environment: the driver is loaded once per process and reads its
 //!   configuration (`CUDA_SYS_*`, `FAKE_CUDA_*`) once, so a test that needs a particular driver
@@ -25,6 +27,13 @@
 //! }
 //! # fn main() {}
 //! ```
+
+pub mod owners;
+
+pub use owners::{
+    DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, fake_primary_context,
+    threads_named,
+};
 
 use std::ffi::{CString, OsStr, c_char, c_void};
 use std::io::Read;
@@ -213,6 +222,19 @@ impl FakeCuda {
         }
     }
 
+    /// Calls so far of `name` (as for [`call_count`](Self::call_count); `""` for every function)
+    /// made on one of the fake's driver threads: a context's worker (inside a host function) or
+    /// the user-object destructor thread, where the real driver does not allow CUDA calls.
+    pub fn driver_thread_call_count(&self, name: &str) -> u64 {
+        let name = c_name(name);
+        // SAFETY: the signature of fake_cuda_driver_thread_call_count; `name` is NUL-terminated.
+        unsafe {
+            self.get::<unsafe extern "C" fn(*const c_char) -> u64>(
+                b"fake_cuda_driver_thread_call_count",
+            )(name.as_ptr())
+        }
+    }
+
     /// Sets every call counter back to 0.
     pub fn reset_call_counts(&self) {
         // SAFETY: the signature of fake_cuda_reset_call_counts.
@@ -292,6 +314,14 @@ impl FakeCuda {
     pub fn live_user_objects(&self) -> u64 {
         // SAFETY: the signature of fake_cuda_live_user_objects.
         unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_live_user_objects")() }
+    }
+
+    /// User objects that still have a reference: their destructor has not been queued yet. Drops
+    /// with the call that releases the last reference (unlike
+    /// [`live_user_objects`](Self::live_user_objects), which waits for the destructor to return).
+    pub fn referenced_user_objects(&self) -> u64 {
+        // SAFETY: the signature of fake_cuda_referenced_user_objects.
+        unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_referenced_user_objects")() }
     }
 
     /// Driver threads (one per context that has had stream work) running now.

@@ -1,6 +1,7 @@
 //! What every exported driver function does first: count the call, answer as the stub would,
 //! inject a configured fault, insist on `cuInit`, and keep panics from crossing the C boundary.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +25,8 @@ struct Fault {
 struct Calls {
     /// Per export name: its base name and how often it was called.
     counts: BTreeMap<&'static str, (&'static str, u64)>,
+    /// The same, for calls made on a driver thread (see [`mark_driver_thread`]).
+    on_driver_threads: BTreeMap<&'static str, (&'static str, u64)>,
     /// Per base (or export) name.
     faults: BTreeMap<String, Fault>,
 }
@@ -46,6 +49,20 @@ static CALLS: LazyLock<Mutex<Calls>> = LazyLock::new(|| {
 });
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Whether this thread is one of the driver's own: a context's worker (which runs host
+    /// functions) or the user-object destructor thread. A const-initialised `Cell` needs no
+    /// destructor, so it is cheap on every thread.
+    static DRIVER_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as a driver thread: the driver calls it makes from now on are also
+/// counted apart (the real driver forbids CUDA calls from host functions and user-object
+/// destructors; tests use the count to check that nobody makes them).
+pub(crate) fn mark_driver_thread() {
+    DRIVER_THREAD.with(|d| d.set(true));
+}
 
 /// `name[@n][=code]` → (name, n or 0, code or 999).
 fn parse_fault(item: &str) -> Option<(&str, u64, u32)> {
@@ -92,6 +109,9 @@ pub(crate) fn call(
 fn count_and_fault(export: &'static str, base: &'static str) -> Option<CUresult> {
     let mut calls = relock(&CALLS);
     calls.counts.entry(export).or_insert((base, 0)).1 += 1;
+    if DRIVER_THREAD.with(Cell::get) {
+        calls.on_driver_threads.entry(export).or_insert((base, 0)).1 += 1;
+    }
     if config().stub() {
         return Some(STUB_LIBRARY);
     }
@@ -113,18 +133,32 @@ pub(crate) fn set_initialized() {
     INITIALIZED.store(true, Ordering::Release);
 }
 
-/// Calls of `name`: a base name counts every variant, any other export name only itself.
-pub(crate) fn count(name: &str) -> u64 {
-    relock(&CALLS)
-        .counts
+fn count_in(counts: &BTreeMap<&'static str, (&'static str, u64)>, name: &str) -> u64 {
+    counts
         .iter()
         .filter(|(export, (base, _))| **export == name || *base == name)
         .map(|(_, (_, n))| n)
         .sum()
 }
 
+/// Calls of `name`: a base name counts every variant, any other export name only itself.
+pub(crate) fn count(name: &str) -> u64 {
+    count_in(&relock(&CALLS).counts, name)
+}
+
+/// Calls of `name` (as for [`count`]) made on a driver thread.
+pub(crate) fn count_on_driver_threads(name: &str) -> u64 {
+    let calls = relock(&CALLS);
+    if name.is_empty() {
+        return calls.on_driver_threads.values().map(|(_, n)| n).sum();
+    }
+    count_in(&calls.on_driver_threads, name)
+}
+
 pub(crate) fn reset_counts() {
-    relock(&CALLS).counts.clear();
+    let mut calls = relock(&CALLS);
+    calls.counts.clear();
+    calls.on_driver_threads.clear();
 }
 
 pub(crate) fn set_fault(name: &str, nth: u64, code: u32) {

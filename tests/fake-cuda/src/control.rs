@@ -55,7 +55,18 @@ pub unsafe extern "C" fn fake_cuda_call_count(name: *const c_char) -> u64 {
     unsafe { text(name) }.map_or(0, calls::count)
 }
 
-/// Sets every call counter back to 0.
+/// Calls of `name` (as for [`fake_cuda_call_count`]; an empty name: of every function) made on a
+/// driver thread: a context's worker, running a host function, or the user-object destructor
+/// thread. The real driver does not allow CUDA calls there (it may fail them or deadlock), so a
+/// library that keeps its promise to stay off the driver's thread leaves this at 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_driver_thread_call_count(name: *const c_char) -> u64 {
+    // SAFETY: the caller passes a NUL-terminated name (or null, read as empty).
+    let name = unsafe { text(name) }.unwrap_or("");
+    calls::count_on_driver_threads(name)
+}
+
+/// Sets every call counter back to 0 (those of [`fake_cuda_driver_thread_call_count`] included).
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_reset_call_counts() {
     calls::reset_counts();
@@ -175,6 +186,15 @@ pub extern "C" fn fake_cuda_pending_host_functions(ctx: CUcontext) -> u64 {
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_live_user_objects() -> u64 {
     LIVE.load(Ordering::SeqCst)
+}
+
+/// User objects that still have a reference (the user's, a graph's, an executable graph's or a
+/// launch's): those whose destructor has not been queued yet. Unlike
+/// [`fake_cuda_live_user_objects`], this drops synchronously with the call that releases the last
+/// reference, so a test can tell "still referenced" from "destroyed, destructor pending".
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_referenced_user_objects() -> u64 {
+    lock().user_objects.len() as u64
 }
 
 /// Context worker threads ("driver threads") running now: one per context that has had work.

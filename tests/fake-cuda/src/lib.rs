@@ -47,6 +47,9 @@
 //!   a capture, `cuStreamAddCallback` invalidates it), graphs, instantiation and replay, and user
 //!   objects whose destructors run on a fake-internal thread once the last reference (including an
 //!   in-flight launch's) is gone.
+//! - Calls made on the fake's own threads (a context's worker, inside a host function, or the
+//!   user-object destructor thread), where the real driver forbids CUDA calls, are also counted
+//!   apart ([`control::fake_cuda_driver_thread_call_count`]), so tests can check nobody makes them.
 //! - Host memory (`cuMemHostAlloc`, zeroed) and host memory standing in for device memory, with
 //!   synchronous copies; the "device pointer" of any of it is its host address.
 //!

@@ -154,6 +154,7 @@ fn take_runnable(st: &mut State, ctx: usize) -> Option<(usize, Op)> {
 
 fn worker_main(ctx: usize) {
     WORKER_OF.with(|w| w.set(ctx));
+    crate::calls::mark_driver_thread();
     let mut st = lock();
     while let Some(c) = st.contexts.get(&ctx) {
         if c.is_poisoned() {

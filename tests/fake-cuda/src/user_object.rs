@@ -55,6 +55,7 @@ fn destroy_later(st: &mut State, destroy: HostFn, data: usize) {
         let spawned = std::thread::Builder::new()
             .name("fake-cuda-user-objects".into())
             .spawn(move || {
+                crate::calls::mark_driver_thread();
                 for (destroy, data) in receiver {
                     // SAFETY: the user gave `destroy` and its argument to cuUserObjectCreate to
                     // be called once, from a driver thread, when the last reference is gone.

@@ -1,0 +1,231 @@
+//! Who releases the owners of host functions that have run: the reaper thread (the default), or, in
+//! manual mode, whoever calls the next launch, `drain` or `flush`, on their own thread. The mode is
+//! chosen once per process (`CUDA_HOST_LAUNCH_CLEANUP`, or `set_cleanup_mode` before the first
+//! launch), and a flush that an owner's blocking `Drop` holds up times out. Each test has a process
+//! of its own.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use cuda_host_launch::{
+    CLEANUP_MODE_ENV, CleanupMode, Error, Graph, Stream, add_host_node, cleanup_mode,
+    cleanup_stats, drain, flush, host_launch, set_cleanup_mode,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{
+    Drops, Owner, PATIENCE, REAPER_NAME, ThreadInfo, fake, fake_primary_context, threads_named,
+};
+
+/// Launches a closure owning `owner` on `stream` and waits until it has run.
+fn run_with(stream: &Stream, owner: Owner) {
+    host_launch(stream, move || {
+        let _keep = &owner;
+    })
+    .unwrap();
+    stream.synchronize().unwrap();
+}
+
+/// The last `n` drops of `drops` happened on this thread.
+#[track_caller]
+fn assert_dropped_here(drops: &Drops, n: usize) {
+    let me = ThreadInfo::current();
+    let records = drops.records();
+    assert_eq!(records.len(), n, "{records:?}");
+    assert!(records.iter().all(|r| r.thread.same_as(&me)), "{records:?}");
+}
+
+/// Launches a closure owning `owner` on `stream` behind a hold, so it cannot run (and be queued)
+/// before the launch's own drain; returns the hold.
+fn launch_held(stream: &Stream, owner: Owner) -> u64 {
+    let hold = fake().hold_stream(stream.raw());
+    assert_ne!(hold, 0);
+    host_launch(stream, move || {
+        let _keep = &owner;
+    })
+    .unwrap();
+    hold
+}
+
+/// Lets `hold` go and waits for `stream`.
+fn finish(stream: &Stream, hold: u64) {
+    fake().release_hold(hold);
+    stream.synchronize().unwrap();
+}
+
+/// In manual mode the owners of a host function that has run are dropped by the next launch, by
+/// `drain` and by `flush`, each on the calling thread, and not before.
+fn manual_mode_releases_on_the_callers_thread() {
+    let context = fake_primary_context();
+    let stream = Stream::new(&context).unwrap();
+    let drops = Drops::new();
+
+    let hold = launch_held(&stream, drops.owner());
+    finish(&stream, hold);
+    assert_eq!(drops.dropped(), 0, "released without anyone draining");
+    let stats = cleanup_stats();
+    assert_eq!(stats.queued, stats.released + 1);
+
+    // The next launch drains what has run.
+    let hold = launch_held(&stream, drops.owner());
+    assert_dropped_here(&drops, 1);
+    finish(&stream, hold);
+    assert_eq!(drops.dropped(), 1);
+
+    // `drain` releases what has run, here, and says how many.
+    assert_eq!(drain(), 1);
+    assert_dropped_here(&drops, 2);
+    assert_eq!(drain(), 0);
+
+    // So does `flush`.
+    let hold = launch_held(&stream, drops.owner());
+    finish(&stream, hold);
+    assert_eq!(drops.dropped(), 2);
+    flush(PATIENCE).unwrap();
+    assert_dropped_here(&drops, 3);
+    assert_eq!(drops.live(), 0);
+    let stats = cleanup_stats();
+    assert_eq!(stats.queued, stats.released);
+
+    assert_eq!(
+        threads_named(REAPER_NAME),
+        0,
+        "a reaper thread exists in manual mode"
+    );
+}
+
+isolated_test! {
+    /// `CUDA_HOST_LAUNCH_CLEANUP=manual`: no reaper thread ever exists, and owners are dropped by
+    /// the next launch, `drain` or `flush`, on the caller's thread.
+    fn manual_mode_from_the_environment_has_no_reaper_and_releases_on_the_callers_thread(
+        CUDA_HOST_LAUNCH_CLEANUP = "manual"
+    ) {
+        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Manual);
+        manual_mode_releases_on_the_callers_thread();
+        // Graph host nodes too: the owners go when the graph does, at the next drain.
+        let graph = Graph::new().unwrap();
+        let drops = Drops::new();
+        let owner = drops.owner();
+        add_host_node(&graph, &[], move || {
+            let _keep = &owner;
+        })
+        .unwrap();
+        drop(graph);
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while drops.dropped() == 0 {
+            // The fake destroys user objects on a thread of its own, a little later.
+            assert!(std::time::Instant::now() < deadline, "the graph's owners were never released");
+            drain();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_dropped_here(&drops, 1);
+        assert_eq!(threads_named(REAPER_NAME), 0);
+    }
+
+    /// `set_cleanup_mode(Manual)` before the first launch works like the environment variable.
+    fn manual_mode_can_be_chosen_in_code_before_the_first_launch() {
+        set_cleanup_mode(CleanupMode::Manual).unwrap();
+        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Manual);
+        manual_mode_releases_on_the_callers_thread();
+    }
+
+    /// Once the reaper has started (the first launch in reaper mode), manual mode can no longer
+    /// be chosen: `ReaperAlreadyRunning`; reaper mode stays, and the reaper keeps working.
+    fn manual_mode_cannot_be_chosen_once_the_reaper_runs() {
+        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        run_with(&stream, drops.owner());
+        // Once it has dropped an owner, the reaper has surely named itself.
+        drops.wait_dropped(1);
+        assert_eq!(threads_named(REAPER_NAME), 1);
+        assert!(matches!(
+            set_cleanup_mode(CleanupMode::Manual),
+            Err(Error::ReaperAlreadyRunning)
+        ));
+        set_cleanup_mode(CleanupMode::Reaper).unwrap();
+        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        run_with(&stream, drops.owner());
+        let records = drops.wait_dropped(2);
+        assert!(records.iter().all(|r| r.thread.is_reaper()), "{records:?}");
+        assert_eq!(threads_named(REAPER_NAME), 1);
+    }
+
+    /// An unknown `CUDA_HOST_LAUNCH_CLEANUP` fails the first launch (and `add_host_node`) with
+    /// `InvalidEnvironment`, its owners dropped on the caller's thread; choosing a mode in code
+    /// makes launches work.
+    fn an_invalid_cleanup_mode_in_the_environment_fails_the_first_launch(
+        CUDA_HOST_LAUNCH_CLEANUP = "sometimes"
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let check = |result: Result<(), Error>| match result {
+            Err(Error::InvalidEnvironment { variable, value }) => {
+                assert_eq!(variable, CLEANUP_MODE_ENV);
+                assert_eq!(value, "sometimes");
+            }
+            other => panic!("expected InvalidEnvironment, got {other:?}"),
+        };
+        check(cleanup_mode().map(|_| ()));
+        let drops = Drops::new();
+        let owner = drops.owner();
+        check(host_launch(&stream, move || {
+            let _keep = &owner;
+        }));
+        let graph = Graph::new().unwrap();
+        let owner = drops.owner();
+        check(add_host_node(&graph, &[], move || {
+            let _keep = &owner;
+        }).map(|_| ()));
+        assert_dropped_here(&drops, 2);
+        assert!(graph.nodes().unwrap().is_empty());
+        assert_eq!(threads_named(REAPER_NAME), 0);
+
+        set_cleanup_mode(CleanupMode::Reaper).unwrap();
+        run_with(&stream, drops.owner());
+        drops.wait_dropped(3);
+        assert_eq!(threads_named(REAPER_NAME), 1);
+    }
+
+    /// While an owner's `Drop` blocks the reaper, `flush` times out with `FlushTimedOut` counting
+    /// it (and later ones); once unblocked, `flush` succeeds and later owners are dropped.
+    fn flush_times_out_while_an_owner_drop_blocks_and_succeeds_once_unblocked() {
+        struct Blocking(mpsc::Receiver<()>);
+        impl Drop for Blocking {
+            fn drop(&mut self) {
+                let _ = self.0.recv_timeout(PATIENCE);
+            }
+        }
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (unblock, blocked) = mpsc::channel();
+        let blocking = Blocking(blocked);
+        host_launch(&stream, move || {
+            let _keep = &blocking;
+        })
+        .unwrap();
+        let drops = Drops::new();
+        run_with(&stream, drops.owner());
+
+        let timeout = Duration::from_millis(50);
+        match flush(timeout) {
+            Err(Error::FlushTimedOut { waiting, timeout: t }) => {
+                assert!(waiting >= 1, "waiting {waiting}");
+                assert_eq!(t, timeout);
+            }
+            other => panic!("expected FlushTimedOut, got {other:?}"),
+        }
+        assert!(matches!(flush(Duration::ZERO), Err(Error::FlushTimedOut { .. })));
+
+        unblock.send(()).unwrap();
+        flush(PATIENCE).unwrap();
+        let records = drops.wait_dropped(1);
+        assert!(records[0].thread.is_reaper());
+        let stats = cleanup_stats();
+        assert_eq!(stats.queued, stats.released);
+
+        run_with(&stream, drops.owner());
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 2);
+    }
+}

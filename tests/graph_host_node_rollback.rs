@@ -1,0 +1,211 @@
+//! Rollback of repeatable launches and graph host nodes when a driver call fails part-way, each
+//! step in turn (fault injection): `cuUserObjectCreate`, `cuGraphRetainUserObject`, the captured
+//! `cuLaunchHostFunc`, `cuGraphAddHostNode`. Each time the error surfaces, the owners are released
+//! exactly once, no node is left referencing them (the node count is unchanged, and launching the
+//! graph does not run the function), and a capture can still be ended.
+//!
+//! Faults and the fake's user-object counts are process-wide: each test has a process of its own.
+
+use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cuda_host_launch::{
+    Error, Graph, LaunchOptions, Stream, add_host_node, flush, host_launch_repeatable,
+};
+use cuda_sys::types::{CUgraph, CUresult, CUstreamCaptureMode};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{
+    Drops, PATIENCE, ThreadInfo, fake, fake_primary_context, load_fake_driver,
+};
+
+const OOM: CUresult = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
+
+/// Where the failing launch goes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Via {
+    /// `host_launch_repeatable` on a capturing stream.
+    Capture,
+    /// `add_host_node` on a graph.
+    AddNode,
+}
+
+/// A counter and the owners of one host function.
+struct Probe {
+    runs: Arc<AtomicUsize>,
+    drops: Arc<Drops>,
+}
+
+impl Probe {
+    fn new() -> Probe {
+        Probe {
+            runs: Arc::new(AtomicUsize::new(0)),
+            drops: Drops::new(),
+        }
+    }
+
+    /// A repeatable closure that counts its runs and owns one owner.
+    fn closure(&self) -> impl Fn() + Send + Sync + 'static {
+        let (runs, owner) = (Arc::clone(&self.runs), self.drops.owner());
+        move || {
+            let _keep = &owner;
+            runs.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+}
+
+/// Adds a working node, then one whose `fault` call fails, then checks the rollback: the error
+/// names `fault`, the failed node's owners are released once (on this thread if `here`), it left no
+/// node, and the graph (with the capture ended, if any) runs the working node only.
+fn rollback(via: Via, fault: &str, here: bool) {
+    let context = fake_primary_context();
+    let driver = load_fake_driver();
+    let stream = Stream::new_non_blocking(&context).unwrap();
+    let (good, bad) = (Probe::new(), Probe::new());
+    let options = LaunchOptions::default();
+
+    let mut graph = None;
+    match via {
+        Via::Capture => {
+            let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+            // SAFETY: a live stream.
+            unsafe { driver.cuStreamBeginCapture(stream.raw(), mode) }.unwrap();
+            host_launch_repeatable(&stream, &options, good.closure()).unwrap();
+        }
+        Via::AddNode => {
+            let g = Graph::new().unwrap();
+            add_host_node(&g, &[], good.closure()).unwrap();
+            graph = Some(g);
+        }
+    }
+    assert_eq!(fake().referenced_user_objects(), 1);
+    let created = fake().call_count("cuUserObjectCreate");
+
+    fake().set_fault(fault, 1, OOM.0);
+    let failed = match via {
+        Via::Capture => host_launch_repeatable(&stream, &options, bad.closure()),
+        Via::AddNode => add_host_node(graph.as_ref().unwrap(), &[], bad.closure()).map(|_| ()),
+    };
+    fake().clear_faults();
+    match failed {
+        Err(Error::Cuda(cuda_sys::Error::Driver(e))) => {
+            assert_eq!(e.code(), OOM, "{e}");
+            assert_eq!(e.function(), Some(fault), "{e}");
+        }
+        other => panic!("expected {fault} to fail with {OOM:?}, got {other:?}"),
+    }
+    if here {
+        // Nothing was handed to the driver: released before the error returned, on this thread.
+        let records = bad.drops.records();
+        assert_eq!(records.len(), 1, "not released before the error returned");
+        assert!(records[0].thread.same_as(&ThreadInfo::current()));
+    } else {
+        // Handed to a user object, whose destructor (on the driver's thread) queues them.
+        let records = bad.drops.wait_dropped(1);
+        assert!(records[0].thread.is_reaper(), "{records:?}");
+    }
+    assert_eq!(bad.drops.live(), 0);
+    assert_eq!(
+        fake().referenced_user_objects(),
+        1,
+        "the failed node's user object lives on"
+    );
+    assert!(fake().call_count("cuUserObjectCreate") > created);
+
+    let graph = match via {
+        Via::Capture => {
+            let mut raw: CUgraph = ptr::null_mut();
+            // SAFETY: a live stream; a valid out-pointer.
+            unsafe { driver.cuStreamEndCapture(stream.raw(), &mut raw) }
+                .expect("the capture can still be ended");
+            // SAFETY: the graph the capture made, owned by nobody else.
+            unsafe { Graph::from_raw(raw) }
+        }
+        Via::AddNode => graph.unwrap(),
+    };
+    assert_eq!(graph.nodes().unwrap().len(), 1, "a node was left behind");
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&stream).unwrap();
+    exec.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!((good.runs(), bad.runs()), (2, 0));
+
+    drop(exec);
+    drop(graph);
+    good.drops.wait_dropped(1);
+    flush(PATIENCE).unwrap();
+    assert_eq!(bad.drops.dropped(), 1, "released more than once");
+    assert_eq!(fake().referenced_user_objects(), 0);
+    fake().wait_until("every user object's destructor", PATIENCE, || {
+        fake().live_user_objects() == 0
+    });
+    assert_eq!(fake().driver_thread_call_count(""), 0);
+}
+
+isolated_test! {
+    /// `cuUserObjectCreate` fails: no user object, so the owners are released on the caller's
+    /// thread before the error returns, and no node is added.
+    fn a_failed_user_object_create_releases_the_owners_at_once_and_adds_no_node() {
+        rollback(Via::Capture, "cuUserObjectCreate", true);
+    }
+
+    /// `cuGraphRetainUserObject` fails: the user object is released, and its destructor releases
+    /// the owners; no node is added.
+    fn a_failed_graph_retain_user_object_releases_the_owners_and_adds_no_node() {
+        rollback(Via::Capture, "cuGraphRetainUserObject", false);
+    }
+
+    /// The captured `cuLaunchHostFunc` fails after the owners were tied to the graph: the graph
+    /// lets them go, and no node is left.
+    fn a_failed_captured_launch_releases_the_owners_and_leaves_no_node() {
+        rollback(Via::Capture, "cuLaunchHostFunc", false);
+    }
+
+    /// `cuGraphAddHostNode` fails in `add_host_node`: the graph lets the owners go.
+    fn a_failed_graph_add_host_node_releases_the_owners_and_leaves_no_node() {
+        rollback(Via::AddNode, "cuGraphAddHostNode", false);
+    }
+
+    /// `cuUserObjectCreate` fails in `add_host_node`.
+    fn a_failed_user_object_create_in_add_host_node_releases_the_owners_at_once() {
+        rollback(Via::AddNode, "cuUserObjectCreate", true);
+    }
+
+    /// Adding the node fails and so does letting the graph's reference go
+    /// (`cuGraphReleaseUserObject`): the owners stay with the graph, which no node uses, and are
+    /// released exactly once when the graph is destroyed.
+    fn if_the_rollback_itself_fails_the_owners_go_with_the_graph() {
+        let context = fake_primary_context();
+        let stream = Stream::new_non_blocking(&context).unwrap();
+        let graph = Graph::new().unwrap();
+        let bad = Probe::new();
+        fake().set_fault("cuGraphAddHostNode", 1, OOM.0);
+        fake().set_fault("cuGraphReleaseUserObject", 1, OOM.0);
+        let failed = add_host_node(&graph, &[], bad.closure());
+        fake().clear_faults();
+        assert!(
+            matches!(&failed, Err(e) if e.cuda_code() == Some(OOM)),
+            "{failed:?}"
+        );
+        assert!(graph.nodes().unwrap().is_empty(), "a node was left behind");
+        assert_eq!(fake().referenced_user_objects(), 1);
+        let exec = graph.instantiate().unwrap();
+        exec.launch(&stream).unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(bad.runs(), 0);
+        flush(PATIENCE).unwrap();
+        assert_eq!(bad.drops.dropped(), 0, "released while the graph still owns them");
+
+        drop(graph);
+        assert_eq!(fake().referenced_user_objects(), 1, "the executable graph holds it too");
+        flush(PATIENCE).unwrap();
+        assert_eq!(bad.drops.dropped(), 0, "released while an executable graph owns them");
+        drop(exec);
+        bad.drops.wait_dropped(1);
+        assert_eq!(fake().referenced_user_objects(), 0);
+    }
+}

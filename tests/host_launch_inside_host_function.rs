@@ -1,0 +1,172 @@
+//! Inside a host function (on the driver's thread) no CUDA call may be made: this crate's
+//! launches, `add_host_node` and `flush` return `InsideHostFunction`, and the owners of a launch
+//! refused there are not dropped on the driver's thread but go through the cleanup queue.
+//! Resources (`Stream`, `Event`, `PrimaryContext`, `Graph`) dropped inside a host function are
+//! destroyed later, off the driver's thread. The fake counts driver calls made on its driver
+//! threads: none may be.
+//!
+//! Call counts are process-wide, so each test has a process of its own.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cuda_host_launch::{
+    Device, Error, Event, Graph, LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node,
+    drain, flush, host_launch, host_launch_repeatable, in_host_function, launch_host_function,
+    launch_host_function_with_bytes,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{Drops, PATIENCE, RanOn, fake, fake_primary_context};
+
+unsafe extern "C" fn nothing(_: *mut c_void) {}
+
+/// What one attempt inside the host function returned.
+type Outcomes = Arc<Mutex<Vec<(&'static str, Result<(), Error>)>>>;
+
+isolated_test! {
+    /// Inside a host closure, every launch, `add_host_node` and `flush` is refused with
+    /// `InsideHostFunction` (saying what was attempted), `drain` releases nothing, no driver call
+    /// is made there. The refused launches' owners are dropped once, by the reaper, not on the
+    /// driver's thread. Outside, `in_host_function` is false again and launches work.
+    fn launches_inside_a_host_function_are_refused_and_their_owners_leave_the_driver_thread() {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let refused = Drops::new();
+        let outcomes: Outcomes = Arc::default();
+        let ran_on = RanOn::new();
+        let inside = Arc::new(AtomicBool::new(false));
+        let drained = Arc::new(AtomicU64::new(u64::MAX));
+        // SAFETY: `stream` lives until after the synchronize below, after the closure's last use.
+        let raw = unsafe { RawStream::from_raw(stream.raw()) };
+        let graph = Graph::new().unwrap();
+        {
+            let (refused, outcomes, ran_on, inside, drained) = (
+                Arc::clone(&refused),
+                Arc::clone(&outcomes),
+                Arc::clone(&ran_on),
+                Arc::clone(&inside),
+                Arc::clone(&drained),
+            );
+            let mut graph = Some(graph);
+            host_launch(&stream, move || {
+                ran_on.here();
+                inside.store(in_host_function(), Ordering::SeqCst);
+                let mut out = outcomes.lock().unwrap();
+                let owner = refused.owner();
+                out.push(("host_launch", host_launch(raw, move || {
+                    let _keep = &owner;
+                })));
+                // SAFETY: `nothing` does nothing (and is refused anyway).
+                out.push(("launch_host_function", unsafe {
+                    launch_host_function(raw, Some(nothing), ptr::null_mut(), refused.owner())
+                }));
+                // SAFETY: as above.
+                out.push(("launch_host_function_with_bytes", unsafe {
+                    launch_host_function_with_bytes(raw, Some(nothing), &[1, 2, 3])
+                }));
+                let owner = refused.owner();
+                let repeatable = host_launch_repeatable(raw, &LaunchOptions::default(), move || {
+                    let _keep = &owner;
+                });
+                out.push(("host_launch_repeatable", repeatable));
+                let owner = refused.owner();
+                let added = add_host_node(graph.as_ref().unwrap(), &[], move || {
+                    let _keep = &owner;
+                });
+                out.push(("add_host_node", added.map(|_| ())));
+                out.push(("flush", flush(PATIENCE)));
+                drained.store(drain(), Ordering::SeqCst);
+                // The graph, dropped here, is destroyed later, off this thread.
+                drop(graph.take());
+            })
+            .unwrap();
+        }
+        assert!(!in_host_function());
+        stream.synchronize().unwrap();
+        assert!(inside.load(Ordering::SeqCst), "in_host_function was false inside");
+        let drained = drained.load(Ordering::SeqCst);
+        assert_eq!(drained, 0, "drain released something on the driver's thread");
+
+        let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
+        let expected = [
+            ("host_launch", "launching a host function"),
+            ("launch_host_function", "launching a host function"),
+            ("launch_host_function_with_bytes", "launching a host function"),
+            ("host_launch_repeatable", "launching a host function"),
+            ("add_host_node", "adding a graph host node"),
+            ("flush", "flush"),
+        ];
+        assert_eq!(outcomes.len(), expected.len());
+        for ((what, outcome), (name, operation)) in outcomes.into_iter().zip(expected) {
+            assert_eq!(what, name);
+            match outcome {
+                Err(Error::InsideHostFunction { operation: got }) => {
+                    assert_eq!(got, operation, "{what}");
+                }
+                other => panic!("{what}: expected InsideHostFunction, got {other:?}"),
+            }
+        }
+
+        let records = refused.wait_dropped(4);
+        assert_eq!(refused.live(), 0);
+        let driver = ran_on.only();
+        for record in &records {
+            assert!(!record.thread.same_as(&driver), "dropped on the driver's thread: {record:?}");
+            assert!(record.thread.is_reaper(), "{record:?}");
+        }
+        assert_eq!(fake().call_count("cuGraphDestroy"), 1, "the graph was not destroyed");
+        assert_eq!(fake().driver_thread_call_count(""), 0, "a driver call on the driver's thread");
+
+        // Outside a host function everything works again.
+        let drops = Drops::new();
+        let owner = drops.owner();
+        host_launch(&stream, move || {
+            let _keep = &owner;
+        })
+        .unwrap();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        drops.wait_dropped(1);
+    }
+
+    /// A `Stream`, an `Event` and the last handle of a retained `PrimaryContext` dropped inside a
+    /// host closure are destroyed after the closure returned, by the reaper: `cuStreamDestroy`,
+    /// `cuEventDestroy` and `cuDevicePrimaryCtxRelease` are each called once, none of them on a
+    /// driver thread.
+    fn resources_dropped_inside_a_host_function_are_destroyed_off_the_driver_thread() {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let doomed_stream = Stream::new(&context).unwrap();
+        let doomed_event = Event::new(&context).unwrap();
+        let doomed_context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let names = ["cuStreamDestroy", "cuEventDestroy", "cuDevicePrimaryCtxRelease"];
+        let before: Vec<u64> = names.iter().map(|n| fake().call_count(n)).collect();
+        assert_eq!(before, [0, 0, 0]);
+        let during: Arc<Mutex<Vec<u64>>> = Arc::default();
+        {
+            let during = Arc::clone(&during);
+            let mut doomed = Some((doomed_stream, doomed_event, doomed_context));
+            host_launch(&stream, move || {
+                drop(doomed.take());
+                // Nothing was destroyed on this, the driver's, thread.
+                *during.lock().unwrap() = names.iter().map(|n| fake().call_count(n)).collect();
+            })
+            .unwrap();
+        }
+        stream.synchronize().unwrap();
+        assert_eq!(*during.lock().unwrap(), [0, 0, 0], "destroyed inside the host function");
+        fake().wait_until("the deferred destructions", PATIENCE, || {
+            flush(PATIENCE).unwrap();
+            names.iter().all(|n| fake().call_count(n) == 1)
+        });
+        for name in names {
+            assert_eq!(fake().driver_thread_call_count(name), 0, "{name} on a driver thread");
+        }
+        assert_eq!(fake().driver_thread_call_count(""), 0);
+        // The context handle retained for the test is still fine.
+        let after = Stream::new(&context).unwrap();
+        after.synchronize().unwrap();
+    }
+}

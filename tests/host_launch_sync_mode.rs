@@ -1,0 +1,181 @@
+//! The sync-mode option (`LaunchOptions::with_sync_mode`) needs `cuLaunchHostFunc_v2` (CUDA 13.1).
+//! On a 13.0 driver every launch that asks for it returns `DriverTooOld`, with its owners dropped
+//! and no call made; on 13.1 and 13.2 launches go through `cuLaunchHostFunc_v2`, and
+//! `add_host_node_with` through `cuGraphAddNode`. The driver version is read once per process, so
+//! each version has a process of its own.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use cuda_host_launch::{
+    Error, Graph, HostTaskSyncMode, LaunchOptions, Stream, add_host_node_with,
+    host_launch_repeatable, host_launch_with, launch_host_function_with,
+};
+use cuda_sys::DriverVersion;
+use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_primary_context, load_fake_driver};
+
+const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+
+unsafe extern "C" fn bump(data: *mut c_void) {
+    // SAFETY: every launch passes a pointer into an `Arc<AtomicUsize>` that its owners keep alive.
+    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
+}
+
+/// A closure that counts its runs and owns an owner of `drops`.
+fn counting(runs: &Arc<AtomicUsize>, drops: &Arc<Drops>) -> impl Fn() + Send + Sync + 'static {
+    let (runs, owner) = (Arc::clone(runs), drops.owner());
+    move || {
+        let _keep = &owner;
+        runs.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[track_caller]
+fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>) {
+    match result {
+        Err(Error::Cuda(cuda_sys::Error::DriverTooOld {
+            function,
+            required,
+            found,
+        })) => {
+            assert_eq!(function, "cuLaunchHostFunc_v2");
+            assert_eq!(required, 13010);
+            assert_eq!(found, DriverVersion(13000));
+        }
+        other => panic!("expected DriverTooOld (cuLaunchHostFunc_v2, 13010, 13000), got {other:?}"),
+    }
+}
+
+/// With a sync mode, on a 13.1+ driver: launches (closure, raw, repeatable captured) call
+/// `cuLaunchHostFunc_v2` and nothing else; graph nodes are added with `cuGraphAddNode`; all run.
+/// Without a sync mode, `cuLaunchHostFunc` is still used.
+fn sync_mode_launches_use_the_v2_calls(version: i32) {
+    let context = fake_primary_context();
+    assert_eq!(load_fake_driver().version(), DriverVersion(version));
+    let stream = Stream::new(&context).unwrap();
+    let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
+    let blocking = LaunchOptions::with_sync_mode(HostTaskSyncMode::Blocking);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let drops = Drops::new();
+
+    host_launch_with(&stream, &spin, counting(&runs, &drops)).unwrap();
+    let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
+    // SAFETY: `bump` only touches the counter, which the owner keeps alive; it does not unwind.
+    unsafe { launch_host_function_with(&stream, &blocking, Some(bump), data, Arc::clone(&runs)) }
+        .unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 2);
+    assert_eq!(
+        fake().call_count("cuLaunchHostFunc"),
+        2,
+        "the v1 entry was called"
+    );
+
+    // Default options: the v1 entry, on any driver.
+    host_launch_with(&stream, &LaunchOptions::default(), counting(&runs, &drops)).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(fake().call_count("cuLaunchHostFunc"), 3);
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 2);
+
+    // A captured repeatable launch with a sync mode is captured through cuLaunchHostFunc_v2.
+    let capturing = Stream::new_non_blocking(&context).unwrap();
+    let driver = load_fake_driver();
+    // SAFETY: a live stream.
+    unsafe { driver.cuStreamBeginCapture(capturing.raw(), RELAXED) }.unwrap();
+    host_launch_repeatable(&capturing, &spin, counting(&runs, &drops)).unwrap();
+    let mut raw: CUgraph = ptr::null_mut();
+    // SAFETY: a live stream; a valid out-pointer.
+    unsafe { driver.cuStreamEndCapture(capturing.raw(), &mut raw) }.unwrap();
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 3);
+    // SAFETY: the graph the capture made, owned by nobody else.
+    let captured = unsafe { Graph::from_raw(raw) };
+
+    // A graph node with a sync mode goes through cuGraphAddNode (v2 host-node parameters).
+    let graph = Graph::new().unwrap();
+    add_host_node_with(&graph, &[], &spin, counting(&runs, &drops)).unwrap();
+    assert_eq!(fake().call_count("cuGraphAddNode"), 1);
+    assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
+    for graph in [&captured, &graph] {
+        let types = graph.node_types().unwrap();
+        assert_eq!(types.len(), 1);
+        assert_eq!(types[0].1, CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST);
+        let exec = graph.instantiate().unwrap();
+        exec.launch(&stream).unwrap();
+        stream.synchronize().unwrap();
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
+    drop((captured, graph));
+    drops.wait_dropped(4);
+    assert_eq!(drops.live(), 0);
+}
+
+isolated_test! {
+    /// On 13.0 a sync mode is refused with `DriverTooOld { cuLaunchHostFunc_v2, 13010, 13000 }`,
+    /// by every launch that takes options and by `add_host_node_with`: the owners are dropped on
+    /// the caller's thread, nothing is added to a graph or a capture, and neither
+    /// `cuLaunchHostFunc_v2` nor any other enqueue is called.
+    fn a_sync_mode_on_a_13_0_driver_is_driver_too_old_with_owners_dropped_and_nothing_called(
+        FAKE_CUDA_VERSION = "13000"
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let drops = Drops::new();
+        for mode in [HostTaskSyncMode::SpinWait, HostTaskSyncMode::Blocking] {
+            let options = LaunchOptions::with_sync_mode(mode);
+            assert_too_old(host_launch_with(&stream, &options, counting(&runs, &drops)));
+            let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
+            // SAFETY: refused before anything could call `bump`.
+            assert_too_old(unsafe {
+                launch_host_function_with(&stream, &options, Some(bump), data, drops.owner())
+            });
+            let graph = Graph::new().unwrap();
+            assert_too_old(add_host_node_with(&graph, &[], &options, counting(&runs, &drops)));
+            assert!(graph.nodes().unwrap().is_empty());
+
+            let driver = load_fake_driver();
+            let capturing = Stream::new_non_blocking(&context).unwrap();
+            // SAFETY: a live stream.
+            unsafe { driver.cuStreamBeginCapture(capturing.raw(), RELAXED) }.unwrap();
+            assert_too_old(host_launch_repeatable(&capturing, &options, counting(&runs, &drops)));
+            let mut raw: CUgraph = ptr::null_mut();
+            // SAFETY: a live stream; a valid out-pointer.
+            unsafe { driver.cuStreamEndCapture(capturing.raw(), &mut raw) }
+                .expect("the capture is still valid");
+            // SAFETY: the graph the capture made, owned by nobody else.
+            let captured = unsafe { Graph::from_raw(raw) };
+            assert!(captured.nodes().unwrap().is_empty());
+        }
+        let me = ThreadInfo::current();
+        let records = drops.records();
+        assert_eq!(records.len(), 8, "owners outlived their errors");
+        assert!(records.iter().all(|r| r.thread.same_as(&me)), "{records:?}");
+        assert_eq!(drops.live(), 0);
+        assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 0);
+        assert_eq!(fake().call_count("cuLaunchHostFunc"), 0);
+        assert_eq!(fake().call_count("cuGraphAddNode"), 0);
+        assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
+        assert_eq!(fake().call_count("cuUserObjectCreate"), 0);
+        stream.synchronize().unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    }
+
+    /// 13.1 is the first driver with `cuLaunchHostFunc_v2`.
+    fn a_sync_mode_on_a_13_1_driver_launches_through_cu_launch_host_func_v2(
+        FAKE_CUDA_VERSION = "13010"
+    ) {
+        sync_mode_launches_use_the_v2_calls(13010);
+    }
+
+    /// ... and a newer driver has it too.
+    fn a_sync_mode_on_a_13_2_driver_launches_through_cu_launch_host_func_v2(
+        FAKE_CUDA_VERSION = "13020"
+    ) {
+        sync_mode_launches_use_the_v2_calls(13020);
+    }
+}
