@@ -226,6 +226,62 @@ fn latency(bench: &Bench, method: Method, stream: &Stream, samples: usize) -> Ve
     out
 }
 
+/// A waker that stamps the time it is first woken.
+struct StampWaker(Mutex<Option<Instant>>);
+impl std::task::Wake for StampWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        let now = Instant::now();
+        self.0.lock().unwrap().get_or_insert(now);
+    }
+}
+
+/// Latency from a kernel's write (seen by a host spinner) to a completion future's waker being
+/// woken, in µs; and the low-latency poller's CPU time over the run, and the run's wall time.
+fn async_latency(
+    bench: &Bench,
+    mode: cuda_host_launch::CompletionMode,
+    stream: &Stream,
+    samples: usize,
+) -> (Vec<f64>, Duration, Duration) {
+    use std::future::Future;
+    let flag = MappedU32s::new(bench.gpu.driver, 1);
+    let mut out = Vec::with_capacity(samples);
+    let cpu_before = cuda_host_launch::poller_cpu_time();
+    let started = Instant::now();
+    for i in 1..=samples as u32 {
+        bench
+            .gpu
+            .kernels
+            .spin_then_write(stream.raw(), flag.device(0), i, 20_000);
+        let mut future = cuda_host_launch::completion_with(stream, mode).unwrap();
+        let stamp = Arc::new(StampWaker(Mutex::new(None)));
+        let waker = std::task::Waker::from(Arc::clone(&stamp));
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(std::pin::Pin::new(&mut future).poll(&mut cx).is_pending());
+        while flag.get(0) != i {
+            std::hint::spin_loop();
+        }
+        let seen = Instant::now();
+        let woken = loop {
+            if let Some(t) = *stamp.0.lock().unwrap() {
+                break t;
+            }
+            std::hint::spin_loop();
+        };
+        assert!(std::pin::Pin::new(&mut future).poll(&mut cx).is_ready());
+        out.push(woken.saturating_duration_since(seen).as_nanos() as f64 / 1000.0);
+    }
+    let wall = started.elapsed();
+    let cpu = cuda_host_launch::poller_cpu_time() - cpu_before;
+    stream.synchronize().unwrap();
+    flush(Duration::from_secs(10)).unwrap();
+    out.sort_by(|a, b| a.total_cmp(b));
+    (out, cpu, wall)
+}
+
 static RETURNED_AT: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
 static DROPPED_AT: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
 
@@ -556,6 +612,41 @@ fn main() {
         json.push_str(&format!(
             "\n    {key:?}: {{\"p50\": {p50:.2}, \"p90\": {p90:.2}, \"p99\": {p99:.2}}}{}",
             if last { "" } else { "," }
+        ));
+    }
+    json.push_str("\n  },");
+
+    let _ = writeln!(
+        table,
+        "\nasync completion, kernel's write seen by a host spinner -> the future's waker woken ({LATENCY_SAMPLES} samples, µs):"
+    );
+    json.push_str("\n  \"completion_latency_us\": {");
+    for (k, mode) in [
+        cuda_host_launch::CompletionMode::HostFunction,
+        cuda_host_launch::CompletionMode::LowLatency,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (v, cpu, wall) = async_latency(&bench, mode, &one[0], LATENCY_SAMPLES);
+        let (p50, p90, p99) = (
+            percentile(&v, 0.5),
+            percentile(&v, 0.9),
+            percentile(&v, 0.99),
+        );
+        let _ = writeln!(
+            table,
+            "  {:<52} p50 {p50:>7.1}  p90 {p90:>7.1}  p99 {p99:>7.1}   poller CPU {:.1} ms of {:.1} ms wall",
+            format!("completion, {mode:?}"),
+            cpu.as_secs_f64() * 1e3,
+            wall.as_secs_f64() * 1e3
+        );
+        json.push_str(&format!(
+            "\n    {:?}: {{\"p50\": {p50:.2}, \"p90\": {p90:.2}, \"p99\": {p99:.2}, \"poller_cpu_ms\": {:.2}, \"wall_ms\": {:.2}}}{}",
+            format!("{mode:?}"),
+            cpu.as_secs_f64() * 1e3,
+            wall.as_secs_f64() * 1e3,
+            if k == 0 { "," } else { "" }
         ));
     }
     json.push_str("\n  },");

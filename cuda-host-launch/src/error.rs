@@ -77,6 +77,25 @@ pub enum Error {
         value: String,
     },
 
+    /// The future's context was lost (a sticky error, then a reset or destroy): its host function or
+    /// flag write will never happen.
+    #[error(
+        "the stream's context was reset or destroyed after a sticky error (such as a trapped \
+         kernel, CUDA_ERROR_LAUNCH_FAILED): the work this future waited for will never complete"
+    )]
+    ContextLost,
+
+    /// The host closure of `host_launch_async` panicked.
+    #[error("the host function panicked: {message}")]
+    HostFunctionPanicked {
+        /// The panic's message.
+        message: String,
+    },
+
+    /// The future was polled again after it had returned its result.
+    #[error("a completed future was polled again")]
+    PolledAfterCompletion,
+
     /// The bytes to copy are too large for one allocation.
     #[error("{len} bytes of user data cannot be allocated in one block")]
     UserDataTooLarge {

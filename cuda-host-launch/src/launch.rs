@@ -245,7 +245,7 @@ where
 
 /// The context a launch on `stream` goes to: the implementor's hint, the current context for the
 /// special handles, or `cuStreamGetCtx`.
-fn context_of(
+pub(crate) fn context_of(
     driver: &cuda_sys::Driver,
     stream: CUstream,
     hint: Option<CUcontext>,
@@ -269,7 +269,7 @@ fn context_of(
 
 /// Whether a launch's record may run more than once.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Runs {
+pub(crate) enum Runs {
     /// Runs once; refused on a capturing stream.
     Once,
     /// May run many times; captured as a graph node on a capturing stream.
@@ -281,7 +281,7 @@ enum Runs {
 ///
 /// # Safety
 /// The record's payload must be sound to run as `runs` says on the driver's thread.
-unsafe fn enqueue(
+pub(crate) unsafe fn enqueue(
     stream: &impl AsRawStream,
     record: OwnedRecord,
     runs: Runs,

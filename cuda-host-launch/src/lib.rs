@@ -65,38 +65,81 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+// Under `--cfg loom` (model checking: see `loom_models.rs`) only the lock-free core and its models
+// are compiled; the rest uses `static` atomics (loom's are not `const`), `std::thread`, `OnceLock`
+// and the driver. Normal builds compile every module, as if these attributes were absent.
+#[cfg(not(loom))]
 mod capture;
+#[cfg(not(loom))]
 mod cleanup;
+#[cfg(not(loom))]
+mod completion;
+#[cfg(not(loom))]
 mod error;
+#[cfg(not(loom))]
 mod graph;
+#[cfg(not(loom))]
 mod host_thread;
+#[cfg_attr(loom, allow(dead_code))]
 mod intrusive_stack;
+#[cfg(not(loom))]
 mod launch;
+#[cfg(all(test, loom))]
+mod loom_models;
+#[cfg(not(loom))]
+mod low_latency;
+#[cfg(not(loom))]
 mod options;
+#[cfg(not(loom))]
 mod panic_report;
+#[cfg(not(loom))]
 mod pending;
+#[cfg(not(loom))]
 mod raw_stream;
+#[cfg(not(loom))]
 mod record;
+#[cfg(not(loom))]
 mod record_pool;
+#[cfg(not(loom))]
 mod resources;
+#[cfg_attr(loom, allow(unused_imports))]
 mod sync;
+#[cfg(not(loom))]
 mod user_object;
+#[cfg(not(loom))]
+mod waker_slot;
 
+#[cfg(not(loom))]
 pub use cleanup::{
     CLEANUP_MODE_ENV, CleanupMode, CleanupStats, REAPER_LINGER_ENV, REAPER_POLL_ENV, cleanup_mode,
     cleanup_stats, defer_drop, drain, flush, set_cleanup_mode,
 };
+#[cfg(not(loom))]
+pub use completion::{
+    Completion, CompletionMode, HostLaunchFuture, completion, completion_with, host_launch_async,
+};
+#[cfg(not(loom))]
 pub use error::Error;
+#[cfg(not(loom))]
 pub use graph::{Graph, GraphExec, add_host_node, add_host_node_raw, add_host_node_with};
+#[cfg(not(loom))]
 pub use host_thread::in_host_function;
+#[cfg(not(loom))]
 pub use launch::{
     host_launch, host_launch_repeatable, host_launch_with, launch_host_function,
     launch_host_function_repeatable, launch_host_function_with, launch_host_function_with_bytes,
 };
+#[cfg(not(loom))]
+pub use low_latency::poller_cpu_time;
+#[cfg(not(loom))]
 pub use options::{HostTaskSyncMode, LaunchOptions};
+#[cfg(not(loom))]
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
+#[cfg(not(loom))]
 pub use pending::{pending_launches, reclaim_pending};
+#[cfg(not(loom))]
 pub use raw_stream::{AsRawStream, RawStream};
+#[cfg(not(loom))]
 pub use resources::{Device, Event, PrimaryContext, Stream};
 
 /// The `cuda-sys` this crate is built on, for raw driver calls.

@@ -198,6 +198,8 @@ pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
             }
         }
     }
+    // Low-latency completions of the context wait for flags it will never write.
+    crate::low_latency::fail_context(context);
     let count = reclaimed.len();
     for header in reclaimed {
         // SAFETY: the reclaim owns the record now (its trampoline will never run) and it is in no

@@ -69,6 +69,34 @@ unsafe fn mem_free_host(p: *mut c_void) -> Res {
     free(&mut lock(), p.addr(), true)
 }
 
+/// Host ranges registered with `cuMemHostRegister`: start -> length. (Not tied to a context: the
+/// fake keeps registrations across a primary context's reset, where the real driver drops them.)
+static REGISTERED: std::sync::Mutex<std::collections::BTreeMap<usize, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn registered(p: usize) -> bool {
+    let map = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    map.range(..=p)
+        .next_back()
+        .is_some_and(|(start, len)| p < start + len)
+}
+
+export!("cuMemHostRegister", cuMemHostRegister_v2 => mem_host_register(p: *mut c_void, bytesize: usize, Flags: c_uint));
+unsafe fn mem_host_register(p: *mut c_void, size: usize, _flags: c_uint) -> Res {
+    ensure(!p.is_null() && size > 0, INVALID_VALUE)?;
+    current(&lock())?;
+    let mut map = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    ensure(!map.contains_key(&p.addr()), INVALID_VALUE)?;
+    map.insert(p.addr(), size);
+    Ok(())
+}
+
+export!("cuMemHostUnregister", cuMemHostUnregister => mem_host_unregister(p: *mut c_void));
+unsafe fn mem_host_unregister(p: *mut c_void) -> Res {
+    let mut map = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    ensure(map.remove(&p.addr()).is_some(), INVALID_VALUE)
+}
+
 export!("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2 => mem_host_get_device_pointer(pdptr: *mut CUdeviceptr, p: *mut c_void, Flags: c_uint));
 unsafe fn mem_host_get_device_pointer(
     pdptr: *mut CUdeviceptr,
@@ -82,7 +110,7 @@ unsafe fn mem_host_get_device_pointer(
         .range(..=p.addr())
         .next_back()
         .is_some_and(|(start, (size, host))| *host && p.addr() < start + size);
-    ensure(host, INVALID_VALUE)?;
+    ensure(host || registered(p.addr()), INVALID_VALUE)?;
     // SAFETY: non-null, and the caller passes a valid place for a device pointer.
     unsafe { pdptr.write(p.addr() as CUdeviceptr) };
     Ok(())

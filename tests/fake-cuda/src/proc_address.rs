@@ -88,6 +88,8 @@ variants! {
     "cuMemFreeHost" => [(2000, crate::memory::cuMemFreeHost)],
     "cuMemHostAlloc" => [(2020, crate::memory::cuMemHostAlloc)],
     "cuMemHostGetDevicePointer" => [(3020, crate::memory::cuMemHostGetDevicePointer_v2)],
+    "cuMemHostRegister" => [(6050, crate::memory::cuMemHostRegister_v2)],
+    "cuMemHostUnregister" => [(4000, crate::memory::cuMemHostUnregister)],
     "cuMemcpyHtoD" => [(3020, crate::memory::cuMemcpyHtoD_v2, crate::memory::cuMemcpyHtoD_v2_ptds)],
     "cuMemcpyDtoH" => [(3020, crate::memory::cuMemcpyDtoH_v2, crate::memory::cuMemcpyDtoH_v2_ptds)],
     "cuMemsetD8" => [(3020, crate::memory::cuMemsetD8_v2, crate::memory::cuMemsetD8_v2_ptds)],

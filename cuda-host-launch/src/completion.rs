@@ -1,0 +1,271 @@
+//! Futures of stream work: [`completion`] (all work enqueued so far has finished) and
+//! [`host_launch_async`] (a closure's result, in stream order). Runtime-agnostic: only
+//! `std::task::Waker`.
+//!
+//! Two ways to learn that the stream got there ([`CompletionMode`]):
+//! - `HostFunction` (the default): a host function of this crate completes the future and wakes
+//!   the task with `wake_by_ref` on the driver's thread. About 35 µs from the GPU to the wake on
+//!   the H200, and it shares the context's one driver thread with every other host function.
+//! - `LowLatency`: no host function. The stream writes a flag into host memory
+//!   (`cuStreamWriteValue32`) and a poller thread of this crate wakes the task (see
+//!   `low_latency.rs`): a few µs, at the cost of a core that spins briefly while futures wait.
+//!
+//! A future whose context fails (a sticky error) resolves to [`Error::ContextLost`] once the
+//! context is reset or destroyed and its pending launches reclaimed (see [`crate::reclaim_pending`]):
+//! the driver never runs the host function, so without the reclaim it could never resolve.
+//! Dropping a future early is fine: the host function (or the flag write) still happens, and
+//! everything is released as usual; the waker is dropped with the shared state, never on a driver
+//! thread.
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
+
+use crate::error::Error;
+use crate::launch::{Runs, enqueue};
+use crate::options::LaunchOptions;
+use crate::raw_stream::AsRawStream;
+use crate::record::{PanicPayload, Payload, new_record};
+use crate::waker_slot::WakerSlot;
+
+const PENDING: u8 = 0;
+const READY: u8 = 1;
+const PANICKED: u8 = 2;
+const LOST: u8 = 3;
+
+/// How a completion learns that the stream reached it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum CompletionMode {
+    /// A host function of this crate (the default).
+    #[default]
+    HostFunction,
+    /// A flag written by the stream into host memory and a polling thread: lower latency, no
+    /// host function, some CPU while futures wait.
+    LowLatency,
+}
+
+/// What a future and its record share.
+pub(crate) struct Shared<T> {
+    state: AtomicU8,
+    /// Written once, before `state` becomes READY (or PANICKED); read once, by the future, after.
+    value: UnsafeCell<Option<Result<T, PanicPayload>>>,
+    waker: WakerSlot,
+}
+
+// SAFETY: `value` is written by one thread before the Release store of `state` and read by the
+// future's thread after an Acquire load sees it; `T: Send` moves across. The waker slot is Sync.
+unsafe impl<T: Send> Send for Shared<T> {}
+// SAFETY: as above: no two threads touch `value` at once.
+unsafe impl<T: Send> Sync for Shared<T> {}
+
+impl<T> Shared<T> {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Shared {
+            state: AtomicU8::new(PENDING),
+            value: UnsafeCell::new(None),
+            waker: WakerSlot::new(),
+        })
+    }
+
+    /// Completes with `value` and wakes the task. Called once (host function or poller).
+    pub(crate) fn complete(&self, value: Result<T, PanicPayload>) {
+        let state = if value.is_ok() { READY } else { PANICKED };
+        // SAFETY: the one writer, before publishing with the Release store below.
+        unsafe { *self.value.get() = Some(value) };
+        self.state.store(state, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Resolves to `ContextLost` if still pending, and wakes the task.
+    pub(crate) fn fail(&self) {
+        if self
+            .state
+            .compare_exchange(PENDING, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.waker.wake();
+        }
+    }
+
+    pub(crate) fn is_pending(&self) -> bool {
+        self.state.load(Ordering::Acquire) == PENDING
+    }
+
+    fn poll_result(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
+        let mut state = self.state.load(Ordering::Acquire);
+        if state == PENDING {
+            self.waker.register(cx.waker());
+            state = self.state.load(Ordering::Acquire);
+        }
+        match state {
+            PENDING => Poll::Pending,
+            LOST => Poll::Ready(Err(Error::ContextLost)),
+            _ => {
+                // SAFETY: READY/PANICKED were published after the one write; only the future reads
+                // (and takes) the value, once.
+                match unsafe { (*self.value.get()).take() } {
+                    Some(Ok(value)) => Poll::Ready(Ok(value)),
+                    Some(Err(panic)) => Poll::Ready(Err(Error::HostFunctionPanicked {
+                        message: panic_message(&*panic),
+                    })),
+                    None => Poll::Ready(Err(Error::PolledAfterCompletion)),
+                }
+            }
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "<non-string panic payload>".to_string())
+}
+
+/// A future that resolves once the work enqueued on a stream before [`completion`] was called has
+/// finished.
+///
+/// # Errors (as its output)
+/// [`Error::ContextLost`] if the context had a sticky error and was then reset or destroyed.
+#[must_use = "a completion does nothing unless awaited (dropping it early is fine)"]
+pub struct Completion {
+    shared: Arc<Shared<()>>,
+}
+
+impl Future for Completion {
+    type Output = Result<(), Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.shared.poll_result(cx)
+    }
+}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("pending", &self.shared.is_pending())
+            .finish()
+    }
+}
+
+/// A future of all work enqueued on `stream` so far, by a host function of this crate.
+///
+/// # Errors
+/// As [`host_launch`](crate::host_launch): the driver cannot be loaded, the launch is refused (a
+/// capturing stream, a driver error), or this is a host function.
+pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
+    completion_with(stream, CompletionMode::HostFunction)
+}
+
+/// [`completion`] with a [`CompletionMode`].
+///
+/// # Errors
+/// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue32` and of
+/// registering the flag memory (`cuMemHostRegister`).
+pub fn completion_with<S: AsRawStream>(
+    stream: S,
+    mode: CompletionMode,
+) -> Result<Completion, Error> {
+    let shared = Shared::new();
+    match mode {
+        CompletionMode::HostFunction => {
+            let record = new_record(CompletionPayload {
+                shared: Arc::clone(&shared),
+            });
+            // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
+            unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+        }
+        CompletionMode::LowLatency => crate::low_latency::register(&stream, Arc::clone(&shared))?,
+    }
+    Ok(Completion { shared })
+}
+
+/// The record of a host-function completion.
+struct CompletionPayload {
+    shared: Arc<Shared<()>>,
+}
+
+impl Payload for CompletionPayload {
+    unsafe fn run(&mut self) {
+        self.shared.complete(Ok(()));
+    }
+}
+
+impl Drop for CompletionPayload {
+    fn drop(&mut self) {
+        // Released without having run: the context was lost (or the launch failed, in which case
+        // no one waits on the future). Runs on the releasing thread, never a driver thread.
+        self.shared.fail();
+    }
+}
+
+/// A future of a host closure's result: see [`host_launch_async`].
+#[must_use = "the closure runs anyway; the future only carries its result"]
+pub struct HostLaunchFuture<T> {
+    shared: Arc<Shared<T>>,
+}
+
+impl<T> Future for HostLaunchFuture<T> {
+    type Output = Result<T, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.shared.poll_result(cx)
+    }
+}
+
+impl<T> std::fmt::Debug for HostLaunchFuture<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostLaunchFuture")
+            .field("pending", &self.shared.is_pending())
+            .finish()
+    }
+}
+
+/// Runs `f` in stream order (as [`host_launch`](crate::host_launch)) and returns a future of its
+/// result. A panic in `f` resolves the future to [`Error::HostFunctionPanicked`].
+///
+/// `f` is called once through `&mut` (its captures are dropped afterwards, off the driver's
+/// thread). Its result is made on the driver's thread and moved to the awaiting task; if the future
+/// was dropped, the result is dropped with the launch record, off the driver's thread.
+///
+/// # Errors
+/// As [`host_launch`](crate::host_launch).
+pub fn host_launch_async<S, F, T>(stream: S, f: F) -> Result<HostLaunchFuture<T>, Error>
+where
+    S: AsRawStream,
+    F: FnMut() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let shared = Shared::new();
+    let record = new_record(AsyncPayload {
+        f,
+        shared: Arc::clone(&shared),
+    });
+    // SAFETY: the payload's run calls a `Send` closure once, catching panics, then stores the
+    // result and wakes by reference.
+    unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+    Ok(HostLaunchFuture { shared })
+}
+
+struct AsyncPayload<F, T> {
+    f: F,
+    shared: Arc<Shared<T>>,
+}
+
+impl<F: FnMut() -> T + Send + 'static, T: Send + 'static> Payload for AsyncPayload<F, T> {
+    unsafe fn run(&mut self) {
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut self.f));
+        self.shared.complete(result);
+    }
+}
+
+impl<F, T> Drop for AsyncPayload<F, T> {
+    fn drop(&mut self) {
+        self.shared.fail();
+    }
+}

@@ -1,0 +1,93 @@
+//! A waker slot that can be woken from a driver thread without dropping the waker there.
+//!
+//! The usual `AtomicWaker` takes the waker out to wake it, which drops it on the waking thread. A
+//! waker's `Drop` may run arbitrary task code, so a driver thread must not drop one: here the
+//! waker stays in the slot, is woken with `wake_by_ref`, and is dropped with the slot, by whoever
+//! drops the last reference to the shared state (the task, or the cleanup queue's thread).
+//!
+//! The protocol is `AtomicWaker`'s (futures-rs): `register` takes the REGISTERING bit, stores the
+//! waker, then gives the bit back; a `wake` that finds the slot being registered only sets WAKING,
+//! and the registering thread, seeing it, wakes the new waker itself.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Waker;
+
+const WAITING: usize = 0;
+const REGISTERING: usize = 0b01;
+const WAKING: usize = 0b10;
+
+/// See the module documentation.
+pub(crate) struct WakerSlot {
+    state: AtomicUsize,
+    waker: UnsafeCell<Option<Waker>>,
+}
+
+// SAFETY: the waker cell is only touched by the thread that owns the REGISTERING or WAKING bit (the
+// state machine below gives it to one thread at a time); `Waker` is `Send + Sync`.
+unsafe impl Send for WakerSlot {}
+// SAFETY: as above.
+unsafe impl Sync for WakerSlot {}
+
+impl WakerSlot {
+    pub(crate) const fn new() -> Self {
+        WakerSlot {
+            state: AtomicUsize::new(WAITING),
+            waker: UnsafeCell::new(None),
+        }
+    }
+
+    /// Stores `waker` (a clone, unless the stored one would wake the same task) to be woken.
+    /// Called by the task polling the future: one thread at a time.
+    pub(crate) fn register(&self, waker: &Waker) {
+        match self.state.compare_exchange(
+            WAITING,
+            REGISTERING,
+            Ordering::Acquire,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                // SAFETY: we hold the REGISTERING bit: no one else touches the cell.
+                let slot = unsafe { &mut *self.waker.get() };
+                if !slot.as_ref().is_some_and(|old| old.will_wake(waker)) {
+                    // The old waker (if any) is dropped here, on the polling thread.
+                    *slot = Some(waker.clone());
+                }
+                if self
+                    .state
+                    .compare_exchange(REGISTERING, WAITING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    // A wake came while we registered (state is REGISTERING | WAKING): it left the
+                    // waking to us.
+                    // SAFETY: we still hold the REGISTERING bit.
+                    if let Some(w) = unsafe { &*self.waker.get() } {
+                        w.wake_by_ref();
+                    }
+                    self.state.swap(WAITING, Ordering::AcqRel);
+                }
+            }
+            Err(WAKING) => {
+                // A wake is in progress with the old waker: make sure this task polls again.
+                waker.wake_by_ref();
+            }
+            Err(_) => {
+                // Another registration is in progress: the future is being polled concurrently,
+                // which `Future` rules out; nothing to do.
+            }
+        }
+    }
+
+    /// Wakes the stored waker, if any, without taking or dropping it. Safe on a driver thread.
+    pub(crate) fn wake(&self) {
+        if self.state.fetch_or(WAKING, Ordering::AcqRel) == WAITING {
+            // SAFETY: we own the WAKING bit and no registration is in progress.
+            if let Some(w) = unsafe { &*self.waker.get() } {
+                w.wake_by_ref();
+            }
+            self.state.fetch_and(!WAKING, Ordering::Release);
+        }
+        // Otherwise a registration is in progress and will wake its new waker (see `register`),
+        // or another wake is in progress.
+    }
+}

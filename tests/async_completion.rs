@@ -1,0 +1,258 @@
+//! Futures of stream work (`completion`, `host_launch_async`), in both completion modes, against
+//! the fake driver: under a minimal executor (below) and under tokio.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use cuda_host_launch::{
+    CompletionMode, Error, Stream, completion, completion_with, flush, host_launch,
+    host_launch_async,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::owners::{ThreadInfo, fake_primary_context};
+use cuda_workspace::testing::{fake, fake_driver_path};
+
+const MODES: [CompletionMode; 2] = [CompletionMode::HostFunction, CompletionMode::LowLatency];
+
+/// The smallest executor: park the thread until woken.
+struct ThreadWaker(std::thread::Thread);
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a future never resolved"
+        );
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+}
+
+fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    std::pin::Pin::new(future).poll(&mut Context::from_waker(&waker))
+}
+
+#[test]
+fn completions_resolve_in_stream_order_in_both_modes() {
+    let context = fake_primary_context();
+    for mode in MODES {
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw());
+        let ran = Arc::new(AtomicUsize::new(0));
+        let mut futures = Vec::new();
+        for i in 0..5 {
+            let counter = Arc::clone(&ran);
+            host_launch(&stream, move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+            futures.push((i + 1, completion_with(&stream, mode).unwrap()));
+        }
+        for (_, f) in futures.iter_mut() {
+            assert!(
+                poll_once(f).is_pending(),
+                "{mode:?}: nothing ran while the stream is held"
+            );
+        }
+        fake().release_hold(hold);
+        for (before, f) in futures {
+            block_on(f).unwrap();
+            assert!(
+                ran.load(Ordering::SeqCst) >= before,
+                "{mode:?}: resolved after its work"
+            );
+        }
+    }
+}
+
+#[test]
+fn host_launch_async_returns_the_closures_result_and_reports_its_panic() {
+    let context = fake_primary_context();
+    let stream = Stream::new(&context).unwrap();
+    let answer = host_launch_async(&stream, || 6 * 7).unwrap();
+    let panicked = host_launch_async(&stream, || -> u32 { panic!("no answer") }).unwrap();
+    let after = host_launch_async(&stream, || "still running").unwrap();
+    assert_eq!(block_on(answer).unwrap(), 42);
+    match block_on(panicked) {
+        Err(Error::HostFunctionPanicked { message }) => assert_eq!(message, "no answer"),
+        other => panic!("expected a panic report, got {other:?}"),
+    }
+    assert_eq!(block_on(after).unwrap(), "still running");
+}
+
+#[test]
+fn ten_thousand_concurrent_futures_over_8_streams_all_resolve() {
+    let context = fake_primary_context();
+    for mode in MODES {
+        let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&context).unwrap()).collect();
+        let futures: Vec<_> = (0..10_000)
+            .map(|i| completion_with(&streams[i % 8], mode).unwrap())
+            .collect();
+        let resolved = futures
+            .into_iter()
+            .map(block_on)
+            .filter(Result::is_ok)
+            .count();
+        assert_eq!(resolved, 10_000, "{mode:?}");
+    }
+    let idle_cpu = cuda_host_launch::poller_cpu_time();
+    println!("low-latency poller CPU time so far: {idle_cpu:?}");
+}
+
+/// Counts of waker drops: all of them, and those on a driver thread (never allowed).
+#[derive(Default)]
+struct WakerDrops {
+    all: AtomicUsize,
+    on_driver_thread: AtomicUsize,
+}
+
+/// A waker that counts where it is dropped.
+struct RecordingWaker {
+    thread: std::thread::Thread,
+    drops: Arc<WakerDrops>,
+}
+impl Wake for RecordingWaker {
+    fn wake(self: Arc<Self>) {
+        self.thread.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.thread.unpark();
+    }
+}
+impl Drop for RecordingWaker {
+    fn drop(&mut self) {
+        self.drops.all.fetch_add(1, Ordering::SeqCst);
+        if ThreadInfo::current().os_name.starts_with("fake-cuda-drive") {
+            self.drops.on_driver_thread.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+isolated_test! {
+    /// Futures dropped before the stream gets there leak nothing, and no waker is dropped on a
+    /// driver thread (in its own process, so the heap figure is this test's alone).
+    fn futures_dropped_early_leak_nothing_and_wakers_are_never_dropped_on_a_driver_thread(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let waker_drops = Arc::new(WakerDrops::default());
+        let (mut before, mut midway) = (0, 0);
+        for round in 0..42 {
+            if round == 1 {
+                before = cuda_workspace::gpu::heap_in_use(); // after a warm-up round
+            }
+            let hold = fake().hold_stream(stream.raw());
+            for mode in MODES {
+                // A bigger warm-up round fills the record pool and the allocator's caches.
+                let count = if round == 0 { 1_000 } else { 200 };
+                for _ in 0..count {
+                    let mut f = completion_with(&stream, mode).unwrap();
+                    let waker = Waker::from(Arc::new(RecordingWaker {
+                        thread: std::thread::current(),
+                        drops: Arc::clone(&waker_drops),
+                    }));
+                    let polled = std::pin::Pin::new(&mut f).poll(&mut Context::from_waker(&waker));
+                    assert!(polled.is_pending());
+                    drop(waker);
+                    drop(f); // dropped before the stream gets there
+                }
+                drop(host_launch_async(&stream, || vec![0u8; 64]).unwrap());
+            }
+            fake().release_hold(hold);
+            stream.synchronize().unwrap();
+            // The low-latency poller sees the last flags within its sleep step.
+            std::thread::sleep(Duration::from_millis(20));
+            flush(Duration::from_secs(5)).unwrap();
+            if round == 21 {
+                midway = cuda_workspace::gpu::heap_in_use();
+            }
+        }
+        let after = cuda_workspace::gpu::heap_in_use();
+        assert_eq!(waker_drops.all.load(Ordering::SeqCst), (1_000 + 41 * 200) * 2, "each waker dropped once");
+        assert_eq!(
+            waker_drops.on_driver_thread.load(Ordering::SeqCst),
+            0,
+            "a waker was dropped on a driver thread"
+        );
+        println!(
+            "heap in use after the warm-up {before} B, after 21 rounds {midway} B, after 41 \
+             rounds {after} B"
+        );
+        // The allocator's caches and the record pool (bounded) settle within ~15 rounds; a leak
+        // of even one allocation per future would grow the second half by >= 16 * 8000 B.
+        assert!(after <= midway + (8 << 10), "heap still growing: {midway} -> {after} B");
+        assert!(after <= before + (64 << 10), "heap grew by {} B", after.saturating_sub(before));
+    }
+
+    /// A sticky error: pending futures of both modes resolve to `ContextLost` once the context
+    /// is reset.
+    fn pending_futures_resolve_to_an_error_after_the_context_reset(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw());
+        let host = completion(&stream).unwrap();
+        let low = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+        let value = host_launch_async(&stream, || 1).unwrap();
+        fake().poison_context(context.raw());
+        fake().release_hold(hold);
+        drop(stream);
+        let reclaimed = context.reset().unwrap();
+        assert_eq!(reclaimed, 2, "the completion's and the closure's launches");
+        assert!(matches!(block_on(host), Err(Error::ContextLost)));
+        assert!(matches!(block_on(low), Err(Error::ContextLost)));
+        assert!(matches!(block_on(value), Err(Error::ContextLost)));
+    }
+}
+
+#[test]
+fn completions_work_under_tokio() {
+    let context = fake_primary_context();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let stream = Stream::new(&context).unwrap();
+        let mut handles = Vec::new();
+        for i in 0..100u32 {
+            let value = host_launch_async(&stream, move || i * 2).unwrap();
+            let done = completion_with(&stream, MODES[(i % 2) as usize]).unwrap();
+            handles.push(tokio::spawn(async move {
+                let v = value.await.unwrap();
+                done.await.unwrap();
+                v
+            }));
+        }
+        let mut sum = 0;
+        for h in handles {
+            sum += h.await.unwrap();
+        }
+        assert_eq!(sum, (0..100).map(|i| i * 2).sum::<u32>());
+        let timed =
+            tokio::time::timeout(Duration::from_secs(5), completion(&stream).unwrap()).await;
+        assert!(matches!(timed, Ok(Ok(()))));
+    });
+}

@@ -1,0 +1,145 @@
+//! Futures of stream work on the real GPU, in both completion modes. Opt-in: `--ignored
+//! --test-threads=1`, or the bundle of `scripts/gpu-bundle`.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use cuda_host_launch::{
+    CompletionMode, Error, Stream, completion_with, flush, host_launch_async, poller_cpu_time,
+};
+use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
+
+const MODES: [CompletionMode; 2] = [CompletionMode::HostFunction, CompletionMode::LowLatency];
+
+struct ThreadWaker(std::thread::Thread);
+impl Wake for ThreadWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = pin!(future);
+    let waker = Waker::from(Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "a future never resolved");
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn futures_resolve_in_stream_order_after_the_kernels_before_them() {
+    let gpu = Gpu::open();
+    for mode in MODES {
+        let stream = Stream::new(&gpu.context).unwrap();
+        let m = MappedU32s::new(gpu.driver, 4);
+        let mut futures = Vec::new();
+        for i in 0..4 {
+            gpu.kernels
+                .spin_then_write(stream.raw(), m.device(i), i as u32 + 1, 5_000_000);
+            futures.push((i, completion_with(&stream, mode).unwrap()));
+        }
+        for (i, f) in futures {
+            block_on(f).unwrap();
+            for j in 0..=i {
+                assert_eq!(
+                    m.get(j),
+                    j as u32 + 1,
+                    "{mode:?}: kernel {j} done before future {i}"
+                );
+            }
+        }
+        let value = host_launch_async(&stream, || 42).unwrap();
+        assert_eq!(block_on(value).unwrap(), 42);
+        println!("{mode:?}: 4 futures resolved in stream order, each after its kernel");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn ten_thousand_concurrent_futures_over_8_streams_all_resolve() {
+    let gpu = Gpu::open();
+    for mode in MODES {
+        let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&gpu.context).unwrap()).collect();
+        let cpu_before = poller_cpu_time();
+        let started = Instant::now();
+        let futures: Vec<_> = (0..10_000)
+            .map(|i| completion_with(&streams[i % 8], mode).unwrap())
+            .collect();
+        let resolved = futures
+            .into_iter()
+            .map(block_on)
+            .filter(Result::is_ok)
+            .count();
+        println!(
+            "{mode:?}: {resolved} of 10000 futures over 8 streams resolved in {:?}; poller CPU \
+             {:?}",
+            started.elapsed(),
+            poller_cpu_time() - cpu_before
+        );
+        assert_eq!(resolved, 10_000);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn dropping_futures_early_leaks_nothing() {
+    let gpu = Gpu::open();
+    let stream = Stream::new(&gpu.context).unwrap();
+    let flag = MappedU32s::new(gpu.driver, 1);
+    let (mut before, mut midway) = (0, 0);
+    for round in 0..30 {
+        if round == 1 {
+            before = heap_in_use();
+        }
+        if round == 15 {
+            midway = heap_in_use();
+        }
+        // A short kernel ahead, so the futures are still pending when they are dropped.
+        gpu.kernels
+            .spin_then_write(stream.raw(), flag.device(0), 1, 2_000_000);
+        for mode in MODES {
+            let count = if round == 0 { 2_000 } else { 500 };
+            for _ in 0..count {
+                drop(completion_with(&stream, mode).unwrap());
+            }
+        }
+        stream.synchronize().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        flush(Duration::from_secs(5)).unwrap();
+    }
+    let after = heap_in_use();
+    println!("heap in use: after the warm-up {before} B, midway {midway} B, at the end {after} B");
+    assert!(
+        after <= midway + (16 << 10),
+        "still growing: {midway} -> {after}"
+    );
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn a_trapping_kernel_makes_pending_futures_resolve_to_an_error_after_the_reset() {
+    let gpu = Gpu::open();
+    let stream = Stream::new(&gpu.context).unwrap();
+    gpu.kernels.trap(stream.raw());
+    let host = completion_with(&stream, CompletionMode::HostFunction).unwrap();
+    let low = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+    let value = host_launch_async(&stream, || 7).unwrap();
+    assert!(stream.synchronize().is_err());
+    drop(stream);
+    let reclaimed = gpu.context.reset().unwrap();
+    let results = (block_on(host), block_on(low), block_on(value));
+    println!("after a trap and the reset ({reclaimed} launches reclaimed): {results:?}");
+    assert!(matches!(results.0, Err(Error::ContextLost)));
+    assert!(matches!(results.1, Err(Error::ContextLost)));
+    assert!(matches!(results.2, Err(Error::ContextLost)));
+}
