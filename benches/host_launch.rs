@@ -252,15 +252,18 @@ fn async_latency(
     let cpu_before = cuda_host_launch::poller_cpu_time();
     let started = Instant::now();
     for i in 1..=samples as u32 {
+        // About 100 µs of kernel: the future is still pending when first polled.
         bench
             .gpu
             .kernels
-            .spin_then_write(stream.raw(), flag.device(0), i, 20_000);
+            .spin_then_write(stream.raw(), flag.device(0), i, 200_000);
         let mut future = cuda_host_launch::completion_with(stream, mode).unwrap();
         let stamp = Arc::new(StampWaker(Mutex::new(None)));
         let waker = std::task::Waker::from(Arc::clone(&stamp));
         let mut cx = std::task::Context::from_waker(&waker);
-        assert!(std::pin::Pin::new(&mut future).poll(&mut cx).is_pending());
+        if std::pin::Pin::new(&mut future).poll(&mut cx).is_ready() {
+            continue; // the stream was already there: no wake to time
+        }
         while flag.get(0) != i {
             std::hint::spin_loop();
         }
@@ -434,9 +437,10 @@ fn variant_child() {
     }
     let mut e = [const { Vec::new() }; 3];
     let mut r = [const { Vec::new() }; 3];
-    for _ in 0..REPS {
-        for (k, m) in methods.iter().enumerate() {
-            let (ns, per_s) = bench.enqueue_and_throughput(*m, &streams, N / 2);
+    for rep in 0..REPS {
+        for j in 0..methods.len() {
+            let k = (rep + j) % methods.len();
+            let (ns, per_s) = bench.enqueue_and_throughput(methods[k], &streams, N / 2);
             e[k].push(ns);
             r[k].push(per_s);
         }
@@ -517,7 +521,7 @@ fn main() {
     );
     let _ = writeln!(
         table,
-        "N = {N} launches per repetition, {REPS} repetitions (median), methods interleaved\n"
+        "N = {N} launches per repetition, {REPS} repetitions (median), methods interleaved in rotating order\n"
     );
     json.push_str(&format!(
         "{{\n  \"device\": {device:?},\n  \"driver_version\": {},\n  \"n\": {N},\n  \"reps\": {REPS},\n  \"throughput\": {{",
@@ -533,9 +537,12 @@ fn main() {
     for (label, streams) in [("1 stream", &one), ("4 streams", &four)] {
         let mut enqueue = [const { Vec::new() }; METHODS.len()];
         let mut rate = [const { Vec::new() }; METHODS.len()];
-        for _ in 0..REPS {
-            for (k, m) in METHODS.iter().enumerate() {
-                let (ns, per_s) = bench.enqueue_and_throughput(*m, streams, N);
+        for rep in 0..REPS {
+            // The order rotates from one repetition to the next, so no method always runs first
+            // (after the previous repetition's synchronize and flush) or last.
+            for j in 0..METHODS.len() {
+                let k = (rep + j) % METHODS.len();
+                let (ns, per_s) = bench.enqueue_and_throughput(METHODS[k], streams, N);
                 enqueue[k].push(ns);
                 rate[k].push(per_s);
             }

@@ -3,7 +3,9 @@
 use std::ptr;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUcontext, CUdevice};
+use std::sync::atomic::{AtomicPtr, Ordering};
+
+use cuda_sys::types::{CUcontext, CUctx_st, CUdevice};
 
 use super::device::Device;
 use crate::cleanup::defer_drop;
@@ -15,7 +17,8 @@ use crate::error::Error;
 #[derive(Debug)]
 pub struct PrimaryContext {
     device: Device,
-    raw: CUcontext,
+    /// The current handle: a reset destroys the context, and the next activation makes a new one.
+    raw: AtomicPtr<CUctx_st>,
 }
 
 // SAFETY: a context handle is an opaque token the driver accepts from any thread; the driver API is
@@ -34,7 +37,7 @@ impl PrimaryContext {
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write a context handle; `device` came from the driver.
         unsafe { driver.cuDevicePrimaryCtxRetain(&mut raw, device.raw())? };
-        Ok(Arc::new(PrimaryContext { device, raw }))
+        Ok(Arc::new(PrimaryContext { device, raw: AtomicPtr::new(raw) }))
     }
 
     /// Makes this the calling thread's current context (`cuCtxSetCurrent`), as the special streams
@@ -45,7 +48,7 @@ impl PrimaryContext {
     pub fn set_current(&self) -> Result<(), Error> {
         let driver = cuda_sys::driver()?;
         // SAFETY: `raw` is a retained, live context.
-        unsafe { driver.cuCtxSetCurrent(self.raw)? };
+        unsafe { driver.cuCtxSetCurrent(self.raw())? };
         Ok(())
     }
 
@@ -69,23 +72,48 @@ impl PrimaryContext {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
+    ///
+    /// The reset destroys the context (its old handle is dead: `CUDA_ERROR_CONTEXT_IS_DESTROYED`,
+    /// measured on the H200): afterwards this value holds the re-activated context's handle, and
+    /// the calling thread's current context, if it was the old one, is cleared.
     pub fn reset(&self) -> Result<usize, Error> {
         let driver = cuda_sys::driver()?;
+        let old = self.raw();
         // SAFETY: a valid device handle.
         unsafe { driver.cuDevicePrimaryCtxReset(self.device.raw())? };
-        // SAFETY: the reset has returned: the driver will not run this context's pending host
+        // SAFETY: the reset has returned: the driver will not run the old context's pending host
         // functions any more (it ran them first, or discards them after a sticky error).
-        Ok(unsafe { crate::pending::reclaim(self.raw) })
+        let reclaimed = unsafe { crate::pending::reclaim(old) };
+        // If the old context is this thread's current one, take it off: the driver reports its
+        // sticky error (719) to every later call of the thread, the retain below included. (After
+        // a sticky error, cuCtxGetCurrent itself may fail that way: then the current context is a
+        // dead one too.)
+        let mut current = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let query = unsafe { driver.cuCtxGetCurrent(&mut current) };
+        if query.is_err() || current == old {
+            // SAFETY: clearing the current context is always allowed.
+            let _ = unsafe { driver.cuCtxSetCurrent(ptr::null_mut()) };
+        }
+        // The reset kept our retain: re-activate and take the new handle, leaving the count as it
+        // was (retain + release).
+        let mut new = ptr::null_mut();
+        // SAFETY: a valid device and out-pointer.
+        unsafe { driver.cuDevicePrimaryCtxRetain(&mut new, self.device.raw())? };
+        // SAFETY: we retained just above; our own retain keeps the context alive.
+        unsafe { driver.cuDevicePrimaryCtxRelease(self.device.raw())? };
+        self.raw.store(new, Ordering::Release);
+        Ok(reclaimed)
     }
 
     /// How many launches of this crate into this context wait for their host function.
     pub fn pending_launches(&self) -> usize {
-        crate::pending::count(Some(self.raw))
+        crate::pending::count(Some(self.raw()))
     }
 
     /// The driver's handle.
     pub fn raw(&self) -> CUcontext {
-        self.raw
+        self.raw.load(Ordering::Acquire)
     }
 
     /// The device.
@@ -100,7 +128,7 @@ impl PrimaryContext {
     ) -> Result<R, Error> {
         let driver = cuda_sys::driver()?;
         // SAFETY: `raw` is a retained, live context.
-        unsafe { driver.cuCtxPushCurrent(self.raw)? };
+        unsafe { driver.cuCtxPushCurrent(self.raw())? };
         let result = f(driver);
         let mut popped = ptr::null_mut();
         // SAFETY: we pushed a context just above; `popped` is a valid place to write.
@@ -140,6 +168,6 @@ impl Drop for Release {
 
 impl Drop for PrimaryContext {
     fn drop(&mut self) {
-        defer_drop(Release(self.device.raw(), self.raw));
+        defer_drop(Release(self.device.raw(), self.raw()));
     }
 }
