@@ -111,8 +111,14 @@ pub(crate) unsafe fn push(header: NonNull<RecordHeader>) {
     QUEUE.queued.fetch_add(1, Ordering::SeqCst);
     // SAFETY: the caller hands over a live record that is in no queue.
     let was_empty = unsafe { QUEUE.stack.push(header) };
-    if was_empty && let Some(reaper) = REAPER.get() {
-        reaper.unpark();
+    if was_empty {
+        // Orders the push before the look at REAPER, against the reaper's own fence between
+        // reading REAPER's start and its emptiness check: either this push sees the reaper, or the
+        // reaper sees this push (found by the loom model of a push racing the reaper's start).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(reaper) = REAPER.get() {
+            reaper.unpark();
+        }
     }
 }
 
@@ -322,6 +328,8 @@ fn start_reaper() -> Result<(), Error> {
         .spawn(reaper_loop)
         .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
     let _ = REAPER.set(handle.thread().clone());
+    // A push that ran before REAPER was set woke no one; wake the reaper once, so it looks.
+    handle.thread().unpark();
     // The handle is dropped: the reaper is detached and runs until the process exits.
     Ok(())
 }
@@ -340,6 +348,8 @@ fn reaper_loop() {
     let linger = env_micros(REAPER_LINGER_ENV).unwrap_or(DEFAULT_LINGER);
     let mut idle_since: Option<Instant> = None;
     loop {
+        // Pairs with the fence in `push` (see there).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if QUEUE.stack.is_empty() {
             let now = Instant::now();
             let since = *idle_since.get_or_insert(now);

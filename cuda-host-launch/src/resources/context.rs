@@ -74,8 +74,11 @@ impl PrimaryContext {
     /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
     ///
     /// The reset destroys the context (its old handle is dead: `CUDA_ERROR_CONTEXT_IS_DESTROYED`,
-    /// measured on the H200): afterwards this value holds the re-activated context's handle, and
-    /// the calling thread's current context, if it was the old one, is cleared.
+    /// measured on the H200). The calling thread's current context, if it was the old one, is
+    /// cleared, and this value takes the re-activated context's handle, where the driver allows:
+    /// after a sticky error the H200's 13.0 driver refuses to re-create the primary context
+    /// (`CUDA_ERROR_LAUNCH_FAILED`), so the process must be restarted to use the GPU again; the
+    /// reclaim has happened either way.
     pub fn reset(&self) -> Result<usize, Error> {
         let driver = cuda_sys::driver()?;
         let old = self.raw();
@@ -96,13 +99,16 @@ impl PrimaryContext {
             let _ = unsafe { driver.cuCtxSetCurrent(ptr::null_mut()) };
         }
         // The reset kept our retain: re-activate and take the new handle, leaving the count as it
-        // was (retain + release).
+        // was (retain + release). After a sticky error the driver may refuse (the H200's 13.0
+        // driver answers CUDA_ERROR_LAUNCH_FAILED here): the GPU is then unusable in this process,
+        // but the reclaim above has already released every pending owner.
         let mut new = ptr::null_mut();
         // SAFETY: a valid device and out-pointer.
-        unsafe { driver.cuDevicePrimaryCtxRetain(&mut new, self.device.raw())? };
-        // SAFETY: we retained just above; our own retain keeps the context alive.
-        unsafe { driver.cuDevicePrimaryCtxRelease(self.device.raw())? };
-        self.raw.store(new, Ordering::Release);
+        if unsafe { driver.cuDevicePrimaryCtxRetain(&mut new, self.device.raw()) }.is_ok() {
+            // SAFETY: we retained just above; our own retain keeps the context alive.
+            let _ = unsafe { driver.cuDevicePrimaryCtxRelease(self.device.raw()) };
+            self.raw.store(new, Ordering::Release);
+        }
         Ok(reclaimed)
     }
 

@@ -1,0 +1,675 @@
+//! Model checks, with [loom](https://docs.rs/loom), of the lock-free parts of the cleanup queue:
+//! the intrusive stack, the reaper's wake-up protocol, and the record pool's global free stack.
+//!
+//! Run them (`scripts/loom` does this):
+//!
+//! ```text
+//! RUSTFLAGS="--cfg loom" cargo test -p cuda-host-launch --release --lib loom_models -- --nocapture
+//! ```
+//!
+//! `LOOM_MAX_PREEMPTIONS=n` overrides each model's preemption bound; `LOOM_LOG=1` traces a failing
+//! execution. Each model prints how many executions loom explored.
+//!
+//! Under `--cfg loom` the crate compiles only `sync`, `intrusive_stack` and this module: the rest
+//! uses `static` atomics (loom's are not `const`), `std::thread`, `OnceLock` and the driver.
+//!
+//! - The stack models run the real [`IntrusiveStack`] on loom's atomics.
+//! - The reaper (`cleanup.rs`: `push`, `start_reaper`, `reaper_loop`) and the pool (`record_pool.rs`:
+//!   `allocate`, `allocate_slow`, `free`) live in `static`s, a `thread_local!`, `std::thread::park`
+//!   and the system allocator, which loom cannot model in place. Their algorithms are transcribed
+//!   here, step for step and with the same orderings, around the real [`IntrusiveStack`]. Keep them
+//!   in step with the code they model.
+//!
+//! What the payloads are for: every node carries a `loom::cell::UnsafeCell` that its producer writes
+//! before pushing and its consumer reads after taking, so loom reports any take that is not ordered
+//! after the push (the Release/Acquire pairing the queue relies on for the host function's effects
+//! and the record's contents).
+
+use std::collections::HashMap;
+use std::ptr::{self, NonNull};
+// Plain `Arc`s to share the models' state: loom's own would also check for leaked `Arc`s, but it
+// cannot be dropped while a model that found a deadlock unwinds (the `should_panic` models).
+use std::sync::Arc;
+use std::time::Instant;
+
+use loom::cell::UnsafeCell;
+use loom::sync::atomic::{AtomicBool, fence};
+use loom::thread;
+
+use crate::intrusive_stack::{IntrusiveStack, Linked};
+use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+
+/// Runs `model` under loom with `preemption_bound` (unless `LOOM_MAX_PREEMPTIONS` says otherwise)
+/// and prints how many executions were explored.
+fn check(name: &str, preemption_bound: usize, model: impl Fn() + Sync + Send + 'static) {
+    use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
+    let executions = Arc::new(StdAtomicUsize::new(0));
+    let counter = Arc::clone(&executions);
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(preemption_bound);
+    }
+    let bound = builder.preemption_bound;
+    let start = Instant::now();
+    builder.check(move || {
+        counter.fetch_add(1, StdOrdering::Relaxed);
+        model();
+    });
+    println!(
+        "loom: {name}: {} executions explored (preemption bound {bound:?}) in {:.2?}",
+        executions.load(StdOrdering::Relaxed),
+        start.elapsed()
+    );
+}
+
+/// A test node: (producer, sequence number), written by the producer before the push.
+struct Node {
+    next: AtomicPtr<Node>,
+    id: UnsafeCell<(usize, usize)>,
+}
+
+// SAFETY: `link` always returns `next`, which only the stack writes while the node is pushed.
+unsafe impl Linked for Node {
+    fn link(&self) -> &AtomicPtr<Self> {
+        &self.next
+    }
+}
+
+/// A node as a consumer saw it: its address and its id.
+#[derive(Clone, Copy, Debug)]
+struct Taken {
+    addr: usize,
+    id: (usize, usize),
+}
+
+/// `IntrusiveStack<Node>` shared between loom threads.
+struct Shared(IntrusiveStack<Node>);
+
+// SAFETY: the stack is made for concurrent use: a node's ownership passes from its producer to the
+// stack to one consumer, with Release/Acquire ordering between them (which these models check).
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+impl std::ops::Deref for Shared {
+    type Target = IntrusiveStack<Node>;
+    fn deref(&self) -> &IntrusiveStack<Node> {
+        &self.0
+    }
+}
+
+fn new_stack() -> Arc<Shared> {
+    Arc::new(Shared(IntrusiveStack::new()))
+}
+
+/// Makes node (`producer`, `seq`) and pushes it; returns what `push` returned.
+fn push_new(stack: &Shared, producer: usize, seq: usize) -> bool {
+    let node = Box::new(Node {
+        next: AtomicPtr::new(ptr::null_mut()),
+        id: UnsafeCell::new((usize::MAX, usize::MAX)),
+    });
+    // The producer's own effects, which the consumer must see (a data race for loom otherwise).
+    // SAFETY: the node is not shared yet.
+    node.id.with_mut(|id| unsafe { *id = (producer, seq) });
+    // SAFETY: a fresh node, pushed once; the stack owns it until a consumer takes it.
+    unsafe { stack.push(NonNull::from(Box::leak(node))) }
+}
+
+/// Takes every node and reads each one's id (without freeing: `verify` frees them once it has
+/// checked that no node was taken twice).
+fn take_batch(stack: &Shared) -> Vec<Taken> {
+    stack
+        .take_all()
+        .map(|node| Taken {
+            addr: node.as_ptr() as usize,
+            // SAFETY: a taken node is valid and ours; loom checks the read is ordered after the
+            // producer's write.
+            id: unsafe { node.as_ref() }.id.with(|id| unsafe { *id }),
+        })
+        .collect()
+}
+
+/// Checks one execution and frees its nodes.
+///
+/// `pushes[p][s]` is what producer `p`'s push number `s` returned. `consumers[c]` is the list of
+/// batches consumer `c` took, in the order it took them; `last`, if any, is a batch taken after every
+/// other thread finished.
+///
+/// - every pushed node is taken exactly once, and nothing else is taken;
+/// - within each consumer's batches, each producer's nodes come in push order, and `last` holds
+///   only nodes pushed after every node taken before it;
+/// - a push returned `true` (was empty) exactly when its node is the first of its batch.
+fn verify(pushes: &[Vec<bool>], consumers: &[Vec<Vec<Taken>>], last: &[Taken]) {
+    let mut seen: HashMap<(usize, usize), usize> = HashMap::new();
+    let mut latest: Vec<Option<usize>> = vec![None; pushes.len()];
+    let last_batches = [last.to_vec()];
+    let all = consumers
+        .iter()
+        .map(Vec::as_slice)
+        .chain([&last_batches[..]]);
+    for (c, batches) in all.enumerate() {
+        let is_last = c == consumers.len();
+        let mut in_order: Vec<Option<usize>> = if is_last {
+            latest.clone()
+        } else {
+            vec![None; pushes.len()]
+        };
+        for batch in batches {
+            for (k, taken) in batch.iter().enumerate() {
+                let (p, s) = taken.id;
+                assert!(
+                    p < pushes.len() && s < pushes[p].len(),
+                    "took node {p}/{s}, which nobody pushed"
+                );
+                if let Some(addr) = seen.insert(taken.id, taken.addr) {
+                    panic!(
+                        "node {p}/{s} taken twice (at {addr:#x} and {:#x})",
+                        taken.addr
+                    );
+                }
+                assert!(
+                    in_order[p].is_none_or(|prev| prev < s),
+                    "producer {p}'s node {s} taken after its node {:?}",
+                    in_order[p]
+                );
+                in_order[p] = Some(s);
+                latest[p] = latest[p].max(Some(s));
+                assert_eq!(
+                    pushes[p][s],
+                    k == 0,
+                    "push {p}/{s} returned was_empty = {}, but it is node {k} of its batch {batch:?}",
+                    pushes[p][s]
+                );
+            }
+        }
+    }
+    let total: usize = pushes.iter().map(Vec::len).sum();
+    assert_eq!(seen.len(), total, "nodes lost: took {seen:?}");
+    for addr in seen.into_values() {
+        // SAFETY: every node came from `Box::leak` in `push_new` and was taken exactly once.
+        drop(unsafe { Box::from_raw(addr as *mut Node) });
+    }
+}
+
+/// Spawns a producer that pushes `count` nodes, returning what each push returned.
+fn producer(stack: &Arc<Shared>, p: usize, count: usize) -> thread::JoinHandle<Vec<bool>> {
+    let stack = Arc::clone(stack);
+    thread::spawn(move || (0..count).map(|s| push_new(&stack, p, s)).collect())
+}
+
+/// Spawns a consumer that calls `take_all` `times` times.
+fn consumer(stack: &Arc<Shared>, times: usize) -> thread::JoinHandle<Vec<Vec<Taken>>> {
+    let stack = Arc::clone(stack);
+    thread::spawn(move || (0..times).map(|_| take_batch(&stack)).collect())
+}
+
+mod stack {
+    use super::*;
+
+    #[test]
+    fn loom_two_producers_push_while_a_consumer_takes() {
+        check(
+            "stack: 2 producers x 2 pushes, 1 consumer x 2 takes",
+            3,
+            || {
+                let stack = new_stack();
+                let producers = [producer(&stack, 0, 2), producer(&stack, 1, 2)];
+                let taker = consumer(&stack, 2);
+                let pushes: Vec<_> = producers.map(|h| h.join().unwrap()).into();
+                let taken = taker.join().unwrap();
+                verify(&pushes, &[taken], &take_batch(&stack));
+            },
+        );
+    }
+
+    #[test]
+    fn loom_three_producers_push_while_a_consumer_takes() {
+        check(
+            "stack: 3 producers x 1 push, 1 consumer x 1 take",
+            3,
+            || {
+                let stack = new_stack();
+                let producers = [
+                    producer(&stack, 0, 1),
+                    producer(&stack, 1, 1),
+                    producer(&stack, 2, 1),
+                ];
+                let taker = consumer(&stack, 1);
+                let pushes: Vec<_> = producers.map(|h| h.join().unwrap()).into();
+                let taken = taker.join().unwrap();
+                verify(&pushes, &[taken], &take_batch(&stack));
+            },
+        );
+    }
+
+    #[test]
+    fn loom_two_consumers_take_concurrently() {
+        check(
+            "stack: 2 producers x 2 pushes, 2 consumers x 1 take",
+            2,
+            || {
+                let stack = new_stack();
+                let producers = [producer(&stack, 0, 2), producer(&stack, 1, 2)];
+                let takers = [consumer(&stack, 1), consumer(&stack, 1)];
+                let pushes: Vec<_> = producers.map(|h| h.join().unwrap()).into();
+                let taken: Vec<_> = takers.map(|h| h.join().unwrap()).into();
+                verify(&pushes, &taken, &take_batch(&stack));
+            },
+        );
+    }
+}
+
+/// The reaper's wake-up protocol (`cleanup.rs`).
+///
+/// Producer (`cleanup::push`, on a driver thread): push the record; if the push found the stack
+/// empty and the reaper is registered (`REAPER.get()`), unpark it. Reaper (`reaper_loop`): if the
+/// stack is empty, linger (poll a few times), then park; else take everything and release it.
+///
+/// A lost wake-up leaves the reaper parked with records queued, for good: every later push finds
+/// the stack non-empty and wakes no one. The models end the reaper once it has released every
+/// record; if it can stay parked, every thread ends up blocked and loom reports a deadlock.
+mod reaper_wake_up {
+    use super::*;
+
+    /// `cleanup.rs`'s `reaper_loop`, for a model: polls `linger` times (`sleep(poll)` there, a yield
+    /// here) before parking; returns once it has taken `total` nodes.
+    /// `fenced`: a `fence(SeqCst)` before the check that decides to park (see `Start`).
+    fn reaper_loop(stack: &Shared, linger: usize, total: usize, fenced: bool) -> Vec<Vec<Taken>> {
+        let mut batches = Vec::new();
+        let mut released = 0;
+        let mut idle = 0;
+        loop {
+            if idle == linger && fenced {
+                fence(Ordering::SeqCst);
+            }
+            if stack.is_empty() {
+                if idle < linger {
+                    idle += 1;
+                    thread::yield_now();
+                    continue;
+                }
+                idle = 0;
+                thread::park();
+                continue;
+            }
+            idle = 0;
+            let batch = take_batch(stack);
+            released += batch.len();
+            batches.push(batch);
+            if released == total {
+                return batches;
+            }
+        }
+    }
+
+    /// A running reaper and producers pushing `per_producer[p]` records each.
+    fn steady_state(per_producer: &'static [usize], linger: usize) {
+        let stack = new_stack();
+        let total = per_producer.iter().sum();
+        let reaper = {
+            let stack = Arc::clone(&stack);
+            thread::spawn(move || reaper_loop(&stack, linger, total, false))
+        };
+        // `REAPER` is set: producers see the reaper's handle.
+        let handle = reaper.thread().clone();
+        let producers: Vec<_> = per_producer
+            .iter()
+            .enumerate()
+            .map(|(p, &count)| {
+                let (stack, handle) = (Arc::clone(&stack), handle.clone());
+                thread::spawn(move || {
+                    (0..count)
+                        .map(|s| {
+                            let was_empty = push_new(&stack, p, s);
+                            if was_empty {
+                                handle.unpark();
+                            }
+                            was_empty
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let pushes: Vec<_> = producers.into_iter().map(|h| h.join().unwrap()).collect();
+        let batches = reaper.join().unwrap();
+        verify(&pushes, &[batches], &take_batch(&stack));
+    }
+
+    #[test]
+    fn loom_no_lost_wake_up_two_producers() {
+        check("reaper: parks at once, 2 producers x 2 records", 3, || {
+            steady_state(&[2, 2], 0)
+        });
+    }
+
+    #[test]
+    fn loom_no_lost_wake_up_three_producers() {
+        check("reaper: parks at once, 3 producers x 1 record", 2, || {
+            steady_state(&[1, 1, 1], 0)
+        });
+    }
+
+    #[test]
+    fn loom_no_lost_wake_up_while_lingering() {
+        check("reaper: lingers once, 2 producers x 2 records", 2, || {
+            steady_state(&[2, 2], 1)
+        });
+    }
+
+    /// How the reaper is published (`start_reaper`) and how a push and the reaper check each
+    /// other before deciding not to wake / to park.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Start {
+        /// As `cleanup.rs` does: spawn, then `REAPER.set`.
+        SpawnThenSet,
+        /// Spawn, `REAPER.set`, then unpark the reaper once.
+        SetThenUnpark,
+        /// As `SetThenUnpark`, plus a `fence(SeqCst)` in the push between the stack push and
+        /// `REAPER.get()` (only when the push found the stack empty), and one in the reaper before
+        /// the check that decides to park.
+        SetThenUnparkFenced,
+    }
+
+    /// The reaper starting while a record is pushed: launches made in manual mode, then
+    /// `set_cleanup_mode(Reaper)`, and the next launch starts the reaper while an earlier launch's
+    /// host function finishes on the driver's thread (pushes from launches made after the reaper
+    /// started are ordered after `REAPER.set` by the launch itself, so they always see it).
+    fn startup(start: Start) {
+        let stack = new_stack();
+        // `REAPER` (a OnceLock<Thread>): `get` is an Acquire load, `set` a Release store.
+        let registered = Arc::new(AtomicBool::new(false));
+        let fenced = start == Start::SetThenUnparkFenced;
+        let reaper = {
+            let stack = Arc::clone(&stack);
+            thread::spawn(move || reaper_loop(&stack, 0, 1, fenced))
+        };
+        let handle = reaper.thread().clone();
+        let driver = {
+            let (stack, registered, handle) =
+                (Arc::clone(&stack), Arc::clone(&registered), handle.clone());
+            thread::spawn(move || {
+                let was_empty = push_new(&stack, 0, 0);
+                if was_empty {
+                    if fenced {
+                        fence(Ordering::SeqCst);
+                    }
+                    if registered.load(Ordering::Acquire) {
+                        handle.unpark();
+                    }
+                }
+                vec![was_empty]
+            })
+        };
+        registered.store(true, Ordering::Release);
+        if start != Start::SpawnThenSet {
+            handle.unpark();
+        }
+        let pushes = vec![driver.join().unwrap()];
+        let batches = reaper.join().unwrap();
+        verify(&pushes, &[batches], &take_batch(&stack));
+    }
+
+    /// Finding: `start_reaper` spawns the reaper, then sets `REAPER`. The reaper may find the queue
+    /// empty and park before `REAPER` is set while a driver thread's push finds `REAPER` unset and
+    /// wakes no one: the reaper then sleeps with a record queued, and every later push finds the
+    /// queue non-empty and wakes no one either (until something calls `drain`). loom reports the
+    /// deadlock this leads to in the model.
+    #[test]
+    #[should_panic(expected = "deadlock")]
+    fn loom_reaper_start_spawn_then_set_can_lose_the_first_wake_up() {
+        check("reaper start: spawn, set (as cleanup.rs does)", 2, || {
+            startup(Start::SpawnThenSet)
+        });
+    }
+
+    /// Unparking the reaper once after `REAPER.set` is not enough in the language's memory model
+    /// (store buffering: the push may read `REAPER` unset although the reaper parked after it was
+    /// set). On x86-64 and AArch64 the push's CAS and the `Once` completion order it in practice.
+    #[test]
+    #[should_panic(expected = "deadlock")]
+    fn loom_reaper_start_unpark_after_set_still_needs_fences() {
+        check("reaper start: spawn, set, unpark (no fences)", 2, || {
+            startup(Start::SetThenUnpark)
+        });
+    }
+
+    /// The fix this model proves: unpark after `REAPER.set`, and a SeqCst fence on each side.
+    #[test]
+    fn loom_reaper_start_with_unpark_after_set_and_fences_loses_nothing() {
+        check("reaper start: spawn, set, unpark, fences", 3, || {
+            startup(Start::SetThenUnparkFenced)
+        });
+    }
+}
+
+/// `record_pool.rs`'s global free stack: releasing threads push freed slots (at most `MAX_POOLED`
+/// of them), a launcher whose thread-local cache is empty takes the whole stack, keeps one slot and
+/// caches the rest.
+///
+/// The model's slots come from `loom::alloc`, so loom reports a slot never freed (lost) and a slot
+/// freed twice; a slot handed out twice shows as two live records at one address, and as a data
+/// race on its contents.
+mod record_pool_free_stack {
+    use super::*;
+    use loom::alloc::{Layout, alloc, dealloc};
+
+    /// The model's `MAX_POOLED`: small, so that both the overflow branch and a take of several
+    /// slots (the local cache) are explored.
+    const MAX_POOLED: usize = 2;
+
+    /// A slot: the link `record_pool::FreeSlot` has in its first word, and the rest of the slot
+    /// (the record's memory while it is allocated).
+    struct Slot {
+        next: AtomicPtr<Slot>,
+        contents: UnsafeCell<usize>,
+    }
+
+    // SAFETY: `link` always returns `next`, which only the stack writes while the slot is in it.
+    unsafe impl Linked for Slot {
+        fn link(&self) -> &AtomicPtr<Self> {
+            &self.next
+        }
+    }
+
+    const LAYOUT: Layout = Layout::new::<Slot>();
+
+    /// `GLOBAL` and `GLOBAL_COUNT`.
+    struct Pool {
+        global: IntrusiveStack<Slot>,
+        count: AtomicUsize,
+    }
+
+    // SAFETY: as `Shared`: slots pass between threads through the stack.
+    unsafe impl Send for Pool {}
+    // SAFETY: as above.
+    unsafe impl Sync for Pool {}
+
+    /// A thread's `LocalCache`: a plain list through the slots' links.
+    struct Local {
+        head: *mut Slot,
+    }
+
+    impl Drop for Local {
+        /// `LocalCache::drop`: the thread exits; its cached slots go back to the system.
+        fn drop(&mut self) {
+            while let Some(slot) = NonNull::new(self.head) {
+                // SAFETY: cached slots are free and owned by this list.
+                self.head = unsafe { slot.as_ref() }.next.load(Ordering::Relaxed);
+                // SAFETY: allocated with LAYOUT by `system_alloc`.
+                unsafe { system_free(slot) };
+            }
+        }
+    }
+
+    /// `std::alloc::alloc(LAYOUT)`: a fresh slot (with its link initialised: loom's atomics must be
+    /// constructed, where the real slot's first word is just memory).
+    fn system_alloc() -> NonNull<Slot> {
+        // SAFETY: LAYOUT has a non-zero size.
+        let slot = NonNull::new(unsafe { alloc(LAYOUT) }.cast::<Slot>()).expect("out of memory");
+        // SAFETY: fresh memory of Slot's layout.
+        unsafe {
+            slot.as_ptr().write(Slot {
+                next: AtomicPtr::new(ptr::null_mut()),
+                contents: UnsafeCell::new(0),
+            });
+        }
+        slot
+    }
+
+    /// `std::alloc::dealloc(slot, LAYOUT)`.
+    ///
+    /// # Safety
+    /// `slot` came from `system_alloc` and is used no more.
+    unsafe fn system_free(slot: NonNull<Slot>) {
+        // SAFETY: as the caller promises; the Slot is dropped (loom's objects) and then its memory.
+        unsafe {
+            ptr::drop_in_place(slot.as_ptr());
+            dealloc(slot.as_ptr().cast(), LAYOUT);
+        }
+    }
+
+    /// `record_pool::allocate` + `allocate_slow`.
+    fn allocate(pool: &Pool, local: &mut Local) -> NonNull<Slot> {
+        // pop_local
+        if let Some(slot) = NonNull::new(local.head) {
+            // SAFETY: cached slots are free and owned by the list.
+            local.head = unsafe { slot.as_ref() }.next.load(Ordering::Relaxed);
+            return slot;
+        }
+        // allocate_slow: take every slot others freed; keep one, cache the rest.
+        let mut batch = pool.global.take_all();
+        if let Some(first) = batch.next() {
+            let mut count = 1;
+            for slot in batch.by_ref() {
+                // SAFETY: the batch's slots are free and now ours.
+                unsafe { slot.as_ref() }
+                    .next
+                    .store(local.head, Ordering::Relaxed);
+                local.head = slot.as_ptr();
+                count += 1;
+            }
+            let before = pool.count.fetch_sub(count, Ordering::Relaxed);
+            // Not in record_pool.rs: the count never goes below what was taken.
+            assert!(
+                before >= count,
+                "GLOBAL_COUNT underflow: {before} - {count}"
+            );
+            return first;
+        }
+        system_alloc()
+    }
+
+    /// `record_pool::free`.
+    ///
+    /// # Safety
+    /// `slot` came from `allocate`, holds no live value and is not used afterwards.
+    unsafe fn free(pool: &Pool, slot: NonNull<Slot>) {
+        if pool.count.load(Ordering::Relaxed) >= MAX_POOLED {
+            // SAFETY: as the caller promises.
+            unsafe { system_free(slot) };
+            return;
+        }
+        pool.count.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the slot is ours. `free` writes the link over the slot's memory with a plain
+        // write: a write to the contents here, so loom checks nobody else touches the slot.
+        unsafe {
+            slot.as_ref().contents.with_mut(|c| *c = 0);
+            slot.as_ref().next.store(ptr::null_mut(), Ordering::Relaxed);
+            pool.global.push(slot);
+        }
+    }
+
+    /// Puts a record into a slot: the launcher writes the slot's memory.
+    fn use_slot(slot: NonNull<Slot>, record: usize) {
+        // SAFETY: the slot was just allocated and is ours; loom checks the write is ordered after
+        // the previous owner's last access.
+        unsafe { slot.as_ref() }
+            .contents
+            .with_mut(|c| unsafe { *c = record });
+    }
+
+    /// Drops the record in a slot: the releasing thread reads (and drops) what the launcher wrote.
+    fn release_slot(slot: NonNull<Slot>) -> usize {
+        // SAFETY: the slot holds a record this thread now owns.
+        unsafe { slot.as_ref() }.contents.with(|c| unsafe { *c })
+    }
+
+    /// A launcher allocating while a releaser frees: the launcher allocated `a` and `b` (records 1
+    /// and 2) earlier; the reaper releases them while the launcher allocates three more records,
+    /// then frees those too. Afterwards every slot is in the pool or back with the system.
+    #[test]
+    fn loom_slots_are_neither_lost_nor_handed_out_twice() {
+        check(
+            "pool: 1 releaser x 2 frees, 1 launcher x 3 allocations",
+            3,
+            || {
+                let pool = Arc::new(Pool {
+                    global: IntrusiveStack::new(),
+                    count: AtomicUsize::new(0),
+                });
+                let mut main_local = Local {
+                    head: ptr::null_mut(),
+                };
+                let a = allocate(&pool, &mut main_local);
+                use_slot(a, 1);
+                let b = allocate(&pool, &mut main_local);
+                use_slot(b, 2);
+                let released = (a.as_ptr() as usize, b.as_ptr() as usize);
+                let reaper = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        for (addr, record) in [(released.0, 1), (released.1, 2)] {
+                            let slot = NonNull::new(addr as *mut Slot).unwrap();
+                            assert_eq!(
+                                release_slot(slot),
+                                record,
+                                "a slot changed under its record"
+                            );
+                            // SAFETY: the record is dropped and the slot is used no more.
+                            unsafe { free(&pool, slot) };
+                        }
+                    })
+                };
+                let launcher = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        let mut local = Local {
+                            head: ptr::null_mut(),
+                        };
+                        let slots: Vec<_> = (0..3)
+                            .map(|i| {
+                                let slot = allocate(&pool, &mut local);
+                                use_slot(slot, 10 + i);
+                                slot
+                            })
+                            .collect();
+                        for (i, &slot) in slots.iter().enumerate() {
+                            for &other in &slots[i + 1..] {
+                                assert_ne!(slot, other, "a slot handed out twice");
+                            }
+                        }
+                        for (i, &slot) in slots.iter().enumerate() {
+                            assert_eq!(release_slot(slot), 10 + i, "a slot shared by two records");
+                            // SAFETY: the record is dropped and the slot is used no more.
+                            unsafe { free(&pool, slot) };
+                        }
+                        // `local` drops here: the thread's cached slots go back to the system.
+                    })
+                };
+                reaper.join().unwrap();
+                launcher.join().unwrap();
+                drop(main_local);
+                // What is left in the global stack matches the count; free it (loom then checks every
+                // slot was freed exactly once).
+                let mut left = 0;
+                for slot in pool.global.take_all() {
+                    left += 1;
+                    // SAFETY: free slots, in no list any more.
+                    unsafe { system_free(slot) };
+                }
+                assert_eq!(pool.count.load(Ordering::Relaxed), left);
+                assert!(left <= MAX_POOLED + 1, "the pool holds {left} slots");
+            },
+        );
+    }
+}
