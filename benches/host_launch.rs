@@ -19,7 +19,9 @@ use cuda_sys::types::{CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
 const N: usize = 200_000;
-const REPS: usize = 9;
+const REPS: usize = 11;
+/// Repetitions in each cleanup-variant child process.
+const VARIANT_REPS: usize = 5;
 const LATENCY_SAMPLES: usize = 2_000;
 const PENDING: usize = 20_000;
 
@@ -34,15 +36,19 @@ enum Method {
     RawWithCaptureQuery,
     /// The floor plus a 32-byte allocation before and its free after each launch (same thread).
     RawWithAllocation,
+    /// The floor with user data: the launcher writes 64 bytes, the host function reads them (what
+    /// any launch that hands data to its host function pays in cache traffic).
+    RawWithUserData,
 }
 
-const METHODS: [Method; 6] = [
+const METHODS: [Method; 7] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
     Method::Callback,
     Method::RawWithCaptureQuery,
     Method::RawWithAllocation,
+    Method::RawWithUserData,
 ];
 
 impl Method {
@@ -54,6 +60,7 @@ impl Method {
             Method::Callback => "cuStreamAddCallback + Box<dyn FnOnce> (cust/CCCL)",
             Method::RawWithCaptureQuery => "  part: floor + cuStreamGetCaptureInfo",
             Method::RawWithAllocation => "  part: floor + 32-byte malloc/free",
+            Method::RawWithUserData => "  part: floor + 64 bytes handed to the host fn",
         }
     }
     fn key(self) -> &'static str {
@@ -64,11 +71,23 @@ impl Method {
             Method::Callback => "callback",
             Method::RawWithCaptureQuery => "raw_with_capture_query",
             Method::RawWithAllocation => "raw_with_allocation",
+            Method::RawWithUserData => "raw_with_user_data",
         }
     }
 }
 
 unsafe extern "C" fn noop(_: *mut c_void) {}
+
+/// A ring of 64-byte blocks the "user data" floor hands to its host function.
+static USER_DATA: [[std::sync::atomic::AtomicU64; 8]; 4096] =
+    [const { [const { std::sync::atomic::AtomicU64::new(0) }; 8] }; 4096];
+
+unsafe extern "C" fn read_block(data: *mut c_void) {
+    // SAFETY: `data` points at one of USER_DATA's blocks.
+    let block = unsafe { &*data.cast::<[std::sync::atomic::AtomicU64; 8]>() };
+    let sum: u64 = block.iter().map(|w| w.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    std::hint::black_box(sum);
+}
 
 /// The peer approach: cust's `add_callback` / CCCL's closure path.
 unsafe extern "C" fn boxed_callback(_: CUstream, _: CUresult, data: *mut c_void) {
@@ -134,6 +153,17 @@ impl Bench {
                 let code = unsafe { launch(stream.raw(), Some(noop), std::ptr::null_mut()) };
                 assert_eq!(code, CUresult::CUDA_SUCCESS);
                 drop(record);
+            }
+            Method::RawWithUserData => {
+                let block = &USER_DATA[value as usize % USER_DATA.len()];
+                for (k, word) in block.iter().enumerate() {
+                    word.store(value + k as u64, std::sync::atomic::Ordering::Relaxed);
+                }
+                let launch = self.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+                let data = std::ptr::from_ref(block).cast_mut().cast();
+                // SAFETY: live stream; `read_block` reads a static block of atomics.
+                let code = unsafe { launch(stream.raw(), Some(read_block), data) };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
             }
             Method::Callback => {
                 let f: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(move || {
@@ -437,7 +467,7 @@ fn variant_child() {
     }
     let mut e = [const { Vec::new() }; 3];
     let mut r = [const { Vec::new() }; 3];
-    for rep in 0..REPS {
+    for rep in 0..VARIANT_REPS {
         for j in 0..methods.len() {
             let k = (rep + j) % methods.len();
             let (ns, per_s) = bench.enqueue_and_throughput(methods[k], &streams, N / 2);

