@@ -190,25 +190,41 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
         std::alloc::handle_alloc_error(layout);
     };
     let mut device = 0;
+    let mut registered = false;
     // Register in the stream's context (pushed for the calls, then popped).
-    let registered = (|| -> Result<(), cuda_sys::Error> {
+    let result = (|| -> Result<(), cuda_sys::Error> {
         // SAFETY: a context handle from the driver (the stream's).
         unsafe { driver.cuCtxPushCurrent(context)? };
         // SAFETY: page-aligned memory of ours, PAGE_BYTES long, registered once.
         let result =
             unsafe { driver.cuMemHostRegister(host.as_ptr().cast(), PAGE_BYTES, REGISTER_FLAGS) }
-                // SAFETY: the memory was just registered with DEVICEMAP; valid out-pointer.
-                .and_then(|()| unsafe {
-                    driver.cuMemHostGetDevicePointer(&mut device, host.as_ptr().cast(), 0)
+                .and_then(|()| {
+                    registered = true;
+                    // SAFETY: the memory was just registered with DEVICEMAP; valid out-pointer.
+                    unsafe {
+                        driver.cuMemHostGetDevicePointer(&mut device, host.as_ptr().cast(), 0)
+                    }
                 });
+        if result.is_err() && registered {
+            // Undo the registration before the memory goes back to the allocator, or a later
+            // page at this address would be refused.
+            // SAFETY: registered just above, in this (pushed) context.
+            if unsafe { driver.cuMemHostUnregister(host.as_ptr().cast()) }.is_ok() {
+                registered = false;
+            }
+        }
         let mut popped = std::ptr::null_mut();
         // SAFETY: we pushed a context above.
         let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
         result
     })();
-    if let Err(e) = registered {
-        // SAFETY: allocated above with `layout`, never shared.
-        unsafe { std::alloc::dealloc(host.as_ptr().cast(), layout) };
+    if let Err(e) = result {
+        if !registered {
+            // SAFETY: allocated above with `layout`, never shared, registered no more.
+            unsafe { std::alloc::dealloc(host.as_ptr().cast(), layout) };
+        }
+        // else: still registered (the unregister failed too): the page is leaked rather than
+        // handed back to the allocator, where a later registration at its address would fail.
         return Err(e.into());
     }
     let free = (0..SLOTS_PER_PAGE as u16).rev().collect();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use cuda_sys::types::{CUcontext, CUctx_st, CUdevice};
+use cuda_sys::types::{CUcontext, CUctx_st, CUdevice, CUresult};
 
 use super::device::Device;
 use crate::cleanup::defer_drop;
@@ -37,7 +37,10 @@ impl PrimaryContext {
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write a context handle; `device` came from the driver.
         unsafe { driver.cuDevicePrimaryCtxRetain(&mut raw, device.raw())? };
-        Ok(Arc::new(PrimaryContext { device, raw: AtomicPtr::new(raw) }))
+        Ok(Arc::new(PrimaryContext {
+            device,
+            raw: AtomicPtr::new(raw),
+        }))
     }
 
     /// Makes this the calling thread's current context (`cuCtxSetCurrent`), as the special streams
@@ -82,8 +85,10 @@ impl PrimaryContext {
     pub fn reset(&self) -> Result<usize, Error> {
         let driver = cuda_sys::driver()?;
         let old = self.raw();
+        let reset = primary_reset(driver)?;
         // SAFETY: a valid device handle.
-        unsafe { driver.cuDevicePrimaryCtxReset(self.device.raw())? };
+        let code = unsafe { reset(self.device.raw()) };
+        driver.check(code, "cuDevicePrimaryCtxReset")?;
         // SAFETY: the reset has returned: the driver will not run the old context's pending host
         // functions any more (it ran them first, or discards them after a sticky error).
         let reclaimed = unsafe { crate::pending::reclaim(old) };
@@ -105,8 +110,10 @@ impl PrimaryContext {
         let mut new = ptr::null_mut();
         // SAFETY: a valid device and out-pointer.
         if unsafe { driver.cuDevicePrimaryCtxRetain(&mut new, self.device.raw()) }.is_ok() {
-            // SAFETY: we retained just above; our own retain keeps the context alive.
-            let _ = unsafe { driver.cuDevicePrimaryCtxRelease(self.device.raw()) };
+            if let Ok(release) = primary_release(driver) {
+                // SAFETY: we retained just above; our own retain keeps the context alive.
+                let _ = unsafe { release(self.device.raw()) };
+            }
             self.raw.store(new, Ordering::Release);
         }
         Ok(reclaimed)
@@ -139,6 +146,14 @@ impl PrimaryContext {
         let mut popped = ptr::null_mut();
         // SAFETY: we pushed a context just above; `popped` is a valid place to write.
         let pop = unsafe { driver.cuCtxPopCurrent(&mut popped) };
+        if pop.is_err() {
+            // Try once more, so a passing failure does not leave our context on the thread's
+            // stack; the first error is still reported.
+            // SAFETY: as above.
+            let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
+        }
+        // On a failed pop the value `f` made is dropped here: callers that create driver objects
+        // return them as RAII values (a `Stream`, an `Event`), so nothing leaks.
         let value = result?;
         pop?;
         Ok(value)
@@ -151,13 +166,55 @@ struct Release(CUdevice, CUcontext);
 // SAFETY: a device ordinal and a context handle: tokens the driver accepts from any thread.
 unsafe impl Send for Release {}
 
+/// A device-only primary-context call (`fn(CUdevice) -> CUresult`).
+type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
+
+/// `cuDevicePrimaryCtxRelease`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
+/// 7.0 variant, which has the same signature.
+fn primary_release(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
+    primary_call(
+        driver,
+        "cuDevicePrimaryCtxRelease",
+        driver.raw().cuDevicePrimaryCtxRelease(),
+    )
+}
+
+/// `cuDevicePrimaryCtxReset`, with the same fallback.
+fn primary_reset(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
+    primary_call(
+        driver,
+        "cuDevicePrimaryCtxReset",
+        driver.raw().cuDevicePrimaryCtxReset(),
+    )
+}
+
+fn primary_call(
+    driver: &cuda_sys::Driver,
+    symbol: &str,
+    table: Result<PrimaryCall, cuda_sys::Error>,
+) -> Result<PrimaryCall, cuda_sys::Error> {
+    match table {
+        Err(cuda_sys::Error::DriverTooOld { .. }) => {
+            // Before 11.3 the lookup is by export name: the plain name is the 7.0 variant.
+            let p = driver.get_proc_address(symbol, 7000, driver.default_stream())?;
+            // SAFETY: the 7.0 variants of both functions take a CUdevice and return a CUresult
+            // (PFN_cuDevicePrimaryCtxRelease_v7000, PFN_cuDevicePrimaryCtxReset_v7000).
+            Ok(unsafe { std::mem::transmute::<*mut std::ffi::c_void, PrimaryCall>(p.as_ptr()) })
+        }
+        other => other,
+    }
+}
+
 impl Drop for Release {
     fn drop(&mut self) {
         let Ok(driver) = cuda_sys::driver() else {
             return;
         };
+        let Ok(release) = primary_release(driver) else {
+            return;
+        };
         // SAFETY: the device's primary context was retained once by this value's owner.
-        if unsafe { driver.cuDevicePrimaryCtxRelease(self.0) }.is_err() {
+        if unsafe { release(self.0) } != CUresult::CUDA_SUCCESS {
             return;
         }
         // The last release resets the context: its pending host functions will never run.

@@ -28,17 +28,18 @@ impl Event {
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
     pub fn new(context: &Arc<PrimaryContext>) -> Result<Event, Error> {
-        let raw = context.scoped(|driver| {
+        // An RAII value inside the scope: if popping the context fails, dropping it destroys the
+        // event instead of leaking it.
+        context.scoped(|driver| {
             let mut raw = ptr::null_mut();
             // SAFETY: a context is current; `raw` is a valid place to write an event handle.
             unsafe {
                 driver.cuEventCreate(&mut raw, CUevent_flags::CU_EVENT_DISABLE_TIMING.0)?;
             }
-            Ok(raw)
-        })?;
-        Ok(Event {
-            raw,
-            context: Arc::clone(context),
+            Ok(Event {
+                raw,
+                context: Arc::clone(context),
+            })
         })
     }
 

@@ -44,15 +44,16 @@ impl Stream {
     }
 
     fn with_flags(context: &Arc<PrimaryContext>, flags: CUstream_flags) -> Result<Stream, Error> {
-        let raw = context.scoped(|driver| {
+        // The stream becomes an RAII value inside the scope, so that if popping the context
+        // fails, dropping it destroys the stream instead of leaking it.
+        context.scoped(|driver| {
             let mut raw = ptr::null_mut();
             // SAFETY: a context is current; `raw` is a valid place to write a stream handle.
             unsafe { driver.cuStreamCreate(&mut raw, flags.0)? };
-            Ok(raw)
-        })?;
-        Ok(Stream {
-            raw,
-            context: Arc::clone(context),
+            Ok(Stream {
+                raw,
+                context: Arc::clone(context),
+            })
         })
     }
 
