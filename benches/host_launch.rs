@@ -85,7 +85,10 @@ static USER_DATA: [[std::sync::atomic::AtomicU64; 8]; 4096] =
 unsafe extern "C" fn read_block(data: *mut c_void) {
     // SAFETY: `data` points at one of USER_DATA's blocks.
     let block = unsafe { &*data.cast::<[std::sync::atomic::AtomicU64; 8]>() };
-    let sum: u64 = block.iter().map(|w| w.load(std::sync::atomic::Ordering::Relaxed)).sum();
+    let sum: u64 = block
+        .iter()
+        .map(|w| w.load(std::sync::atomic::Ordering::Relaxed))
+        .sum();
     std::hint::black_box(sum);
 }
 

@@ -35,6 +35,7 @@ pub use owners::{
     threads_named,
 };
 
+use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, c_char, c_void};
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -162,6 +163,16 @@ pub struct FakeCuda {
     library: libloading::Library,
 }
 
+/// Calls of one export name, as [`FakeCuda::call_counts`] lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportCalls {
+    /// The base symbol it is a variant of (`cuLaunchHostFunc` for `cuLaunchHostFunc_v2`); faults
+    /// set on the base name hit every variant, faults set on the export name only this one.
+    pub base: String,
+    /// Calls so far.
+    pub count: u64,
+}
+
 /// The fake's control functions, opened once per process.
 ///
 /// # Panics
@@ -233,6 +244,55 @@ impl FakeCuda {
                 b"fake_cuda_driver_thread_call_count",
             )(name.as_ptr())
         }
+    }
+
+    /// Every call counted so far (since the last [`reset_call_counts`](Self::reset_call_counts)),
+    /// by export name: the export's base symbol and its count. What an operation called is the
+    /// difference between two of these, or this after a reset.
+    pub fn call_counts(&self) -> BTreeMap<String, ExportCalls> {
+        type CallCounts = unsafe extern "C" fn(*mut c_char, usize) -> usize;
+        // SAFETY: the signature of fake_cuda_call_counts.
+        let counts = unsafe { self.get::<CallCounts>(b"fake_cuda_call_counts") };
+        let mut buffer = vec![0u8; 4096];
+        let len = loop {
+            // SAFETY: `buffer` has `buffer.len()` writable bytes.
+            let needed = unsafe { counts(buffer.as_mut_ptr().cast(), buffer.len()) };
+            if needed < buffer.len() {
+                break needed;
+            }
+            buffer.resize(needed + 1, 0);
+        };
+        String::from_utf8_lossy(&buffer[..len])
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(' ');
+                let (export, base, count) = (fields.next()?, fields.next()?, fields.next()?);
+                let calls = ExportCalls {
+                    base: base.to_string(),
+                    count: count.parse().ok()?,
+                };
+                Some((export.to_string(), calls))
+            })
+            .collect()
+    }
+
+    /// Live driver objects of `kind` in the fake: `streams`, `events`, `graphs`, `graph_execs`,
+    /// `graph_nodes`, `contexts` (made with `cuCtxCreate`), `primary_retains` (of device 0),
+    /// `holds`, `host_registrations` (`cuMemHostRegister`). For leak checks.
+    pub fn live_objects(&self, kind: &str) -> u64 {
+        let kind = c_name(kind);
+        // SAFETY: the signature of fake_cuda_live_objects; `kind` is NUL-terminated.
+        unsafe {
+            self.get::<unsafe extern "C" fn(*const c_char) -> u64>(b"fake_cuda_live_objects")(
+                kind.as_ptr(),
+            )
+        }
+    }
+
+    /// The depth of the calling thread's current-context stack in the fake.
+    pub fn context_stack_depth(&self) -> u64 {
+        // SAFETY: the signature of fake_cuda_context_stack_depth.
+        unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_context_stack_depth")() }
     }
 
     /// Sets every call counter back to 0.

@@ -155,6 +155,17 @@ pub(crate) fn count_on_driver_threads(name: &str) -> u64 {
     count_in(&calls.on_driver_threads, name)
 }
 
+/// Every counter, one line each: `export base count` (export names in order).
+pub(crate) fn counts_text() -> String {
+    use std::fmt::Write;
+    let calls = relock(&CALLS);
+    let mut text = String::new();
+    for (export, (base, n)) in &calls.counts {
+        let _ = writeln!(text, "{export} {base} {n}");
+    }
+    text
+}
+
 pub(crate) fn reset_counts() {
     let mut calls = relock(&CALLS);
     calls.counts.clear();

@@ -20,6 +20,11 @@ thread_local! {
     static STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
+/// How many contexts the calling thread's stack holds.
+pub(crate) fn stack_depth() -> usize {
+    STACK.with(|s| s.borrow().len())
+}
+
 fn top() -> Option<usize> {
     STACK.with(|s| s.borrow().last().copied())
 }

@@ -12,11 +12,11 @@ use cuda_sys::types::{CUcontext, CUresult, CUstream};
 
 use crate::calls;
 use crate::config::config;
-use crate::context::{check_context, current};
+use crate::context::{check_context, current, stack_depth};
 use crate::errors::SUCCESS;
 use crate::proc_address::{LAST_FLAGS, LAST_VERSION};
 use crate::scheduler::{self, WORKERS};
-use crate::state::{Op, lock, notify};
+use crate::state::{Op, StreamKind, lock, notify};
 use crate::stream::resolve;
 use crate::user_object::LIVE;
 
@@ -64,6 +64,68 @@ pub unsafe extern "C" fn fake_cuda_driver_thread_call_count(name: *const c_char)
     // SAFETY: the caller passes a NUL-terminated name (or null, read as empty).
     let name = unsafe { text(name) }.unwrap_or("");
     calls::count_on_driver_threads(name)
+}
+
+/// Writes every call counter into `buffer` as text, one line per export name called so far:
+/// `export base count` (so a test can see which functions an operation called without knowing
+/// their names in advance). Writes at most `len` bytes, NUL-terminated when there is room, and
+/// returns the length of the whole text (without the NUL): call again with a larger buffer if that
+/// is `len` or more. `buffer` may be null when `len` is 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_call_counts(buffer: *mut c_char, len: usize) -> usize {
+    let text = calls::counts_text();
+    if !buffer.is_null() && len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: the caller passes `len` writable bytes at `buffer`; `n + 1 <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buffer.cast::<u8>(), n);
+            buffer.add(n).write(0);
+        }
+    }
+    text.len()
+}
+
+/// How many driver objects of a kind are alive, for leak checks: `streams` (created and not yet
+/// destroyed by the user), `events`, `graphs`, `graph_execs`, `graph_nodes` (of live graphs),
+/// `contexts` (created with `cuCtxCreate`, not destroyed), `primary_retains` (retains of device
+/// 0's primary context), `holds` (not yet finished), `host_registrations` (`cuMemHostRegister`
+/// ranges not unregistered, nor dropped with their context). Unknown kinds (or null) give 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_live_objects(kind: *const c_char) -> u64 {
+    // SAFETY: the caller passes a NUL-terminated name or null.
+    let Some(kind) = (unsafe { text(kind) }) else {
+        return 0;
+    };
+    let st = lock();
+    let n = match kind {
+        "streams" => st
+            .streams
+            .values()
+            .filter(|s| s.kind == StreamKind::Created && !s.destroyed)
+            .count(),
+        "events" => st.events.len(),
+        "graphs" => st.graphs.len(),
+        "graph_execs" => st.execs.len(),
+        "graph_nodes" => st.nodes.len(),
+        "contexts" => st.contexts.values().filter(|c| !c.primary).count(),
+        "primary_retains" => st
+            .primary
+            .get(&0)
+            .and_then(|ctx| st.contexts.get(ctx))
+            .map_or(0, |c| c.refcount as usize),
+        "holds" => st.holds.len(),
+        "host_registrations" => crate::memory::registration_count(),
+        _ => 0,
+    };
+    n as u64
+}
+
+/// How many contexts the calling thread's current-context stack holds (`cuCtxPushCurrent` pushes,
+/// `cuCtxPopCurrent` pops, `cuCtxSetCurrent` replaces the top): for checks that a library leaves
+/// the stack as it found it.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_context_stack_depth() -> u64 {
+    stack_depth() as u64
 }
 
 /// Sets every call counter back to 0 (those of [`fake_cuda_driver_thread_call_count`] included).

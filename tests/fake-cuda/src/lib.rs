@@ -50,8 +50,14 @@
 //! - Calls made on the fake's own threads (a context's worker, inside a host function, or the
 //!   user-object destructor thread), where the real driver forbids CUDA calls, are also counted
 //!   apart ([`control::fake_cuda_driver_thread_call_count`]), so tests can check nobody makes them.
+//! - Introspection for tests: every call counter at once ([`control::fake_cuda_call_counts`], to
+//!   learn which functions an operation calls), live objects per kind
+//!   ([`control::fake_cuda_live_objects`], for leak checks) and the calling thread's
+//!   current-context stack depth ([`control::fake_cuda_context_stack_depth`]).
 //! - Host memory (`cuMemHostAlloc`, zeroed) and host memory standing in for device memory, with
-//!   synchronous copies; the "device pointer" of any of it is its host address.
+//!   synchronous copies; the "device pointer" of any of it is its host address. Host memory
+//!   registered with `cuMemHostRegister` belongs to the context current at the registration and is
+//!   dropped with it (destroyed, or a primary context's last release or reset).
 //!
 //! # What it simplifies
 //!

@@ -69,32 +69,49 @@ unsafe fn mem_free_host(p: *mut c_void) -> Res {
     free(&mut lock(), p.addr(), true)
 }
 
-/// Host ranges registered with `cuMemHostRegister`: start -> length. (Not tied to a context: the
-/// fake keeps registrations across a primary context's reset, where the real driver drops them.)
-static REGISTERED: std::sync::Mutex<std::collections::BTreeMap<usize, usize>> =
+/// Host ranges registered with `cuMemHostRegister`: start -> (length, the context current at the
+/// registration). Like the real driver's, a registration belongs to its context: destroying the
+/// context, or the last release or a reset of a primary one, drops it ([`forget_registrations`]).
+static REGISTERED: std::sync::Mutex<Registrations> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 
+type Registrations = std::collections::BTreeMap<usize, (usize, usize)>;
+
+fn registrations() -> std::sync::MutexGuard<'static, Registrations> {
+    REGISTERED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn registered(p: usize) -> bool {
-    let map = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    map.range(..=p)
+    registrations()
+        .range(..=p)
         .next_back()
-        .is_some_and(|(start, len)| p < start + len)
+        .is_some_and(|(start, (len, _))| p < start + len)
+}
+
+/// Drops the registrations made in `ctx` (it is being destroyed or reset).
+pub(crate) fn forget_registrations(ctx: usize) {
+    registrations().retain(|_, (_, owner)| *owner != ctx);
+}
+
+/// Host ranges registered now.
+pub(crate) fn registration_count() -> usize {
+    registrations().len()
 }
 
 export!("cuMemHostRegister", cuMemHostRegister_v2 => mem_host_register(p: *mut c_void, bytesize: usize, Flags: c_uint));
 unsafe fn mem_host_register(p: *mut c_void, size: usize, _flags: c_uint) -> Res {
     ensure(!p.is_null() && size > 0, INVALID_VALUE)?;
-    current(&lock())?;
-    let mut map = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    let ctx = current(&lock())?;
+    let mut map = registrations();
+    // (The real driver says CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, 712.)
     ensure(!map.contains_key(&p.addr()), INVALID_VALUE)?;
-    map.insert(p.addr(), size);
+    map.insert(p.addr(), (size, ctx));
     Ok(())
 }
 
 export!("cuMemHostUnregister", cuMemHostUnregister => mem_host_unregister(p: *mut c_void));
 unsafe fn mem_host_unregister(p: *mut c_void) -> Res {
-    let mut map = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    ensure(map.remove(&p.addr()).is_some(), INVALID_VALUE)
+    ensure(registrations().remove(&p.addr()).is_some(), INVALID_VALUE)
 }
 
 export!("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2 => mem_host_get_device_pointer(pdptr: *mut CUdeviceptr, p: *mut c_void, Flags: c_uint));

@@ -324,6 +324,7 @@ pub(crate) fn shut_down(mut st: Guard, ctx: usize) -> Guard {
         st.streams.remove(&stream);
     }
     st.events.retain(|_, e| e.ctx != ctx);
+    crate::memory::forget_registrations(ctx);
     notify();
     st
 }
