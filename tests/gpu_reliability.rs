@@ -148,3 +148,145 @@ fn a_normal_context_destroy_runs_pending_functions_first_and_owners_drop_once() 
     assert_eq!(dropped.load(Ordering::SeqCst), N, "each owner dropped once");
     gpu.bind_thread();
 }
+
+/// One flag per owner: how many times it was dropped.
+struct Flagged(&'static [std::sync::atomic::AtomicU8], usize);
+impl Drop for Flagged {
+    fn drop(&mut self) {
+        self.0[self.1].fetch_add(1, Ordering::Relaxed);
+        if cuda_host_launch::in_host_function() {
+            ON_DRIVER_THREAD.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+static ON_DRIVER_THREAD: AtomicUsize = AtomicUsize::new(0);
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn count(_: *mut c_void) {
+    RUNS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn sixteen_threads_times_a_million_launches_over_4_streams_and_2_contexts() {
+    const THREADS: usize = 16;
+    const PER_THREAD: usize = 1_000_000;
+    const TOTAL: usize = THREADS * PER_THREAD;
+    let gpu = Gpu::open();
+    let d = gpu.driver;
+    // A second context of our own, with two streams; the primary context gets the other two.
+    let mut device = 0;
+    let mut second = ptr::null_mut();
+    let mut raw = [ptr::null_mut(); 2];
+    // SAFETY: valid out-pointers; the context and its streams are destroyed at the end.
+    unsafe {
+        d.cuDeviceGet(&mut device, 0).unwrap();
+        d.cuCtxCreate(&mut second, ptr::null_mut(), 0, device)
+            .unwrap();
+        d.cuStreamCreate(&mut raw[0], 0).unwrap();
+        d.cuStreamCreate(&mut raw[1], 0).unwrap();
+    }
+    gpu.bind_thread();
+    let primary = [
+        Stream::new(&gpu.context).unwrap(),
+        Stream::new(&gpu.context).unwrap(),
+    ];
+    let drops: &'static [std::sync::atomic::AtomicU8] = Box::leak(
+        (0..TOTAL)
+            .map(|_| std::sync::atomic::AtomicU8::new(0))
+            .collect::<Vec<_>>()
+            .into_boxed_slice(),
+    );
+    // Warm up, then measure the heap.
+    for s in &primary {
+        for _ in 0..20_000 {
+            host_launch(s, || {}).unwrap();
+        }
+        s.synchronize().unwrap();
+    }
+    flush(Duration::from_secs(30)).unwrap();
+    let heap_before = cuda_workspace::gpu::heap_in_use();
+    // SAFETY: the second context's streams live until the context is destroyed, after the scope.
+    let second_streams = unsafe { [RawStream::from_raw(raw[0]), RawStream::from_raw(raw[1])] };
+    let started = std::time::Instant::now();
+    std::thread::scope(|scope| {
+        for t in 0..THREADS {
+            let (primary, second_streams) = (&primary, second_streams);
+            let gpu = &gpu;
+            scope.spawn(move || {
+                gpu.bind_thread();
+                for i in 0..PER_THREAD {
+                    let id = t * PER_THREAD + i;
+                    let owner = Flagged(drops, id);
+                    match (t + i) % 4 {
+                        0 | 1 => {
+                            let s = &primary[(t + i) % 2];
+                            if i % 2 == 0 {
+                                host_launch(s, move || {
+                                    let _keep = &owner;
+                                    RUNS.fetch_add(1, Ordering::Relaxed);
+                                })
+                                .unwrap();
+                            } else {
+                                // SAFETY: `count` ignores its argument.
+                                unsafe {
+                                    launch_host_function(s, Some(count), ptr::null_mut(), owner)
+                                }
+                                .unwrap();
+                            }
+                        }
+                        k => {
+                            let s = second_streams[k - 2];
+                            // SAFETY: `count` ignores its argument.
+                            unsafe { launch_host_function(s, Some(count), ptr::null_mut(), owner) }
+                                .unwrap();
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let enqueued = started.elapsed();
+    for s in &primary {
+        s.synchronize().unwrap();
+    }
+    // SAFETY: the second context's live streams.
+    unsafe {
+        d.cuStreamSynchronize(raw[0]).unwrap();
+        d.cuStreamSynchronize(raw[1]).unwrap();
+    }
+    let total = started.elapsed();
+    flush(Duration::from_secs(60)).unwrap();
+    let heap_after = cuda_workspace::gpu::heap_in_use();
+    let never = drops
+        .iter()
+        .filter(|f| f.load(Ordering::Relaxed) == 0)
+        .count();
+    let twice = drops
+        .iter()
+        .filter(|f| f.load(Ordering::Relaxed) > 1)
+        .count();
+    println!(
+        "{TOTAL} launches from {THREADS} threads over 4 streams in 2 contexts: enqueued in \
+         {enqueued:?}, all run in {total:?} ({:.0}/s); ran {}; owners lost {never}, dropped twice \
+         {twice}, dropped on a driver thread {}; pending {}; heap in use before {heap_before} B, \
+         after {heap_after} B",
+        TOTAL as f64 / total.as_secs_f64(),
+        RUNS.load(Ordering::Relaxed),
+        ON_DRIVER_THREAD.load(Ordering::Relaxed),
+        pending_launches(None)
+    );
+    assert_eq!(RUNS.load(Ordering::Relaxed), TOTAL);
+    assert_eq!((never, twice), (0, 0));
+    assert_eq!(ON_DRIVER_THREAD.load(Ordering::Relaxed), 0);
+    assert_eq!(pending_launches(None), 0);
+    assert!(
+        heap_after <= heap_before + (1 << 20),
+        "heap grew by {} B",
+        heap_after.saturating_sub(heap_before)
+    );
+    // SAFETY: our context; its streams go with it.
+    unsafe { d.cuCtxDestroy(second) }.unwrap();
+    gpu.bind_thread();
+}
