@@ -105,6 +105,10 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 
 static POLLER_CPU_NS: AtomicU64 = AtomicU64::new(0);
 
+/// Pages that stayed registered after their unregistration failed: kept (not freed, so their
+/// addresses are never reused) and listed here, for as long as the process lives.
+static QUARANTINE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -223,8 +227,14 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
             // SAFETY: allocated above with `layout`, never shared, registered no more.
             unsafe { std::alloc::dealloc(host.as_ptr().cast(), layout) };
         }
-        // else: still registered (the unregister failed too): the page is leaked rather than
-        // handed back to the allocator, where a later registration at its address would fail.
+        else {
+            // Still registered (the unregister failed too): the page is kept rather than handed
+            // back to the allocator, where a later registration at its address would fail.
+            QUARANTINE
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(host.as_ptr().addr());
+        }
         return Err(e.into());
     }
     let free = (0..SLOTS_PER_PAGE as u16).rev().collect();
