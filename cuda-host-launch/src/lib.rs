@@ -16,6 +16,12 @@
 //!   the owners are tied to the graph (a CUDA user object) until it and every executable graph made
 //!   from it are destroyed. [`add_host_node`] adds such a node to a graph directly.
 //! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+).
+//! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic; with
+//!   [`CompletionMode::LowLatency`] the stream writes a flag that a poller thread watches, without
+//!   a host function.
+//! - [`pending_launches`], [`reclaim_pending`], [`PrimaryContext::reset`]: launches whose host
+//!   function will never run (a sticky error) have their owners released once the context is reset
+//!   or destroyed.
 //!
 //! One heap allocation per launch (the launch record holds the function, its data and its owners);
 //! the driver's thread only runs the function and pushes the record onto a lock-free queue. A
