@@ -226,8 +226,7 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
         if !registered {
             // SAFETY: allocated above with `layout`, never shared, registered no more.
             unsafe { std::alloc::dealloc(host.as_ptr().cast(), layout) };
-        }
-        else {
+        } else {
             // Still registered (the unregister failed too): the page is kept rather than handed
             // back to the allocator, where a later registration at its address would fail.
             QUARANTINE
