@@ -54,7 +54,7 @@ pub(crate) struct RecordHeader {
     /// The cleanup queue's link; written only by the queue.
     next: AtomicPtr<RecordHeader>,
     /// The record's type-specific operations.
-    dispatch: unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>,
+    dispatch: Dispatch,
     /// Its place among the pending launches of its context (run-once launches only).
     tracking: pending::Tracking,
 }
@@ -67,7 +67,7 @@ unsafe impl Linked for RecordHeader {
 }
 
 impl RecordHeader {
-    fn new(dispatch: unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>) -> Self {
+    fn new(dispatch: Dispatch) -> Self {
         RecordHeader {
             next: AtomicPtr::new(ptr::null_mut()),
             dispatch,
@@ -150,20 +150,28 @@ struct Record<P> {
     payload: P,
 }
 
+/// A record's dispatch function.
+type Dispatch = unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>;
+
 /// Puts `payload` into a record: a pooled slot if it fits (and this is not a driver thread), else a
-/// `Box`. The dispatch function remembers which.
-pub(crate) fn new_record<P: Payload>(payload: P) -> OwnedRecord {
+/// `Box`. The record gets the dispatch function that matches where it went.
+fn place<P>(payload: P, pooled: Dispatch, boxed: Dispatch) -> OwnedRecord {
     if record_pool::fits(Layout::new::<Record<P>>()) && !crate::in_host_function() {
         let slot = record_pool::allocate().cast::<Record<P>>();
-        let header = RecordHeader::new(dispatch::<P, true>);
+        let header = RecordHeader::new(pooled);
         // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>.
         unsafe { slot.write(Record { header, payload }) };
         OwnedRecord(slot.cast())
     } else {
-        let header = RecordHeader::new(dispatch::<P, false>);
+        let header = RecordHeader::new(boxed);
         let record = Box::new(Record { header, payload });
         OwnedRecord(NonNull::from(Box::leak(record)).cast())
     }
+}
+
+/// Puts a run-once payload into a record (see [`place`]).
+pub(crate) fn new_record<P: Payload>(payload: P) -> OwnedRecord {
+    place(payload, dispatch::<P, true>, dispatch::<P, false>)
 }
 
 /// Drops a record in place and frees its memory, to the pool (`POOLED`) or as a `Box`; the memory
@@ -372,19 +380,13 @@ pub(crate) trait SharedPayload: Send + Sync + 'static {
     unsafe fn run_shared(&self);
 }
 
-/// Puts a repeatable payload into a record (pooled if it fits, as [`new_record`]).
+/// Puts a repeatable payload into a record (see [`place`]).
 pub(crate) fn new_shared_record<P: SharedPayload>(payload: P) -> OwnedRecord {
-    if record_pool::fits(Layout::new::<Record<P>>()) && !crate::in_host_function() {
-        let slot = record_pool::allocate().cast::<Record<P>>();
-        let header = RecordHeader::new(dispatch_shared::<P, true>);
-        // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>.
-        unsafe { slot.write(Record { header, payload }) };
-        OwnedRecord(slot.cast())
-    } else {
-        let header = RecordHeader::new(dispatch_shared::<P, false>);
-        let record = Box::new(Record { header, payload });
-        OwnedRecord(NonNull::from(Box::leak(record)).cast())
-    }
+    place(
+        payload,
+        dispatch_shared::<P, true>,
+        dispatch_shared::<P, false>,
+    )
 }
 
 /// The dispatch function of `Record<P>` for a repeatable `P`.
