@@ -169,10 +169,12 @@ fn release_one(header: NonNull<RecordHeader>) {
 }
 
 fn release_batch(batch: Batch<RecordHeader>) -> u64 {
-    let mut count = 0;
-    for header in batch {
+    let headers: Vec<NonNull<RecordHeader>> = batch.collect();
+    // Unlinked from the pending lists one shard lock at a time, not one per record.
+    crate::pending::forget_all(&headers);
+    let count = headers.len() as u64;
+    for header in headers {
         release_one(header);
-        count += 1;
     }
     if count > 0 {
         QUEUE.released.fetch_add(count, Ordering::SeqCst);

@@ -169,6 +169,36 @@ pub(crate) fn forget(header: NonNull<RecordHeader>) {
     }
 }
 
+/// [`forget`] for a whole batch of records, taking each shard's lock once. The reaper releases
+/// records in batches; unlinking them one lock at a time would pass each launcher's shard lock
+/// (and its cache line) back and forth with the reaper on every launch.
+///
+/// Never called on a driver thread.
+pub(crate) fn forget_all(headers: &[NonNull<RecordHeader>]) {
+    let linked_shard = |header: NonNull<RecordHeader>| {
+        let t = tracking(header);
+        let state = t.state.load(Ordering::Acquire);
+        // SAFETY: written before the record was linked and never changed since.
+        (state == PENDING || state == RAN).then(|| unsafe { *t.shard.get() } as usize)
+    };
+    let mut shards = 0u32;
+    for &header in headers {
+        if let Some(shard) = linked_shard(header) {
+            shards |= 1 << shard;
+        }
+    }
+    for shard in (0..SHARDS).filter(|s| shards & (1 << s) != 0) {
+        let mut list = lock(shard);
+        for &header in headers {
+            if linked_shard(header) == Some(shard) {
+                // SAFETY: linked into this shard, whose lock we hold (as in `forget`).
+                unsafe { unlink(&mut list, header) };
+                tracking(header).state.store(UNTRACKED, Ordering::Release);
+            }
+        }
+    }
+}
+
 /// Unlinks every pending (never run) launch of `context` and hands it to the cleanup queue, which
 /// drops its owners. Returns how many.
 ///
@@ -257,3 +287,5 @@ pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
     // SAFETY: the caller's promise is `reclaim`'s precondition.
     unsafe { reclaim(context) }
 }
+
+const _: () = assert!(SHARDS <= 32, "forget_all keeps one bit per shard in a u32");
