@@ -16,6 +16,27 @@ fn same_file(a: &Path, b: &Path) -> bool {
 }
 
 isolated_test! {
+    /// 16 threads asking for the driver at once: one of them loads it, every one gets the same
+    /// `Driver`, and the library is initialised once.
+    fn sixteen_threads_loading_at_once_share_one_driver(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        let _ = fake(); // keeps the fake's counters alive across the load
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(16));
+        let drivers: Vec<usize> = (0..16)
+            .map(|_| {
+                let barrier = barrier.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    std::ptr::from_ref(cuda_sys::driver().unwrap()).addr()
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        assert!(drivers.iter().all(|&d| d == drivers[0]), "one Driver for all");
+        assert_eq!(fake().call_count("cuInit"), 1, "the library was initialised once");
+    }
+
     /// `LoadOptions::with_library_path` opens that file, once; its version and path are reported.
     fn loads_the_library_at_an_explicit_path() {
         let path = fake_driver_path();
