@@ -287,6 +287,8 @@ pub(crate) unsafe fn enqueue(
     runs: Runs,
     options: &LaunchOptions,
 ) -> Result<(), Error> {
+    #[cfg(cuda_host_launch_profile)]
+    let _timed = Timed(std::time::Instant::now());
     let hint = stream.context_hint();
     let stream = stream.as_raw_stream();
     if crate::in_host_function() {
@@ -307,9 +309,13 @@ pub(crate) unsafe fn enqueue(
             // finds it. (A failed launch untracks it in its release below.)
             // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
             unsafe { pending::track(header, context) };
+            #[cfg(cuda_host_launch_profile)]
+            let call_started = std::time::Instant::now();
             // SAFETY: `trampoline` runs the record once and queues it; `user_data` is a live record
             // the driver owns until then. The stream's validity is the `AsRawStream` guarantee.
             let (code, function) = unsafe { call.call(stream, trampoline, user_data) };
+            #[cfg(cuda_host_launch_profile)]
+            crate::profile::driver_call(call_started);
             if code != CUresult::CUDA_SUCCESS {
                 // The driver did not take it: it is ours again, released here.
                 // SAFETY: `header` came from `into_raw` just above and the driver refused it.
@@ -347,4 +353,15 @@ pub(crate) unsafe fn enqueue(
         cleanup::drain();
     }
     Ok(())
+}
+
+/// Adds the time from its start to its drop to the profile's enqueue total.
+#[cfg(cuda_host_launch_profile)]
+struct Timed(std::time::Instant);
+
+#[cfg(cuda_host_launch_profile)]
+impl Drop for Timed {
+    fn drop(&mut self) {
+        crate::profile::enqueue(self.0);
+    }
 }

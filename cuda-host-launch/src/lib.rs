@@ -100,6 +100,8 @@ mod options;
 mod panic_report;
 #[cfg(not(loom))]
 mod pending;
+#[cfg(all(cuda_host_launch_profile, not(loom)))]
+mod profile;
 #[cfg(not(loom))]
 mod raw_stream;
 #[cfg(not(loom))]
@@ -143,6 +145,8 @@ pub use options::{HostTaskSyncMode, LaunchOptions};
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 #[cfg(not(loom))]
 pub use pending::{pending_launches, reclaim_pending};
+#[cfg(all(cuda_host_launch_profile, not(loom)))]
+pub use profile::{Profile, profile_reset, profile_snapshot};
 #[cfg(not(loom))]
 pub use raw_stream::{AsRawStream, RawStream};
 #[cfg(not(loom))]

@@ -239,6 +239,8 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
     let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) else {
         return;
     };
+    #[cfg(cuda_host_launch_profile)]
+    let started = std::time::Instant::now();
     {
         let _scope = HostFunctionScope::enter();
         // SAFETY: the driver passes back the record we launched, which is live and now only touched
@@ -252,6 +254,8 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
         // SAFETY: ownership passes to the cleanup queue.
         unsafe { cleanup::push(header) };
     }
+    #[cfg(cuda_host_launch_profile)]
+    crate::profile::trampoline(started);
 }
 
 /// A raw launch: `f(user_data)`, with owners kept alive until it has returned.
