@@ -19,9 +19,15 @@ use cuda_sys::types::{CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
 const N: usize = 200_000;
-const REPS: usize = 11;
-/// Repetitions in each cleanup-variant child process.
-const VARIANT_REPS: usize = 5;
+/// Repetitions of the throughput table (`BENCH_REPS` overrides, e.g. 1 for a profile build's run).
+fn reps() -> usize {
+    std::env::var("BENCH_REPS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(15)
+}
+/// Repetitions in each variant child process.
+const VARIANT_REPS: usize = 7;
 const LATENCY_SAMPLES: usize = 2_000;
 const PENDING: usize = 20_000;
 
@@ -39,9 +45,14 @@ enum Method {
     /// The floor with user data: the launcher writes 64 bytes, the host function reads them (what
     /// any launch that hands data to its host function pays in cache traffic).
     RawWithUserData,
+    /// The floor whose host function spins for 150 ns, about what the trampoline takes on the
+    /// driver's thread: does a longer host function make the launching thread's call slower?
+    RawWithBusyHostFn150,
+    /// The same with 500 ns, for the slope.
+    RawWithBusyHostFn500,
 }
 
-const METHODS: [Method; 7] = [
+const METHODS: [Method; 9] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
@@ -49,6 +60,8 @@ const METHODS: [Method; 7] = [
     Method::RawWithCaptureQuery,
     Method::RawWithAllocation,
     Method::RawWithUserData,
+    Method::RawWithBusyHostFn150,
+    Method::RawWithBusyHostFn500,
 ];
 
 impl Method {
@@ -61,6 +74,8 @@ impl Method {
             Method::RawWithCaptureQuery => "  part: floor + cuStreamGetCaptureInfo",
             Method::RawWithAllocation => "  part: floor + 32-byte malloc/free",
             Method::RawWithUserData => "  part: floor + 64 bytes handed to the host fn",
+            Method::RawWithBusyHostFn150 => "  part: floor, host fn busy 150 ns",
+            Method::RawWithBusyHostFn500 => "  part: floor, host fn busy 500 ns",
         }
     }
     fn key(self) -> &'static str {
@@ -72,6 +87,8 @@ impl Method {
             Method::RawWithCaptureQuery => "raw_with_capture_query",
             Method::RawWithAllocation => "raw_with_allocation",
             Method::RawWithUserData => "raw_with_user_data",
+            Method::RawWithBusyHostFn150 => "raw_host_fn_busy_150ns",
+            Method::RawWithBusyHostFn500 => "raw_host_fn_busy_500ns",
         }
     }
 }
@@ -92,11 +109,205 @@ unsafe extern "C" fn read_block(data: *mut c_void) {
     std::hint::black_box(sum);
 }
 
+/// Spins for `ns` nanoseconds (the user data, by value).
+unsafe extern "C" fn busy(ns: *mut c_void) {
+    let started = Instant::now();
+    let wait = Duration::from_nanos(ns as u64);
+    while started.elapsed() < wait {
+        std::hint::spin_loop();
+    }
+}
+
 /// The peer approach: cust's `add_callback` / CCCL's closure path.
 unsafe extern "C" fn boxed_callback(_: CUstream, _: CUresult, data: *mut c_void) {
     // SAFETY: `data` is the Box leaked by `launch_callback`, taken back once, here.
     let f = unsafe { Box::from_raw(data.cast::<Box<dyn FnOnce() + Send>>()) };
     f();
+}
+
+/// The CPUs the benchmark pins its threads to: the launching thread, the driver's host-function
+/// thread and the reaper, each on a core of its own (no two on sibling hyperthreads), so that the
+/// scheduler moving them between repetitions does not add to the noise. `BENCH_PIN=0` turns it off.
+struct Pinning {
+    launcher: usize,
+    driver: usize,
+    reaper: usize,
+}
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the size passed is its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer of the size given; 0 is this thread.
+    if unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Vec::new();
+    }
+    // SAFETY: `set` is initialised; the index is below CPU_SETSIZE.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+/// (package, core) of a CPU, from sysfs; `None` where it cannot be read.
+fn core_of(cpu: usize) -> Option<(String, String)> {
+    let read = |what: &str| {
+        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}"))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    Some((read("physical_package_id")?, read("core_id")?))
+}
+
+fn choose_pinning() -> Option<Pinning> {
+    if std::env::var("BENCH_PIN").is_ok_and(|v| v.trim() == "0") {
+        return None;
+    }
+    let cpus = allowed_cpus();
+    // CPU 0 takes most interrupts: start after it. One CPU per core, on CPU 1's package.
+    let package = cpus.get(1).and_then(|&c| core_of(c)).map(|(p, _)| p);
+    let mut cores_taken = Vec::new();
+    let mut chosen = Vec::new();
+    for &cpu in cpus.iter().skip(1) {
+        let core = core_of(cpu);
+        if let (Some((p, _)), Some(want)) = (&core, &package)
+            && p != want
+        {
+            continue;
+        }
+        if core.is_some() && cores_taken.contains(&core) {
+            continue;
+        }
+        cores_taken.push(core);
+        chosen.push(cpu);
+        if chosen.len() == 3 {
+            return Some(Pinning {
+                launcher: chosen[0],
+                driver: chosen[1],
+                reaper: chosen[2],
+            });
+        }
+    }
+    None
+}
+
+/// Pins the calling thread to `cpu`; returns its thread id.
+fn pin_current_thread(cpu: usize) -> i64 {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` is below CPU_SETSIZE (it came from sched_getaffinity).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: a valid set of the size given; 0 is the calling thread.
+    let rc = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    // A failure is reported as a negative thread id rather than a panic (which, on the driver's
+    // thread, would abort the run).
+    if rc == 0 { tid } else { -tid }
+}
+
+static PINNED_DRIVER_TID: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+static PINNED_REAPER_TID: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+static SEEN_DRIVER_TID: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// A host function that pins the driver's thread it runs on (`user_data` is the CPU). Benchmark
+/// only: it makes a system call on the driver's thread, which no CUDA rule forbids.
+unsafe extern "C" fn pin_driver_thread(cpu: *mut c_void) {
+    let tid = pin_current_thread(cpu as usize);
+    PINNED_DRIVER_TID.store(tid, std::sync::atomic::Ordering::SeqCst);
+}
+
+unsafe extern "C" fn note_driver_thread(_: *mut c_void) {
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    SEEN_DRIVER_TID.store(tid, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// An owner whose drop pins the thread that drops it: the reaper.
+struct PinOnDrop(usize);
+impl Drop for PinOnDrop {
+    fn drop(&mut self) {
+        let tid = pin_current_thread(self.0);
+        PINNED_REAPER_TID.store(tid, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Pins the three threads (see [`Pinning`]) and describes what was done.
+fn pin_threads(bench: &Bench, streams: &[&Stream]) -> String {
+    let Some(pin) = choose_pinning() else {
+        return "threads not pinned".into();
+    };
+    let launch = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+    let stream = streams[0];
+    // SAFETY: live stream; the function takes its CPU number by value.
+    let code = unsafe {
+        launch(
+            stream.raw(),
+            Some(pin_driver_thread),
+            pin.driver as *mut c_void,
+        )
+    };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    stream.synchronize().unwrap();
+    // SAFETY: `note_driver_thread` ignores its argument; the owner pins the reaper when dropped.
+    unsafe {
+        launch_host_function(
+            streams[streams.len() - 1],
+            Some(note_driver_thread),
+            std::ptr::null_mut(),
+            PinOnDrop(pin.reaper),
+        )
+    }
+    .unwrap();
+    streams[streams.len() - 1].synchronize().unwrap();
+    flush(Duration::from_secs(10)).unwrap();
+    // Last, so that the threads started above (the reaper) do not inherit this CPU.
+    if pin_current_thread(pin.launcher) < 0 {
+        return format!("pinning failed (sched_setaffinity to CPU {})", pin.launcher);
+    }
+    let ord = std::sync::atomic::Ordering::SeqCst;
+    let (driver_tid, seen_tid) = (PINNED_DRIVER_TID.load(ord), SEEN_DRIVER_TID.load(ord));
+    format!(
+        "pinned: launching thread to CPU {}, the driver's host-function thread (tid {driver_tid}; \
+         another stream's host function ran on tid {seen_tid}) to CPU {}, the reaper (tid {}) to CPU {} \
+         (the launching thread for the throughput tables only)",
+        pin.launcher,
+        pin.driver,
+        PINNED_REAPER_TID.load(ord),
+        pin.reaper
+    )
+}
+
+/// Lets the calling thread run on every CPU it was allowed at the start again, so that threads it
+/// starts from now on (the low-latency poller) do not inherit its pinning.
+fn unpin_current_thread(cpus: &[usize]) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: `cpu` is below CPU_SETSIZE (it came from sched_getaffinity).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: a valid set of the size given; 0 is the calling thread.
+    unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) };
+}
+
+/// Median and quartiles of `values`.
+fn quartiles(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    (
+        percentile(&v, 0.5),
+        percentile(&v, 0.25),
+        percentile(&v, 0.75),
+    )
+}
+
+/// Each repetition's figure of method `k` over the floor's figure in the same repetition.
+fn paired_ratios(per_method: &[Vec<f64>], k: usize) -> Vec<f64> {
+    per_method[k]
+        .iter()
+        .zip(&per_method[0])
+        .map(|(x, floor)| x / floor)
+        .collect()
 }
 
 struct Bench {
@@ -166,6 +377,17 @@ impl Bench {
                 let data = std::ptr::from_ref(block).cast_mut().cast();
                 // SAFETY: live stream; `read_block` reads a static block of atomics.
                 let code = unsafe { launch(stream.raw(), Some(read_block), data) };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+            }
+            Method::RawWithBusyHostFn150 | Method::RawWithBusyHostFn500 => {
+                let ns: usize = if method == Method::RawWithBusyHostFn150 {
+                    150
+                } else {
+                    500
+                };
+                let launch = self.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+                // SAFETY: live stream; `busy` takes its argument by value.
+                let code = unsafe { launch(stream.raw(), Some(busy), ns as *mut c_void) };
                 assert_eq!(code, CUresult::CUDA_SUCCESS);
             }
             Method::Callback => {
@@ -440,7 +662,7 @@ fn gated_call_cost(bench: &Bench) -> (f64, f64) {
     let raw = d.raw().cuDriverGetVersion().unwrap();
     let mut through_table = Vec::new();
     let mut through_pointer = Vec::new();
-    for _ in 0..REPS {
+    for _ in 0..reps() {
         let mut v = 0;
         let t = Instant::now();
         for _ in 0..CALLS {
@@ -459,40 +681,51 @@ fn gated_call_cost(bench: &Bench) -> (f64, f64) {
     (median(&mut through_table), median(&mut through_pointer))
 }
 
-/// One variant's 1-stream enqueue cost and throughput for the floor, owner and closure methods,
-/// measured in this (child) process with whatever cleanup settings its environment gives.
+/// One variant's figures for the floor, owner and closure methods on 1 and on 4 streams, measured
+/// in this (child) process with whatever settings its environment gives. Prints, per stream set:
+/// floor ns, owner and closure enqueue ratios, floor per second, owner and closure throughput
+/// ratios (paired ratios, medians over the repetitions).
 fn variant_child() {
     let bench = Bench { gpu: Gpu::open() };
-    let streams = vec![Stream::new(&bench.gpu.context).unwrap()];
+    let one = vec![Stream::new(&bench.gpu.context).unwrap()];
+    let four: Vec<Stream> = (0..4)
+        .map(|_| Stream::new(&bench.gpu.context).unwrap())
+        .collect();
+    let pinned = pin_threads(&bench, &[&one[0], &four[3]]);
+    eprintln!("{pinned}");
     let methods = [Method::Raw, Method::Owner, Method::Closure];
-    for m in methods {
-        bench.enqueue_and_throughput(m, &streams, 20_000);
-    }
-    let mut e = [const { Vec::new() }; 3];
-    let mut r = [const { Vec::new() }; 3];
-    for rep in 0..VARIANT_REPS {
-        for j in 0..methods.len() {
-            let k = (rep + j) % methods.len();
-            let (ns, per_s) = bench.enqueue_and_throughput(methods[k], &streams, N / 2);
-            e[k].push(ns);
-            r[k].push(per_s);
+    let mut out = Vec::new();
+    for streams in [&one, &four] {
+        for m in methods {
+            bench.enqueue_and_throughput(m, streams, 20_000);
         }
+        let mut e = [const { Vec::new() }; 3];
+        let mut r = [const { Vec::new() }; 3];
+        for rep in 0..VARIANT_REPS {
+            for j in 0..methods.len() {
+                let k = (rep + j) % methods.len();
+                let (ns, per_s) = bench.enqueue_and_throughput(methods[k], streams, N);
+                e[k].push(ns);
+                r[k].push(per_s);
+            }
+        }
+        out.push(quartiles(&e[0]).0);
+        out.push(quartiles(&paired_ratios(&e, 1)).0);
+        out.push(quartiles(&paired_ratios(&e, 2)).0);
+        out.push(quartiles(&r[0]).0);
+        out.push(quartiles(&paired_ratios(&r, 1)).0);
+        out.push(quartiles(&paired_ratios(&r, 2)).0);
     }
-    let e: Vec<f64> = e.iter_mut().map(|v| median(v)).collect();
-    let r: Vec<f64> = r.iter_mut().map(|v| median(v)).collect();
-    println!("{} {} {} {} {} {}", e[0], e[1], e[2], r[0], r[1], r[2]);
+    let line: Vec<String> = out.iter().map(|x| x.to_string()).collect();
+    println!("{}", line.join(" "));
 }
 
-/// The cleanup settings compared, each in a fresh process.
-const VARIANTS: [(&str, &[(&str, &str)]); 4] = [
+/// The settings compared, each in a fresh process.
+const VARIANTS: [(&str, &[(&str, &str)]); 3] = [
+    ("default (reaper lingers 2 ms, polls every 50 us)", &[]),
     (
         "reaper parks after every batch (poll 0)",
         &[("CUDA_HOST_LAUNCH_REAPER_POLL_US", "0")],
-    ),
-    ("reaper lingers, poll 50 us (default)", &[]),
-    (
-        "reaper lingers, poll 200 us",
-        &[("CUDA_HOST_LAUNCH_REAPER_POLL_US", "200")],
     ),
     (
         "manual mode: drained at each launch",
@@ -500,7 +733,7 @@ const VARIANTS: [(&str, &[(&str, &str)]); 4] = [
     ),
 ];
 
-fn variants() -> Vec<(&'static str, [f64; 6])> {
+fn variants() -> Vec<(&'static str, [f64; 12])> {
     VARIANTS
         .iter()
         .map(|(label, envs)| {
@@ -520,13 +753,113 @@ fn variants() -> Vec<(&'static str, [f64; 6])> {
                 .collect();
             assert_eq!(
                 v.len(),
-                6,
+                12,
                 "variant {label}: {text} {}",
                 String::from_utf8_lossy(&out.stderr)
             );
-            (*label, [v[0], v[1], v[2], v[3], v[4], v[5]])
+            let mut a = [0.0; 12];
+            a.copy_from_slice(&v);
+            (*label, a)
         })
         .collect()
+}
+
+/// Each call's enqueue time, in ns, for `n` launches of `method` on one stream (then synchronize
+/// and flush); with the profile build, also where our launches spent it.
+fn per_call_times(bench: &Bench, method: Method, stream: &Stream, n: usize) -> Vec<f64> {
+    let mut times = Vec::with_capacity(n);
+    #[cfg(cuda_host_launch_profile)]
+    cuda_host_launch::profile_reset();
+    for i in 0..n {
+        let t = Instant::now();
+        bench.launch(method, stream, i as u64);
+        times.push(t.elapsed().as_nanos() as f64);
+    }
+    stream.synchronize().unwrap();
+    flush(Duration::from_secs(30)).unwrap();
+    times
+}
+
+/// The distribution of single-call enqueue times: floor, owner, closure, one stream, interleaved.
+/// Tells a constant cost per call (the median moves) from stalls (the tail moves).
+fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, json: &mut String) {
+    const METHODS3: [Method; 3] = [Method::Raw, Method::Owner, Method::Closure];
+    const DIST_REPS: usize = 5;
+    let mut all: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+    #[cfg(cuda_host_launch_profile)]
+    let mut profiles = [cuda_host_launch::Profile::default(); 3];
+    for rep in 0..DIST_REPS {
+        for j in 0..3 {
+            let k = (rep + j) % 3;
+            all[k].extend(per_call_times(bench, METHODS3[k], stream, N));
+            #[cfg(cuda_host_launch_profile)]
+            {
+                let p = cuda_host_launch::profile_snapshot();
+                let sum = &mut profiles[k];
+                sum.enqueues += p.enqueues;
+                sum.enqueue_ns += p.enqueue_ns;
+                sum.driver_call_ns += p.driver_call_ns;
+                sum.trampolines += p.trampolines;
+                sum.trampoline_ns += p.trampoline_ns;
+            }
+        }
+    }
+    let _ = writeln!(
+        table,
+        "\nsingle-call enqueue times, 1 stream ({DIST_REPS} x {N} calls each, interleaved; ns):"
+    );
+    let _ = writeln!(
+        table,
+        "  {:<52} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>10}",
+        "method", "mean", "p50", "p90", "p99", "p99.9", "max", "in >10us"
+    );
+    json.push_str("\n  \"single_call_ns\": {");
+    for (k, v) in all.iter_mut().enumerate() {
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        let slow: f64 = v.iter().filter(|&&x| x > 10_000.0).sum::<f64>() / v.iter().sum::<f64>();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let p = |q| percentile(v, q);
+        let max = v[v.len() - 1];
+        let _ = writeln!(
+            table,
+            "  {:<52} {mean:>7.0} {:>7.0} {:>7.0} {:>7.0} {:>8.0} {max:>8.0} {:>9.1}%",
+            METHODS3[k].name(),
+            p(0.5),
+            p(0.9),
+            p(0.99),
+            p(0.999),
+            slow * 100.0
+        );
+        json.push_str(&format!(
+            "\n    {:?}: {{\"mean\": {mean:.1}, \"p50\": {:.1}, \"p90\": {:.1}, \"p99\": {:.1}, \"p999\": {:.1}, \"max\": {max:.1}, \"share_in_calls_over_10us\": {slow:.4}}}{}",
+            METHODS3[k].key(),
+            p(0.5),
+            p(0.9),
+            p(0.99),
+            p(0.999),
+            if k < 2 { "," } else { "" }
+        ));
+    }
+    json.push_str("\n  },");
+    #[cfg(cuda_host_launch_profile)]
+    {
+        let _ = writeln!(
+            table,
+            "\nprofile build: where the launches' time went (ns per launch; clock reads included):"
+        );
+        for k in 1..3 {
+            let p = profiles[k];
+            let per = |x: u64, n: u64| x as f64 / n.max(1) as f64;
+            let _ = writeln!(
+                table,
+                "  {:<52} in enqueue {:>7.0}, of it the driver's call {:>7.0}; trampoline on the driver's thread {:>6.0}",
+                METHODS3[k].name(),
+                per(p.enqueue_ns, p.enqueues),
+                per(p.driver_call_ns, p.enqueues),
+                per(p.trampoline_ns, p.trampolines)
+            );
+        }
+    }
 }
 
 fn main() {
@@ -545,6 +878,8 @@ fn main() {
     let four: Vec<Stream> = (0..4)
         .map(|_| Stream::new(&bench.gpu.context).unwrap())
         .collect();
+    let all_cpus = allowed_cpus();
+    let pinned = pin_threads(&bench, &[&one[0], &four[3]]);
     let mut json = String::new();
     let mut table = String::new();
     let _ = writeln!(
@@ -554,11 +889,15 @@ fn main() {
     );
     let _ = writeln!(
         table,
-        "N = {N} launches per repetition, {REPS} repetitions (median), methods interleaved in rotating order\n"
+        "N = {N} launches per repetition, {} repetitions, methods interleaved in rotating order.\n\
+         Absolute figures: medians over the repetitions. Ratios: the median (and quartiles) over the\n\
+         repetitions of each repetition's figure over the floor's in the same repetition.\n{pinned}\n",
+        reps()
     );
     json.push_str(&format!(
-        "{{\n  \"device\": {device:?},\n  \"driver_version\": {},\n  \"n\": {N},\n  \"reps\": {REPS},\n  \"throughput\": {{",
-        version.0
+        "{{\n  \"device\": {device:?},\n  \"driver_version\": {},\n  \"n\": {N},\n  \"reps\": {},\n  \"pinning\": {pinned:?},\n  \"throughput\": {{",
+        version.0,
+        reps()
     ));
 
     // Warm-up: every method, both stream sets.
@@ -570,7 +909,7 @@ fn main() {
     for (label, streams) in [("1 stream", &one), ("4 streams", &four)] {
         let mut enqueue = [const { Vec::new() }; METHODS.len()];
         let mut rate = [const { Vec::new() }; METHODS.len()];
-        for rep in 0..REPS {
+        for rep in 0..reps() {
             // The order rotates from one repetition to the next, so no method always runs first
             // (after the previous repetition's synchronize and flush) or last.
             for j in 0..METHODS.len() {
@@ -580,47 +919,40 @@ fn main() {
                 rate[k].push(per_s);
             }
         }
-        let spread = |v: &[f64]| {
-            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-            let hi = v.iter().copied().fold(0.0, f64::max);
-            (lo, hi)
-        };
-        let e_spread: Vec<(f64, f64)> = enqueue.iter().map(|v| spread(v)).collect();
-        let r_spread: Vec<(f64, f64)> = rate.iter().map(|v| spread(v)).collect();
-        let e: Vec<f64> = enqueue.iter_mut().map(|v| median(v)).collect();
-        let r: Vec<f64> = rate.iter_mut().map(|v| median(v)).collect();
         let _ = writeln!(table, "{label}:");
         let _ = writeln!(
             table,
-            "  {:<52} {:>10} {:>8} {:>14} {:>8}   range over reps (ns; /s)",
-            "method", "enqueue ns", "x floor", "host fns/s", "x floor"
+            "  {:<52} {:>10} {:>8} {:>13} {:>12} {:>8} {:>13}",
+            "method",
+            "enqueue ns",
+            "x floor",
+            "(quartiles)",
+            "host fns/s",
+            "x floor",
+            "(quartiles)"
         );
         json.push_str(&format!("\n    {label:?}: {{"));
         for (k, m) in METHODS.iter().enumerate() {
+            let (e, _, _) = quartiles(&enqueue[k]);
+            let (r, _, _) = quartiles(&rate[k]);
+            let (er, er25, er75) = quartiles(&paired_ratios(&enqueue, k));
+            let (rr, rr25, rr75) = quartiles(&paired_ratios(&rate, k));
             let _ = writeln!(
                 table,
-                "  {:<52} {:>10.0} {:>8.3} {:>14.0} {:>8.3}   {:.0}-{:.0}; {:.0}-{:.0}",
+                "  {:<52} {:>10.0} {:>8.3} {:>13} {:>12.0} {:>8.3} {:>13}",
                 m.name(),
-                e[k],
-                e[k] / e[0],
-                r[k],
-                r[k] / r[0],
-                e_spread[k].0,
-                e_spread[k].1,
-                r_spread[k].0,
-                r_spread[k].1
+                e,
+                er,
+                format!("{er25:.3}-{er75:.3}"),
+                r,
+                rr,
+                format!("{rr25:.3}-{rr75:.3}"),
             );
             json.push_str(&format!(
-                "\n      {:?}: {{\"enqueue_ns\": {:.1}, \"enqueue_ratio\": {:.4}, \"per_second\": {:.0}, \"throughput_ratio\": {:.4}, \"enqueue_ns_range\": [{:.1}, {:.1}], \"per_second_range\": [{:.0}, {:.0}]}}{}",
+                "\n      {:?}: {{\"enqueue_ns\": {e:.1}, \"enqueue_ratio\": {er:.4}, \"enqueue_ratio_quartiles\": [{er25:.4}, {er75:.4}], \"per_second\": {r:.0}, \"throughput_ratio\": {rr:.4}, \"throughput_ratio_quartiles\": [{rr25:.4}, {rr75:.4}], \"enqueue_ns_per_rep\": {:?}, \"per_second_per_rep\": {:?}}}{}",
                 m.key(),
-                e[k],
-                e[k] / e[0],
-                r[k],
-                r[k] / r[0],
-                e_spread[k].0,
-                e_spread[k].1,
-                r_spread[k].0,
-                r_spread[k].1,
+                enqueue[k].iter().map(|x| x.round()).collect::<Vec<_>>(),
+                rate[k].iter().map(|x| x.round()).collect::<Vec<_>>(),
                 if k + 1 < METHODS.len() { "," } else { "" }
             ));
         }
@@ -633,6 +965,12 @@ fn main() {
     }
     json.push_str("\n  },");
 
+    // After the table, before unpinning: a run of its own, so its clock reads do not touch the
+    // table's figures.
+    if std::env::var("BENCH_CALL_TIMES").map_or(true, |v| v.trim() != "0") {
+        call_time_distribution(&bench, &one[0], &mut table, &mut json);
+    }
+    unpin_current_thread(&all_cpus);
     let raw_latency = latency(&bench, Method::Raw, &one[0], LATENCY_SAMPLES);
     let closure_latency = latency(&bench, Method::Closure, &one[0], LATENCY_SAMPLES);
     let _ = writeln!(
@@ -732,46 +1070,62 @@ fn main() {
     json.push_str(&format!(
         "\n  \"gated_call_ns\": {{\"table\": {table_ns:.3}, \"cached_pointer\": {pointer_ns:.3}}},\n  \"cold_start\": {{\"dlopen_ms\": {dlopen_ms:.3}, \"driver_after_dlopen_ms\": {open_ms:.3}, \"first_call_us\": {first_us:.2}, \"second_call_us\": {second_us:.3}}}\n}}\n"
     ));
-    let variant_rows = variants();
+    // `BENCH_VARIANTS=0` skips the fresh-process variants (about half the run).
+    let variant_rows = if std::env::var("BENCH_VARIANTS").is_ok_and(|v| v.trim() == "0") {
+        Vec::new()
+    } else {
+        variants()
+    };
     let _ = writeln!(
         table,
-        "\ncleanup settings, each in a fresh process (1 stream, N/2 launches, ratios to that process's floor):"
+        "\nsettings, each in a fresh process (N launches, {VARIANT_REPS} repetitions, paired ratios to that process's floor):"
     );
     let _ = writeln!(
         table,
-        "  {:<44} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "setting", "floor ns", "owner x", "closure x", "floor/s", "owner x"
+        "  {:<64} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9}",
+        "setting / streams", "floor ns", "owner x", "closure x", "floor/s", "owner x", "closure x"
     );
     json.truncate(json.trim_end().len() - 1);
-    json.push_str(",\n  \"cleanup_variants\": {");
+    json.push_str(",\n  \"variants\": {");
     for (k, (label, v)) in variant_rows.iter().enumerate() {
-        let _ = writeln!(
-            table,
-            "  {label:<44} {:>9.0} {:>9.3} {:>9.3} {:>9.0} {:>9.3}   (closure x {:.3})",
-            v[0],
-            v[1] / v[0],
-            v[2] / v[0],
-            v[3],
-            v[4] / v[3],
-            v[5] / v[3]
-        );
-        json.push_str(&format!(
-            "\n    {label:?}: {{\"floor_enqueue_ns\": {:.1}, \"owner_enqueue_ratio\": {:.4}, \"closure_enqueue_ratio\": {:.4}, \"floor_per_second\": {:.0}, \"owner_throughput_ratio\": {:.4}, \"closure_throughput_ratio\": {:.4}}}{}",
-            v[0],
-            v[1] / v[0],
-            v[2] / v[0],
-            v[3],
-            v[4] / v[3],
-            v[5] / v[3],
-            if k + 1 < variant_rows.len() { "," } else { "" }
-        ));
+        json.push_str(&format!("\n    {label:?}: {{"));
+        for (i, streams) in ["1 stream", "4 streams"].iter().enumerate() {
+            let w = &v[i * 6..i * 6 + 6];
+            let _ = writeln!(
+                table,
+                "  {:<64} {:>8.0} {:>8.3} {:>9.3} {:>9.0} {:>9.3} {:>9.3}",
+                format!("{label}, {streams}"),
+                w[0],
+                w[1],
+                w[2],
+                w[3],
+                w[4],
+                w[5]
+            );
+            json.push_str(&format!(
+                "\n      {streams:?}: {{\"floor_enqueue_ns\": {:.1}, \"owner_enqueue_ratio\": {:.4}, \"closure_enqueue_ratio\": {:.4}, \"floor_per_second\": {:.0}, \"owner_throughput_ratio\": {:.4}, \"closure_throughput_ratio\": {:.4}}}{}",
+                w[0],
+                w[1],
+                w[2],
+                w[3],
+                w[4],
+                w[5],
+                if i == 0 { "," } else { "" }
+            ));
+        }
+        json.push_str(if k + 1 < variant_rows.len() {
+            "\n    },"
+        } else {
+            "\n    }"
+        });
     }
     json.push_str("\n  }\n}\n");
 
     let costs = ingredient_costs(&bench, &one[0]);
     let _ = writeln!(
         table,
-        "\ningredients of a launch (ns per call, median of {REPS}):"
+        "\ningredients of a launch (ns per call, median of {}):",
+        reps()
     );
     for (name, ns) in &costs {
         let _ = writeln!(table, "  {name:<52} {ns:>8.1}");
@@ -801,7 +1155,7 @@ fn ingredient_costs(bench: &Bench, stream: &Stream) -> Vec<(&'static str, f64)> 
     let get_ctx = d.raw().cuStreamGetCtx().unwrap();
     let current = d.raw().cuCtxGetCurrent().unwrap();
     let time = |f: &mut dyn FnMut()| {
-        let mut v: Vec<f64> = (0..REPS)
+        let mut v: Vec<f64> = (0..reps())
             .map(|_| {
                 let t = Instant::now();
                 for _ in 0..CALLS {
