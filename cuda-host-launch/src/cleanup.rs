@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use crate::error::Error;
 use crate::host_thread::in_host_function;
 use crate::intrusive_stack::{Batch, IntrusiveStack};
+use crate::own_line::OwnLine;
 use crate::panic_report::{PanicOrigin, report};
 use crate::record::{DeferredDrop, Op, RecordHeader, new_record};
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
@@ -54,18 +55,6 @@ pub enum CleanupMode {
     /// No thread: they are dropped at the next launch, [`drain`] or [`flush`], on that caller's
     /// thread.
     Manual,
-}
-
-/// Keeps a value on a cache line (a pair of lines, for adjacent-line prefetching) of its own, so
-/// that what the driver's threads write and what the reaper writes do not share lines.
-#[repr(align(128))]
-struct OwnLine<T>(T);
-
-impl<T> std::ops::Deref for OwnLine<T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0
-    }
 }
 
 struct CleanupQueue {

@@ -97,6 +97,8 @@ mod low_latency;
 #[cfg(not(loom))]
 mod options;
 #[cfg(not(loom))]
+mod own_line;
+#[cfg(not(loom))]
 mod panic_report;
 #[cfg(not(loom))]
 mod pending;

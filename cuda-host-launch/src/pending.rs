@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use cuda_sys::types::CUcontext;
 
+use crate::own_line::OwnLine;
 use crate::record::RecordHeader;
 
 /// How many lists (and locks) launches are spread over.
@@ -68,10 +69,13 @@ struct Shard {
 // followed under that mutex.
 unsafe impl Send for Shard {}
 
-static LISTS: [Mutex<Shard>; SHARDS] = [const {
-    Mutex::new(Shard {
+/// Each shard's lock on lines of its own: a launching thread takes its shard's lock on every
+/// launch, and must not find the line taken by a neighbour's writer (another shard's thread, or the
+/// record pool's free stack that the reaper writes on every release).
+static LISTS: [OwnLine<Mutex<Shard>>; SHARDS] = [const {
+    OwnLine(Mutex::new(Shard {
         head: ptr::null_mut(),
-    })
+    }))
 }; SHARDS];
 
 static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);

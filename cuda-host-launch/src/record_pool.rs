@@ -18,6 +18,7 @@ use std::cell::Cell;
 use std::ptr::{self, NonNull};
 
 use crate::intrusive_stack::{IntrusiveStack, Linked};
+use crate::own_line::OwnLine;
 use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
 
 /// The size of a slot: records up to this size are pooled.
@@ -49,8 +50,17 @@ unsafe impl Linked for FreeSlot {
     }
 }
 
-static GLOBAL: IntrusiveStack<FreeSlot> = IntrusiveStack::new();
-static GLOBAL_COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Slots freed by other threads (the reaper, on every release), and how many: on lines of their
+/// own, away from anything a launching thread touches on every launch.
+struct Global {
+    stack: IntrusiveStack<FreeSlot>,
+    count: AtomicUsize,
+}
+
+static GLOBAL: OwnLine<Global> = OwnLine(Global {
+    stack: IntrusiveStack::new(),
+    count: AtomicUsize::new(0),
+});
 
 /// This thread's free slots, a plain singly linked list through each slot's first word.
 struct LocalCache {
@@ -105,7 +115,7 @@ fn pop_local(cache: &LocalCache) -> Option<NonNull<FreeSlot>> {
 #[cold]
 fn allocate_slow() -> NonNull<u8> {
     // Take every slot others freed; keep one, cache the rest here.
-    let mut batch = GLOBAL.take_all();
+    let mut batch = GLOBAL.stack.take_all();
     if let Some(first) = batch.next() {
         let mut count = 1;
         let cached = LOCAL.try_with(|cache| {
@@ -126,7 +136,7 @@ fn allocate_slow() -> NonNull<u8> {
                 unsafe { std::alloc::dealloc(slot.as_ptr().cast(), LAYOUT) };
             }
         }
-        GLOBAL_COUNT.fetch_sub(count, Ordering::Relaxed);
+        GLOBAL.count.fetch_sub(count, Ordering::Relaxed);
         return first.cast();
     }
     // SAFETY: LAYOUT has a non-zero size.
@@ -143,18 +153,18 @@ fn allocate_slow() -> NonNull<u8> {
 /// `slot` must come from [`allocate`], hold no live value, and not be used afterwards.
 #[inline]
 pub(crate) unsafe fn free(slot: NonNull<u8>) {
-    if GLOBAL_COUNT.load(Ordering::Relaxed) >= MAX_POOLED {
+    if GLOBAL.count.load(Ordering::Relaxed) >= MAX_POOLED {
         // SAFETY: allocated with LAYOUT (by `allocate_slow`), no longer used.
         unsafe { std::alloc::dealloc(slot.as_ptr(), LAYOUT) };
         return;
     }
-    GLOBAL_COUNT.fetch_add(1, Ordering::Relaxed);
+    GLOBAL.count.fetch_add(1, Ordering::Relaxed);
     let slot = slot.cast::<FreeSlot>();
     // SAFETY: the slot is free memory of FreeSlot's size and alignment; its first word becomes the
     // link (an AtomicPtr is valid for any bit pattern once written).
     unsafe {
         ptr::addr_of_mut!((*slot.as_ptr()).next).write(AtomicPtr::new(ptr::null_mut()));
-        GLOBAL.push(slot);
+        GLOBAL.stack.push(slot);
     }
 }
 
@@ -183,6 +193,6 @@ mod tests {
             // SAFETY: as above.
             unsafe { free(NonNull::new(s as *mut u8).unwrap()) };
         }
-        assert!(GLOBAL_COUNT.load(Ordering::Relaxed) <= MAX_POOLED);
+        assert!(GLOBAL.count.load(Ordering::Relaxed) <= MAX_POOLED);
     }
 }
