@@ -799,6 +799,10 @@ fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, js
                 sum.enqueues += p.enqueues;
                 sum.enqueue_ns += p.enqueue_ns;
                 sum.driver_call_ns += p.driver_call_ns;
+                sum.capture_ns += p.capture_ns;
+                sum.track_ns += p.track_ns;
+                sum.records += p.records;
+                sum.record_ns += p.record_ns;
                 sum.trampolines += p.trampolines;
                 sum.trampoline_ns += p.trampoline_ns;
             }
@@ -843,18 +847,29 @@ fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, js
     json.push_str("\n  },");
     #[cfg(cuda_host_launch_profile)]
     {
+        // What one timer (a clock read at its start, one at its end) costs by itself.
+        let timers = 1_000_000;
+        let t = Instant::now();
+        for _ in 0..timers {
+            std::hint::black_box(std::hint::black_box(Instant::now()).elapsed());
+        }
+        let timer_ns = t.elapsed().as_nanos() as f64 / timers as f64;
         let _ = writeln!(
             table,
-            "\nprofile build: where the launches' time went (ns per launch; clock reads included):"
+            "\nprofile build: where the launches' time went (ns per launch; each figure includes its own timer, \
+             {timer_ns:.0} ns, and those of the figures inside it):"
         );
         for k in 1..3 {
             let p = profiles[k];
             let per = |x: u64, n: u64| x as f64 / n.max(1) as f64;
             let _ = writeln!(
                 table,
-                "  {:<52} in enqueue {:>7.0}, of it the driver's call {:>7.0}; trampoline on the driver's thread {:>6.0}",
+                "  {:<52} building the record {:>5.0}; in enqueue {:>7.0}, of it the capture query {:>5.0}, tracking {:>5.0}, the driver's call {:>7.0}; trampoline on the driver's thread {:>6.0}",
                 METHODS3[k].name(),
+                per(p.record_ns, p.records),
                 per(p.enqueue_ns, p.enqueues),
+                per(p.capture_ns, p.enqueues),
+                per(p.track_ns, p.enqueues),
                 per(p.driver_call_ns, p.enqueues),
                 per(p.trampoline_ns, p.trampolines)
             );

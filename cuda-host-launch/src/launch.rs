@@ -300,15 +300,24 @@ pub(crate) unsafe fn enqueue(
     let mode = cleanup::prepare()?;
     let driver = cuda_sys::driver()?;
     let call = LaunchCall::resolve(driver, options)?;
-    match (capture_of(driver, stream)?, runs) {
+    #[cfg(cuda_host_launch_profile)]
+    let capture_started = std::time::Instant::now();
+    let capture = capture_of(driver, stream)?;
+    #[cfg(cuda_host_launch_profile)]
+    crate::profile::capture(capture_started);
+    match (capture, runs) {
         (Capture::None, _) => {
             let context = context_of(driver, stream, hint)?;
             let user_data = record.as_user_data();
             let header = record.into_raw();
             // Tracked from before the launch until released, so a reclaim after a context loss
             // finds it. (A failed launch untracks it in its release below.)
+            #[cfg(cuda_host_launch_profile)]
+            let track_started = std::time::Instant::now();
             // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
             unsafe { pending::track(header, context) };
+            #[cfg(cuda_host_launch_profile)]
+            crate::profile::track(track_started);
             #[cfg(cuda_host_launch_profile)]
             let call_started = std::time::Instant::now();
             // SAFETY: `trampoline` runs the record once and queues it; `user_data` is a live record

@@ -1,14 +1,47 @@
 //! Where a launch's time goes, for the benchmark: built only with `--cfg cuda_host_launch_profile`
 //! (see `BENCHMARKS.md`), never in a normal build, since each figure costs two clock reads.
+//!
+//! The launching thread's totals and the driver thread's totals sit on lines of their own, and each
+//! figure's clock is read before its totals are written: were they on one line, each launch and
+//! each trampoline would take it from the other, and the profile would measure its own false
+//! sharing (it did, in the first profile runs: see `BENCHMARKS.md`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-static ENQUEUES: AtomicU64 = AtomicU64::new(0);
-static ENQUEUE_NS: AtomicU64 = AtomicU64::new(0);
-static DRIVER_CALL_NS: AtomicU64 = AtomicU64::new(0);
-static TRAMPOLINES: AtomicU64 = AtomicU64::new(0);
-static TRAMPOLINE_NS: AtomicU64 = AtomicU64::new(0);
+use crate::own_line::OwnLine;
+
+/// Totals written by launching threads.
+struct LauncherTotals {
+    enqueues: AtomicU64,
+    enqueue_ns: AtomicU64,
+    driver_call_ns: AtomicU64,
+    capture_ns: AtomicU64,
+    track_ns: AtomicU64,
+    records: AtomicU64,
+    record_ns: AtomicU64,
+}
+
+/// Totals written by the driver's threads.
+struct TrampolineTotals {
+    trampolines: AtomicU64,
+    trampoline_ns: AtomicU64,
+}
+
+static LAUNCHER: OwnLine<LauncherTotals> = OwnLine(LauncherTotals {
+    enqueues: AtomicU64::new(0),
+    enqueue_ns: AtomicU64::new(0),
+    driver_call_ns: AtomicU64::new(0),
+    capture_ns: AtomicU64::new(0),
+    track_ns: AtomicU64::new(0),
+    records: AtomicU64::new(0),
+    record_ns: AtomicU64::new(0),
+});
+
+static DRIVER_THREAD: OwnLine<TrampolineTotals> = OwnLine(TrampolineTotals {
+    trampolines: AtomicU64::new(0),
+    trampoline_ns: AtomicU64::new(0),
+});
 
 /// Totals since the last [`profile_reset`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -19,6 +52,14 @@ pub struct Profile {
     pub enqueue_ns: u64,
     /// Of that, time in the driver's launch call.
     pub driver_call_ns: u64,
+    /// Of that, time in the capture query.
+    pub capture_ns: u64,
+    /// Of that, time linking the record into the pending lists.
+    pub track_ns: u64,
+    /// Records built (every launch form, and deferred drops).
+    pub records: u64,
+    /// Time building them (slot or box, writing the payload).
+    pub record_ns: u64,
     /// Trampolines run (on the driver's thread).
     pub trampolines: u64,
     /// Time in the trampoline, the host function included.
@@ -27,23 +68,35 @@ pub struct Profile {
 
 /// The totals so far.
 pub fn profile_snapshot() -> Profile {
+    let l = &*LAUNCHER;
+    let d = &*DRIVER_THREAD;
     Profile {
-        enqueues: ENQUEUES.load(Ordering::Relaxed),
-        enqueue_ns: ENQUEUE_NS.load(Ordering::Relaxed),
-        driver_call_ns: DRIVER_CALL_NS.load(Ordering::Relaxed),
-        trampolines: TRAMPOLINES.load(Ordering::Relaxed),
-        trampoline_ns: TRAMPOLINE_NS.load(Ordering::Relaxed),
+        enqueues: l.enqueues.load(Ordering::Relaxed),
+        enqueue_ns: l.enqueue_ns.load(Ordering::Relaxed),
+        driver_call_ns: l.driver_call_ns.load(Ordering::Relaxed),
+        capture_ns: l.capture_ns.load(Ordering::Relaxed),
+        track_ns: l.track_ns.load(Ordering::Relaxed),
+        records: l.records.load(Ordering::Relaxed),
+        record_ns: l.record_ns.load(Ordering::Relaxed),
+        trampolines: d.trampolines.load(Ordering::Relaxed),
+        trampoline_ns: d.trampoline_ns.load(Ordering::Relaxed),
     }
 }
 
 /// Sets every total to zero.
 pub fn profile_reset() {
+    let l = &*LAUNCHER;
+    let d = &*DRIVER_THREAD;
     for total in [
-        &ENQUEUES,
-        &ENQUEUE_NS,
-        &DRIVER_CALL_NS,
-        &TRAMPOLINES,
-        &TRAMPOLINE_NS,
+        &l.enqueues,
+        &l.enqueue_ns,
+        &l.driver_call_ns,
+        &l.capture_ns,
+        &l.track_ns,
+        &l.records,
+        &l.record_ns,
+        &d.trampolines,
+        &d.trampoline_ns,
     ] {
         total.store(0, Ordering::Relaxed);
     }
@@ -54,15 +107,42 @@ fn nanos_since(started: Instant) -> u64 {
 }
 
 pub(crate) fn enqueue(started: Instant) {
-    ENQUEUES.fetch_add(1, Ordering::Relaxed);
-    ENQUEUE_NS.fetch_add(nanos_since(started), Ordering::Relaxed);
+    let ns = nanos_since(started);
+    LAUNCHER.enqueues.fetch_add(1, Ordering::Relaxed);
+    LAUNCHER.enqueue_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
 pub(crate) fn driver_call(started: Instant) {
-    DRIVER_CALL_NS.fetch_add(nanos_since(started), Ordering::Relaxed);
+    LAUNCHER
+        .driver_call_ns
+        .fetch_add(nanos_since(started), Ordering::Relaxed);
+}
+
+pub(crate) fn capture(started: Instant) {
+    LAUNCHER
+        .capture_ns
+        .fetch_add(nanos_since(started), Ordering::Relaxed);
+}
+
+pub(crate) fn track(started: Instant) {
+    LAUNCHER
+        .track_ns
+        .fetch_add(nanos_since(started), Ordering::Relaxed);
+}
+
+/// Adds the time from its start to its drop to the record-building total.
+pub(crate) struct TimedRecord(pub(crate) Instant);
+
+impl Drop for TimedRecord {
+    fn drop(&mut self) {
+        let ns = nanos_since(self.0);
+        LAUNCHER.records.fetch_add(1, Ordering::Relaxed);
+        LAUNCHER.record_ns.fetch_add(ns, Ordering::Relaxed);
+    }
 }
 
 pub(crate) fn trampoline(started: Instant) {
-    TRAMPOLINES.fetch_add(1, Ordering::Relaxed);
-    TRAMPOLINE_NS.fetch_add(nanos_since(started), Ordering::Relaxed);
+    let ns = nanos_since(started);
+    DRIVER_THREAD.trampolines.fetch_add(1, Ordering::Relaxed);
+    DRIVER_THREAD.trampoline_ns.fetch_add(ns, Ordering::Relaxed);
 }

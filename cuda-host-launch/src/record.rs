@@ -156,6 +156,8 @@ type Dispatch = unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>;
 /// Puts `payload` into a record: a pooled slot if it fits (and this is not a driver thread), else a
 /// `Box`. The record gets the dispatch function that matches where it went.
 fn place<P>(payload: P, pooled: Dispatch, boxed: Dispatch) -> OwnedRecord {
+    #[cfg(cuda_host_launch_profile)]
+    let _timed = crate::profile::TimedRecord(std::time::Instant::now());
     if record_pool::fits(Layout::new::<Record<P>>()) && !crate::in_host_function() {
         let slot = record_pool::allocate().cast::<Record<P>>();
         let header = RecordHeader::new(pooled);
