@@ -117,21 +117,33 @@ impl Graph {
     }
 }
 
-struct DestroyGraph(CUgraph);
-// SAFETY: a graph handle, used by one thread (the one that drops it).
-unsafe impl Send for DestroyGraph {}
-impl Drop for DestroyGraph {
+/// A driver handle and the call that destroys it, run when this is dropped: what `Graph` and
+/// `GraphExec` hand to `defer_drop`, so that a drop inside a host function waits for the reaper.
+struct DestroyLater<H: Copy> {
+    handle: H,
+    destroy: unsafe fn(&cuda_sys::Driver, H) -> Result<(), cuda_sys::Error>,
+}
+
+// SAFETY: a graph or executable-graph handle, which the driver lets any thread destroy; used by one
+// thread only, the one that drops this.
+unsafe impl<H: Copy> Send for DestroyLater<H> {}
+
+impl<H: Copy> Drop for DestroyLater<H> {
     fn drop(&mut self) {
         if let Ok(driver) = cuda_sys::driver() {
-            // SAFETY: the graph is live and destroyed once, here.
-            let _ = unsafe { driver.cuGraphDestroy(self.0) };
+            // SAFETY: `destroy` is the destroy call for `handle`, which is live (its owner is being
+            // dropped) and destroyed once, here.
+            let _ = unsafe { (self.destroy)(driver, self.handle) };
         }
     }
 }
 
 impl Drop for Graph {
     fn drop(&mut self) {
-        defer_drop(DestroyGraph(self.raw));
+        defer_drop(DestroyLater {
+            handle: self.raw,
+            destroy: cuda_sys::Driver::cuGraphDestroy,
+        });
     }
 }
 
@@ -163,21 +175,12 @@ impl GraphExec {
     }
 }
 
-struct DestroyExec(CUgraphExec);
-// SAFETY: an executable-graph handle, used by one thread (the one that drops it).
-unsafe impl Send for DestroyExec {}
-impl Drop for DestroyExec {
-    fn drop(&mut self) {
-        if let Ok(driver) = cuda_sys::driver() {
-            // SAFETY: the executable graph is live and destroyed once, here.
-            let _ = unsafe { driver.cuGraphExecDestroy(self.0) };
-        }
-    }
-}
-
 impl Drop for GraphExec {
     fn drop(&mut self) {
-        defer_drop(DestroyExec(self.raw));
+        defer_drop(DestroyLater {
+            handle: self.raw,
+            destroy: cuda_sys::Driver::cuGraphExecDestroy,
+        });
     }
 }
 
@@ -242,15 +245,7 @@ pub unsafe fn add_host_node_raw<O>(
 where
     O: Send + Sync + 'static,
 {
-    let Some(f) = f else {
-        defer_drop(owners);
-        return Err(Error::NullFunction);
-    };
-    let record = new_shared_record(RawPayload {
-        f,
-        user_data,
-        owners,
-    });
+    let record = new_shared_record(RawPayload::new(f, user_data, owners)?);
     // SAFETY: the caller's contract.
     unsafe { add_node(graph, dependencies, options, record) }
 }

@@ -96,15 +96,7 @@ where
     S: AsRawStream,
     O: Send + 'static,
 {
-    let Some(f) = f else {
-        cleanup::defer_drop(owners);
-        return Err(Error::NullFunction);
-    };
-    let record = new_record(RawPayload {
-        f,
-        user_data,
-        owners,
-    });
+    let record = new_record(RawPayload::new(f, user_data, owners)?);
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
     unsafe { enqueue(&stream, record, Runs::Once, options) }
 }
@@ -135,15 +127,7 @@ where
     S: AsRawStream,
     O: Send + Sync + 'static,
 {
-    let Some(f) = f else {
-        cleanup::defer_drop(owners);
-        return Err(Error::NullFunction);
-    };
-    let record = new_shared_record(RawPayload {
-        f,
-        user_data,
-        owners,
-    });
+    let record = new_shared_record(RawPayload::new(f, user_data, owners)?);
     // SAFETY: the caller's contract covers any number of runs.
     unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
 }

@@ -275,6 +275,26 @@ pub(crate) struct RawPayload<O> {
 // another thread; the owners are `Send` by the bound.
 unsafe impl<O: Send> Send for RawPayload<O> {}
 
+impl<O: Send + 'static> RawPayload<O> {
+    /// The payload of a raw launch or node; for a null `f`, [`Error::NullFunction`](crate::Error)
+    /// with the owners already released (off a driver thread, see [`cleanup::defer_drop`]).
+    pub(crate) fn new(
+        f: cuda_sys::types::CUhostFn,
+        user_data: *mut c_void,
+        owners: O,
+    ) -> Result<Self, crate::Error> {
+        let Some(f) = f else {
+            cleanup::defer_drop(owners);
+            return Err(crate::Error::NullFunction);
+        };
+        Ok(RawPayload {
+            f,
+            user_data,
+            owners,
+        })
+    }
+}
+
 impl<O: Send + 'static> Payload for RawPayload<O> {
     unsafe fn run(&mut self) {
         // SAFETY: the launch's caller promised `f(user_data)` is sound to call once, here, and that
