@@ -29,11 +29,13 @@
 //! ```
 
 pub mod owners;
+pub mod probe;
 
 pub use owners::{
     DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, fake_primary_context,
     threads_named,
 };
+pub use probe::{Probe, bump};
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, c_char, c_void};

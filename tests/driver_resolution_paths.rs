@@ -9,12 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cuda_sys::types::{CUcontext, CUdevice, CUstream};
 use cuda_sys::{DriverVersion, Error, Function, ResolutionPath};
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{fake, load_fake_driver};
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: the launch below passes a pointer to a live `AtomicUsize`.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
-}
 
 fn check(version: i32, path: ResolutionPath, too_new: Function) {
     let driver = load_fake_driver();

@@ -8,12 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use cuda_sys::types::{CUresult, CUstream};
 use cuda_sys::{DriverVersion, Error};
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: every launch below passes a pointer to a live `AtomicUsize`.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
-}
 
 fn assert_too_old(err: &Error, version: i32) {
     match err {

@@ -16,6 +16,7 @@ use cuda_sys::types::{
 };
 use cuda_sys::{DefaultStream, Driver, Error, Function, MissingReason};
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{current_primary_context, fake, load_fake_driver, os_thread};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -23,11 +24,6 @@ const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_
 
 fn data<T>(value: &T) -> *mut c_void {
     ptr::from_ref(value).cast_mut().cast()
-}
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: every use passes a pointer to an `AtomicUsize` that outlives the call.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Appends a tag to a shared log: `data` points at a `Tagged`.

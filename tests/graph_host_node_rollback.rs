@@ -7,8 +7,6 @@
 //! Faults and the fake's user-object counts are process-wide: each test has a process of its own.
 
 use std::ptr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_host_launch::{
     Error, Graph, LaunchOptions, Stream, add_host_node, flush, host_launch_repeatable,
@@ -16,7 +14,7 @@ use cuda_host_launch::{
 use cuda_sys::types::{CUgraph, CUresult, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    Drops, PATIENCE, ThreadInfo, fake, fake_primary_context, load_fake_driver,
+    PATIENCE, Probe, ThreadInfo, fake, fake_primary_context, load_fake_driver,
 };
 
 const OOM: CUresult = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
@@ -28,34 +26,6 @@ enum Via {
     Capture,
     /// `add_host_node` on a graph.
     AddNode,
-}
-
-/// A counter and the owners of one host function.
-struct Probe {
-    runs: Arc<AtomicUsize>,
-    drops: Arc<Drops>,
-}
-
-impl Probe {
-    fn new() -> Probe {
-        Probe {
-            runs: Arc::new(AtomicUsize::new(0)),
-            drops: Drops::new(),
-        }
-    }
-
-    /// A repeatable closure that counts its runs and owns one owner.
-    fn closure(&self) -> impl Fn() + Send + Sync + 'static {
-        let (runs, owner) = (Arc::clone(&self.runs), self.drops.owner());
-        move || {
-            let _keep = &owner;
-            runs.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    fn runs(&self) -> usize {
-        self.runs.load(Ordering::SeqCst)
-    }
 }
 
 /// Adds a working node, then one whose `fault` call fails, then checks the rollback: the error

@@ -15,6 +15,7 @@ use cuda_host_launch::{
 };
 use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{
     Drops, PATIENCE, RanOn, ThreadInfo, fake, fake_primary_context, load_fake_driver,
 };
@@ -93,11 +94,6 @@ fn a_repeatable_closure_on_a_capturing_stream_is_one_host_node_that_runs_on_ever
     assert_eq!(drops.dropped(), 0, "dropped while the graph exists");
     drop(graph);
     assert_dropped_by_the_reaper(&drops, 1, &ran_on.only());
-}
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: every launch passes a pointer into an `Arc<AtomicUsize>` that its owners keep alive.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
 }
 
 #[test]

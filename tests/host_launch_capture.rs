@@ -16,14 +16,10 @@ use cuda_sys::Driver;
 use cuda_sys::types::{
     CUgraph, CUgraphNodeType, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{Drops, ThreadInfo, fake_primary_context, load_fake_driver};
 
 const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: every launch passes a pointer into an `Arc<AtomicUsize>` that its owner keeps alive.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
-}
 
 /// The status and id of `stream`'s capture.
 fn capture_info(driver: &Driver, stream: CUstream) -> (CUstreamCaptureStatus, u64) {

@@ -16,14 +16,10 @@ use cuda_host_launch::{
 use cuda_sys::DriverVersion;
 use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_primary_context, load_fake_driver};
 
 const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: every launch passes a pointer into an `Arc<AtomicUsize>` that its owners keep alive.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
-}
 
 /// A closure that counts its runs and owns an owner of `drops`.
 fn counting(runs: &Arc<AtomicUsize>, drops: &Arc<Drops>) -> impl Fn() + Send + Sync + 'static {

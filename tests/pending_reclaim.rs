@@ -2,7 +2,6 @@
 //! their owners reclaimed once the context is reset or destroyed; a normal destroy runs them first
 //! and nothing is released twice. Against the fake driver, each case in its own process.
 
-use std::ffi::c_void;
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,6 +12,7 @@ use cuda_host_launch::{
     pending_launches, reclaim_pending,
 };
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{fake, fake_driver_path, load_fake_driver};
 
 const N: usize = 200;
@@ -22,11 +22,6 @@ impl Drop for Counted {
     fn drop(&mut self) {
         self.0.fetch_add(1, Ordering::SeqCst);
     }
-}
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: `data` points at the AtomicUsize the launch's owners keep alive.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
 }
 
 /// Launches `N` host functions (half closures, half raw) on `stream`, each with a counted owner.

@@ -39,6 +39,7 @@ use cuda_host_launch::{
 use cuda_sys::types::{CUdevice_attribute, CUgraph, CUstreamCaptureMode};
 use cuda_sys::{Driver, Function};
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{
     Drops, ISOLATED_TEST_ENV, Owner, PATIENCE, ThreadInfo, fake, fake_driver_path, in_own_process,
     test_path,
@@ -93,11 +94,6 @@ struct Probe {
 struct Tally {
     rows: Vec<(&'static str, Outcome)>,
     probes: Vec<Probe>,
-}
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: every launch passes a pointer to an `AtomicUsize` its owners keep alive.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
 }
 
 impl Tally {

@@ -64,6 +64,8 @@ use cuda_sys::types::{
     CUcontext, CUgraph, CUgraphNodeType, CUresult, CUstream, CUstreamCaptureMode,
 };
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::Probe;
+use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{
     Drops, ExportCalls, ThreadInfo, fake, fake_driver_path, fake_primary_context, load_fake_driver,
 };
@@ -155,61 +157,12 @@ const UNDESTROYABLE: &[(&str, &str, &str)] = &[
     ),
 ];
 
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: every launch passes a pointer to an `AtomicUsize` its owners (or the probe) keep
-    // alive until after the run.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
-}
-
 unsafe extern "C" fn bump_from_bytes(data: *mut c_void) {
     // SAFETY: the copied bytes are the exposed address of an `AtomicUsize` the probe keeps alive.
     let address = unsafe { data.cast::<usize>().read_unaligned() };
     // SAFETY: as above: the address of a live `AtomicUsize`, exposed by `Probe::address_bytes`.
     unsafe { &*ptr::with_exposed_provenance::<AtomicUsize>(address) }
         .fetch_add(1, Ordering::SeqCst);
-}
-
-/// The runs and owners of one host function.
-struct Probe {
-    runs: Arc<AtomicUsize>,
-    drops: Arc<Drops>,
-}
-
-impl Probe {
-    fn new() -> Probe {
-        Probe {
-            runs: Arc::new(AtomicUsize::new(0)),
-            drops: Drops::new(),
-        }
-    }
-
-    /// A closure that counts its runs and owns one owner.
-    fn closure(&self) -> impl Fn() + Send + Sync + 'static {
-        let (runs, owner) = (Arc::clone(&self.runs), self.drops.owner());
-        move || {
-            let _keep = &owner;
-            runs.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    /// `bump`'s user data.
-    fn data(&self) -> *mut c_void {
-        Arc::as_ptr(&self.runs).cast_mut().cast()
-    }
-
-    /// Owners for `bump`: one counted owner and the counter itself.
-    fn owners(&self) -> (cuda_workspace::testing::Owner, Arc<AtomicUsize>) {
-        (self.drops.owner(), Arc::clone(&self.runs))
-    }
-
-    /// The counter's address, as the bytes `bump_from_bytes` reads.
-    fn address_bytes(&self) -> [u8; size_of::<usize>()] {
-        Arc::as_ptr(&self.runs).expose_provenance().to_ne_bytes()
-    }
-
-    fn runs(&self) -> usize {
-        self.runs.load(Ordering::SeqCst)
-    }
 }
 
 /// The operations under test.
@@ -715,7 +668,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             Ok(())
         }
         Op::HostLaunchAsync => {
-            let (runs, owner) = (Arc::clone(&probe.runs), probe.drops.owner());
+            let (runs, owner) = (probe.counter(), probe.drops.owner());
             let value = host_launch_async(&env.stream, move || {
                 let _keep = &owner;
                 runs.fetch_add(1, Ordering::SeqCst) + 7
@@ -1521,7 +1474,7 @@ fn pending_on_a_poisoned_context(context: &Arc<PrimaryContext>, drops: &Arc<Drop
                     &stream,
                     Some(bump),
                     probe.data(),
-                    (drops.owner(), Arc::clone(&probe.runs)),
+                    (drops.owner(), probe.counter()),
                 )
             }
             .unwrap();
