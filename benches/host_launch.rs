@@ -20,6 +20,7 @@ use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
 const N: usize = 200_000;
 /// Repetitions of the throughput table (`BENCH_REPS` overrides, e.g. 1 for a profile build's run).
+/// Other knobs: `BENCH_VARIANTS=0`, `BENCH_CALL_TIMES=0`, `BENCH_PIN=0`, `BENCH_TABLE_ONLY=1`.
 fn reps() -> usize {
     std::env::var("BENCH_REPS")
         .ok()
@@ -50,8 +51,15 @@ enum Method {
     RawWithBusyHostFn150,
     /// The same with 500 ns, for the slope.
     RawWithBusyHostFn500,
+    /// Profile build only: the owner launch without its capture query (ablation).
+    #[cfg(cuda_host_launch_profile)]
+    OwnerWithoutCaptureQuery,
+    /// Profile build only: the owner launch without the capture query and without tracking.
+    #[cfg(cuda_host_launch_profile)]
+    OwnerWithoutCaptureQueryOrTracking,
 }
 
+#[cfg(not(cuda_host_launch_profile))]
 const METHODS: [Method; 9] = [
     Method::Raw,
     Method::Owner,
@@ -62,6 +70,21 @@ const METHODS: [Method; 9] = [
     Method::RawWithUserData,
     Method::RawWithBusyHostFn150,
     Method::RawWithBusyHostFn500,
+];
+/// The profile build adds the ablations.
+#[cfg(cuda_host_launch_profile)]
+const METHODS: [Method; 11] = [
+    Method::Raw,
+    Method::Owner,
+    Method::Closure,
+    Method::Callback,
+    Method::RawWithCaptureQuery,
+    Method::RawWithAllocation,
+    Method::RawWithUserData,
+    Method::RawWithBusyHostFn150,
+    Method::RawWithBusyHostFn500,
+    Method::OwnerWithoutCaptureQuery,
+    Method::OwnerWithoutCaptureQueryOrTracking,
 ];
 
 impl Method {
@@ -76,6 +99,12 @@ impl Method {
             Method::RawWithUserData => "  part: floor + 64 bytes handed to the host fn",
             Method::RawWithBusyHostFn150 => "  part: floor, host fn busy 150 ns",
             Method::RawWithBusyHostFn500 => "  part: floor, host fn busy 500 ns",
+            #[cfg(cuda_host_launch_profile)]
+            Method::OwnerWithoutCaptureQuery => "  ablation: owner, no capture query",
+            #[cfg(cuda_host_launch_profile)]
+            Method::OwnerWithoutCaptureQueryOrTracking => {
+                "  ablation: owner, no capture query, no tracking"
+            }
         }
     }
     fn key(self) -> &'static str {
@@ -89,6 +118,10 @@ impl Method {
             Method::RawWithUserData => "raw_with_user_data",
             Method::RawWithBusyHostFn150 => "raw_host_fn_busy_150ns",
             Method::RawWithBusyHostFn500 => "raw_host_fn_busy_500ns",
+            #[cfg(cuda_host_launch_profile)]
+            Method::OwnerWithoutCaptureQuery => "owner_without_capture_query",
+            #[cfg(cuda_host_launch_profile)]
+            Method::OwnerWithoutCaptureQueryOrTracking => "owner_without_capture_query_or_tracking",
         }
     }
 }
@@ -337,6 +370,24 @@ impl Bench {
                     std::hint::black_box(value);
                 })
                 .unwrap();
+            }
+            #[cfg(cuda_host_launch_profile)]
+            Method::OwnerWithoutCaptureQuery | Method::OwnerWithoutCaptureQueryOrTracking => {
+                let normal = cuda_host_launch::profile_settings();
+                let ablated = cuda_host_launch::ProfileSettings {
+                    skip_capture_query: true,
+                    skip_tracking: method == Method::OwnerWithoutCaptureQueryOrTracking,
+                    ..normal
+                };
+                // SAFETY: the benchmark's streams never capture and its context is never lost.
+                unsafe { cuda_host_launch::profile_configure(ablated) };
+                // SAFETY: `noop` ignores its argument.
+                unsafe {
+                    launch_host_function(stream, Some(noop), std::ptr::null_mut(), [value; 2])
+                }
+                .unwrap();
+                // SAFETY: back to the settings before (no ablation).
+                unsafe { cuda_host_launch::profile_configure(normal) };
             }
             Method::RawWithCaptureQuery => {
                 let info = self.gpu.driver.raw().cuStreamGetCaptureInfo().unwrap();
@@ -601,6 +652,40 @@ fn heap_per_pending(bench: &Bench, method: Method, stream: &Stream) -> f64 {
     (after as f64 - before as f64) / PENDING as f64
 }
 
+/// Enqueue cost with the stream held closed (a `cuStreamWaitValue32` on a flag nobody has set
+/// yet): no host function runs while the launches are timed, so the driver's thread, the reaper
+/// and the GPU pipeline stay out of it and what is left is the launching thread's own cost.
+/// Returns, per method of `methods`, ns per launch in each repetition (methods interleaved in
+/// rotating order).
+fn blocked_enqueue(bench: &Bench, methods: &[Method], stream: &Stream) -> Vec<Vec<f64>> {
+    let gate = MappedU32s::new(bench.gpu.driver, 1);
+    let mut per_method = vec![Vec::new(); methods.len()];
+    for rep in 0..reps() {
+        for j in 0..methods.len() {
+            let k = (rep + j) % methods.len();
+            gate.set(0, 0);
+            // SAFETY: live stream; the gate is mapped memory that outlives the wait (it is opened
+            // and the stream synchronized below).
+            unsafe {
+                bench
+                    .gpu
+                    .driver
+                    .cuStreamWaitValue32(stream.raw(), gate.device(0), 1, 0)
+            }
+            .unwrap();
+            let started = Instant::now();
+            for i in 0..PENDING {
+                bench.launch(methods[k], stream, i as u64);
+            }
+            per_method[k].push(started.elapsed().as_nanos() as f64 / PENDING as f64);
+            gate.set(0, 1);
+            stream.synchronize().unwrap();
+            flush(Duration::from_secs(30)).unwrap();
+        }
+    }
+    per_method
+}
+
 /// Cold start, in a fresh process: opening the driver (dlopen + cuInit + version) and the first
 /// resolution of a table entry.
 fn cold_start_child() {
@@ -788,6 +873,15 @@ fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, js
     let mut all: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     #[cfg(cuda_host_launch_profile)]
     let mut profiles = [cuda_host_launch::Profile::default(); 3];
+    // The profile's timers run here only, not in the throughput table.
+    // SAFETY: no ablation is switched on.
+    #[cfg(cuda_host_launch_profile)]
+    unsafe {
+        cuda_host_launch::profile_configure(cuda_host_launch::ProfileSettings {
+            timers: true,
+            ..Default::default()
+        })
+    };
     for rep in 0..DIST_REPS {
         for j in 0..3 {
             let k = (rep + j) % 3;
@@ -874,6 +968,8 @@ fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, js
                 per(p.trampoline_ns, p.trampolines)
             );
         }
+        // SAFETY: no ablation is switched on.
+        unsafe { cuda_host_launch::profile_configure(Default::default()) };
     }
 }
 
@@ -985,7 +1081,60 @@ fn main() {
     if std::env::var("BENCH_CALL_TIMES").map_or(true, |v| v.trim() != "0") {
         call_time_distribution(&bench, &one[0], &mut table, &mut json);
     }
+    {
+        let blocked_methods: Vec<Method> = METHODS
+            .iter()
+            .copied()
+            .filter(|m| !m.name().starts_with("  part"))
+            .collect();
+        let per_method = blocked_enqueue(&bench, &blocked_methods, &one[0]);
+        let _ = writeln!(
+            table,
+            "\nenqueue behind a closed stream (no host function runs meanwhile: the launching thread's own cost; \
+             {PENDING} launches x {} repetitions, 1 stream):",
+            reps()
+        );
+        let _ = writeln!(
+            table,
+            "  {:<52} {:>10} {:>8} {:>13} {:>12}",
+            "method", "enqueue ns", "x floor", "(quartiles)", "ns - floor"
+        );
+        json.push_str("\n  \"enqueue_behind_closed_stream\": {");
+        for (k, m) in blocked_methods.iter().enumerate() {
+            let (e, _, _) = quartiles(&per_method[k]);
+            let (r, r25, r75) = quartiles(&paired_ratios(&per_method, k));
+            let over: Vec<f64> = per_method[k]
+                .iter()
+                .zip(&per_method[0])
+                .map(|(x, floor)| x - floor)
+                .collect();
+            let (d, _, _) = quartiles(&over);
+            let _ = writeln!(
+                table,
+                "  {:<52} {e:>10.0} {r:>8.3} {:>13} {d:>12.0}",
+                m.name(),
+                format!("{r25:.3}-{r75:.3}"),
+            );
+            json.push_str(&format!(
+                "\n    {:?}: {{\"enqueue_ns\": {e:.1}, \"enqueue_ratio\": {r:.4}, \"enqueue_ratio_quartiles\": [{r25:.4}, {r75:.4}], \"ns_over_floor\": {d:.1}, \"enqueue_ns_per_rep\": {:?}}}{}",
+                m.key(),
+                per_method[k].iter().map(|x| x.round()).collect::<Vec<_>>(),
+                if k + 1 < blocked_methods.len() { "," } else { "" }
+            ));
+        }
+        json.push_str("\n  },");
+    }
     unpin_current_thread(&all_cpus);
+    // `BENCH_TABLE_ONLY=1`: the table (and the single-call times) only, for comparing builds over
+    // many short processes.
+    if std::env::var("BENCH_TABLE_ONLY").is_ok_and(|v| v.trim() == "1") {
+        json.truncate(json.trim_end().len() - 1); // the last member's comma
+        json.push_str("\n}\n");
+        print!("{table}");
+        std::fs::write("bench-results.json", json).unwrap();
+        println!("\nwrote bench-results.json");
+        return;
+    }
     let raw_latency = latency(&bench, Method::Raw, &one[0], LATENCY_SAMPLES);
     let closure_latency = latency(&bench, Method::Closure, &one[0], LATENCY_SAMPLES);
     let _ = writeln!(

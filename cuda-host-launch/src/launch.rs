@@ -272,7 +272,7 @@ pub(crate) unsafe fn enqueue(
     options: &LaunchOptions,
 ) -> Result<(), Error> {
     #[cfg(cuda_host_launch_profile)]
-    let _timed = Timed(std::time::Instant::now());
+    let _timed = Timed(crate::profile::start());
     let hint = stream.context_hint();
     let stream = stream.as_raw_stream();
     if crate::in_host_function() {
@@ -285,7 +285,14 @@ pub(crate) unsafe fn enqueue(
     let driver = cuda_sys::driver()?;
     let call = LaunchCall::resolve(driver, options)?;
     #[cfg(cuda_host_launch_profile)]
-    let capture_started = std::time::Instant::now();
+    let capture_started = crate::profile::start();
+    #[cfg(cuda_host_launch_profile)]
+    let capture = if crate::profile::profile_settings().skip_capture_query {
+        Capture::None
+    } else {
+        capture_of(driver, stream)?
+    };
+    #[cfg(not(cuda_host_launch_profile))]
     let capture = capture_of(driver, stream)?;
     #[cfg(cuda_host_launch_profile)]
     crate::profile::capture(capture_started);
@@ -297,13 +304,19 @@ pub(crate) unsafe fn enqueue(
             // Tracked from before the launch until released, so a reclaim after a context loss
             // finds it. (A failed launch untracks it in its release below.)
             #[cfg(cuda_host_launch_profile)]
-            let track_started = std::time::Instant::now();
-            // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
-            unsafe { pending::track(header, context) };
+            let track_started = crate::profile::start();
+            #[cfg(cuda_host_launch_profile)]
+            let track = !crate::profile::profile_settings().skip_tracking;
+            #[cfg(not(cuda_host_launch_profile))]
+            let track = true;
+            if track {
+                // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
+                unsafe { pending::track(header, context) };
+            }
             #[cfg(cuda_host_launch_profile)]
             crate::profile::track(track_started);
             #[cfg(cuda_host_launch_profile)]
-            let call_started = std::time::Instant::now();
+            let call_started = crate::profile::start();
             // SAFETY: `trampoline` runs the record once and queues it; `user_data` is a live record
             // the driver owns until then. The stream's validity is the `AsRawStream` guarantee.
             let (code, function) = unsafe { call.call(stream, trampoline, user_data) };
@@ -350,7 +363,7 @@ pub(crate) unsafe fn enqueue(
 
 /// Adds the time from its start to its drop to the profile's enqueue total.
 #[cfg(cuda_host_launch_profile)]
-struct Timed(std::time::Instant);
+struct Timed(Option<std::time::Instant>);
 
 #[cfg(cuda_host_launch_profile)]
 impl Drop for Timed {

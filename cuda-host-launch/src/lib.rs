@@ -148,7 +148,9 @@ pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_
 #[cfg(not(loom))]
 pub use pending::{pending_launches, reclaim_pending};
 #[cfg(all(cuda_host_launch_profile, not(loom)))]
-pub use profile::{Profile, profile_reset, profile_snapshot};
+pub use profile::{
+    Profile, ProfileSettings, profile_configure, profile_reset, profile_settings, profile_snapshot,
+};
 #[cfg(not(loom))]
 pub use raw_stream::{AsRawStream, RawStream};
 #[cfg(not(loom))]

@@ -157,7 +157,7 @@ type Dispatch = unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>;
 /// `Box`. The record gets the dispatch function that matches where it went.
 fn place<P>(payload: P, pooled: Dispatch, boxed: Dispatch) -> OwnedRecord {
     #[cfg(cuda_host_launch_profile)]
-    let _timed = crate::profile::TimedRecord(std::time::Instant::now());
+    let _timed = crate::profile::TimedRecord(crate::profile::start());
     if record_pool::fits(Layout::new::<Record<P>>()) && !crate::in_host_function() {
         let slot = record_pool::allocate().cast::<Record<P>>();
         let header = RecordHeader::new(pooled);
@@ -242,7 +242,7 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
         return;
     };
     #[cfg(cuda_host_launch_profile)]
-    let started = std::time::Instant::now();
+    let started = crate::profile::start();
     // The state's compare-and-swap comes first: it is the first access to the record's line, so the
     // line arrives writable in one transfer (reading it first would fetch it shared, and the swap
     // would then have to take it from the launching thread a second time). It also settles the race
