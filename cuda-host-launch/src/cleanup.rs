@@ -165,8 +165,6 @@ fn release_batch(batch: Batch<RecordHeader>) -> u64 {
     for header in headers {
         release_one(header);
     }
-    // The freed slots, to the launching threads.
-    crate::record_pool::publish();
     if count > 0 {
         QUEUE.released.fetch_add(count, Ordering::SeqCst);
         if QUEUE.flush_waiters.load(Ordering::SeqCst) > 0 {

@@ -8,7 +8,7 @@
 //! state:
 //!
 //! ```text
-//!   UNTRACKED --track--> PENDING --trampoline (CAS, before the run)--> RAN --reaper: untrack--> released
+//!   UNTRACKED --track--> PENDING --trampoline (CAS)--> RAN --reaper: untrack--> released
 //!                           \--reclaim (CAS, context destroyed or reset)--> RECLAIMED --> queued
 //! ```
 //!
@@ -140,8 +140,8 @@ unsafe fn unlink(list: &mut Shard, header: NonNull<RecordHeader>) {
     }
 }
 
-/// The trampoline's first step, on the driver's thread: the record runs now (and so can no longer
-/// be reclaimed). Returns `false` if it had been reclaimed (the driver ran a function of a context declared gone: a broken promise of
+/// The trampoline's step, on the driver's thread: the record ran. Returns `false` if it had been
+/// reclaimed (the driver ran a function of a context declared gone: a broken promise of
 /// [`reclaim`]'s caller), in which case the caller must not touch the record again.
 #[inline]
 pub(crate) fn mark_ran(header: NonNull<RecordHeader>) -> bool {
@@ -265,7 +265,7 @@ pub(crate) fn count(context: Option<CUcontext>) -> usize {
 }
 
 /// How many launches of this crate wait for their host function: in `context`, or in every
-/// context (`None`). A launch counts from its enqueue until its host function starts, or until a
+/// context (`None`). A launch counts from its enqueue until its host function has run, or until a
 /// reclaim after its context was lost.
 ///
 /// It walks the pending lists: a diagnostic, not for a hot path.

@@ -243,32 +243,24 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
     };
     #[cfg(cuda_host_launch_profile)]
     let started = crate::profile::start();
-    // The state's compare-and-swap comes first: it is the first access to the record's line, so the
-    // line arrives writable in one transfer (reading it first would fetch it shared, and the swap
-    // would then have to take it from the launching thread a second time). It also settles the race
-    // with a reclaim before the run, not after it: a record already reclaimed (its context was
-    // declared gone while the driver could still run it: a broken promise of the caller of
-    // `reclaim_pending`) is not run, and a record that has started cannot be reclaimed.
-    if !pending::mark_ran(header) {
-        return;
-    }
     {
         let _scope = HostFunctionScope::enter();
         // SAFETY: the driver passes back the record we launched, which is live and now only touched
         // by this thread; this is its one run.
         unsafe { RecordHeader::dispatch(header, Op::Run) };
     }
-    // SAFETY: ownership passes to the cleanup queue.
-    unsafe { cleanup::push(header) };
+    // The run is over. If the record was reclaimed meanwhile (its context was declared gone while
+    // the driver could still run it: a broken promise of the caller of `reclaim_pending`), it is
+    // not ours to touch any more.
+    if pending::mark_ran(header) {
+        // SAFETY: ownership passes to the cleanup queue.
+        unsafe { cleanup::push(header) };
+    }
     #[cfg(cuda_host_launch_profile)]
     crate::profile::trampoline(started);
 }
 
 /// A raw launch: `f(user_data)`, with owners kept alive until it has returned.
-///
-/// `repr(C)`, so `f` and `user_data` follow the header on the record's first cache line, the only
-/// line the trampoline touches.
-#[repr(C)]
 pub(crate) struct RawPayload<O> {
     pub(crate) f: unsafe extern "C" fn(*mut c_void),
     pub(crate) user_data: *mut c_void,
@@ -313,9 +305,6 @@ impl<O: Send + 'static> Payload for RawPayload<O> {
 
 /// A closure launch: the closure (its captures are the owners) is called once through `&mut`, so
 /// the captures outlive the call and are dropped with the record, off the driver's thread.
-///
-/// `repr(C)`, so the closure's first captures follow the header on the record's first cache line.
-#[repr(C)]
 pub(crate) struct ClosurePayload<F> {
     pub(crate) f: F,
     pub(crate) panic: Option<PanicPayload>,
