@@ -8,8 +8,10 @@
 //! - a thread-local cache of free slots that only its thread touches (no atomics);
 //! - a global lock-free stack ([`IntrusiveStack`]) that releasing threads push freed slots onto and
 //!   that a launcher whose cache is empty takes whole (one `swap`), so there is no ABA problem;
-//! - at most [`MAX_POOLED`] slots wait in the global stack; beyond that, freed slots go back to the
-//!   system allocator, so the pool's memory is bounded and a burst does not stay allocated.
+//! - at most [`MAX_POOLED`] slots wait in the global stack (plus at most one for each other thread
+//!   freeing at the same moment: the count is checked, then added to, so threads freeing at once
+//!   can each pass the check, as loom's model of the pool allows); beyond that, freed slots go back
+//!   to the system allocator, so the pool's memory is bounded and a burst does not stay allocated.
 //!
 //! Driver threads never allocate from the pool (records made there are boxed) and never free into it.
 
