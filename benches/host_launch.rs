@@ -59,8 +59,8 @@ enum Method {
     OwnerWithoutCaptureQueryOrTracking,
 }
 
-#[cfg(not(cuda_host_launch_profile))]
-const METHODS: [Method; 9] = [
+/// The methods of every build.
+const COMMON_METHODS: [Method; 9] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
@@ -71,21 +71,20 @@ const METHODS: [Method; 9] = [
     Method::RawWithBusyHostFn150,
     Method::RawWithBusyHostFn500,
 ];
+#[cfg(not(cuda_host_launch_profile))]
+const METHODS: [Method; 9] = COMMON_METHODS;
 /// The profile build adds the ablations.
 #[cfg(cuda_host_launch_profile)]
-const METHODS: [Method; 11] = [
-    Method::Raw,
-    Method::Owner,
-    Method::Closure,
-    Method::Callback,
-    Method::RawWithCaptureQuery,
-    Method::RawWithAllocation,
-    Method::RawWithUserData,
-    Method::RawWithBusyHostFn150,
-    Method::RawWithBusyHostFn500,
-    Method::OwnerWithoutCaptureQuery,
-    Method::OwnerWithoutCaptureQueryOrTracking,
-];
+const METHODS: [Method; 11] = {
+    let mut all = [Method::OwnerWithoutCaptureQueryOrTracking; 11];
+    let mut i = 0;
+    while i < COMMON_METHODS.len() {
+        all[i] = COMMON_METHODS[i];
+        i += 1;
+    }
+    all[9] = Method::OwnerWithoutCaptureQuery;
+    all
+};
 
 impl Method {
     fn name(self) -> &'static str {
@@ -630,10 +629,18 @@ fn cleanup_wait(stream: &Stream, n: usize) -> Vec<f64> {
     waits
 }
 
-/// Heap bytes per pending launch: launches held behind a stream that waits on mapped memory.
-fn heap_per_pending(bench: &Bench, method: Method, stream: &Stream) -> f64 {
-    let gate = MappedU32s::new(bench.gpu.driver, 1);
-    // SAFETY: live stream; the gate is mapped memory that outlives the wait (released below).
+/// Runs `launches` while `stream` is held closed by `gate` (a `cuStreamWaitValue32` on a flag
+/// nobody has set yet), so none of their host functions runs meanwhile; then opens it and waits
+/// until every launch has run and been released.
+fn with_stream_closed<T>(
+    bench: &Bench,
+    stream: &Stream,
+    gate: &MappedU32s,
+    launches: impl FnOnce() -> T,
+) -> T {
+    gate.set(0, 0);
+    // SAFETY: live stream; the gate is mapped memory that outlives the wait (it is opened and the
+    // stream synchronized below).
     unsafe {
         bench
             .gpu
@@ -641,46 +648,43 @@ fn heap_per_pending(bench: &Bench, method: Method, stream: &Stream) -> f64 {
             .cuStreamWaitValue32(stream.raw(), gate.device(0), 1, 0)
     }
     .unwrap();
-    let before = heap_in_use();
-    for i in 0..PENDING {
-        bench.launch(method, stream, i as u64);
-    }
-    let after = heap_in_use();
+    let result = launches();
     gate.set(0, 1);
     stream.synchronize().unwrap();
     flush(Duration::from_secs(30)).unwrap();
-    (after as f64 - before as f64) / PENDING as f64
+    result
 }
 
-/// Enqueue cost with the stream held closed (a `cuStreamWaitValue32` on a flag nobody has set
-/// yet): no host function runs while the launches are timed, so the driver's thread, the reaper
-/// and the GPU pipeline stay out of it and what is left is the launching thread's own cost.
-/// Returns, per method of `methods`, ns per launch in each repetition (methods interleaved in
-/// rotating order).
+/// Heap bytes per pending launch: launches held behind a closed stream.
+fn heap_per_pending(bench: &Bench, method: Method, stream: &Stream) -> f64 {
+    let gate = MappedU32s::new(bench.gpu.driver, 1);
+    with_stream_closed(bench, stream, &gate, || {
+        let before = heap_in_use();
+        for i in 0..PENDING {
+            bench.launch(method, stream, i as u64);
+        }
+        (heap_in_use() as f64 - before as f64) / PENDING as f64
+    })
+}
+
+/// Enqueue cost behind a closed stream: no host function runs while the launches are timed, so
+/// the driver's thread, the reaper and the GPU pipeline stay out of it and what is left is the
+/// launching thread's own cost. Returns, per method of `methods`, ns per launch in each
+/// repetition (methods interleaved in rotating order).
 fn blocked_enqueue(bench: &Bench, methods: &[Method], stream: &Stream) -> Vec<Vec<f64>> {
     let gate = MappedU32s::new(bench.gpu.driver, 1);
     let mut per_method = vec![Vec::new(); methods.len()];
     for rep in 0..reps() {
         for j in 0..methods.len() {
             let k = (rep + j) % methods.len();
-            gate.set(0, 0);
-            // SAFETY: live stream; the gate is mapped memory that outlives the wait (it is opened
-            // and the stream synchronized below).
-            unsafe {
-                bench
-                    .gpu
-                    .driver
-                    .cuStreamWaitValue32(stream.raw(), gate.device(0), 1, 0)
-            }
-            .unwrap();
-            let started = Instant::now();
-            for i in 0..PENDING {
-                bench.launch(methods[k], stream, i as u64);
-            }
-            per_method[k].push(started.elapsed().as_nanos() as f64 / PENDING as f64);
-            gate.set(0, 1);
-            stream.synchronize().unwrap();
-            flush(Duration::from_secs(30)).unwrap();
+            let ns = with_stream_closed(bench, stream, &gate, || {
+                let started = Instant::now();
+                for i in 0..PENDING {
+                    bench.launch(methods[k], stream, i as u64);
+                }
+                started.elapsed().as_nanos() as f64 / PENDING as f64
+            });
+            per_method[k].push(ns);
         }
     }
     per_method
