@@ -9,7 +9,8 @@
 //!
 //! Threads are pinned as in `benches/host_launch.rs`: the launching thread, the driver's thread and
 //! each build's reaper on CPUs of their own (1, 2, 3 and 4). `AB_REPS` sets the repetitions
-//! (default 15); N is 200,000 launches.
+//! (default 15), `AB_N` the launches per run (default 200,000). CI runs it with a few launches
+//! against the fake driver, to know it runs end to end before it costs device time.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use cuda_sys::types::{CUcontext, CUresult, CUstream};
 
+/// Launches per run unless `AB_N` says otherwise.
 const N: usize = 200_000;
 
 /// One stream, known to both builds (each has its own `AsRawStream` trait), with its context as a
@@ -165,10 +167,14 @@ fn quartiles(values: &[f64]) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let reps: usize = std::env::var("AB_REPS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(15);
+    let env = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(default)
+    };
+    let reps = env("AB_REPS", 15);
+    let n = env("AB_N", N);
     let driver = cuda_sys::driver().unwrap();
     let context = new::PrimaryContext::retain(new::Device::get(0).unwrap()).unwrap();
     let streams: Vec<new::Stream> = (0..4)
@@ -197,13 +203,13 @@ fn main() {
     let _keep = Arc::clone(&context);
 
     println!(
-        "A/B in one process: N = {N} launches per run, {reps} repetitions, methods in rotating order;\n\
+        "A/B in one process: N = {n} launches per run, {reps} repetitions, methods in rotating order;\n\
          ratios paired within each repetition (median, quartiles). Threads pinned: {pinned} \
          (launcher 1, driver thread 2, reaper new 3, reaper old 4)."
     );
     for m in METHODS {
-        run(driver, m, &one, 20_000);
-        run(driver, m, &four, 20_000);
+        run(driver, m, &one, n / 10);
+        run(driver, m, &four, n / 10);
     }
     for (label, set) in [("1 stream", &one[..]), ("4 streams", &four[..])] {
         let mut enqueue = vec![Vec::new(); METHODS.len()];
@@ -211,7 +217,7 @@ fn main() {
         for rep in 0..reps {
             for j in 0..METHODS.len() {
                 let k = (rep + j) % METHODS.len();
-                let (e, r) = run(driver, METHODS[k], set, N);
+                let (e, r) = run(driver, METHODS[k], set, n);
                 enqueue[k].push(e);
                 rate[k].push(r);
             }
