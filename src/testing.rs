@@ -32,8 +32,8 @@ pub mod owners;
 pub mod probe;
 
 pub use owners::{
-    DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, fake_primary_context,
-    threads_named,
+    DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, drop_flags,
+    fake_primary_context, threads_named,
 };
 pub use probe::{Probe, bump};
 

@@ -36,6 +36,25 @@ fn capture(stream: &Stream, body: impl FnOnce()) -> Graph {
     unsafe { Graph::from_raw(raw) }
 }
 
+/// Captures on `stream` one repeatable closure that holds an owner of `drops` and counts its runs
+/// and the thread they ran on.
+fn capture_counted_closure(
+    stream: &Stream,
+    drops: &Arc<Drops>,
+) -> (Graph, Arc<AtomicUsize>, Arc<RanOn>) {
+    let (runs, ran_on) = (Arc::new(AtomicUsize::new(0)), RanOn::new());
+    let graph = capture(stream, || {
+        let (owner, runs, ran_on) = (drops.owner(), Arc::clone(&runs), Arc::clone(&ran_on));
+        host_launch_repeatable(stream, &LaunchOptions::default(), move || {
+            let _keep = &owner;
+            ran_on.here();
+            runs.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    });
+    (graph, runs, ran_on)
+}
+
 fn host_nodes(graph: &Graph) -> usize {
     let types = graph.node_types().unwrap();
     let hosts = types.iter().filter(|(_, t)| *t == HOST).count();
@@ -76,16 +95,7 @@ fn a_repeatable_closure_on_a_capturing_stream_is_one_host_node_that_runs_on_ever
     let context = fake_primary_context();
     let stream = Stream::new_non_blocking(&context).unwrap();
     let drops = Drops::new();
-    let (runs, ran_on) = (Arc::new(AtomicUsize::new(0)), RanOn::new());
-    let graph = capture(&stream, || {
-        let (owner, runs, ran_on) = (drops.owner(), Arc::clone(&runs), Arc::clone(&ran_on));
-        host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
-            let _keep = &owner;
-            ran_on.here();
-            runs.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
-    });
+    let (graph, runs, ran_on) = capture_counted_closure(&stream, &drops);
     assert_eq!(host_nodes(&graph), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 0, "capturing ran it");
     replay(&graph, &stream, 3);
@@ -224,16 +234,7 @@ isolated_test! {
         let context = fake_primary_context();
         let stream = Stream::new_non_blocking(&context).unwrap();
         let drops = Drops::new();
-        let (runs, ran_on) = (Arc::new(AtomicUsize::new(0)), RanOn::new());
-        let graph = capture(&stream, || {
-            let (owner, runs, ran_on) = (drops.owner(), Arc::clone(&runs), Arc::clone(&ran_on));
-            host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
-                let _keep = &owner;
-                ran_on.here();
-                runs.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
-        });
+        let (graph, runs, ran_on) = capture_counted_closure(&stream, &drops);
         assert_eq!(fake().referenced_user_objects(), 1);
         let clone = graph.try_clone().unwrap();
         assert_eq!(host_nodes(&clone), 1);

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use cuda_host_launch::{Stream, cleanup_stats, flush, launch_host_function};
 use cuda_workspace::gpu::heap_in_use;
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{fake, fake_primary_context};
+use cuda_workspace::testing::{drop_flags, fake, fake_primary_context};
 
 const THREADS: usize = 8;
 const PER_THREAD: usize = 20_000;
@@ -61,12 +61,7 @@ isolated_test! {
     fn launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the_heap_flat() {
         const WARM_UP: usize = 1_000;
         const TOTAL: usize = THREADS * PER_THREAD;
-        let drops: &'static [AtomicU8] = Box::leak(
-            (0..THREADS * WARM_UP + TOTAL)
-                .map(|_| AtomicU8::new(0))
-                .collect::<Vec<_>>()
-                .into_boxed_slice(),
-        );
+        let drops = drop_flags(THREADS * WARM_UP + TOTAL);
         // Warm up the allocator, the fake's queues and the reaper, the same way, then measure.
         launch_from_threads(drops, 0, WARM_UP);
         let heap_before = heap_in_use();

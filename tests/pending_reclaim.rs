@@ -44,21 +44,34 @@ fn launch_counted(stream: &Stream, ran: &Arc<AtomicUsize>, dropped: &Arc<AtomicU
     }
 }
 
+/// A primary context of the fake driver and a stream of it with `N` counted launches pending
+/// behind a hold, and the context then poisoned (a sticky error) before the hold is released:
+/// none of them will ever run. Returns (context, stream, ran, dropped).
+fn poisoned_with_pending_launches() -> (
+    Arc<PrimaryContext>,
+    Stream,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+) {
+    load_fake_driver();
+    let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+    let stream = Stream::new(&context).unwrap();
+    let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let hold = fake().hold_stream(stream.raw());
+    launch_counted(&stream, &ran, &dropped);
+    assert_eq!(context.pending_launches(), N);
+    fake().poison_context(context.raw());
+    fake().release_hold(hold);
+    (context, stream, ran, dropped)
+}
+
 isolated_test! {
     /// Pending host functions of a poisoned context never run; `reset` reclaims all their owners,
     /// each dropped once.
     fn a_reset_after_a_sticky_error_reclaims_every_pending_owner(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
-        load_fake_driver();
-        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
-        let stream = Stream::new(&context).unwrap();
-        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let hold = fake().hold_stream(stream.raw());
-        launch_counted(&stream, &ran, &dropped);
-        assert_eq!(context.pending_launches(), N);
-        fake().poison_context(context.raw());
-        fake().release_hold(hold);
+        let (context, stream, ran, dropped) = poisoned_with_pending_launches();
         assert!(stream.synchronize().is_err(), "a sticky error");
         flush(Duration::from_secs(5)).unwrap();
         assert_eq!((ran.load(Ordering::SeqCst), dropped.load(Ordering::SeqCst)), (0, 0));
@@ -87,14 +100,7 @@ isolated_test! {
     fn the_last_release_of_a_poisoned_primary_context_reclaims_its_owners(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
-        load_fake_driver();
-        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
-        let stream = Stream::new(&context).unwrap();
-        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let hold = fake().hold_stream(stream.raw());
-        launch_counted(&stream, &ran, &dropped);
-        fake().poison_context(context.raw());
-        fake().release_hold(hold);
+        let (context, stream, ran, dropped) = poisoned_with_pending_launches();
         drop(stream);
         drop(context);
         flush(Duration::from_secs(5)).unwrap();

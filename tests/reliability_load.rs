@@ -21,7 +21,9 @@ use cuda_host_launch::{
 use cuda_sys::types::{CUcontext, CUstream};
 use cuda_workspace::gpu::heap_in_use;
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{REAPER_NAME, fake, fake_driver_path, fake_primary_context};
+use cuda_workspace::testing::{
+    REAPER_NAME, drop_flags, fake, fake_driver_path, fake_primary_context,
+};
 
 const THREADS: usize = 16;
 const PER_THREAD: usize = 20_000;
@@ -212,12 +214,7 @@ isolated_test! {
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         const TOTAL: usize = THREADS * PER_THREAD;
-        let drops: &'static [AtomicU8] = Box::leak(
-            (0..THREADS * WARM_UP + TOTAL)
-                .map(|_| AtomicU8::new(0))
-                .collect::<Vec<_>>()
-                .into_boxed_slice(),
-        );
+        let drops = drop_flags(THREADS * WARM_UP + TOTAL);
         let streams = Streams::new();
         // Warm up the allocator, the record pool, the fake's queues and the reaper, the same way.
         run(&streams, drops, 0, WARM_UP);

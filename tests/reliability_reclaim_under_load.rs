@@ -15,7 +15,7 @@ use cuda_host_launch::{
     Device, PrimaryContext, Stream, flush, host_launch, launch_host_function, pending_launches,
 };
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{PATIENCE, fake, fake_driver_path, load_fake_driver};
+use cuda_workspace::testing::{PATIENCE, drop_flags, fake, fake_driver_path, load_fake_driver};
 
 const THREADS: usize = 4;
 const PER_THREAD: usize = 3_000;
@@ -146,12 +146,7 @@ isolated_test! {
         let started = Instant::now();
         let mut totals = (0, 0);
         for _ in 0..ROUNDS {
-            let drops: &'static [AtomicU8] = Box::leak(
-                (0..THREADS * PER_THREAD)
-                    .map(|_| AtomicU8::new(0))
-                    .collect::<Vec<_>>()
-                    .into_boxed_slice(),
-            );
+            let drops = drop_flags(THREADS * PER_THREAD);
             let (ran, reclaimed) = round(&context, drops);
             totals = (totals.0 + ran, totals.1 + reclaimed);
             let deadline = Instant::now() + PATIENCE;
