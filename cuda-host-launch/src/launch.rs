@@ -286,14 +286,12 @@ pub(crate) unsafe fn enqueue(
     let call = LaunchCall::resolve(driver, options)?;
     #[cfg(cuda_host_launch_profile)]
     let capture_started = crate::profile::start();
-    #[cfg(cuda_host_launch_profile)]
-    let capture = if crate::profile::profile_settings().skip_capture_query {
+    let ablation = Ablation::now();
+    let capture = if ablation.skip_capture_query {
         Capture::None
     } else {
         capture_of(driver, stream)?
     };
-    #[cfg(not(cuda_host_launch_profile))]
-    let capture = capture_of(driver, stream)?;
     #[cfg(cuda_host_launch_profile)]
     crate::profile::capture(capture_started);
     match (capture, runs) {
@@ -305,11 +303,7 @@ pub(crate) unsafe fn enqueue(
             // finds it. (A failed launch untracks it in its release below.)
             #[cfg(cuda_host_launch_profile)]
             let track_started = crate::profile::start();
-            #[cfg(cuda_host_launch_profile)]
-            let track = !crate::profile::profile_settings().skip_tracking;
-            #[cfg(not(cuda_host_launch_profile))]
-            let track = true;
-            if track {
+            if !ablation.skip_tracking {
                 // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
                 unsafe { pending::track(header, context) };
             }
@@ -359,6 +353,32 @@ pub(crate) unsafe fn enqueue(
         cleanup::drain();
     }
     Ok(())
+}
+
+/// Steps of a launch that the profile build's ablations leave out (see `profile.rs`). In a normal
+/// build nothing is left out, and both are constants the compiler folds away.
+struct Ablation {
+    skip_capture_query: bool,
+    skip_tracking: bool,
+}
+
+impl Ablation {
+    #[inline(always)]
+    fn now() -> Ablation {
+        #[cfg(cuda_host_launch_profile)]
+        {
+            let settings = crate::profile::profile_settings();
+            Ablation {
+                skip_capture_query: settings.skip_capture_query,
+                skip_tracking: settings.skip_tracking,
+            }
+        }
+        #[cfg(not(cuda_host_launch_profile))]
+        Ablation {
+            skip_capture_query: false,
+            skip_tracking: false,
+        }
+    }
 }
 
 /// Adds the time from its start to its drop to the profile's enqueue total.
