@@ -114,6 +114,10 @@ fn synchronize(driver: &cuda_sys::Driver, streams: &[Handle]) {
         // SAFETY: a live stream.
         unsafe { driver.cuStreamSynchronize(s.stream) }.unwrap();
     }
+}
+
+/// Waits until both builds have released every owner queued so far.
+fn flush_both() {
     new::flush(Duration::from_secs(30)).unwrap();
     old::flush(Duration::from_secs(30)).unwrap();
 }
@@ -125,13 +129,9 @@ fn run(driver: &cuda_sys::Driver, method: Method, streams: &[Handle], n: usize) 
         launch(driver, method, streams[i % streams.len()], i as u64);
     }
     let enqueued = started.elapsed();
-    for s in streams {
-        // SAFETY: a live stream.
-        unsafe { driver.cuStreamSynchronize(s.stream) }.unwrap();
-    }
+    synchronize(driver, streams);
     let total = started.elapsed();
-    new::flush(Duration::from_secs(30)).unwrap();
-    old::flush(Duration::from_secs(30)).unwrap();
+    flush_both();
     (
         enqueued.as_nanos() as f64 / n as f64,
         n as f64 / total.as_secs_f64(),
@@ -199,6 +199,7 @@ fn main() {
         old::launch_host_function(one[0], Some(noop), std::ptr::null_mut(), PinOnDrop(4)).unwrap();
     }
     synchronize(driver, &four);
+    flush_both();
     let pinned = pin_current_thread(1);
     let _keep = Arc::clone(&context);
 
