@@ -5,7 +5,9 @@
 //! - [`FakeCuda`] (through [`fake`]) reaches the fake's `fake_cuda_*` control functions: fault
 //!   injection, call counters, holds (stand-ins for long-running kernels), sticky errors.
 //! - [`owners`]: for the `cuda-host-launch` tests: the process's primary context, owners that
-//!   record where and when they are dropped ([`Drops`]), and where a host function ran.
+//!   record where and when they are dropped ([`Drops`]), and where a host function ran;
+//!   [`drop_counts`]: one counter per owner for load tests ([`DropCounts`]); [`probe`]: a counting
+//!   host function and its owners ([`Probe`]). The last two serve the GPU tests as well.
 //! - [`in_own_process`] and [`isolated_test!`](crate::isolated_test) run a test in a process of its
 //!   own, with its own environment: the driver is loaded once per process and reads its
 //!   configuration (`CUDA_SYS_*`, `FAKE_CUDA_*`) once, so a test that needs a particular driver
@@ -28,12 +30,14 @@
 //! # fn main() {}
 //! ```
 
+pub mod drop_counts;
 pub mod owners;
 pub mod probe;
 
+pub use drop_counts::{CountedOwner, DropCounts};
 pub use owners::{
-    DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, drop_flags,
-    fake_primary_context, threads_named,
+    DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, fake_primary_context,
+    threads_named,
 };
 pub use probe::{Probe, bump};
 

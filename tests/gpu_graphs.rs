@@ -3,8 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cuda_host_launch::{
     Error, Event, Graph, HostTaskSyncMode, LaunchOptions, Stream, add_host_node,
@@ -12,52 +11,9 @@ use cuda_host_launch::{
 };
 use cuda_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::gpu::{Gpu, MappedU32s};
+use cuda_workspace::testing::Drops;
 
 const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-
-/// Which thread dropped an owner, and its name.
-type DroppedOn = Arc<Mutex<Option<(ThreadId, Option<String>)>>>;
-
-/// Records where and whether it was dropped.
-struct Owner {
-    dropped: Arc<AtomicUsize>,
-    dropped_on: DroppedOn,
-}
-
-impl Drop for Owner {
-    fn drop(&mut self) {
-        let t = std::thread::current();
-        *self.dropped_on.lock().unwrap() = Some((t.id(), t.name().map(str::to_owned)));
-        self.dropped.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn owner() -> (Owner, Arc<AtomicUsize>, DroppedOn) {
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let on = Arc::new(Mutex::new(None));
-    (
-        Owner {
-            dropped: Arc::clone(&dropped),
-            dropped_on: Arc::clone(&on),
-        },
-        dropped,
-        on,
-    )
-}
-
-/// Waits (flushing) until `count` reaches `want`, for at most 5 s: the driver destroys user
-/// objects asynchronously.
-fn wait_for(count: &AtomicUsize, want: usize) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        flush(Duration::from_secs(1)).unwrap();
-        if count.load(Ordering::SeqCst) == want {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
-}
 
 fn capture(gpu: &Gpu, stream: &Stream, body: impl FnOnce()) -> Graph {
     // SAFETY: live stream.
@@ -106,7 +62,8 @@ fn a_captured_host_launch_is_one_host_node_that_runs_on_every_launch_of_the_exec
 fn owners_outlive_clones_executables_and_the_source_graph_and_drop_after_the_last_executable() {
     let gpu = Gpu::open();
     let stream = Stream::new_non_blocking(&gpu.context).unwrap();
-    let (owner, dropped, dropped_on) = owner();
+    let drops = Drops::new();
+    let owner = drops.owner();
     let runs = Arc::new(AtomicUsize::new(0));
     let driver_thread = Arc::new(Mutex::new(None));
     let (counter, seen) = (Arc::clone(&runs), Arc::clone(&driver_thread));
@@ -128,36 +85,29 @@ fn owners_outlive_clones_executables_and_the_source_graph_and_drop_after_the_las
     stream.synchronize().unwrap();
     std::thread::sleep(Duration::from_millis(100));
     flush(Duration::from_secs(1)).unwrap();
-    assert_eq!(
-        dropped.load(Ordering::SeqCst),
-        0,
-        "alive while two executables exist"
-    );
+    assert_eq!(drops.dropped(), 0, "alive while two executables exist");
     drop(first);
     std::thread::sleep(Duration::from_millis(100));
     flush(Duration::from_secs(1)).unwrap();
-    assert_eq!(
-        dropped.load(Ordering::SeqCst),
-        0,
-        "alive while one executable exists"
-    );
+    assert_eq!(drops.dropped(), 0, "alive while one executable exists");
     second.launch(&stream).unwrap();
     stream.synchronize().unwrap();
     drop(second);
-    assert!(
-        wait_for(&dropped, 1),
-        "dropped once the last executable is destroyed"
-    );
-    let (thread, name) = dropped_on.lock().unwrap().clone().unwrap();
+    // Dropped once the last executable is destroyed (the driver destroys user objects
+    // asynchronously: wait_dropped flushes and waits).
+    let dropped_on = drops.wait_dropped(1)[0].thread.clone();
     let driver_thread = driver_thread.lock().unwrap().unwrap();
     println!(
-        "ran {} times; owner dropped once, after the last executable, on {thread:?} ({name:?}); \
-         driver thread {driver_thread:?}",
+        "ran {} times; owner dropped once, after the last executable, on {dropped_on:?}; driver \
+         thread {driver_thread:?}",
         runs.load(Ordering::SeqCst)
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
-    assert_ne!(thread, driver_thread);
-    assert_eq!(name.as_deref(), Some("cuda-host-launch-reaper"));
+    assert_ne!(dropped_on.id, driver_thread);
+    assert!(
+        dropped_on.is_reaper(),
+        "dropped by the reaper: {dropped_on:?}"
+    );
 }
 
 #[test]
@@ -170,7 +120,8 @@ fn a_host_launch_on_a_stream_forked_into_a_capture_is_captured_and_tied_to_that_
         Event::new(&gpu.context).unwrap(),
         Event::new(&gpu.context).unwrap(),
     );
-    let (owner, dropped, _) = owner();
+    let drops = Drops::new();
+    let owner = drops.owner();
     let ran = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&ran);
     let graph = capture(&gpu, &origin, || {
@@ -196,10 +147,10 @@ fn a_host_launch_on_a_stream_forked_into_a_capture_is_captured_and_tied_to_that_
     exec.launch(&origin).unwrap();
     origin.synchronize().unwrap();
     assert!(ran.load(Ordering::SeqCst));
-    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    assert_eq!(drops.dropped(), 0);
     drop(exec);
     drop(graph);
-    assert!(wait_for(&dropped, 1));
+    drops.wait_dropped(1);
     println!(
         "forked-stream launch captured as 1 host node; ran on replay; owner dropped with the graph"
     );
@@ -247,7 +198,8 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
     let gpu = Gpu::open();
     let stream = Stream::new(&gpu.context).unwrap();
     let options = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
-    let (owner, dropped, _) = owner();
+    let drops = Drops::new();
+    let owner = drops.owner();
     let launched = host_launch_with(&stream, &options, move || {
         let _keep = &owner;
     });
@@ -267,11 +219,7 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
                 other => panic!("expected DriverTooOld, got {other:?}"),
             }
         }
-        assert_eq!(
-            dropped.load(Ordering::SeqCst),
-            1,
-            "the refused launch dropped its owner"
-        );
+        assert_eq!(drops.dropped(), 1, "the refused launch dropped its owner");
     } else {
         launched.unwrap();
         node.unwrap();

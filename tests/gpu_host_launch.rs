@@ -2,7 +2,7 @@
 //! --test-threads=1`, or the bundle of `scripts/gpu-bundle`. Without a driver every test fails.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -13,6 +13,7 @@ use cuda_host_launch::{
 };
 use cuda_sys::types::{CUstreamCaptureMode, CUstreamCaptureStatus};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
+use cuda_workspace::testing::{DropCounts, Drops};
 
 /// About 25 ms of spinning at the H200's ~2 GHz clock.
 const SPIN_CYCLES: u64 = 50_000_000;
@@ -60,32 +61,13 @@ fn the_host_function_runs_after_earlier_work_and_later_work_waits_for_it() {
 }
 
 static F_THREAD: Mutex<Option<ThreadId>> = Mutex::new(None);
-static F_RETURNED: AtomicBool = AtomicBool::new(false);
 
-unsafe extern "C" fn record_and_return(_: *mut c_void) {
+/// Notes its thread, sleeps 10 ms, then sets the `AtomicBool` its user data points at ("returned").
+unsafe extern "C" fn record_and_return(returned: *mut c_void) {
     *F_THREAD.lock().unwrap() = Some(std::thread::current().id());
     std::thread::sleep(Duration::from_millis(10));
-    F_RETURNED.store(true, Ordering::SeqCst);
-}
-
-/// Each drop: the thread, its name, and whether the host function had returned by then.
-type Drops = Arc<Mutex<Vec<(ThreadId, Option<String>, bool)>>>;
-
-struct Witness {
-    drops: Arc<AtomicUsize>,
-    seen: Drops,
-}
-
-impl Drop for Witness {
-    fn drop(&mut self) {
-        self.drops.fetch_add(1, Ordering::SeqCst);
-        let me = std::thread::current();
-        self.seen.lock().unwrap().push((
-            me.id(),
-            me.name().map(str::to_owned),
-            F_RETURNED.load(Ordering::SeqCst),
-        ));
-    }
+    // SAFETY: the launch's owners keep the AtomicBool alive until this function has returned.
+    unsafe { &*returned.cast::<AtomicBool>() }.store(true, Ordering::SeqCst);
 }
 
 #[test]
@@ -94,40 +76,40 @@ fn owners_are_dropped_once_after_the_function_returned_on_neither_the_driver_nor
     let gpu = Gpu::open();
     let stream = Stream::new(&gpu.context).unwrap();
     let m = MappedU32s::new(gpu.driver, 1);
-    let drops = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    F_RETURNED.store(false, Ordering::SeqCst);
+    let drops = Drops::new();
+    let returned = Arc::new(AtomicBool::new(false));
     gpu.kernels
         .spin_then_write(stream.raw(), m.device(0), 1, SPIN_CYCLES);
-    let owner = Witness {
-        drops: Arc::clone(&drops),
-        seen: Arc::clone(&seen),
-    };
-    // SAFETY: `record_and_return` ignores its argument and does not unwind.
-    unsafe {
-        launch_host_function(
-            &stream,
-            Some(record_and_return),
-            std::ptr::null_mut(),
-            owner,
-        )
-    }
-    .unwrap();
+    let data = Arc::as_ptr(&returned).cast_mut().cast();
+    let owners = (drops.owner_watching(&returned), Arc::clone(&returned));
+    // SAFETY: `record_and_return` only sets the AtomicBool, which the owners keep alive, and does
+    // not unwind.
+    unsafe { launch_host_function(&stream, Some(record_and_return), data, owners) }.unwrap();
     stream.synchronize().unwrap();
     flush(FLUSH).unwrap();
     let launcher = std::thread::current().id();
     let driver_thread = F_THREAD.lock().unwrap().expect("the host function ran");
-    let seen = seen.lock().unwrap();
+    let seen = drops.records();
     println!("launcher {launcher:?}, driver thread {driver_thread:?}, drops {seen:?}");
-    assert_eq!(drops.load(Ordering::SeqCst), 1, "dropped exactly once");
-    let (drop_thread, name, after_return) = seen[0].clone();
-    assert!(after_return, "dropped after the host function returned");
+    assert_eq!(seen.len(), 1, "dropped exactly once");
+    assert_eq!(
+        seen[0].flag,
+        Some(true),
+        "dropped after the host function returned"
+    );
+    let dropped_on = &seen[0].thread;
     assert_ne!(
-        drop_thread, driver_thread,
+        dropped_on.id, driver_thread,
         "not dropped on the driver's thread"
     );
-    assert_ne!(drop_thread, launcher, "not dropped on the launching thread");
-    assert_eq!(name.as_deref(), Some("cuda-host-launch-reaper"));
+    assert_ne!(
+        dropped_on.id, launcher,
+        "not dropped on the launching thread"
+    );
+    assert!(
+        dropped_on.is_reaper(),
+        "dropped by the reaper: {dropped_on:?}"
+    );
 }
 
 static BYTES_SEEN: Mutex<Vec<u8>> = Mutex::new(Vec::new());
@@ -192,13 +174,6 @@ fn a_panicking_closure_is_reported_and_later_host_functions_still_run() {
     );
 }
 
-struct DropFlag(Arc<AtomicBool>);
-impl Drop for DropFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
 fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refused() {
@@ -212,17 +187,18 @@ fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refus
     // SAFETY: live stream.
     unsafe { d.cuStreamBeginCapture(origin.raw(), mode) }.unwrap();
 
-    let dropped = Arc::new(AtomicBool::new(false));
-    let flag = DropFlag(Arc::clone(&dropped));
+    let drops = Drops::new();
+    let owner = drops.owner();
     let refused = host_launch(&origin, move || {
-        let _keep = &flag;
+        let _keep = &owner;
     });
     assert!(
         matches!(refused, Err(Error::CaptureActive { .. })),
         "{refused:?}"
     );
-    assert!(
-        dropped.load(Ordering::SeqCst),
+    assert_eq!(
+        drops.dropped(),
+        1,
         "the owners were dropped before the error returned"
     );
 
@@ -292,26 +268,13 @@ unsafe extern "C" fn count_run(_: *mut c_void) {
     MILLION_RAN.fetch_add(1, Ordering::Relaxed);
 }
 
-struct Counted<'a>(&'a [AtomicU8], usize);
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0[self.1].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
 fn a_million_launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the_heap_flat() {
     const THREADS: usize = 8;
     const TOTAL: usize = 1_000_000;
     let gpu = Gpu::open();
-    let drops: &'static [AtomicU8] = Box::leak(
-        (0..TOTAL)
-            .map(|_| AtomicU8::new(0))
-            .collect::<Vec<_>>()
-            .into_boxed_slice(),
-    );
+    let drops = DropCounts::new(TOTAL);
     // Warm the allocator and the driver's queues, then measure.
     let warm = Stream::new(&gpu.context).unwrap();
     for _ in 0..10_000 {
@@ -329,7 +292,7 @@ fn a_million_launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the
                 gpu.bind_thread();
                 let stream = Stream::new(&gpu.context).unwrap();
                 for i in (t..TOTAL).step_by(THREADS) {
-                    let owner = Counted(drops, i);
+                    let owner = drops.owner(i);
                     // SAFETY: `count_run` ignores its argument and does not unwind.
                     unsafe {
                         launch_host_function(&stream, Some(count_run), std::ptr::null_mut(), owner)
@@ -343,14 +306,7 @@ fn a_million_launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the
     let elapsed = started.elapsed();
     flush(FLUSH).unwrap();
     let heap_after = heap_in_use();
-    let never = drops
-        .iter()
-        .filter(|d| d.load(Ordering::Relaxed) == 0)
-        .count();
-    let twice = drops
-        .iter()
-        .filter(|d| d.load(Ordering::Relaxed) > 1)
-        .count();
+    let (never, twice) = (drops.never(), drops.more_than_once());
     println!(
         "{TOTAL} launches from {THREADS} threads in {elapsed:?} ({:.0}/s); ran {}; owners never \
          dropped {never}, dropped more than once {twice}; heap in use before {heap_before} B, \

@@ -3,7 +3,6 @@
 
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -12,20 +11,9 @@ use cuda_host_launch::{
 };
 use cuda_workspace::gpu::Gpu;
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{CountedOwner, DropCounts, Probe, bump};
 
 const N: usize = 1_000;
-
-struct Counted(Arc<AtomicUsize>);
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-unsafe extern "C" fn bump(data: *mut c_void) {
-    // SAFETY: `data` points at the AtomicUsize the launch's owner (an Arc) keeps alive.
-    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
-}
 
 isolated_test! {
     /// In a process of its own: after the trap the driver refuses to re-create the primary
@@ -34,22 +22,15 @@ isolated_test! {
     fn after_a_trapping_kernel_every_pending_owner_is_reclaimed_by_the_reset() {
     let gpu = Gpu::open();
     let stream = Stream::new(&gpu.context).unwrap();
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let ran = Arc::new(AtomicUsize::new(0));
+    let probe = Probe::new();
     gpu.kernels.trap(stream.raw());
     for i in 0..N {
-        let owner = Counted(Arc::clone(&dropped));
         if i % 2 == 0 {
-            let ran = Arc::clone(&ran);
-            host_launch(&stream, move || {
-                let _keep = &owner;
-                ran.fetch_add(1, Ordering::SeqCst);
-            })
-            .expect("the driver still accepts launches after the trap");
+            host_launch(&stream, probe.closure())
+                .expect("the driver still accepts launches after the trap");
         } else {
-            let data = Arc::as_ptr(&ran).cast_mut().cast();
-            // SAFETY: `bump` only touches the counter the owner tuple keeps alive.
-            unsafe { launch_host_function(&stream, Some(bump), data, (owner, Arc::clone(&ran))) }
+            // SAFETY: `bump` only touches the counter the owners keep alive.
+            unsafe { launch_host_function(&stream, Some(bump), probe.data(), probe.owners()) }
                 .expect("accepted");
         }
     }
@@ -59,12 +40,8 @@ isolated_test! {
     std::thread::sleep(Duration::from_millis(200));
     flush(Duration::from_secs(5)).unwrap();
     let pending = gpu.context.pending_launches();
-    assert_eq!(
-        ran.load(Ordering::SeqCst),
-        0,
-        "no host function runs after a sticky error"
-    );
-    assert_eq!(dropped.load(Ordering::SeqCst), 0, "nothing released yet");
+    assert_eq!(probe.runs(), 0, "no host function runs after a sticky error");
+    assert_eq!(probe.drops.dropped(), 0, "nothing released yet");
     assert_eq!(pending, N);
     assert_eq!(pending_launches(None), N);
     drop(stream); // destroying a stream of the dead context: the handle goes away with the reset
@@ -73,16 +50,13 @@ isolated_test! {
     println!(
         "{N} host functions launched after a trap: ran {}, pending {pending}; reset reclaimed \
          {reclaimed}; owners dropped {} ({:.0}%)",
-        ran.load(Ordering::SeqCst),
-        dropped.load(Ordering::SeqCst),
-        100.0 * dropped.load(Ordering::SeqCst) as f64 / N as f64
+        probe.runs(),
+        probe.drops.dropped(),
+        100.0 * probe.drops.dropped() as f64 / N as f64
     );
     assert_eq!(reclaimed, N);
-    assert_eq!(
-        dropped.load(Ordering::SeqCst),
-        N,
-        "every owner dropped, once"
-    );
+    assert_eq!(probe.drops.dropped(), N, "every owner dropped, once");
+    assert_eq!(probe.drops.live(), 0);
     assert_eq!(pending_launches(None), 0);
 
     // Whether the driver let the context be re-created (the 13.0 driver does not after a trap).
@@ -112,18 +86,11 @@ fn a_normal_context_destroy_runs_pending_functions_first_and_owners_drop_once() 
     // A kernel of the new context holds the stream while the host functions queue up behind it.
     let kernels = cuda_workspace::gpu::Kernels::load_current(d);
     kernels.spin_then_write(raw_stream, m.device(0), 1, 100_000_000);
-    let dropped = Arc::new(AtomicUsize::new(0));
-    let ran = Arc::new(AtomicUsize::new(0));
+    let probe = Probe::new();
     // SAFETY: `raw_stream` stays valid until cuCtxDestroy, after the launches.
     let stream = unsafe { RawStream::from_raw(raw_stream) };
     for _ in 0..N {
-        let owner = Counted(Arc::clone(&dropped));
-        let ran = Arc::clone(&ran);
-        host_launch(stream, move || {
-            let _keep = &owner;
-            ran.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        host_launch(stream, probe.closure()).unwrap();
     }
     let pending_before = pending_launches(Some(context));
     // SAFETY: the context we created; destroyed once (it runs the pending host functions first).
@@ -136,24 +103,24 @@ fn a_normal_context_destroy_runs_pending_functions_first_and_owners_drop_once() 
     println!(
         "context destroyed with {pending_before} pending: ran {}, reclaimed {reclaimed}, owners \
          dropped {}",
-        ran.load(Ordering::SeqCst),
-        dropped.load(Ordering::SeqCst)
+        probe.runs(),
+        probe.drops.dropped()
     );
     assert!(
         pending_before > 0,
         "host functions were pending at the destroy"
     );
-    assert_eq!(ran.load(Ordering::SeqCst), N, "cuCtxDestroy ran them first");
+    assert_eq!(probe.runs(), N, "cuCtxDestroy ran them first");
     assert_eq!(reclaimed, 0);
-    assert_eq!(dropped.load(Ordering::SeqCst), N, "each owner dropped once");
+    assert_eq!(probe.drops.dropped(), N, "each owner dropped once");
+    assert_eq!(probe.drops.live(), 0);
     gpu.bind_thread();
 }
 
-/// One flag per owner: how many times it was dropped.
-struct Flagged(&'static [std::sync::atomic::AtomicU8], usize);
+/// Counts its drop (through the counted owner it holds), and drops inside a host function.
+struct Flagged(#[allow(dead_code, reason = "held for its Drop")] CountedOwner);
 impl Drop for Flagged {
     fn drop(&mut self) {
-        self.0[self.1].fetch_add(1, Ordering::Relaxed);
         if cuda_host_launch::in_host_function() {
             ON_DRIVER_THREAD.fetch_add(1, Ordering::Relaxed);
         }
@@ -192,12 +159,7 @@ fn sixteen_threads_times_a_million_launches_over_4_streams_and_2_contexts() {
         Stream::new(&gpu.context).unwrap(),
         Stream::new(&gpu.context).unwrap(),
     ];
-    let drops: &'static [std::sync::atomic::AtomicU8] = Box::leak(
-        (0..TOTAL)
-            .map(|_| std::sync::atomic::AtomicU8::new(0))
-            .collect::<Vec<_>>()
-            .into_boxed_slice(),
-    );
+    let drops = DropCounts::new(TOTAL);
     // Warm up, then measure the heap.
     for s in &primary {
         for _ in 0..20_000 {
@@ -218,7 +180,7 @@ fn sixteen_threads_times_a_million_launches_over_4_streams_and_2_contexts() {
                 gpu.bind_thread();
                 for i in 0..PER_THREAD {
                     let id = t * PER_THREAD + i;
-                    let owner = Flagged(drops, id);
+                    let owner = Flagged(drops.owner(id));
                     match (t + i) % 4 {
                         0 | 1 => {
                             let s = &primary[(t + i) % 2];
@@ -259,14 +221,7 @@ fn sixteen_threads_times_a_million_launches_over_4_streams_and_2_contexts() {
     let total = started.elapsed();
     flush(Duration::from_secs(60)).unwrap();
     let heap_after = cuda_workspace::gpu::heap_in_use();
-    let never = drops
-        .iter()
-        .filter(|f| f.load(Ordering::Relaxed) == 0)
-        .count();
-    let twice = drops
-        .iter()
-        .filter(|f| f.load(Ordering::Relaxed) > 1)
-        .count();
+    let (never, twice) = (drops.never(), drops.more_than_once());
     println!(
         "{TOTAL} launches from {THREADS} threads over 4 streams in 2 contexts: enqueued in \
          {enqueued:?}, all run in {total:?} ({:.0}/s); ran {}; owners lost {never}, dropped twice \

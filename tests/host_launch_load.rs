@@ -3,13 +3,13 @@
 //! that the counters and the heap are this test's alone.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{Stream, cleanup_stats, flush, launch_host_function};
 use cuda_workspace::gpu::heap_in_use;
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{drop_flags, fake, fake_primary_context};
+use cuda_workspace::testing::{DropCounts, fake, fake_primary_context};
 
 const THREADS: usize = 8;
 const PER_THREAD: usize = 20_000;
@@ -21,18 +21,9 @@ unsafe extern "C" fn count_run(_: *mut c_void) {
     RAN.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Marks its slot when dropped.
-struct Counted(&'static [AtomicU8], usize);
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0[self.1].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// `per_thread` launches from each of `THREADS` threads, each on a stream of its own, with owners
 /// marking `drops` from `first` on; waits until all have run and been released.
-fn launch_from_threads(drops: &'static [AtomicU8], first: usize, per_thread: usize) {
+fn launch_from_threads(drops: DropCounts, first: usize, per_thread: usize) {
     let context = fake_primary_context();
     std::thread::scope(|s| {
         for t in 0..THREADS {
@@ -40,7 +31,7 @@ fn launch_from_threads(drops: &'static [AtomicU8], first: usize, per_thread: usi
             s.spawn(move || {
                 let stream = Stream::new(context).unwrap();
                 for i in 0..per_thread {
-                    let owner = Counted(drops, first + t * per_thread + i);
+                    let owner = drops.owner(first + t * per_thread + i);
                     // SAFETY: `count_run` ignores its argument and does not unwind.
                     unsafe {
                         launch_host_function(&stream, Some(count_run), std::ptr::null_mut(), owner)
@@ -61,7 +52,7 @@ isolated_test! {
     fn launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the_heap_flat() {
         const WARM_UP: usize = 1_000;
         const TOTAL: usize = THREADS * PER_THREAD;
-        let drops = drop_flags(THREADS * WARM_UP + TOTAL);
+        let drops = DropCounts::new(THREADS * WARM_UP + TOTAL);
         // Warm up the allocator, the fake's queues and the reaper, the same way, then measure.
         launch_from_threads(drops, 0, WARM_UP);
         let heap_before = heap_in_use();
@@ -74,8 +65,7 @@ isolated_test! {
 
         let stats = cleanup_stats();
         let heap_after = heap_in_use();
-        let never = drops.iter().filter(|d| d.load(Ordering::Relaxed) == 0).count();
-        let twice = drops.iter().filter(|d| d.load(Ordering::Relaxed) > 1).count();
+        let (never, twice) = (drops.never(), drops.more_than_once());
         println!(
             "{TOTAL} launches from {THREADS} threads in {elapsed:?}; owners never dropped {never}, \
              more than once {twice}; heap {heap_before} B before, {heap_after} B after; {stats:?}"
@@ -90,9 +80,8 @@ isolated_test! {
             "the heap grew by {} bytes",
             heap_after.saturating_sub(heap_before)
         );
-        // Every owner is gone, so nothing refers to the flags any more: free them (LeakSanitizer
-        // would report them otherwise).
-        // SAFETY: `drops` came from `Box::leak` above and no owner (the only other users) is left.
-        drop(unsafe { Box::from_raw(std::ptr::from_ref(drops).cast_mut()) });
+        // Every owner is gone: free the counters (LeakSanitizer would report them otherwise).
+        // SAFETY: no owner is left and `drops` is not used again.
+        unsafe { drops.free() };
     }
 }

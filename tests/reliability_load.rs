@@ -10,7 +10,7 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
@@ -22,7 +22,7 @@ use cuda_sys::types::{CUcontext, CUstream};
 use cuda_workspace::gpu::heap_in_use;
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    REAPER_NAME, drop_flags, fake, fake_driver_path, fake_primary_context,
+    CountedOwner, DropCounts, REAPER_NAME, fake, fake_driver_path, fake_primary_context,
 };
 
 const THREADS: usize = 16;
@@ -72,12 +72,11 @@ fn thread_kind() -> u8 {
     })
 }
 
-/// Marks its slot and its dropping thread's kind when dropped.
-struct Counted(&'static [AtomicU8], usize);
+/// Marks its slot (through the counted owner it holds) and its dropping thread's kind when dropped.
+struct Counted(#[allow(dead_code, reason = "held for its Drop")] CountedOwner);
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0[self.1].fetch_add(1, Ordering::Relaxed);
         match thread_kind() {
             DRIVER => &ON_DRIVER,
             REAPER => &ON_REAPER,
@@ -155,8 +154,8 @@ impl Streams {
 }
 
 /// One launch of kind `i % 4` on `stream`, its owner marking `slot`.
-fn launch(stream: impl AsRawStream, i: usize, drops: &'static [AtomicU8], slot: usize) {
-    let owner = Counted(drops, slot);
+fn launch(stream: impl AsRawStream, i: usize, drops: DropCounts, slot: usize) {
+    let owner = Counted(drops.owner(slot));
     let options = LaunchOptions::default();
     let result = match i % 4 {
         0 => host_launch(stream, move || {
@@ -188,7 +187,7 @@ fn launch(stream: impl AsRawStream, i: usize, drops: &'static [AtomicU8], slot: 
 
 /// `per_thread` launches from each of `THREADS` threads, thread `t` on stream `t % 4`, owners
 /// marking `drops` from `first` on; waits until all ran and were released.
-fn run(streams: &Streams, drops: &'static [AtomicU8], first: usize, per_thread: usize) {
+fn run(streams: &Streams, drops: DropCounts, first: usize, per_thread: usize) {
     std::thread::scope(|s| {
         for t in 0..THREADS {
             s.spawn(move || {
@@ -214,7 +213,7 @@ isolated_test! {
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         const TOTAL: usize = THREADS * PER_THREAD;
-        let drops = drop_flags(THREADS * WARM_UP + TOTAL);
+        let drops = DropCounts::new(THREADS * WARM_UP + TOTAL);
         let streams = Streams::new();
         // Warm up the allocator, the record pool, the fake's queues and the reaper, the same way.
         run(&streams, drops, 0, WARM_UP);
@@ -229,8 +228,7 @@ isolated_test! {
 
         let heap_after = heap_in_use();
         let stats = cleanup_stats();
-        let never = drops.iter().filter(|d| d.load(Ordering::Relaxed) == 0).count();
-        let twice = drops.iter().filter(|d| d.load(Ordering::Relaxed) > 1).count();
+        let (never, twice) = (drops.never(), drops.more_than_once());
         let (on_driver, by_reaper, elsewhere) = (
             ON_DRIVER.load(Ordering::SeqCst),
             ON_REAPER.load(Ordering::SeqCst) - by_reaper_before,

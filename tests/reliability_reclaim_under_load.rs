@@ -8,14 +8,16 @@
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
     Device, PrimaryContext, Stream, flush, host_launch, launch_host_function, pending_launches,
 };
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{PATIENCE, drop_flags, fake, fake_driver_path, load_fake_driver};
+use cuda_workspace::testing::{
+    CountedOwner, DropCounts, PATIENCE, fake, fake_driver_path, load_fake_driver,
+};
 
 const THREADS: usize = 4;
 const PER_THREAD: usize = 3_000;
@@ -39,12 +41,12 @@ fn on_driver_thread() -> bool {
     })
 }
 
-/// Marks its slot when dropped, and counts drops on a driver thread.
-struct Counted(&'static [AtomicU8], usize);
+/// Marks its slot (through the counted owner it holds) when dropped, and counts drops on a driver
+/// thread.
+struct Counted(#[allow(dead_code, reason = "held for its Drop")] CountedOwner);
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0[self.1].fetch_add(1, Ordering::Relaxed);
         if on_driver_thread() {
             ON_DRIVER.fetch_add(1, Ordering::Relaxed);
         }
@@ -57,7 +59,7 @@ unsafe extern "C" fn count_run(_: *mut c_void) {
 
 /// One round: launch from `THREADS` threads, poison the context once a third has run, reset.
 /// Returns (ran, reclaimed, pending before the reset).
-fn round(context: &std::sync::Arc<PrimaryContext>, drops: &'static [AtomicU8]) -> (u64, usize) {
+fn round(context: &std::sync::Arc<PrimaryContext>, drops: DropCounts) -> (u64, usize) {
     let total = THREADS * PER_THREAD;
     RAN.store(0, Ordering::SeqCst);
     context.set_current().unwrap();
@@ -70,7 +72,7 @@ fn round(context: &std::sync::Arc<PrimaryContext>, drops: &'static [AtomicU8]) -
             let launched = &launched;
             s.spawn(move || {
                 for i in 0..PER_THREAD {
-                    let owner = Counted(drops, t * PER_THREAD + i);
+                    let owner = Counted(drops.owner(t * PER_THREAD + i));
                     if i % 2 == 0 {
                         host_launch(stream, move || {
                             let _keep = &owner;
@@ -146,17 +148,16 @@ isolated_test! {
         let started = Instant::now();
         let mut totals = (0, 0);
         for _ in 0..ROUNDS {
-            let drops = drop_flags(THREADS * PER_THREAD);
+            let drops = DropCounts::new(THREADS * PER_THREAD);
             let (ran, reclaimed) = round(&context, drops);
             totals = (totals.0 + ran, totals.1 + reclaimed);
             let deadline = Instant::now() + PATIENCE;
-            while drops.iter().any(|d| d.load(Ordering::Relaxed) == 0) {
+            while drops.never() > 0 {
                 assert!(Instant::now() < deadline, "owners never dropped");
                 flush(PATIENCE).unwrap();
                 std::thread::sleep(Duration::from_millis(1));
             }
-            let twice = drops.iter().filter(|d| d.load(Ordering::Relaxed) > 1).count();
-            assert_eq!(twice, 0, "owners dropped twice");
+            assert_eq!(drops.more_than_once(), 0, "owners dropped twice");
             assert_eq!(pending_launches(None), 0);
         }
         assert!(totals.0 > 0 && totals.1 > 0, "both outcomes happened: {totals:?}");

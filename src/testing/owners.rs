@@ -5,7 +5,7 @@
 //! standard library, which gives the fake's threads an id of their own the first time they ask,
 //! and keeps it) and by the operating system's thread id and name ([`os_thread`]).
 
-use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
@@ -183,12 +183,6 @@ impl Drops {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-}
-
-/// `n` flags, all 0, that live until the process exits: for owners that set their flag when
-/// dropped (and may be dropped after the test's stack frame is gone).
-pub fn drop_flags(n: usize) -> &'static [AtomicU8] {
-    Box::leak((0..n).map(|_| AtomicU8::new(0)).collect::<Box<[_]>>())
 }
 
 /// Threads of this process whose OS name is `name` cut to 15 bytes, as in `/proc/self/task/*/comm`.
