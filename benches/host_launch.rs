@@ -459,24 +459,87 @@ impl Bench {
         }
     }
 
-    /// ns per enqueue of `n` launches spread round-robin over `streams`; and the end-to-end rate
-    /// (host functions per second, enqueue through synchronize).
-    fn enqueue_and_throughput(&self, method: Method, streams: &[Stream], n: usize) -> (f64, f64) {
+    /// `n` launches spread round-robin over `streams`, then a synchronize: see [`Run`].
+    fn enqueue_and_throughput(&self, method: Method, streams: &[Stream], n: usize) -> Run {
+        let driver = DRIVER_TID.load(std::sync::atomic::Ordering::Relaxed);
+        let (launcher_before, driver_before) = (blocking_waits(0), blocking_waits(driver));
         let started = Instant::now();
         for i in 0..n {
             self.launch(method, &streams[i % streams.len()], i as u64);
         }
         let enqueued = started.elapsed();
+        let launcher_after = blocking_waits(0);
         for s in streams {
             s.synchronize().unwrap();
         }
         let total = started.elapsed();
+        let driver_after = blocking_waits(driver);
         flush(Duration::from_secs(30)).unwrap();
-        (
-            enqueued.as_nanos() as f64 / n as f64,
-            n as f64 / total.as_secs_f64(),
-        )
+        let per_launch = |before: Option<u64>, after: Option<u64>| match (before, after) {
+            (Some(b), Some(a)) => a.saturating_sub(b) as f64 / n as f64,
+            _ => f64::NAN,
+        };
+        Run {
+            enqueue_ns: enqueued.as_nanos() as f64 / n as f64,
+            per_second: n as f64 / total.as_secs_f64(),
+            launcher_waits: per_launch(launcher_before, launcher_after),
+            driver_waits: per_launch(driver_before, driver_after),
+        }
     }
+}
+
+/// The figures of one run of N launches.
+struct Run {
+    /// ns per launch, enqueue only.
+    enqueue_ns: f64,
+    /// Host functions per second, from the first enqueue to the synchronize.
+    per_second: f64,
+    /// Times the launching thread blocked (voluntary context switches) per launch, while enqueuing.
+    launcher_waits: f64,
+    /// Times the driver's host-function thread blocked per launch, until the synchronize returned
+    /// (NaN if its thread id is not known).
+    driver_waits: f64,
+}
+
+/// The driver's host-function thread of the benchmark's context (0 until `main` asks).
+static DRIVER_TID: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// How many times a thread of this process has blocked so far (`voluntary_ctxt_switches`: a
+/// futex wait, a sleep, a blocking read; each one is also a wake-up someone paid for). `tid` 0 is
+/// the calling thread. `None` if `/proc` does not say (not Linux, or the thread is gone).
+fn blocking_waits(tid: i64) -> Option<u64> {
+    let path = if tid == 0 {
+        "/proc/thread-self/status".to_string()
+    } else {
+        format!("/proc/self/task/{tid}/status")
+    };
+    std::fs::read_to_string(path)
+        .ok()?
+        .lines()
+        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A figure as JSON: `null` for NaN (unknown).
+fn json_number(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.4}")
+    } else {
+        "null".into()
+    }
+}
+
+/// The id of the driver thread that runs `stream`'s host functions.
+fn driver_thread_of(bench: &Bench, stream: &Stream) -> i64 {
+    SEEN_DRIVER_TID.store(0, std::sync::atomic::Ordering::SeqCst);
+    let launch = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+    // SAFETY: live stream; `note_driver_thread` ignores its argument.
+    let code = unsafe { launch(stream.raw(), Some(note_driver_thread), std::ptr::null_mut()) };
+    assert_eq!(code, CUresult::CUDA_SUCCESS);
+    stream.synchronize().unwrap();
+    SEEN_DRIVER_TID.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -793,9 +856,9 @@ fn variant_child() {
         for rep in 0..VARIANT_REPS {
             for j in 0..methods.len() {
                 let k = (rep + j) % methods.len();
-                let (ns, per_s) = bench.enqueue_and_throughput(methods[k], streams, N);
-                e[k].push(ns);
-                r[k].push(per_s);
+                let run = bench.enqueue_and_throughput(methods[k], streams, N);
+                e[k].push(run.enqueue_ns);
+                r[k].push(run.per_second);
             }
         }
         out.push(quartiles(&e[0]).0);
@@ -995,6 +1058,10 @@ fn main() {
         .collect();
     let all_cpus = allowed_cpus();
     let pinned = pin_threads(&bench, &[&one[0], &four[3]]);
+    DRIVER_TID.store(
+        driver_thread_of(&bench, &one[0]),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let mut json = String::new();
     let mut table = String::new();
     let _ = writeln!(
@@ -1006,7 +1073,9 @@ fn main() {
         table,
         "N = {N} launches per repetition, {} repetitions, methods interleaved in rotating order.\n\
          Absolute figures: medians over the repetitions. Ratios: the median (and quartiles) over the\n\
-         repetitions of each repetition's figure over the floor's in the same repetition.\n{pinned}\n",
+         repetitions of each repetition's figure over the floor's in the same repetition.\n\
+         L waits / D waits: times the launching thread (while enqueuing) and the driver's\n\
+         host-function thread (until the synchronize) blocked, per launch (median).\n{pinned}\n",
         reps()
     );
     json.push_str(&format!(
@@ -1024,27 +1093,33 @@ fn main() {
     for (label, streams) in [("1 stream", &one), ("4 streams", &four)] {
         let mut enqueue = [const { Vec::new() }; METHODS.len()];
         let mut rate = [const { Vec::new() }; METHODS.len()];
+        let mut launcher_waits = [const { Vec::new() }; METHODS.len()];
+        let mut driver_waits = [const { Vec::new() }; METHODS.len()];
         for rep in 0..reps() {
             // The order rotates from one repetition to the next, so no method always runs first
             // (after the previous repetition's synchronize and flush) or last.
             for j in 0..METHODS.len() {
                 let k = (rep + j) % METHODS.len();
-                let (ns, per_s) = bench.enqueue_and_throughput(METHODS[k], streams, N);
-                enqueue[k].push(ns);
-                rate[k].push(per_s);
+                let run = bench.enqueue_and_throughput(METHODS[k], streams, N);
+                enqueue[k].push(run.enqueue_ns);
+                rate[k].push(run.per_second);
+                launcher_waits[k].push(run.launcher_waits);
+                driver_waits[k].push(run.driver_waits);
             }
         }
         let _ = writeln!(table, "{label}:");
         let _ = writeln!(
             table,
-            "  {:<52} {:>10} {:>8} {:>13} {:>12} {:>8} {:>13}",
+            "  {:<52} {:>10} {:>8} {:>13} {:>12} {:>8} {:>13} {:>9} {:>9}",
             "method",
             "enqueue ns",
             "x floor",
             "(quartiles)",
             "host fns/s",
             "x floor",
-            "(quartiles)"
+            "(quartiles)",
+            "L waits",
+            "D waits"
         );
         json.push_str(&format!("\n    {label:?}: {{"));
         for (k, m) in METHODS.iter().enumerate() {
@@ -1052,9 +1127,11 @@ fn main() {
             let (r, _, _) = quartiles(&rate[k]);
             let (er, er25, er75) = quartiles(&paired_ratios(&enqueue, k));
             let (rr, rr25, rr75) = quartiles(&paired_ratios(&rate, k));
+            let (lw, _, _) = quartiles(&launcher_waits[k]);
+            let (dw, _, _) = quartiles(&driver_waits[k]);
             let _ = writeln!(
                 table,
-                "  {:<52} {:>10.0} {:>8.3} {:>13} {:>12.0} {:>8.3} {:>13}",
+                "  {:<52} {:>10.0} {:>8.3} {:>13} {:>12.0} {:>8.3} {:>13} {lw:>9.3} {dw:>9.3}",
                 m.name(),
                 e,
                 er,
@@ -1064,8 +1141,10 @@ fn main() {
                 format!("{rr25:.3}-{rr75:.3}"),
             );
             json.push_str(&format!(
-                "\n      {:?}: {{\"enqueue_ns\": {e:.1}, \"enqueue_ratio\": {er:.4}, \"enqueue_ratio_quartiles\": [{er25:.4}, {er75:.4}], \"per_second\": {r:.0}, \"throughput_ratio\": {rr:.4}, \"throughput_ratio_quartiles\": [{rr25:.4}, {rr75:.4}], \"enqueue_ns_per_rep\": {:?}, \"per_second_per_rep\": {:?}}}{}",
+                "\n      {:?}: {{\"enqueue_ns\": {e:.1}, \"enqueue_ratio\": {er:.4}, \"enqueue_ratio_quartiles\": [{er25:.4}, {er75:.4}], \"per_second\": {r:.0}, \"throughput_ratio\": {rr:.4}, \"throughput_ratio_quartiles\": [{rr25:.4}, {rr75:.4}], \"launcher_waits_per_launch\": {}, \"driver_waits_per_launch\": {}, \"enqueue_ns_per_rep\": {:?}, \"per_second_per_rep\": {:?}}}{}",
                 m.key(),
+                json_number(lw),
+                json_number(dw),
                 enqueue[k].iter().map(|x| x.round()).collect::<Vec<_>>(),
                 rate[k].iter().map(|x| x.round()).collect::<Vec<_>>(),
                 if k + 1 < METHODS.len() { "," } else { "" }
