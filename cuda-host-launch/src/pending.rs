@@ -173,32 +173,31 @@ pub(crate) fn forget(header: NonNull<RecordHeader>) {
     }
 }
 
-/// [`forget`] for a whole batch of records, taking each shard's lock once. The reaper releases
-/// records in batches; unlinking them one lock at a time would pass each launcher's shard lock
-/// (and its cache line) back and forth with the reaper on every launch.
+/// [`forget`] for a whole batch of records, taking each shard's lock once and holding it only
+/// while that shard's records are unlinked. The reaper releases records in batches; unlinking them
+/// one lock at a time would pass each launcher's shard lock (and its cache line) back and forth
+/// with the reaper on every launch.
 ///
 /// Never called on a driver thread.
 pub(crate) fn forget_all(headers: &[NonNull<RecordHeader>]) {
-    let linked_shard = |header: NonNull<RecordHeader>| {
-        let t = tracking(header);
-        let state = t.state.load(Ordering::Acquire);
-        // SAFETY: written before the record was linked and never changed since.
-        (state == PENDING || state == RAN).then(|| unsafe { *t.shard.get() } as usize)
-    };
-    let mut shards = 0u32;
-    for &header in headers {
-        if let Some(shard) = linked_shard(header) {
-            shards |= 1 << shard;
-        }
-    }
-    for shard in (0..SHARDS).filter(|s| shards & (1 << s) != 0) {
-        let mut list = lock(shard);
-        for &header in headers {
-            if linked_shard(header) == Some(shard) {
-                // SAFETY: linked into this shard, whose lock we hold (as in `forget`).
-                unsafe { unlink(&mut list, header) };
-                tracking(header).state.store(UNTRACKED, Ordering::Release);
-            }
+    // The linked records with their shards, grouped by shard. (The records are the caller's: their
+    // state does not change meanwhile.)
+    let mut linked: Vec<(usize, NonNull<RecordHeader>)> = headers
+        .iter()
+        .filter_map(|&header| {
+            let t = tracking(header);
+            let state = t.state.load(Ordering::Acquire);
+            // SAFETY: written before the record was linked and never changed since.
+            (state == PENDING || state == RAN).then(|| (unsafe { *t.shard.get() } as usize, header))
+        })
+        .collect();
+    linked.sort_unstable_by_key(|&(shard, _)| shard);
+    for group in linked.chunk_by(|a, b| a.0 == b.0) {
+        let mut list = lock(group[0].0);
+        for &(_, header) in group {
+            // SAFETY: linked into this shard, whose lock we hold (as in `forget`).
+            unsafe { unlink(&mut list, header) };
+            tracking(header).state.store(UNTRACKED, Ordering::Release);
         }
     }
 }
@@ -291,5 +290,3 @@ pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
     // SAFETY: the caller's promise is `reclaim`'s precondition.
     unsafe { reclaim(context) }
 }
-
-const _: () = assert!(SHARDS <= 32, "forget_all keeps one bit per shard in a u32");
