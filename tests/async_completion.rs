@@ -198,9 +198,10 @@ isolated_test! {
             "heap in use after the warm-up {before} B, after 21 rounds {midway} B, after 41 \
              rounds {after} B"
         );
-        // The allocator's caches and the record pool (bounded) settle within ~15 rounds; a leak
-        // of even one allocation per future would grow the second half by >= 16 * 8000 B.
-        assert!(after <= midway + (8 << 10), "heap still growing: {midway} -> {after} B");
+        // The allocator's caches and the record pool (bounded) settle within ~15 rounds, give or
+        // take ~13 KB seen between runs; a leak of even one allocation per future would grow the
+        // second half by >= 16 * 8000 B.
+        assert!(after <= midway + (32 << 10), "heap still growing: {midway} -> {after} B");
         assert!(after <= before + (64 << 10), "heap grew by {} B", after.saturating_sub(before));
     }
 
