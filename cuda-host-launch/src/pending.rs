@@ -159,18 +159,22 @@ pub(crate) fn mark_ran(header: NonNull<RecordHeader>) -> bool {
 ///
 /// Never called on a driver thread.
 pub(crate) fn forget(header: NonNull<RecordHeader>) {
+    if let Some(shard) = linked_shard(header) {
+        let mut list = lock(shard);
+        // SAFETY: linked into this shard (see `linked_shard`), whose lock we hold.
+        unsafe { unlink(&mut list, header) };
+        tracking(header).state.store(UNTRACKED, Ordering::Release);
+    }
+}
+
+/// The shard a record its owner is releasing is linked into, if it is linked: PENDING or RAN
+/// records are (a reclaim changes the state to RECLAIMED before it unlinks, under the shard's
+/// lock, so for a record its owner is releasing the state read here stays true).
+fn linked_shard(header: NonNull<RecordHeader>) -> Option<usize> {
     let t = tracking(header);
     let state = t.state.load(Ordering::Acquire);
-    if state == PENDING || state == RAN {
-        // SAFETY: written before the record was linked and never changed since.
-        let shard = unsafe { *t.shard.get() } as usize;
-        let mut list = lock(shard);
-        // SAFETY: PENDING or RAN records are linked into their shard (a reclaim changes the state
-        // to RECLAIMED before it unlinks, under this same lock, so the state read above is stable
-        // for a record its owner is releasing).
-        unsafe { unlink(&mut list, header) };
-        t.state.store(UNTRACKED, Ordering::Release);
-    }
+    // SAFETY: written before the record was linked and never changed since.
+    (state == PENDING || state == RAN).then(|| unsafe { *t.shard.get() } as usize)
 }
 
 /// [`forget`] for a whole batch of records, taking each shard's lock once and holding it only
@@ -184,18 +188,13 @@ pub(crate) fn forget_all(headers: &[NonNull<RecordHeader>]) {
     // state does not change meanwhile.)
     let mut linked: Vec<(usize, NonNull<RecordHeader>)> = headers
         .iter()
-        .filter_map(|&header| {
-            let t = tracking(header);
-            let state = t.state.load(Ordering::Acquire);
-            // SAFETY: written before the record was linked and never changed since.
-            (state == PENDING || state == RAN).then(|| (unsafe { *t.shard.get() } as usize, header))
-        })
+        .filter_map(|&header| Some((linked_shard(header)?, header)))
         .collect();
     linked.sort_unstable_by_key(|&(shard, _)| shard);
     for group in linked.chunk_by(|a, b| a.0 == b.0) {
         let mut list = lock(group[0].0);
         for &(_, header) in group {
-            // SAFETY: linked into this shard, whose lock we hold (as in `forget`).
+            // SAFETY: linked into this shard (see `linked_shard`), whose lock we hold.
             unsafe { unlink(&mut list, header) };
             tracking(header).state.store(UNTRACKED, Ordering::Release);
         }
