@@ -18,6 +18,9 @@ use cuda_host_launch::{Stream, flush, host_launch, launch_host_function};
 use cuda_sys::types::{CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
+#[path = "host_launch/thread_costs.rs"]
+mod thread_costs;
+
 const N: usize = 200_000;
 /// Repetitions of the throughput table (`BENCH_REPS` overrides, e.g. 1 for a profile build's run).
 /// Other knobs: `BENCH_VARIANTS=0`, `BENCH_CALL_TIMES=0`, `BENCH_PIN=0`, `BENCH_TABLE_ONLY=1`.
@@ -1062,6 +1065,27 @@ fn main() {
         driver_thread_of(&bench, &one[0]),
         std::sync::atomic::Ordering::Relaxed,
     );
+    // `BENCH_THREAD_COSTS=1`: only the thread-by-thread section (see thread_costs.rs).
+    if std::env::var("BENCH_THREAD_COSTS").is_ok_and(|v| v.trim() == "1") {
+        let ord = std::sync::atomic::Ordering::SeqCst;
+        let (table, json) = thread_costs::run(
+            &bench,
+            &one[0],
+            DRIVER_TID.load(ord),
+            PINNED_REAPER_TID.load(ord),
+            reps(),
+        );
+        println!("host-launch benchmark: {device}, driver CUDA {version}\n{pinned}{table}");
+        std::fs::write(
+            "bench-thread-costs.json",
+            format!(
+                "{{\n  \"device\": {device:?},\n  \"driver_version\": {},\n  \"pinning\": {pinned:?},\n  \"thread_costs\": {json}\n}}\n",
+                version.0
+            ),
+        )
+        .unwrap();
+        return;
+    }
     let mut json = String::new();
     let mut table = String::new();
     let _ = writeln!(

@@ -1,0 +1,463 @@
+//! Where a pipelined launch's time goes, thread by thread (`BENCH_THREAD_COSTS=1`).
+//!
+//! For the floor, our two launch kinds, the peer approach and two "footprint" parts, on one stream:
+//! what the launching thread, the driver's host-function thread and the reaper each spend per
+//! launch while N launches flow (CPU time and run-queue wait from `/proc/.../schedstat`; cycles,
+//! user-mode cycles, instructions and last-level-cache misses from `perf_event_open`, where the
+//! machine's PMU is visible), and how many launches the driver holds pending (enqueued, host
+//! function not yet run) as the enqueue goes on.
+//!
+//! Every host function here counts its runs (one relaxed `fetch_add` on a line of its own), the
+//! floor's included, so that the pending depth can be read; that is the only difference from the
+//! table's methods.
+
+use std::ffi::c_void;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use cuda_host_launch::{Stream, flush, host_launch, launch_host_function};
+use cuda_sys::types::{CUresult, CUstream};
+
+use super::{Bench, N, json_number, quartiles};
+
+/// Host functions run so far (all methods), on a cache line of its own.
+#[repr(align(128))]
+struct Counter(AtomicU64);
+static RAN: Counter = Counter(AtomicU64::new(0));
+
+unsafe extern "C" fn count(_: *mut c_void) {
+    RAN.0.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A 128-byte block per launch, like a pool record: the launcher writes it, the host function reads
+/// one word of it. `SLOTS` blocks in a ring, so a block is written again `SLOTS` launches later.
+const SLOTS: usize = 16_384;
+#[repr(align(128))]
+struct Block([AtomicU64; 16]);
+static BLOCKS: [Block; SLOTS] = [const { Block([const { AtomicU64::new(0) }; 16]) }; SLOTS];
+
+unsafe extern "C" fn count_and_read(data: *mut c_void) {
+    // SAFETY: `data` points at one of BLOCKS.
+    let block = unsafe { &*data.cast::<Block>() };
+    std::hint::black_box(block.0[0].load(Ordering::Relaxed));
+    RAN.0.fetch_add(1, Ordering::Relaxed);
+}
+
+unsafe extern "C" fn boxed_callback(_: CUstream, _: CUresult, data: *mut c_void) {
+    // SAFETY: `data` is the Box leaked by the launch, taken back once, here.
+    let f = unsafe { Box::from_raw(data.cast::<Box<dyn FnOnce() + Send>>()) };
+    f();
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Floor,
+    Owner,
+    Closure,
+    Callback,
+    /// The floor plus a 128-byte block per launch from a ring of `slots`.
+    Footprint(usize),
+}
+
+impl Kind {
+    fn name(self) -> String {
+        match self {
+            Kind::Floor => "raw cuLaunchHostFunc (floor)".into(),
+            Kind::Owner => "launch_host_function + owner".into(),
+            Kind::Closure => "host_launch closure".into(),
+            Kind::Callback => "cuStreamAddCallback + Box (cust/CCCL)".into(),
+            Kind::Footprint(s) => format!("  part: floor + 128 B block, ring of {s}"),
+        }
+    }
+    fn key(self) -> String {
+        match self {
+            Kind::Floor => "raw".into(),
+            Kind::Owner => "owner".into(),
+            Kind::Closure => "closure".into(),
+            Kind::Callback => "callback".into(),
+            Kind::Footprint(s) => format!("raw_with_block_ring_{s}"),
+        }
+    }
+}
+
+const KINDS: [Kind; 6] = [
+    Kind::Floor,
+    Kind::Owner,
+    Kind::Closure,
+    Kind::Callback,
+    Kind::Footprint(1_024),
+    Kind::Footprint(SLOTS),
+];
+
+fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
+    match kind {
+        Kind::Floor => {
+            let f = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+            // SAFETY: live stream; `count` ignores its argument.
+            let code = unsafe { f(stream.raw(), Some(count), std::ptr::null_mut()) };
+            assert_eq!(code, CUresult::CUDA_SUCCESS);
+        }
+        Kind::Owner => {
+            // SAFETY: `count` ignores its argument.
+            unsafe { launch_host_function(stream, Some(count), std::ptr::null_mut(), [i; 2]) }
+                .unwrap();
+        }
+        Kind::Closure => {
+            host_launch(stream, move || {
+                std::hint::black_box(i);
+                RAN.0.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap();
+        }
+        Kind::Callback => {
+            let f: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(move || {
+                std::hint::black_box(i);
+                RAN.0.fetch_add(1, Ordering::Relaxed);
+            }));
+            let add = bench.gpu.driver.raw().cuStreamAddCallback().unwrap();
+            // SAFETY: live stream; the callback takes the box back once.
+            let code = unsafe {
+                add(
+                    stream.raw(),
+                    Some(boxed_callback),
+                    Box::into_raw(f).cast(),
+                    0,
+                )
+            };
+            assert_eq!(code, CUresult::CUDA_SUCCESS);
+        }
+        Kind::Footprint(slots) => {
+            let block = &BLOCKS[i as usize % slots];
+            for (k, word) in block.0.iter().enumerate() {
+                word.store(i + k as u64, Ordering::Relaxed);
+            }
+            let f = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+            let data = std::ptr::from_ref(block).cast_mut().cast();
+            // SAFETY: live stream; `count_and_read` reads a static block of atomics.
+            let code = unsafe { f(stream.raw(), Some(count_and_read), data) };
+            assert_eq!(code, CUresult::CUDA_SUCCESS);
+        }
+    }
+}
+
+/// A hardware or software event counted for one thread (user and kernel mode unless `user_only`).
+#[derive(Clone, Copy)]
+struct Event {
+    name: &'static str,
+    kind: u32,
+    config: u64,
+    user_only: bool,
+}
+
+const PERF_TYPE_HARDWARE: u32 = 0;
+const PERF_TYPE_HW_CACHE: u32 = 3;
+const PERF_TYPE_SOFTWARE: u32 = 1;
+const EVENTS: [Event; 6] = [
+    // PERF_COUNT_SW_TASK_CLOCK: the thread's CPU time in ns, exact (schedstat's can lag a tick).
+    Event {
+        name: "task_clock_ns",
+        kind: PERF_TYPE_SOFTWARE,
+        config: 1,
+        user_only: false,
+    },
+    Event {
+        name: "cycles",
+        kind: PERF_TYPE_HARDWARE,
+        config: 0,
+        user_only: false,
+    },
+    Event {
+        name: "user_cycles",
+        kind: PERF_TYPE_HARDWARE,
+        config: 0,
+        user_only: true,
+    },
+    Event {
+        name: "instructions",
+        kind: PERF_TYPE_HARDWARE,
+        config: 1,
+        user_only: false,
+    },
+    Event {
+        name: "llc_misses",
+        kind: PERF_TYPE_HARDWARE,
+        config: 3,
+        user_only: false,
+    },
+    // L1 data cache read misses: PERF_COUNT_HW_CACHE_L1D | (READ << 8) | (MISS << 16).
+    Event {
+        name: "l1d_read_misses",
+        kind: PERF_TYPE_HW_CACHE,
+        config: 1 << 16,
+        user_only: false,
+    },
+];
+
+/// One open counter (a file descriptor of `perf_event_open`).
+struct Counting(i32);
+
+impl Counting {
+    /// Counts `event` for thread `tid` on whichever CPU it runs; the error number if the kernel
+    /// refuses (no PMU in the guest, `perf_event_paranoid`).
+    fn open(event: Event, tid: i64) -> Result<Counting, i32> {
+        // perf_event_attr, PERF_ATTR_SIZE_VER5 (112 bytes), written field by field.
+        let mut attr = [0u64; 14];
+        attr[0] = u64::from(event.kind) | (112u64 << 32); // type, size
+        attr[1] = event.config;
+        attr[4] = 1 | 2; // read_format: TOTAL_TIME_ENABLED | TOTAL_TIME_RUNNING
+        // flags: exclude_hv (bit 6), and exclude_kernel (bit 5) for user-only events.
+        attr[5] = (1 << 6) | if event.user_only { 1 << 5 } else { 0 };
+        // SAFETY: `attr` is a valid perf_event_attr of the size it declares; the other arguments
+        // are plain integers (this thread id, any CPU, no group, no flags).
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_perf_event_open,
+                attr.as_ptr(),
+                tid as libc::pid_t,
+                -1i32,
+                -1i32,
+                0u64,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+        }
+        Ok(Counting(fd as i32))
+    }
+
+    /// The count so far, scaled if the kernel multiplexed the counter; `None` if unreadable.
+    fn read(&self) -> Option<f64> {
+        let mut v = [0u64; 3];
+        // SAFETY: a 24-byte buffer for the value, time enabled and time running.
+        let n = unsafe { libc::read(self.0, v.as_mut_ptr().cast(), 24) };
+        if n != 24 {
+            return None;
+        }
+        if v[2] == 0 {
+            return Some(0.0);
+        }
+        Some(v[0] as f64 * v[1] as f64 / v[2] as f64)
+    }
+}
+
+impl Drop for Counting {
+    fn drop(&mut self) {
+        // SAFETY: our own descriptor, closed once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+/// (CPU ns, run-queue wait ns) of a thread so far, from `/proc/self/task/TID/schedstat`.
+fn schedstat(tid: i64) -> Option<(f64, f64)> {
+    let s = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+    let mut it = s.split_whitespace().map(|x| x.parse::<f64>().ok());
+    Some((it.next()??, it.next()??))
+}
+
+/// The readings of one thread: CPU ns, run-queue wait ns, then each of EVENTS (NaN if unknown).
+fn sample(tid: i64, counters: &[Option<Counting>]) -> Vec<f64> {
+    let (cpu, wait) = schedstat(tid).unwrap_or((f64::NAN, f64::NAN));
+    let mut v = vec![cpu, wait];
+    v.extend(
+        counters
+            .iter()
+            .map(|c| c.as_ref().and_then(Counting::read).unwrap_or(f64::NAN)),
+    );
+    v
+}
+
+fn per_launch(before: &[f64], after: &[f64], n: usize) -> Vec<f64> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| (a - b) / n as f64)
+        .collect()
+}
+
+const THREADS: [&str; 3] = ["launcher", "driver", "reaper"];
+
+/// Runs the section; returns the table's text and a JSON object.
+pub(super) fn run(
+    bench: &Bench,
+    stream: &Stream,
+    driver_tid: i64,
+    reaper_tid: i64,
+    reps: usize,
+) -> (String, String) {
+    // SAFETY: gettid has no preconditions.
+    let launcher_tid = unsafe { libc::syscall(libc::SYS_gettid) };
+    let tids = [launcher_tid, driver_tid, reaper_tid];
+    let mut refused = Vec::new();
+    let counters: Vec<Vec<Option<Counting>>> = tids
+        .iter()
+        .map(|&tid| {
+            EVENTS
+                .iter()
+                .map(|&e| match Counting::open(e, tid) {
+                    // Unknown thread (not pinned, so its id was not seen): no counters, and never
+                    // pid 0, which would count the calling thread.
+                    _ if tid <= 0 => None,
+                    Ok(c) => Some(c),
+                    Err(errno) => {
+                        refused.push(format!("{} (tid {tid}): errno {errno}", e.name));
+                        None
+                    }
+                })
+                .collect()
+        })
+        .collect();
+
+    // Warm-up.
+    for &k in &KINDS {
+        for i in 0..20_000 {
+            launch(bench, k, stream, i);
+        }
+        stream.synchronize().unwrap();
+        flush(Duration::from_secs(30)).unwrap();
+    }
+
+    // per kind: per rep: enqueue ns, per second, depth at the end of the enqueue, max depth sampled,
+    // then per thread the readings per launch.
+    let mut figures: Vec<Vec<Vec<f64>>> = vec![Vec::new(); KINDS.len()];
+    for rep in 0..reps {
+        for j in 0..KINDS.len() {
+            let k = (rep + j) % KINDS.len();
+            let kind = KINDS[k];
+            let ran_before = RAN.0.load(Ordering::Relaxed);
+            let before: Vec<Vec<f64>> = tids
+                .iter()
+                .zip(&counters)
+                .map(|(&t, c)| sample(t, c))
+                .collect();
+            let mut max_depth = 0u64;
+            let started = Instant::now();
+            for i in 0..N {
+                launch(bench, kind, stream, i as u64);
+                if i % 4_096 == 4_095 {
+                    let ran = RAN.0.load(Ordering::Relaxed) - ran_before;
+                    max_depth = max_depth.max(i as u64 + 1 - ran);
+                }
+            }
+            let enqueued = started.elapsed();
+            let depth = N as u64 - (RAN.0.load(Ordering::Relaxed) - ran_before);
+            let launcher_after = sample(tids[0], &counters[0]);
+            stream.synchronize().unwrap();
+            let total = started.elapsed();
+            let driver_after = sample(tids[1], &counters[1]);
+            flush(Duration::from_secs(30)).unwrap();
+            let reaper_after = sample(tids[2], &counters[2]);
+            let mut row = vec![
+                enqueued.as_nanos() as f64 / N as f64,
+                N as f64 / total.as_secs_f64(),
+                depth as f64,
+                max_depth.max(depth) as f64,
+            ];
+            for (b, a) in before
+                .iter()
+                .zip([launcher_after, driver_after, reaper_after])
+            {
+                row.extend(per_launch(b, &a, N));
+            }
+            figures[k].push(row);
+        }
+    }
+
+    let columns = 4 + THREADS.len() * (2 + EVENTS.len());
+    let median_of = |k: usize, c: usize| {
+        let v: Vec<f64> = figures[k].iter().map(|r| r[c]).collect();
+        quartiles(&v).0
+    };
+    // Throughput and enqueue as paired ratios to the floor (kind 0) of the same repetition.
+    let paired = |k: usize, c: usize| {
+        let v: Vec<f64> = figures[k]
+            .iter()
+            .zip(&figures[0])
+            .map(|(x, f)| x[c] / f[c])
+            .collect();
+        quartiles(&v).0
+    };
+
+    let mut table = String::new();
+    let _ = writeln!(
+        table,
+        "\nwhere a launch's time goes, thread by thread (1 stream, N = {N}, {reps} repetitions, kinds \
+         interleaved; every host function counts its runs; medians; per launch):"
+    );
+    if refused.is_empty() {
+        let _ = writeln!(table, "  hardware counters: all open");
+    } else {
+        let _ = writeln!(table, "  hardware counters refused: {}", refused.join("; "));
+    }
+    let _ = writeln!(
+        table,
+        "  {:<44} {:>8} {:>7} {:>8} {:>7} {:>9} {:>9}",
+        "kind", "enq ns", "x floor", "fns/s", "x floor", "depth end", "depth max"
+    );
+    for (k, kind) in KINDS.iter().enumerate() {
+        let _ = writeln!(
+            table,
+            "  {:<44} {:>8.0} {:>7.3} {:>8.0} {:>7.3} {:>9.0} {:>9.0}",
+            kind.name(),
+            median_of(k, 0),
+            paired(k, 0),
+            median_of(k, 1),
+            paired(k, 1),
+            median_of(k, 2),
+            median_of(k, 3),
+        );
+    }
+    for (t, thread) in THREADS.iter().enumerate() {
+        let _ = writeln!(
+            table,
+            "  {thread} thread (tid {}), per launch: {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            tids[t],
+            "",
+            "cpu ns",
+            "rq ns",
+            "task ns",
+            "cycles",
+            "u cycles",
+            "instr",
+            "LLC miss",
+            "L1D miss"
+        );
+        for (k, kind) in KINDS.iter().enumerate() {
+            let base = 4 + t * (2 + EVENTS.len());
+            let mut line = format!("    {:<52}", kind.name());
+            for c in 0..2 + EVENTS.len() {
+                let _ = write!(line, " {:>8.1}", median_of(k, base + c));
+            }
+            let _ = writeln!(table, "{line}");
+        }
+    }
+
+    let mut json = String::from("{");
+    let _ = write!(
+        json,
+        "\n    \"refused_counters\": {:?},\n    \"columns\": [\"enqueue_ns\", \"per_second\", \"depth_end\", \"depth_max\"",
+        refused
+    );
+    for thread in THREADS {
+        for name in ["cpu_ns", "runqueue_ns"]
+            .iter()
+            .chain(EVENTS.iter().map(|e| &e.name))
+        {
+            let _ = write!(json, ", \"{thread}_{name}\"");
+        }
+    }
+    json.push(']');
+    for (k, kind) in KINDS.iter().enumerate() {
+        let medians: Vec<String> = (0..columns).map(|c| json_number(median_of(k, c))).collect();
+        let _ = write!(
+            json,
+            ",\n    {:?}: {{\"enqueue_ratio\": {}, \"throughput_ratio\": {}, \"medians\": [{}]}}",
+            kind.key(),
+            json_number(paired(k, 0)),
+            json_number(paired(k, 1)),
+            medians.join(", ")
+        );
+    }
+    json.push_str("\n  }");
+    (table, json)
+}
