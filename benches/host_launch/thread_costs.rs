@@ -5,7 +5,8 @@
 //! launch while N launches flow (CPU time and run-queue wait from `/proc/.../schedstat`; cycles,
 //! user-mode cycles, instructions and last-level-cache misses from `perf_event_open`, where the
 //! machine's PMU is visible), and how many launches the driver holds pending (enqueued, host
-//! function not yet run) as the enqueue goes on.
+//! function not yet run) as the enqueue goes on, and the host functions' pace while the launcher
+//! enqueues and after it has stopped.
 //!
 //! Every host function here counts its runs (one relaxed `fetch_add` on a line of its own), the
 //! floor's included, so that the pending depth can be read; that is the only difference from the
@@ -276,6 +277,8 @@ fn per_launch(before: &[f64], after: &[f64], n: usize) -> Vec<f64> {
 }
 
 const THREADS: [&str; 3] = ["launcher", "driver", "reaper"];
+/// The figures of a repetition before the threads' readings.
+const LEAD: usize = 6;
 
 /// Runs the section; returns the table's text and a JSON object.
 pub(super) fn run(
@@ -352,6 +355,9 @@ pub(super) fn run(
                 N as f64 / total.as_secs_f64(),
                 depth as f64,
                 max_depth.max(depth) as f64,
+                // The host functions' pace while the launcher enqueued, and after it stopped.
+                enqueued.as_nanos() as f64 / (N as u64 - depth).max(1) as f64,
+                (total - enqueued).as_nanos() as f64 / depth.max(1) as f64,
             ];
             for (b, a) in before
                 .iter()
@@ -363,7 +369,7 @@ pub(super) fn run(
         }
     }
 
-    let columns = 4 + THREADS.len() * (2 + EVENTS.len());
+    let columns = LEAD + THREADS.len() * (2 + EVENTS.len());
     let median_of = |k: usize, c: usize| {
         let v: Vec<f64> = figures[k].iter().map(|r| r[c]).collect();
         quartiles(&v).0
@@ -391,13 +397,21 @@ pub(super) fn run(
     }
     let _ = writeln!(
         table,
-        "  {:<44} {:>8} {:>7} {:>8} {:>7} {:>9} {:>9}",
-        "kind", "enq ns", "x floor", "fns/s", "x floor", "depth end", "depth max"
+        "  {:<44} {:>8} {:>7} {:>8} {:>7} {:>9} {:>9} {:>11} {:>11}",
+        "kind",
+        "enq ns",
+        "x floor",
+        "fns/s",
+        "x floor",
+        "depth end",
+        "depth max",
+        "fn ns (enq)",
+        "fn ns after"
     );
     for (k, kind) in KINDS.iter().enumerate() {
         let _ = writeln!(
             table,
-            "  {:<44} {:>8.0} {:>7.3} {:>8.0} {:>7.3} {:>9.0} {:>9.0}",
+            "  {:<44} {:>8.0} {:>7.3} {:>8.0} {:>7.3} {:>9.0} {:>9.0} {:>11.0} {:>11.0}",
             kind.name(),
             median_of(k, 0),
             paired(k, 0),
@@ -405,6 +419,8 @@ pub(super) fn run(
             paired(k, 1),
             median_of(k, 2),
             median_of(k, 3),
+            median_of(k, 4),
+            median_of(k, 5),
         );
     }
     for (t, thread) in THREADS.iter().enumerate() {
@@ -423,7 +439,7 @@ pub(super) fn run(
             "L1D miss"
         );
         for (k, kind) in KINDS.iter().enumerate() {
-            let base = 4 + t * (2 + EVENTS.len());
+            let base = LEAD + t * (2 + EVENTS.len());
             let mut line = format!("    {:<52}", kind.name());
             for c in 0..2 + EVENTS.len() {
                 let _ = write!(line, " {:>8.1}", median_of(k, base + c));
@@ -435,7 +451,7 @@ pub(super) fn run(
     let mut json = String::from("{");
     let _ = write!(
         json,
-        "\n    \"refused_counters\": {:?},\n    \"columns\": [\"enqueue_ns\", \"per_second\", \"depth_end\", \"depth_max\"",
+        "\n    \"refused_counters\": {:?},\n    \"columns\": [\"enqueue_ns\", \"per_second\", \"depth_end\", \"depth_max\", \"host_fn_ns_while_enqueuing\", \"host_fn_ns_after\"",
         refused
     );
     for thread in THREADS {
