@@ -1060,6 +1060,8 @@ fn main() {
         .map(|_| Stream::new(&bench.gpu.context).unwrap())
         .collect();
     let all_cpus = allowed_cpus();
+    // Chosen again inside pin_threads; here for the thread-costs section's background threads.
+    let planned = choose_pinning();
     let pinned = pin_threads(&bench, &[&one[0], &four[3]]);
     DRIVER_TID.store(
         driver_thread_of(&bench, &one[0]),
@@ -1074,6 +1076,8 @@ fn main() {
             DRIVER_TID.load(ord),
             PINNED_REAPER_TID.load(ord),
             reps(),
+            planned.as_ref(),
+            &all_cpus,
         );
         println!("host-launch benchmark: {device}, driver CUDA {version}\n{pinned}{table}");
         std::fs::write(

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use cuda_host_launch::{Stream, flush, host_launch, launch_host_function};
 use cuda_sys::types::{CUresult, CUstream};
 
-use super::{Bench, N, json_number, quartiles};
+use super::{Bench, json_number, quartiles};
 
 /// Host functions run so far (all methods), on a cache line of its own.
 #[repr(align(128))]
@@ -59,6 +59,13 @@ enum Kind {
     Callback,
     /// The floor plus a 128-byte block per launch from a ring of `slots`.
     Footprint(usize),
+    /// The floor while another thread of ours works on the reaper's CPU (`near`) or on the last
+    /// CPU (far): all the time (`periodic` false) or, like the reaper, in bursts of 15 µs every
+    /// 50 µs. Does work on another core slow the pipeline by itself?
+    Busy {
+        near: bool,
+        periodic: bool,
+    },
 }
 
 impl Kind {
@@ -69,6 +76,19 @@ impl Kind {
             Kind::Closure => "host_launch closure".into(),
             Kind::Callback => "cuStreamAddCallback + Box (cust/CCCL)".into(),
             Kind::Footprint(s) => format!("  part: floor + 128 B block, ring of {s}"),
+            Kind::Busy { near, periodic } => format!(
+                "  part: floor, {} on {}",
+                if periodic {
+                    "15 us of work per 50 us"
+                } else {
+                    "a thread busy"
+                },
+                if near {
+                    "the reaper's CPU"
+                } else {
+                    "a far CPU"
+                }
+            ),
         }
     }
     fn key(self) -> String {
@@ -78,22 +98,92 @@ impl Kind {
             Kind::Closure => "closure".into(),
             Kind::Callback => "callback".into(),
             Kind::Footprint(s) => format!("raw_with_block_ring_{s}"),
+            Kind::Busy { near, periodic } => format!(
+                "raw_with_{}_{}",
+                if periodic {
+                    "periodic_work"
+                } else {
+                    "busy_thread"
+                },
+                if near { "near" } else { "far" }
+            ),
         }
     }
 }
 
-const KINDS: [Kind; 6] = [
+const KINDS: [Kind; 8] = [
     Kind::Floor,
     Kind::Owner,
     Kind::Closure,
     Kind::Callback,
-    Kind::Footprint(1_024),
     Kind::Footprint(SLOTS),
+    Kind::Busy {
+        near: true,
+        periodic: false,
+    },
+    Kind::Busy {
+        near: false,
+        periodic: false,
+    },
+    Kind::Busy {
+        near: true,
+        periodic: true,
+    },
 ];
+
+/// What the background threads do: 0 nothing (they sleep), 1 work all the time, 2 work in bursts.
+static BACKGROUND_MODE: AtomicU64 = AtomicU64::new(0);
+/// Which background thread works: 0 the one on the reaper's CPU, 1 the far one.
+static BACKGROUND_WHICH: AtomicU64 = AtomicU64::new(0);
+static BACKGROUND_STOP: AtomicU64 = AtomicU64::new(0);
+
+/// A background thread pinned to `cpu`: it works (writes through a private 256 KiB buffer, as a
+/// reaper walking records would) while the mode asks it to.
+fn background(cpu: usize, which: u64) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        super::pin_current_thread(cpu);
+        // SAFETY: prctl(PR_SET_TIMERSLACK) takes a plain integer: sleeps end within 1 µs of their
+        // deadline, as the reaper's do.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
+        let mut buffer = vec![0u64; 32 * 1024];
+        let mut i = 0usize;
+        let mut work = |for_ns: u64| {
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_nanos(for_ns) {
+                for _ in 0..64 {
+                    i = (i + 9) % buffer.len();
+                    buffer[i] = buffer[i].wrapping_add(i as u64);
+                }
+            }
+            std::hint::black_box(&buffer);
+        };
+        while BACKGROUND_STOP.load(Ordering::Relaxed) == 0 {
+            let mine = BACKGROUND_WHICH.load(Ordering::Relaxed) == which;
+            match BACKGROUND_MODE.load(Ordering::Relaxed) {
+                1 if mine => work(100_000),
+                2 if mine => {
+                    std::thread::sleep(Duration::from_micros(50));
+                    work(15_000);
+                }
+                _ => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+    })
+}
+
+/// Sets what the background threads do for a run of `kind`.
+fn set_background(kind: Kind) {
+    let (mode, which) = match kind {
+        Kind::Busy { near, periodic } => (if periodic { 2 } else { 1 }, u64::from(!near)),
+        _ => (0, 0),
+    };
+    BACKGROUND_WHICH.store(which, Ordering::Relaxed);
+    BACKGROUND_MODE.store(mode, Ordering::Relaxed);
+}
 
 fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
     match kind {
-        Kind::Floor => {
+        Kind::Floor | Kind::Busy { .. } => {
             let f = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
             // SAFETY: live stream; `count` ignores its argument.
             let code = unsafe { f(stream.raw(), Some(count), std::ptr::null_mut()) };
@@ -154,12 +244,26 @@ struct Event {
 const PERF_TYPE_HARDWARE: u32 = 0;
 const PERF_TYPE_HW_CACHE: u32 = 3;
 const PERF_TYPE_SOFTWARE: u32 = 1;
-const EVENTS: [Event; 6] = [
+const EVENTS: [Event; 8] = [
     // PERF_COUNT_SW_TASK_CLOCK: the thread's CPU time in ns, exact (schedstat's can lag a tick).
     Event {
         name: "task_clock_ns",
         kind: PERF_TYPE_SOFTWARE,
         config: 1,
+        user_only: false,
+    },
+    // PERF_COUNT_SW_PAGE_FAULTS and PERF_COUNT_SW_CONTEXT_SWITCHES: software events, counted by
+    // the kernel even where the PMU is not visible.
+    Event {
+        name: "page_faults",
+        kind: PERF_TYPE_SOFTWARE,
+        config: 2,
+        user_only: false,
+    },
+    Event {
+        name: "context_switches",
+        kind: PERF_TYPE_SOFTWARE,
+        config: 3,
         user_only: false,
     },
     Event {
@@ -278,7 +382,7 @@ fn per_launch(before: &[f64], after: &[f64], n: usize) -> Vec<f64> {
 
 const THREADS: [&str; 3] = ["launcher", "driver", "reaper"];
 /// The figures of a repetition before the threads' readings.
-const LEAD: usize = 6;
+const LEAD: usize = 7;
 
 /// Runs the section; returns the table's text and a JSON object.
 pub(super) fn run(
@@ -287,7 +391,17 @@ pub(super) fn run(
     driver_tid: i64,
     reaper_tid: i64,
     reps: usize,
+    pinning: Option<&super::Pinning>,
+    all_cpus: &[usize],
 ) -> (String, String) {
+    // `BENCH_THREAD_COSTS_N` sets the launches per run (default the table's N);
+    // `BENCH_THREAD_COSTS_PARTS=0` leaves out the parts (only the floor and the three methods).
+    let n: usize = std::env::var("BENCH_THREAD_COSTS_N")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(super::N);
+    let parts = std::env::var("BENCH_THREAD_COSTS_PARTS").map_or(true, |v| v.trim() != "0");
+    let kinds: &[Kind] = if parts { &KINDS } else { &KINDS[..4] };
     // SAFETY: gettid has no preconditions.
     let launcher_tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let tids = [launcher_tid, driver_tid, reaper_tid];
@@ -311,8 +425,21 @@ pub(super) fn run(
         })
         .collect();
 
+    // Near: the reaper's CPU (idle while the floor runs). Far: the last CPU the process may use that
+    // none of the pinned threads has.
+    let near = pinning.map_or(3, |p| p.reaper);
+    let taken = pinning.map_or(vec![], |p| vec![p.launcher, p.driver, p.reaper]);
+    let far = all_cpus
+        .iter()
+        .rev()
+        .copied()
+        .find(|c| !taken.contains(c))
+        .unwrap_or(near);
+    let workers = [background(near, 0), background(far, 1)];
+
     // Warm-up.
-    for &k in &KINDS {
+    for &k in kinds {
+        set_background(k);
         for i in 0..20_000 {
             launch(bench, k, stream, i);
         }
@@ -322,20 +449,24 @@ pub(super) fn run(
 
     // per kind: per rep: enqueue ns, per second, depth at the end of the enqueue, max depth sampled,
     // then per thread the readings per launch.
-    let mut figures: Vec<Vec<Vec<f64>>> = vec![Vec::new(); KINDS.len()];
+    let mut figures: Vec<Vec<Vec<f64>>> = vec![Vec::new(); kinds.len()];
     for rep in 0..reps {
-        for j in 0..KINDS.len() {
-            let k = (rep + j) % KINDS.len();
-            let kind = KINDS[k];
+        for j in 0..kinds.len() {
+            let k = (rep + j) % kinds.len();
+            let kind = kinds[k];
+            set_background(kind);
+            // Let a background thread leave its 1 ms sleep and start.
+            std::thread::sleep(Duration::from_millis(3));
             let ran_before = RAN.0.load(Ordering::Relaxed);
             let before: Vec<Vec<f64>> = tids
                 .iter()
                 .zip(&counters)
                 .map(|(&t, c)| sample(t, c))
                 .collect();
+            let heap_before = cuda_workspace::gpu::heap_in_use();
             let mut max_depth = 0u64;
             let started = Instant::now();
-            for i in 0..N {
+            for i in 0..n {
                 launch(bench, kind, stream, i as u64);
                 if i % 4_096 == 4_095 {
                     let ran = RAN.0.load(Ordering::Relaxed) - ran_before;
@@ -343,7 +474,8 @@ pub(super) fn run(
                 }
             }
             let enqueued = started.elapsed();
-            let depth = N as u64 - (RAN.0.load(Ordering::Relaxed) - ran_before);
+            let depth = n as u64 - (RAN.0.load(Ordering::Relaxed) - ran_before);
+            let heap_growth = cuda_workspace::gpu::heap_in_use() as f64 - heap_before as f64;
             let launcher_after = sample(tids[0], &counters[0]);
             stream.synchronize().unwrap();
             let total = started.elapsed();
@@ -351,24 +483,31 @@ pub(super) fn run(
             flush(Duration::from_secs(30)).unwrap();
             let reaper_after = sample(tids[2], &counters[2]);
             let mut row = vec![
-                enqueued.as_nanos() as f64 / N as f64,
-                N as f64 / total.as_secs_f64(),
+                enqueued.as_nanos() as f64 / n as f64,
+                n as f64 / total.as_secs_f64(),
                 depth as f64,
                 max_depth.max(depth) as f64,
                 // The host functions' pace while the launcher enqueued, and after it stopped.
-                enqueued.as_nanos() as f64 / (N as u64 - depth).max(1) as f64,
+                enqueued.as_nanos() as f64 / (n as u64 - depth).max(1) as f64,
                 (total - enqueued).as_nanos() as f64 / depth.max(1) as f64,
+                // Heap (malloc) growth over the enqueue, per launch still pending at its end.
+                heap_growth / depth.max(1) as f64,
             ];
             for (b, a) in before
                 .iter()
                 .zip([launcher_after, driver_after, reaper_after])
             {
-                row.extend(per_launch(b, &a, N));
+                row.extend(per_launch(b, &a, n));
             }
             figures[k].push(row);
         }
     }
 
+    set_background(Kind::Floor);
+    BACKGROUND_STOP.store(1, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
     let columns = LEAD + THREADS.len() * (2 + EVENTS.len());
     let median_of = |k: usize, c: usize| {
         let v: Vec<f64> = figures[k].iter().map(|r| r[c]).collect();
@@ -387,7 +526,11 @@ pub(super) fn run(
     let mut table = String::new();
     let _ = writeln!(
         table,
-        "\nwhere a launch's time goes, thread by thread (1 stream, N = {N}, {reps} repetitions, kinds \
+        "\nbackground threads of the busy parts: near on CPU {near}, far on CPU {far}"
+    );
+    let _ = writeln!(
+        table,
+        "\nwhere a launch's time goes, thread by thread (1 stream, N = {n}, {reps} repetitions, kinds \
          interleaved; every host function counts its runs; medians; per launch):"
     );
     if refused.is_empty() {
@@ -397,7 +540,7 @@ pub(super) fn run(
     }
     let _ = writeln!(
         table,
-        "  {:<44} {:>8} {:>7} {:>8} {:>7} {:>9} {:>9} {:>11} {:>11}",
+        "  {:<44} {:>8} {:>7} {:>8} {:>7} {:>9} {:>9} {:>11} {:>11} {:>11}",
         "kind",
         "enq ns",
         "x floor",
@@ -406,12 +549,13 @@ pub(super) fn run(
         "depth end",
         "depth max",
         "fn ns (enq)",
-        "fn ns after"
+        "fn ns after",
+        "heap B/pend"
     );
-    for (k, kind) in KINDS.iter().enumerate() {
+    for (k, kind) in kinds.iter().enumerate() {
         let _ = writeln!(
             table,
-            "  {:<44} {:>8.0} {:>7.3} {:>8.0} {:>7.3} {:>9.0} {:>9.0} {:>11.0} {:>11.0}",
+            "  {:<44} {:>8.0} {:>7.3} {:>8.0} {:>7.3} {:>9.0} {:>9.0} {:>11.0} {:>11.0} {:>11.0}",
             kind.name(),
             median_of(k, 0),
             paired(k, 0),
@@ -421,24 +565,27 @@ pub(super) fn run(
             median_of(k, 3),
             median_of(k, 4),
             median_of(k, 5),
+            median_of(k, 6),
         );
     }
     for (t, thread) in THREADS.iter().enumerate() {
         let _ = writeln!(
             table,
-            "  {thread} thread (tid {}), per launch: {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "  {thread} thread (tid {}), per launch: {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
             tids[t],
             "",
             "cpu ns",
             "rq ns",
             "task ns",
+            "faults",
+            "switches",
             "cycles",
             "u cycles",
             "instr",
             "LLC miss",
             "L1D miss"
         );
-        for (k, kind) in KINDS.iter().enumerate() {
+        for (k, kind) in kinds.iter().enumerate() {
             let base = LEAD + t * (2 + EVENTS.len());
             let mut line = format!("    {:<52}", kind.name());
             for c in 0..2 + EVENTS.len() {
@@ -451,7 +598,7 @@ pub(super) fn run(
     let mut json = String::from("{");
     let _ = write!(
         json,
-        "\n    \"refused_counters\": {:?},\n    \"columns\": [\"enqueue_ns\", \"per_second\", \"depth_end\", \"depth_max\", \"host_fn_ns_while_enqueuing\", \"host_fn_ns_after\"",
+        "\n    \"refused_counters\": {:?},\n    \"columns\": [\"enqueue_ns\", \"per_second\", \"depth_end\", \"depth_max\", \"host_fn_ns_while_enqueuing\", \"host_fn_ns_after\", \"heap_growth_bytes_per_pending\"",
         refused
     );
     for thread in THREADS {
@@ -463,7 +610,7 @@ pub(super) fn run(
         }
     }
     json.push(']');
-    for (k, kind) in KINDS.iter().enumerate() {
+    for (k, kind) in kinds.iter().enumerate() {
         let medians: Vec<String> = (0..columns).map(|c| json_number(median_of(k, c))).collect();
         let _ = write!(
             json,
