@@ -4,7 +4,8 @@
 //! what the launching thread, the driver's host-function thread and the reaper each spend per
 //! launch while N launches flow (CPU time and run-queue wait from `/proc/.../schedstat`; cycles,
 //! user-mode cycles, instructions and last-level-cache misses from `perf_event_open`, where the
-//! machine's PMU is visible), and how many launches the driver holds pending (enqueued, host
+//! machine's PMU is visible; the C allocator's calls where `tools/malloc-count`'s shim is
+//! preloaded), and how many launches the driver holds pending (enqueued, host
 //! function not yet run) as the enqueue goes on, and the host functions' pace while the launcher
 //! enqueues and after it has stopped.
 //!
@@ -360,14 +361,43 @@ fn schedstat(tid: i64) -> Option<(f64, f64)> {
     Some((it.next()??, it.next()??))
 }
 
-/// The readings of one thread: CPU ns, run-queue wait ns, then each of EVENTS (NaN if unknown).
-fn sample(tid: i64, counters: &[Option<Counting>]) -> Vec<f64> {
+/// `malloc_count_read` of `tools/malloc-count` (the LD_PRELOAD shim that counts the C allocator's
+/// calls per thread), if the process runs with it preloaded.
+type MallocCountRead = unsafe extern "C" fn(libc::c_long, *mut [libc::c_ulong; 4]) -> libc::c_int;
+
+fn malloc_count_reader() -> Option<MallocCountRead> {
+    // SAFETY: RTLD_DEFAULT searches the loaded objects; the name is NUL-terminated.
+    let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc_count_read".as_ptr()) };
+    if symbol.is_null() {
+        return None;
+    }
+    // SAFETY: the shim defines the symbol with this signature (tools/malloc-count/malloc_count.c).
+    Some(unsafe { std::mem::transmute::<*mut c_void, MallocCountRead>(symbol) })
+}
+
+/// What the shim counts per thread: allocations, frees, allocations that returned one of the
+/// thread's own recent frees (a proxy for glibc's thread cache serving it), reallocs.
+const ALLOCATOR_COUNTS: [&str; 4] = ["allocs", "frees", "reused", "reallocs"];
+/// Readings per thread: CPU ns, run-queue wait ns, EVENTS, ALLOCATOR_COUNTS.
+const PER_THREAD: usize = 2 + EVENTS.len() + ALLOCATOR_COUNTS.len();
+
+/// The readings of one thread (see PER_THREAD; NaN where unknown).
+fn sample(tid: i64, counters: &[Option<Counting>], reader: Option<MallocCountRead>) -> Vec<f64> {
     let (cpu, wait) = schedstat(tid).unwrap_or((f64::NAN, f64::NAN));
     let mut v = vec![cpu, wait];
     v.extend(
         counters
             .iter()
             .map(|c| c.as_ref().and_then(Counting::read).unwrap_or(f64::NAN)),
+    );
+    let mut counts = [0 as libc::c_ulong; 4];
+    // SAFETY: the shim's reader takes a thread id and a pointer to four counters, which it writes
+    // only when it returns 1.
+    let found = tid > 0 && reader.is_some_and(|read| unsafe { read(tid, &mut counts) } == 1);
+    v.extend(
+        counts
+            .iter()
+            .map(|&c| if found { c as f64 } else { f64::NAN }),
     );
     v
 }
@@ -405,6 +435,7 @@ pub(super) fn run(
     // SAFETY: gettid has no preconditions.
     let launcher_tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let tids = [launcher_tid, driver_tid, reaper_tid];
+    let reader = malloc_count_reader();
     let mut refused = Vec::new();
     let counters: Vec<Vec<Option<Counting>>> = tids
         .iter()
@@ -461,7 +492,7 @@ pub(super) fn run(
             let before: Vec<Vec<f64>> = tids
                 .iter()
                 .zip(&counters)
-                .map(|(&t, c)| sample(t, c))
+                .map(|(&t, c)| sample(t, c, reader))
                 .collect();
             let heap_before = cuda_workspace::gpu::heap_in_use();
             let mut max_depth = 0u64;
@@ -476,12 +507,12 @@ pub(super) fn run(
             let enqueued = started.elapsed();
             let depth = n as u64 - (RAN.0.load(Ordering::Relaxed) - ran_before);
             let heap_growth = cuda_workspace::gpu::heap_in_use() as f64 - heap_before as f64;
-            let launcher_after = sample(tids[0], &counters[0]);
+            let launcher_after = sample(tids[0], &counters[0], reader);
             stream.synchronize().unwrap();
             let total = started.elapsed();
-            let driver_after = sample(tids[1], &counters[1]);
+            let driver_after = sample(tids[1], &counters[1], reader);
             flush(Duration::from_secs(30)).unwrap();
-            let reaper_after = sample(tids[2], &counters[2]);
+            let reaper_after = sample(tids[2], &counters[2], reader);
             let mut row = vec![
                 enqueued.as_nanos() as f64 / n as f64,
                 n as f64 / total.as_secs_f64(),
@@ -508,7 +539,7 @@ pub(super) fn run(
     for w in workers {
         w.join().unwrap();
     }
-    let columns = LEAD + THREADS.len() * (2 + EVENTS.len());
+    let columns = LEAD + THREADS.len() * PER_THREAD;
     let median_of = |k: usize, c: usize| {
         let v: Vec<f64> = figures[k].iter().map(|r| r[c]).collect();
         quartiles(&v).0
@@ -532,6 +563,11 @@ pub(super) fn run(
         table,
         "\nwhere a launch's time goes, thread by thread (1 stream, N = {n}, {reps} repetitions, kinds \
          interleaved; every host function counts its runs; medians; per launch):"
+    );
+    let _ = writeln!(
+        table,
+        "  allocator counts (tools/malloc-count preloaded): {}",
+        if reader.is_some() { "yes" } else { "no" }
     );
     if refused.is_empty() {
         let _ = writeln!(table, "  hardware counters: all open");
@@ -571,7 +607,7 @@ pub(super) fn run(
     for (t, thread) in THREADS.iter().enumerate() {
         let _ = writeln!(
             table,
-            "  {thread} thread (tid {}), per launch: {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "  {thread} thread (tid {}), per launch: {:<14} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
             tids[t],
             "",
             "cpu ns",
@@ -583,13 +619,17 @@ pub(super) fn run(
             "u cycles",
             "instr",
             "LLC miss",
-            "L1D miss"
+            "L1D miss",
+            "allocs",
+            "frees",
+            "reused",
+            "reallocs"
         );
         for (k, kind) in kinds.iter().enumerate() {
-            let base = LEAD + t * (2 + EVENTS.len());
+            let base = LEAD + t * PER_THREAD;
             let mut line = format!("    {:<52}", kind.name());
-            for c in 0..2 + EVENTS.len() {
-                let _ = write!(line, " {:>8.1}", median_of(k, base + c));
+            for c in 0..PER_THREAD {
+                let _ = write!(line, " {:>8.2}", median_of(k, base + c));
             }
             let _ = writeln!(table, "{line}");
         }
@@ -605,6 +645,7 @@ pub(super) fn run(
         for name in ["cpu_ns", "runqueue_ns"]
             .iter()
             .chain(EVENTS.iter().map(|e| &e.name))
+            .chain(ALLOCATOR_COUNTS.iter())
         {
             let _ = write!(json, ", \"{thread}_{name}\"");
         }
