@@ -443,23 +443,31 @@ impl Bench {
                 let code = unsafe { launch(stream.raw(), Some(busy), ns as *mut c_void) };
                 assert_eq!(code, CUresult::CUDA_SUCCESS);
             }
-            Method::Callback => {
-                let f: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(move || {
+            Method::Callback => self.add_boxed_callback(
+                stream,
+                Box::new(move || {
                     std::hint::black_box(value);
-                }));
-                let add = self.gpu.driver.raw().cuStreamAddCallback().unwrap();
-                // SAFETY: live stream; the callback takes the box back once.
-                let code = unsafe {
-                    add(
-                        stream.raw(),
-                        Some(boxed_callback),
-                        Box::into_raw(f).cast(),
-                        0,
-                    )
-                };
-                assert_eq!(code, CUresult::CUDA_SUCCESS);
-            }
+                }),
+            ),
         }
+    }
+
+    /// The peer approach's launch: `f` boxed once more (a thin pointer for the driver) and handed
+    /// to `cuStreamAddCallback`; [`boxed_callback`] takes it back and frees it on the driver thread.
+    #[inline(always)]
+    fn add_boxed_callback(&self, stream: &Stream, f: Box<dyn FnOnce() + Send>) {
+        let f: Box<Box<dyn FnOnce() + Send>> = Box::new(f);
+        let add = self.gpu.driver.raw().cuStreamAddCallback().unwrap();
+        // SAFETY: live stream; the callback takes the box back once.
+        let code = unsafe {
+            add(
+                stream.raw(),
+                Some(boxed_callback),
+                Box::into_raw(f).cast(),
+                0,
+            )
+        };
+        assert_eq!(code, CUresult::CUDA_SUCCESS);
     }
 
     /// `n` launches spread round-robin over `streams`, then a synchronize: see [`Run`].

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{Stream, flush, host_launch, launch_host_function};
-use cuda_sys::types::{CUresult, CUstream};
+use cuda_sys::types::CUresult;
 
 use super::{Bench, json_number, quartiles};
 
@@ -44,12 +44,6 @@ unsafe extern "C" fn count_and_read(data: *mut c_void) {
     let block = unsafe { &*data.cast::<Block>() };
     std::hint::black_box(block.0[0].load(Ordering::Relaxed));
     RAN.0.fetch_add(1, Ordering::Relaxed);
-}
-
-unsafe extern "C" fn boxed_callback(_: CUstream, _: CUresult, data: *mut c_void) {
-    // SAFETY: `data` is the Box leaked by the launch, taken back once, here.
-    let f = unsafe { Box::from_raw(data.cast::<Box<dyn FnOnce() + Send>>()) };
-    f();
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -202,23 +196,13 @@ fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
             })
             .unwrap();
         }
-        Kind::Callback => {
-            let f: Box<Box<dyn FnOnce() + Send>> = Box::new(Box::new(move || {
+        Kind::Callback => bench.add_boxed_callback(
+            stream,
+            Box::new(move || {
                 std::hint::black_box(i);
                 RAN.0.fetch_add(1, Ordering::Relaxed);
-            }));
-            let add = bench.gpu.driver.raw().cuStreamAddCallback().unwrap();
-            // SAFETY: live stream; the callback takes the box back once.
-            let code = unsafe {
-                add(
-                    stream.raw(),
-                    Some(boxed_callback),
-                    Box::into_raw(f).cast(),
-                    0,
-                )
-            };
-            assert_eq!(code, CUresult::CUDA_SUCCESS);
-        }
+            }),
+        ),
         Kind::Footprint(slots) => {
             let block = &BLOCKS[i as usize % slots];
             for (k, word) in block.0.iter().enumerate() {
