@@ -345,28 +345,80 @@ fn schedstat(tid: i64) -> Option<(f64, f64)> {
     Some((it.next()??, it.next()??))
 }
 
-/// `malloc_count_read` of `tools/malloc-count` (the LD_PRELOAD shim that counts the C allocator's
-/// calls per thread), if the process runs with it preloaded.
-type MallocCountRead = unsafe extern "C" fn(libc::c_long, *mut [libc::c_ulong; 4]) -> libc::c_int;
+/// `tools/malloc-count`'s readers (the LD_PRELOAD shim that counts the C allocator's calls per
+/// thread), if the process runs with it preloaded: totals, and the same per size class.
+#[derive(Clone, Copy)]
+struct AllocatorCounts {
+    read: ReadTotals,
+    classes: ReadClasses,
+}
 
-fn malloc_count_reader() -> Option<MallocCountRead> {
-    // SAFETY: RTLD_DEFAULT searches the loaded objects; the name is NUL-terminated.
-    let symbol = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"malloc_count_read".as_ptr()) };
-    if symbol.is_null() {
-        return None;
+/// `malloc_count_read`: a thread's four totals.
+type ReadTotals = unsafe extern "C" fn(libc::c_long, *mut [libc::c_ulong; 4]) -> libc::c_int;
+/// `malloc_count_classes`: a thread's allocations, reuses and frees per size class.
+type ReadClasses = unsafe extern "C" fn(
+    libc::c_long,
+    *mut [libc::c_ulong; SIZE_CLASSES],
+    *mut [libc::c_ulong; SIZE_CLASSES],
+    *mut [libc::c_ulong; SIZE_CLASSES],
+) -> libc::c_int;
+
+impl AllocatorCounts {
+    fn find() -> Option<AllocatorCounts> {
+        // SAFETY: RTLD_DEFAULT searches the loaded objects; the names are NUL-terminated.
+        let (read, classes) = unsafe {
+            (
+                libc::dlsym(libc::RTLD_DEFAULT, c"malloc_count_read".as_ptr()),
+                libc::dlsym(libc::RTLD_DEFAULT, c"malloc_count_classes".as_ptr()),
+            )
+        };
+        if read.is_null() || classes.is_null() {
+            return None;
+        }
+        // SAFETY: the shim defines both symbols with these signatures
+        // (tools/malloc-count/malloc_count.c; SIZE_CLASSES is its CLASSES).
+        unsafe {
+            Some(AllocatorCounts {
+                read: std::mem::transmute::<*mut c_void, ReadTotals>(read),
+                classes: std::mem::transmute::<*mut c_void, ReadClasses>(classes),
+            })
+        }
     }
-    // SAFETY: the shim defines the symbol with this signature (tools/malloc-count/malloc_count.c).
-    Some(unsafe { std::mem::transmute::<*mut c_void, MallocCountRead>(symbol) })
+
+    /// ALLOCATOR_COUNTS, then allocations, reuses and frees per size class, of thread `tid`.
+    fn of(&self, tid: i64) -> Option<Vec<f64>> {
+        let mut totals = [0 as libc::c_ulong; 4];
+        let mut by_class = [[0 as libc::c_ulong; SIZE_CLASSES]; 3];
+        let [allocs, reused, frees] = &mut by_class;
+        // SAFETY: each reader takes a thread id and pointers to arrays of the sizes it writes.
+        let found = tid > 0
+            && unsafe { (self.read)(tid, &mut totals) } == 1
+            && unsafe { (self.classes)(tid, allocs, reused, frees) } == 1;
+        found.then(|| {
+            totals
+                .iter()
+                .chain(by_class.iter().flatten())
+                .map(|&c| c as f64)
+                .collect()
+        })
+    }
 }
 
 /// What the shim counts per thread: allocations, frees, allocations that returned one of the
 /// thread's own recent frees (a proxy for glibc's thread cache serving it), reallocs.
 const ALLOCATOR_COUNTS: [&str; 4] = ["allocs", "frees", "reused", "reallocs"];
-/// Readings per thread: CPU ns, run-queue wait ns, EVENTS, ALLOCATOR_COUNTS.
-const PER_THREAD: usize = 2 + EVENTS.len() + ALLOCATOR_COUNTS.len();
+/// The shim's size classes: usable size [16k, 16k + 16) bytes, the last one 1,008 bytes and up.
+const SIZE_CLASSES: usize = 64;
+/// Per size class: allocations, reuses, frees.
+const BY_CLASS: [&str; 3] = ["allocs", "reused", "frees"];
+/// Readings per thread printed in the thread tables: CPU ns, run-queue wait ns, EVENTS,
+/// ALLOCATOR_COUNTS.
+const SCALARS: usize = 2 + EVENTS.len() + ALLOCATOR_COUNTS.len();
+/// All readings per thread: SCALARS, then BY_CLASS per size class.
+const PER_THREAD: usize = SCALARS + BY_CLASS.len() * SIZE_CLASSES;
 
 /// The readings of one thread (see PER_THREAD; NaN where unknown).
-fn sample(tid: i64, counters: &[Option<Counting>], reader: Option<MallocCountRead>) -> Vec<f64> {
+fn sample(tid: i64, counters: &[Option<Counting>], allocator: Option<AllocatorCounts>) -> Vec<f64> {
     let (cpu, wait) = schedstat(tid).unwrap_or((f64::NAN, f64::NAN));
     let mut v = vec![cpu, wait];
     v.extend(
@@ -374,16 +426,47 @@ fn sample(tid: i64, counters: &[Option<Counting>], reader: Option<MallocCountRea
             .iter()
             .map(|c| c.as_ref().and_then(Counting::read).unwrap_or(f64::NAN)),
     );
-    let mut counts = [0 as libc::c_ulong; 4];
-    // SAFETY: the shim's reader takes a thread id and a pointer to four counters, which it writes
-    // only when it returns 1.
-    let found = tid > 0 && reader.is_some_and(|read| unsafe { read(tid, &mut counts) } == 1);
-    v.extend(
-        counts
-            .iter()
-            .map(|&c| if found { c as f64 } else { f64::NAN }),
-    );
+    match allocator.and_then(|a| a.of(tid)) {
+        Some(counts) => v.extend(counts),
+        None => v.extend([f64::NAN; PER_THREAD - 2 - EVENTS.len()]),
+    }
     v
+}
+
+/// Prints, thread by thread, the size classes in which some kind allocated or freed at least 0.02
+/// blocks per launch, with every kind's allocations, reuses and frees there.
+fn allocator_classes(table: &mut String, kinds: &[Kind], median_of: &dyn Fn(usize, usize) -> f64) {
+    let _ = writeln!(
+        table,
+        "\n  the C allocator's calls by usable size, per launch (medians; tools/malloc-count):"
+    );
+    for (t, thread) in THREADS.iter().enumerate() {
+        let base = LEAD + t * PER_THREAD + SCALARS;
+        let (allocs, reused, frees) = (base, base + SIZE_CLASSES, base + 2 * SIZE_CLASSES);
+        for c in 0..SIZE_CLASSES {
+            let busy = (0..kinds.len())
+                .any(|k| median_of(k, allocs + c) >= 0.02 || median_of(k, frees + c) >= 0.02);
+            if !busy {
+                continue;
+            }
+            let size = if c + 1 == SIZE_CLASSES {
+                format!("{} B and up", 16 * c)
+            } else {
+                format!("{}-{} B", 16 * c, 16 * c + 15)
+            };
+            let _ = writeln!(table, "    {thread} thread, usable {size}:");
+            for (k, kind) in kinds.iter().enumerate() {
+                let _ = writeln!(
+                    table,
+                    "      {:<52} allocs {:>7.3} (reused {:>7.3})  frees {:>7.3}",
+                    kind.name(),
+                    median_of(k, allocs + c),
+                    median_of(k, reused + c),
+                    median_of(k, frees + c)
+                );
+            }
+        }
+    }
 }
 
 fn per_launch(before: &[f64], after: &[f64], n: usize) -> Vec<f64> {
@@ -419,7 +502,7 @@ pub(super) fn run(
     // SAFETY: gettid has no preconditions.
     let launcher_tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let tids = [launcher_tid, driver_tid, reaper_tid];
-    let reader = malloc_count_reader();
+    let reader = AllocatorCounts::find();
     let mut refused = Vec::new();
     let counters: Vec<Vec<Option<Counting>>> = tids
         .iter()
@@ -612,11 +695,15 @@ pub(super) fn run(
         for (k, kind) in kinds.iter().enumerate() {
             let base = LEAD + t * PER_THREAD;
             let mut line = format!("    {:<52}", kind.name());
-            for c in 0..PER_THREAD {
+            for c in 0..SCALARS {
                 let _ = write!(line, " {:>8.2}", median_of(k, base + c));
             }
             let _ = writeln!(table, "{line}");
         }
+    }
+
+    if reader.is_some() {
+        allocator_classes(&mut table, kinds, &median_of);
     }
 
     let mut json = String::from("{");
@@ -632,6 +719,11 @@ pub(super) fn run(
             .chain(ALLOCATOR_COUNTS.iter())
         {
             let _ = write!(json, ", \"{thread}_{name}\"");
+        }
+        for what in BY_CLASS {
+            for k in 0..SIZE_CLASSES {
+                let _ = write!(json, ", \"{thread}_{what}_size_class_{k}\"");
+            }
         }
     }
     json.push(']');

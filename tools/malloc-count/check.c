@@ -1,10 +1,12 @@
 /*
  * Checks libmalloc_count.so (run by scripts/gpu-bundle with the shim preloaded): a thread's
- * allocations, frees and reuses of its own recent frees are counted for that thread, frees by
- * another thread for the other thread, and malloc_count_read finds both. Exit status 0 if so.
+ * allocations, frees and reuses of its own recent frees are counted for that thread, in total and
+ * in the blocks' size class, frees by another thread for the other thread, and malloc_count_read
+ * and malloc_count_classes find them. Exit status 0 if so.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +50,7 @@ int main(void) {
     for (int i = 0; i < BLOCKS; i++) {
         blocks[i] = malloc(64);
     }
+    int k = (int)(malloc_usable_size(blocks[0]) / 16);
     unsigned long after[4];
     if (!read_counts(me, after)) {
         fprintf(stderr, "malloc_count check: the main thread was not counted\n");
@@ -65,6 +68,20 @@ int main(void) {
     }
     unsigned long other[4];
     int seen = read_counts(other_tid, other);
+
+    /* The same by size class: the blocks' class got all of the main thread's counts above. */
+    typedef int (*classes_fn)(long, unsigned long *, unsigned long *, unsigned long *);
+    classes_fn read_classes = (classes_fn)dlsym(RTLD_DEFAULT, "malloc_count_classes");
+    unsigned long by_class[3][64];
+    if (read_classes == NULL || !read_classes(me, by_class[0], by_class[1], by_class[2])) {
+        fprintf(stderr, "malloc_count check: no counts by size class\n");
+        return 1;
+    }
+    if (by_class[0][k] < 2 * BLOCKS || by_class[1][k] < 1 || by_class[2][k] < BLOCKS) {
+        fprintf(stderr, "malloc_count check: class %d: %lu allocations, %lu reused, %lu frees\n", k,
+                by_class[0][k], by_class[1][k], by_class[2][k]);
+        return 1;
+    }
 
     printf("malloc_count check: main thread %lu allocations, %lu frees, %lu reused; "
            "other thread seen %d, %lu frees\n",

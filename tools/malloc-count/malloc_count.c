@@ -17,8 +17,8 @@
  *
  * How: every allocation function calls glibc's own (`__libc_malloc` and friends). Each thread
  * keeps, in initial-exec TLS (no allocation to reach it), its last RECENT freed blocks per size
- * class of 16 bytes up to 1,024 (tcache's range); an allocation that returns one of them counts as
- * reused. Counts live in a fixed table of THREADS entries, each written only by its own thread
+ * class of 16 bytes below 1,008 usable bytes (about tcache's range); an allocation that returns one
+ * of them counts as reused. Allocations, reuses and frees are also counted per size class. Counts live in a fixed table of THREADS entries, each written only by its own thread
  * (relaxed atomics, so another thread may read them at any time); threads beyond THREADS are not
  * counted.
  */
@@ -46,6 +46,10 @@ struct counts {
     unsigned long frees;     /* free of a non-NULL pointer, realloc to 0 */
     unsigned long reused;    /* allocations that returned a block this thread freed recently */
     unsigned long reallocs;  /* realloc of a non-NULL pointer */
+    /* The same by usable size, in classes of 16 bytes; the last class holds everything larger. */
+    unsigned long mallocs_by_class[CLASSES];
+    unsigned long reused_by_class[CLASSES];
+    unsigned long frees_by_class[CLASSES];
 };
 
 static struct counts table[THREADS];
@@ -75,10 +79,11 @@ static void add(unsigned long *counter) {
     __atomic_store_n(counter, __atomic_load_n(counter, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
 }
 
+/* The class of a block by its usable size: 16 bytes each, the last one open-ended. Blocks of the
+ * last class are not remembered as recent frees (they are beyond glibc's thread cache). */
 static int size_class(void *ptr) {
-    size_t usable = malloc_usable_size(ptr);
-    size_t c = usable / 16;
-    return c < CLASSES ? (int)c : -1;
+    size_t c = malloc_usable_size(ptr) / 16;
+    return c < CLASSES ? (int)c : CLASSES - 1;
 }
 
 /* Counts an allocation that returned `ptr`, and whether it was one of this thread's recent frees. */
@@ -89,13 +94,15 @@ static void allocated(void *ptr) {
     }
     add(&c->mallocs);
     int k = size_class(ptr);
-    if (k < 0) {
+    add(&c->mallocs_by_class[k]);
+    if (k == CLASSES - 1) {
         return;
     }
     for (int i = 0; i < RECENT; i++) {
         if (recent[k][i] == ptr) {
             recent[k][i] = NULL;
             add(&c->reused);
+            add(&c->reused_by_class[k]);
             return;
         }
     }
@@ -109,7 +116,8 @@ static void freeing(void *ptr) {
     }
     add(&c->frees);
     int k = size_class(ptr);
-    if (k < 0) {
+    add(&c->frees_by_class[k]);
+    if (k == CLASSES - 1) {
         return;
     }
     recent[k][next_recent[k]] = ptr;
@@ -195,6 +203,27 @@ int malloc_count_read(long tid, unsigned long out[4]) {
             out[1] = __atomic_load_n(&table[i].frees, __ATOMIC_RELAXED);
             out[2] = __atomic_load_n(&table[i].reused, __ATOMIC_RELAXED);
             out[3] = __atomic_load_n(&table[i].reallocs, __ATOMIC_RELAXED);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Thread `tid`'s counts per size class (CLASSES entries each: usable size [16k, 16k + 16) bytes,
+ * the last class everything from 1,008 bytes up). Returns 1 if the thread was seen, else 0. */
+int malloc_count_classes(long tid, unsigned long mallocs[CLASSES], unsigned long reused[CLASSES],
+                         unsigned long frees[CLASSES]) {
+    unsigned long taken = __atomic_load_n(&entries_taken, __ATOMIC_RELAXED);
+    if (taken > THREADS) {
+        taken = THREADS;
+    }
+    for (unsigned long i = 0; i < taken; i++) {
+        if (__atomic_load_n(&table[i].tid, __ATOMIC_ACQUIRE) == tid) {
+            for (int k = 0; k < CLASSES; k++) {
+                mallocs[k] = __atomic_load_n(&table[i].mallocs_by_class[k], __ATOMIC_RELAXED);
+                reused[k] = __atomic_load_n(&table[i].reused_by_class[k], __ATOMIC_RELAXED);
+                frees[k] = __atomic_load_n(&table[i].frees_by_class[k], __ATOMIC_RELAXED);
+            }
             return 1;
         }
     }
