@@ -267,8 +267,8 @@ impl Drop for PinOnDrop {
 }
 
 /// Pins the three threads (see [`Pinning`]) and describes what was done.
-fn pin_threads(bench: &Bench, streams: &[&Stream]) -> String {
-    let Some(pin) = choose_pinning() else {
+fn pin_threads(bench: &Bench, streams: &[&Stream], plan: Option<&Pinning>) -> String {
+    let Some(pin) = plan else {
         return "threads not pinned".into();
     };
     let launch = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
@@ -854,7 +854,7 @@ fn variant_child() {
     let four: Vec<Stream> = (0..4)
         .map(|_| Stream::new(&bench.gpu.context).unwrap())
         .collect();
-    let pinned = pin_threads(&bench, &[&one[0], &four[3]]);
+    let pinned = pin_threads(&bench, &[&one[0], &four[3]], choose_pinning().as_ref());
     eprintln!("{pinned}");
     let methods = [Method::Raw, Method::Owner, Method::Closure];
     let mut out = Vec::new();
@@ -1068,9 +1068,8 @@ fn main() {
         .map(|_| Stream::new(&bench.gpu.context).unwrap())
         .collect();
     let all_cpus = allowed_cpus();
-    // Chosen again inside pin_threads; here for the thread-costs section's background threads.
     let planned = choose_pinning();
-    let pinned = pin_threads(&bench, &[&one[0], &four[3]]);
+    let pinned = pin_threads(&bench, &[&one[0], &four[3]], planned.as_ref());
     DRIVER_TID.store(
         driver_thread_of(&bench, &one[0]),
         std::sync::atomic::Ordering::Relaxed,

@@ -1,6 +1,7 @@
 //! Where a pipelined launch's time goes, thread by thread (`BENCH_THREAD_COSTS=1`).
 //!
-//! For the floor, our two launch kinds, the peer approach and two "footprint" parts, on one stream:
+//! For the floor, our two launch kinds, the peer approach and the parts (a 128-byte block per
+//! launch; the floor while a thread of ours works on another core), on one stream:
 //! what the launching thread, the driver's host-function thread and the reaper each spend per
 //! launch while N launches flow (CPU time and run-queue wait from `/proc/.../schedstat`; cycles,
 //! user-mode cycles, instructions and last-level-cache misses from `perf_event_open`, where the
@@ -54,8 +55,8 @@ enum Kind {
     Callback,
     /// The floor plus a 128-byte block per launch from a ring of `slots`.
     Footprint(usize),
-    /// The floor while another thread of ours works on the reaper's CPU (`near`) or on the last
-    /// CPU (far): all the time (`periodic` false) or, like the reaper, in bursts of 15 µs every
+    /// The floor while another thread of ours works on the reaper's CPU (`near`) or on a CPU no
+    /// pinned thread uses (far): all the time (`periodic` false) or, like the reaper, in bursts of 15 µs every
     /// 50 µs. Does work on another core slow the pipeline by itself?
     Busy {
         near: bool,
