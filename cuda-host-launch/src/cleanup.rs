@@ -157,14 +157,29 @@ fn release_one(header: NonNull<RecordHeader>) {
     }
 }
 
-fn release_batch(batch: Batch<RecordHeader>) -> u64 {
-    let headers: Vec<NonNull<RecordHeader>> = batch.collect();
+/// Vectors a releasing thread reuses from batch to batch (the reaper keeps one; `drain` makes one
+/// per call), so that the reaper's heap stays quiet while host functions flow.
+#[derive(Default)]
+struct Scratch {
+    headers: Vec<NonNull<RecordHeader>>,
+    shards: Vec<(usize, NonNull<RecordHeader>)>,
+}
+
+/// The most entries a reused vector keeps between batches (a larger batch's capacity is let go).
+const SCRATCH_KEEP: usize = 4096;
+
+fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
+    let headers = &mut scratch.headers;
+    headers.clear();
+    headers.extend(batch);
     // Unlinked from the pending lists one shard lock at a time, not one per record.
-    crate::pending::forget_all(&headers);
+    crate::pending::forget_all(headers, &mut scratch.shards);
     let count = headers.len() as u64;
-    for header in headers {
+    for header in headers.drain(..) {
         release_one(header);
     }
+    headers.shrink_to(SCRATCH_KEEP);
+    scratch.shards.shrink_to(SCRATCH_KEEP);
     if count > 0 {
         QUEUE.released.fetch_add(count, Ordering::SeqCst);
         if QUEUE.flush_waiters.load(Ordering::SeqCst) > 0 {
@@ -183,12 +198,15 @@ pub fn drain() -> u64 {
     if in_host_function() {
         return 0;
     }
-    release_batch(QUEUE.stack.take_all())
+    release_batch(QUEUE.stack.take_all(), &mut Scratch::default())
 }
 
 /// Waits until every record queued so far is released, or `timeout` passes: the owners of every
 /// host function that has run, and of every graph whose user object the driver has destroyed. In
 /// manual mode it drains the queue itself.
+///
+/// Once everything is released it also gives the record pool's surplus memory back to the system
+/// (whole 4 KiB chunks of free slots, beyond 512 KiB of them), as the reaper does when it goes idle.
 ///
 /// Host functions still pending on their streams are not waited for: synchronize the stream first
 /// to include them. The driver destroys a graph's user objects asynchronously, so owners tied to a
@@ -231,6 +249,10 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
             .unwrap_or_else(|p| p.into_inner());
     };
     QUEUE.flush_waiters.fetch_sub(1, Ordering::SeqCst);
+    if result.is_ok() {
+        // Everything released so far is back in the record pool: give whole chunks of it back.
+        crate::record_pool::trim();
+    }
     result
 }
 
@@ -338,6 +360,7 @@ fn reaper_loop() {
     let poll = env_micros(REAPER_POLL_ENV).unwrap_or(DEFAULT_POLL);
     let linger = env_micros(REAPER_LINGER_ENV).unwrap_or(DEFAULT_LINGER);
     let mut idle_since: Option<Instant> = None;
+    let mut scratch = Scratch::default();
     loop {
         // Pairs with the fence in `push` (see there).
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -349,12 +372,14 @@ fn reaper_loop() {
                 continue;
             }
             idle_since = None;
+            // Idle: give the record pool's surplus back to the system before sleeping.
+            crate::record_pool::trim();
             // Wait for the push that finds the queue empty. Spurious wake-ups just loop.
             std::thread::park();
             continue;
         }
         idle_since = None;
-        release_batch(QUEUE.stack.take_all());
+        release_batch(QUEUE.stack.take_all(), &mut scratch);
     }
 }
 

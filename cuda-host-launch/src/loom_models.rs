@@ -1,5 +1,6 @@
 //! Model checks, with [loom](https://docs.rs/loom), of the lock-free parts of the cleanup queue:
-//! the intrusive stack, the reaper's wake-up protocol, and the record pool's global free stack.
+//! the intrusive stack, the reaper's wake-up protocol, and the record pool (its chunks, thread-local
+//! caches and global free stack).
 //!
 //! Run them (`scripts/loom` does this):
 //!
@@ -15,10 +16,11 @@
 //!
 //! - The stack models run the real [`IntrusiveStack`] on loom's atomics.
 //! - The reaper (`cleanup.rs`: `push`, `start_reaper`, `reaper_loop`) and the pool (`record_pool.rs`:
-//!   `allocate`, `allocate_slow`, `free`) live in `static`s, a `thread_local!`, `std::thread::park`
-//!   and the system allocator, which loom cannot model in place. Their algorithms are transcribed
-//!   here, step for step and with the same orderings, around the real [`IntrusiveStack`]. Keep them
-//!   in step with the code they model.
+//!   `allocate`, `refill`, `new_chunk`, `free`, `trim`, `LocalCache::drop`) live in `static`s, a
+//!   `thread_local!`, `std::thread::park` and the system allocator, which loom cannot model in place.
+//!   Their algorithms are transcribed here, step for step and with the same orderings, around the
+//!   real [`IntrusiveStack`] (the pool's `take_chain`, `push_chain` and `push_chain_if_empty`
+//!   included). Keep them in step with the code they model.
 //!
 //! What the payloads are for: every node carries a `loom::cell::UnsafeCell` that its producer writes
 //! before pushing and its consumer reads after taking, so loom reports any take that is not ordered
@@ -442,26 +444,40 @@ mod reaper_wake_up {
     }
 }
 
-/// `record_pool.rs`'s global free stack: releasing threads push freed slots (at most `MAX_POOLED`
-/// of them), a launcher whose thread-local cache is empty takes the whole stack, keeps one slot and
-/// caches the rest.
+/// `record_pool.rs`: slots carved from chunks, a cache of free slots per thread and the global free
+/// stack. Releasing threads `free` slots onto the global stack; a launcher whose cache is empty
+/// `refill`s it (takes the whole stack, keeps the first `LOCAL_MAX` slots, gives the rest back with
+/// `push_chain_if_empty`, taking in whatever others pushed meanwhile) or carves a `new_chunk`; an
+/// exiting thread pushes its cache back (`LocalCache::drop`); `trim` frees the chunks all of whose
+/// slots wait in the global stack and pushes the other slots back.
 ///
-/// The model's slots come from `loom::alloc`, so loom reports a slot never freed (lost) and a slot
-/// freed twice; a slot handed out twice shows as two live records at one address, and as a data
-/// race on its contents.
-mod record_pool_free_stack {
+/// The model's chunks come from `loom::alloc`, so loom reports a chunk never freed (a slot lost, or
+/// kept out of the pool), a chunk freed twice and one freed by an address that is not its start. A
+/// slot handed out twice shows as two live records at one address and as a data race on its
+/// contents; so does a chunk freed while one of its slots is still in use or cached (or loom fails
+/// on the slot's dropped objects, if it is used after the free).
+mod record_pool_chunks {
     use super::*;
     use loom::alloc::{Layout, alloc, dealloc};
+    use std::cell::Cell;
 
-    /// The model's `MAX_POOLED`: small, so that both the overflow branch and a take of several
-    /// slots (the local cache) are explored.
-    const MAX_POOLED: usize = 2;
+    /// The model's constants, small enough for loom: one chunk holds the main thread's two records,
+    /// and the launcher's three need a refill or a second chunk.
+    const CHUNK_SLOTS: usize = 2;
+    /// `LOCAL_MAX`.
+    const LOCAL_MAX: usize = 2;
+    /// `KEEP`: trim frees every whole chunk it finds.
+    const KEEP: usize = 0;
 
     /// A slot: the link `record_pool::FreeSlot` has in its first word, and the rest of the slot
     /// (the record's memory while it is allocated).
+    ///
+    /// Not in record_pool.rs: `serial`, the number of the slot's chunk in the order chunks were
+    /// allocated (see `by_address`).
     struct Slot {
         next: AtomicPtr<Slot>,
         contents: UnsafeCell<usize>,
+        serial: usize,
     }
 
     // SAFETY: `link` always returns `next`, which only the stack writes while the slot is in it.
@@ -471,12 +487,20 @@ mod record_pool_free_stack {
         }
     }
 
-    const LAYOUT: Layout = Layout::new::<Slot>();
+    /// `CHUNK`: a power of two that holds `CHUNK_SLOTS` slots (loom's are not 128 bytes), aligned
+    /// to its size, so that a slot's chunk is its address rounded down, as in `record_pool.rs`.
+    const CHUNK_BYTES: usize = (CHUNK_SLOTS * size_of::<Slot>()).next_power_of_two();
+    const CHUNK: Layout = match Layout::from_size_align(CHUNK_BYTES, CHUNK_BYTES) {
+        Ok(layout) => layout,
+        Err(_) => panic!("a valid chunk layout"),
+    };
 
-    /// `GLOBAL` and `GLOBAL_COUNT`.
+    /// `GLOBAL`: the stack and its count; and, not in record_pool.rs, how many chunks were
+    /// allocated (a plain counter for `Slot::serial`, not part of the model).
     struct Pool {
-        global: IntrusiveStack<Slot>,
+        stack: IntrusiveStack<Slot>,
         count: AtomicUsize,
+        chunks: std::sync::atomic::AtomicUsize,
     }
 
     // SAFETY: as `Shared`: slots pass between threads through the stack.
@@ -484,79 +508,175 @@ mod record_pool_free_stack {
     // SAFETY: as above.
     unsafe impl Sync for Pool {}
 
-    /// A thread's `LocalCache`: a plain list through the slots' links.
+    /// Reads a free slot's link, the slot's first word. `record_pool.rs` loads it (Relaxed); here
+    /// that is also a read of the slot's contents, so loom checks the slot's last plain write
+    /// (`write_link`, or the record's) is ordered before.
+    ///
+    /// # Safety
+    /// `slot` is free and ours (cached, or in a chain we took).
+    unsafe fn read_link(slot: NonNull<Slot>) -> *mut Slot {
+        // SAFETY: as the caller promises.
+        let slot = unsafe { slot.as_ref() };
+        // SAFETY: a read of our slot's memory; loom checks it against other threads' writes.
+        slot.contents.with(|c| unsafe { *c });
+        slot.next.load(Ordering::Relaxed)
+    }
+
+    /// Writes a free slot's link as `free` and `LocalCache::push` do: with a plain write of the
+    /// slot's first word (a fresh `AtomicPtr`). Here that is a Relaxed store and a write of the
+    /// slot's contents, so loom checks nobody else touches the slot meanwhile.
+    ///
+    /// # Safety
+    /// `slot` is ours and holds no live record.
+    unsafe fn write_link(slot: NonNull<Slot>, next: *mut Slot) {
+        // SAFETY: as the caller promises.
+        let slot = unsafe { slot.as_ref() };
+        // SAFETY: a write of our slot's memory; loom checks it against other threads' accesses.
+        slot.contents.with_mut(|c| unsafe { *c = 0 });
+        slot.next.store(next, Ordering::Relaxed);
+    }
+
+    /// A thread's `LocalCache`: a plain list through the slots' links. It holds the pool, where
+    /// `record_pool.rs` uses the `GLOBAL` static.
     struct Local {
-        head: *mut Slot,
+        pool: Arc<Pool>,
+        head: Cell<*mut Slot>,
+    }
+
+    impl Local {
+        fn new(pool: &Arc<Pool>) -> Local {
+            Local {
+                pool: Arc::clone(pool),
+                head: Cell::new(ptr::null_mut()),
+            }
+        }
+
+        /// `LocalCache::push`.
+        fn push(&self, slot: NonNull<Slot>) {
+            // SAFETY: a free slot now owned by this list.
+            unsafe { write_link(slot, self.head.get()) };
+            self.head.set(slot.as_ptr());
+        }
+
+        /// `LocalCache::pop`.
+        fn pop(&self) -> Option<NonNull<Slot>> {
+            let slot = NonNull::new(self.head.get())?;
+            // SAFETY: slots in the local list are free and owned by it.
+            self.head.set(unsafe { read_link(slot) });
+            Some(slot)
+        }
     }
 
     impl Drop for Local {
-        /// `LocalCache::drop`: the thread exits; its cached slots go back to the system.
+        /// `LocalCache::drop`: the thread exits; its cached slots go back to the global stack.
         fn drop(&mut self) {
-            while let Some(slot) = NonNull::new(self.head) {
-                // SAFETY: cached slots are free and owned by this list.
-                self.head = unsafe { slot.as_ref() }.next.load(Ordering::Relaxed);
-                // SAFETY: allocated with LAYOUT by `system_alloc`.
-                unsafe { system_free(slot) };
+            let Some(first) = NonNull::new(self.head.get()) else {
+                return;
+            };
+            let (mut last, mut count) = (first, 1);
+            // SAFETY: slots in the local list are free and owned by it.
+            while let Some(next) = NonNull::new(unsafe { read_link(last) }) {
+                (last, count) = (next, count + 1);
+            }
+            self.pool.count.fetch_add(count, Ordering::Relaxed);
+            // SAFETY: the list from `first` to `last` is ours, and in no stack.
+            unsafe { self.pool.stack.push_chain(first, last) };
+        }
+    }
+
+    /// `record_pool::allocate`.
+    fn allocate(cache: &Local) -> NonNull<Slot> {
+        cache.pop().unwrap_or_else(|| refill(cache))
+    }
+
+    /// `record_pool::refill`.
+    fn refill(cache: &Local) -> NonNull<Slot> {
+        let pool = &*cache.pool;
+        let Some(first) = NonNull::new(pool.stack.take_chain()) else {
+            return new_chunk(cache);
+        };
+        let (mut last, mut taken) = (first, 1);
+        while taken < LOCAL_MAX {
+            // SAFETY: a taken chain's slots are free and ours.
+            let Some(next) = NonNull::new(unsafe { read_link(last) }) else {
+                break;
+            };
+            (last, taken) = (next, taken + 1);
+        }
+        // SAFETY: as above.
+        let rest = unsafe { read_link(last) };
+        // SAFETY: as above.
+        unsafe { last.as_ref() }
+            .next
+            .store(ptr::null_mut(), Ordering::Relaxed);
+        // SAFETY: as above; the cache is empty, and takes the slots after `first` up to `last`.
+        cache.head.set(unsafe { read_link(first) });
+        while let Some(chain) = NonNull::new(rest) {
+            // SAFETY: the chain from `chain` to its null end is ours, and in no stack.
+            if unsafe { pool.stack.push_chain_if_empty(chain) } {
+                break;
+            }
+            let mut newcomer = pool.stack.take_chain();
+            while let Some(slot) = NonNull::new(newcomer) {
+                // SAFETY: as above, for the newcomers' chain.
+                newcomer = unsafe { read_link(slot) };
+                cache.push(slot);
+                taken += 1;
             }
         }
+        let before = pool.count.fetch_sub(taken, Ordering::Relaxed);
+        // Not in record_pool.rs: the count never goes below what was taken.
+        assert!(
+            before >= taken,
+            "GLOBAL.count underflow: {before} - {taken}"
+        );
+        first
     }
 
-    /// `std::alloc::alloc(LAYOUT)`: a fresh slot (with its link initialised: loom's atomics must be
-    /// constructed, where the real slot's first word is just memory).
-    fn system_alloc() -> NonNull<Slot> {
-        // SAFETY: LAYOUT has a non-zero size.
-        let slot = NonNull::new(unsafe { alloc(LAYOUT) }.cast::<Slot>()).expect("out of memory");
-        // SAFETY: fresh memory of Slot's layout.
-        unsafe {
-            slot.as_ptr().write(Slot {
-                next: AtomicPtr::new(ptr::null_mut()),
-                contents: UnsafeCell::new(0),
-            });
+    /// `record_pool::new_chunk`.
+    fn new_chunk(cache: &Local) -> NonNull<Slot> {
+        // SAFETY: CHUNK has a non-zero size.
+        let chunk = NonNull::new(unsafe { alloc(CHUNK) }.cast::<Slot>()).expect("out of memory");
+        // Not in record_pool.rs: loom's atomics and cells must be constructed, where the real
+        // slots are just memory until `LocalCache::push` or `free` writes a link.
+        let serial = cache
+            .pool
+            .chunks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        for i in 0..CHUNK_SLOTS {
+            // SAFETY: slot i of the fresh chunk, inside its allocation (CHUNK_BYTES holds them all).
+            unsafe {
+                chunk.add(i).as_ptr().write(Slot {
+                    next: AtomicPtr::new(ptr::null_mut()),
+                    contents: UnsafeCell::new(0),
+                    serial,
+                });
+            }
         }
-        slot
+        for i in (1..CHUNK_SLOTS).rev() {
+            // SAFETY: slot i of the chunk, inside its allocation.
+            cache.push(unsafe { chunk.add(i) });
+        }
+        chunk
     }
 
-    /// `std::alloc::dealloc(slot, LAYOUT)`.
+    /// `std::alloc::dealloc(chunk, CHUNK)`, after dropping the slots' loom objects.
     ///
     /// # Safety
-    /// `slot` came from `system_alloc` and is used no more.
-    unsafe fn system_free(slot: NonNull<Slot>) {
-        // SAFETY: as the caller promises; the Slot is dropped (loom's objects) and then its memory.
-        unsafe {
-            ptr::drop_in_place(slot.as_ptr());
-            dealloc(slot.as_ptr().cast(), LAYOUT);
-        }
-    }
-
-    /// `record_pool::allocate` + `allocate_slow`.
-    fn allocate(pool: &Pool, local: &mut Local) -> NonNull<Slot> {
-        // pop_local
-        if let Some(slot) = NonNull::new(local.head) {
-            // SAFETY: cached slots are free and owned by the list.
-            local.head = unsafe { slot.as_ref() }.next.load(Ordering::Relaxed);
-            return slot;
-        }
-        // allocate_slow: take every slot others freed; keep one, cache the rest.
-        let mut batch = pool.global.take_all();
-        if let Some(first) = batch.next() {
-            let mut count = 1;
-            for slot in batch.by_ref() {
-                // SAFETY: the batch's slots are free and now ours.
-                unsafe { slot.as_ref() }
-                    .next
-                    .store(local.head, Ordering::Relaxed);
-                local.head = slot.as_ptr();
-                count += 1;
+    /// `chunk` is the first slot of a chunk from `new_chunk`, and none of its slots is used, cached
+    /// or in a stack any more.
+    unsafe fn free_chunk(chunk: NonNull<Slot>) {
+        for i in 0..CHUNK_SLOTS {
+            // SAFETY: as the caller promises. Freeing the memory writes it: loom checks nobody else
+            // still touches the slot.
+            unsafe {
+                let slot = chunk.add(i);
+                slot.as_ref().contents.with_mut(|c| *c = 0);
+                ptr::drop_in_place(slot.as_ptr());
             }
-            let before = pool.count.fetch_sub(count, Ordering::Relaxed);
-            // Not in record_pool.rs: the count never goes below what was taken.
-            assert!(
-                before >= count,
-                "GLOBAL_COUNT underflow: {before} - {count}"
-            );
-            return first;
         }
-        system_alloc()
+        // SAFETY: as the caller promises; allocated with CHUNK by `new_chunk`.
+        unsafe { dealloc(chunk.as_ptr().cast(), CHUNK) };
     }
 
     /// `record_pool::free`.
@@ -564,19 +684,84 @@ mod record_pool_free_stack {
     /// # Safety
     /// `slot` came from `allocate`, holds no live value and is not used afterwards.
     unsafe fn free(pool: &Pool, slot: NonNull<Slot>) {
-        if pool.count.load(Ordering::Relaxed) >= MAX_POOLED {
-            // SAFETY: as the caller promises.
-            unsafe { system_free(slot) };
-            return;
-        }
         pool.count.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the slot is ours. `free` writes the link over the slot's memory with a plain
-        // write: a write to the contents here, so loom checks nobody else touches the slot.
+        // SAFETY: the slot is ours; its first word becomes the link.
         unsafe {
-            slot.as_ref().contents.with_mut(|c| *c = 0);
-            slot.as_ref().next.store(ptr::null_mut(), Ordering::Relaxed);
-            pool.global.push(slot);
+            write_link(slot, ptr::null_mut());
+            pool.stack.push(slot);
         }
+    }
+
+    /// `record_pool::chunk_of`.
+    fn chunk_of(slot: NonNull<Slot>) -> usize {
+        slot.as_ptr() as usize & !(CHUNK_BYTES - 1)
+    }
+
+    /// `slots.sort_unstable()` (by address), made deterministic: loom replays each execution's
+    /// schedule from the start, and the system allocator may place the chunks differently in
+    /// another execution. So chunks are ordered by `serial` here, and the slots of a chunk by
+    /// address as in `record_pool.rs`; a chunk's slots are still together, first slot first.
+    fn by_address(slots: &mut [NonNull<Slot>]) {
+        // SAFETY: the slots are ours; `serial` is written once, before the chunk is shared.
+        slots.sort_unstable_by_key(|slot| (unsafe { slot.as_ref() }.serial, slot.as_ptr()));
+    }
+
+    /// `record_pool::trim`.
+    #[allow(
+        clippy::absurd_extreme_comparisons,
+        reason = "record_pool.rs's comparisons with KEEP, which is 0 here"
+    )]
+    fn trim(pool: &Pool) -> usize {
+        if pool.count.load(Ordering::Relaxed) <= KEEP {
+            return 0;
+        }
+        let mut slots = Vec::new();
+        let mut node = pool.stack.take_chain();
+        while let Some(slot) = NonNull::new(node) {
+            // SAFETY: a taken chain's slots are free and ours.
+            node = unsafe { read_link(slot) };
+            slots.push(slot);
+        }
+        by_address(&mut slots);
+        let mut left = slots.len();
+        let mut freed = 0;
+        let mut kept: Option<(NonNull<Slot>, NonNull<Slot>)> = None;
+        for group in slots.chunk_by(|a, b| chunk_of(*a) == chunk_of(*b)) {
+            if group.len() == CHUNK_SLOTS && left - CHUNK_SLOTS >= KEEP {
+                // SAFETY: every slot of the chunk is here, so none is in use or cached anywhere
+                // else (which loom checks); its first slot is its start.
+                unsafe { free_chunk(group[0]) };
+                left -= CHUNK_SLOTS;
+                freed += 1;
+                continue;
+            }
+            for &slot in group {
+                // SAFETY: a free slot of ours; linked in address order (last, first) as we go.
+                unsafe {
+                    match kept {
+                        None => {
+                            slot.as_ref().next.store(ptr::null_mut(), Ordering::Relaxed);
+                            kept = Some((slot, slot));
+                        }
+                        Some((first, last)) => {
+                            last.as_ref().next.store(slot.as_ptr(), Ordering::Relaxed);
+                            kept = Some((first, slot));
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((first, last)) = kept {
+            // SAFETY: the chain from `first` to `last` is ours, and in no stack.
+            unsafe { pool.stack.push_chain(first, last) };
+        }
+        let before = pool.count.fetch_sub(freed * CHUNK_SLOTS, Ordering::Relaxed);
+        // Not in record_pool.rs: the count never goes below what was freed.
+        assert!(
+            before >= freed * CHUNK_SLOTS,
+            "GLOBAL.count underflow: {before} - {freed} chunks"
+        );
+        freed
     }
 
     /// Puts a record into a slot: the launcher writes the slot's memory.
@@ -594,81 +779,158 @@ mod record_pool_free_stack {
         unsafe { slot.as_ref() }.contents.with(|c| unsafe { *c })
     }
 
-    /// A launcher allocating while a releaser frees: the launcher allocated `a` and `b` (records 1
-    /// and 2) earlier; the reaper releases them while the launcher allocates three more records,
-    /// then frees those too. Afterwards every slot is in the pool or back with the system.
+    /// An empty pool: `GLOBAL` as a process starts.
+    fn new_pool() -> Arc<Pool> {
+        Arc::new(Pool {
+            stack: IntrusiveStack::new(),
+            count: AtomicUsize::new(0),
+            chunks: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// Spawns a reaper that releases `records` (slot address, record), frees their slots and trims.
+    fn reaper(pool: &Arc<Pool>, records: Vec<(usize, usize)>) -> thread::JoinHandle<()> {
+        let pool = Arc::clone(pool);
+        thread::spawn(move || {
+            for (addr, record) in records {
+                let slot = NonNull::new(addr as *mut Slot).unwrap();
+                assert_eq!(
+                    release_slot(slot),
+                    record,
+                    "a slot changed under its record"
+                );
+                // SAFETY: the record is dropped and the slot is used no more.
+                unsafe { free(&pool, slot) };
+            }
+            trim(&pool);
+        })
+    }
+
+    /// Spawns a launcher that allocates `count` records, checks their slots are distinct, releases
+    /// them, frees their slots and exits (its cached slots go back to the global stack).
+    fn launcher(pool: &Arc<Pool>, count: usize) -> thread::JoinHandle<()> {
+        let pool = Arc::clone(pool);
+        thread::spawn(move || {
+            let local = Local::new(&pool);
+            let slots: Vec<_> = (0..count)
+                .map(|i| {
+                    let slot = allocate(&local);
+                    use_slot(slot, 10 + i);
+                    slot
+                })
+                .collect();
+            for (i, &slot) in slots.iter().enumerate() {
+                for &other in &slots[i + 1..] {
+                    assert_ne!(slot, other, "a slot handed out twice");
+                }
+            }
+            for (i, &slot) in slots.iter().enumerate() {
+                assert_eq!(release_slot(slot), 10 + i, "a slot shared by two records");
+                // SAFETY: the record is dropped and the slot is used no more.
+                unsafe { free(&pool, slot) };
+            }
+            // The thread exits: `LocalCache::drop`.
+            drop(local);
+        })
+    }
+
+    /// Once every thread is done and every slot free: each chunk still allocated must be whole in
+    /// the global stack (a slot missing from it was lost), and the count must be the stack's
+    /// length. Frees the chunks (loom then checks that every chunk was freed exactly once).
+    fn check_everything_back(pool: &Pool) {
+        let mut slots = Vec::new();
+        let mut node = pool.stack.take_chain();
+        while let Some(slot) = NonNull::new(node) {
+            // SAFETY: a taken chain's slots are free and ours.
+            node = unsafe { read_link(slot) };
+            slots.push(slot);
+        }
+        let left = slots.len();
+        by_address(&mut slots);
+        for group in slots.chunk_by(|a, b| chunk_of(*a) == chunk_of(*b)) {
+            assert_eq!(
+                group.len(),
+                CHUNK_SLOTS,
+                "chunk {:#x} has {} of its slots in the pool",
+                chunk_of(group[0]),
+                group.len()
+            );
+            // SAFETY: every slot of the chunk is here, and nothing else runs.
+            unsafe { free_chunk(group[0]) };
+        }
+        assert_eq!(
+            pool.count.load(Ordering::Relaxed),
+            left,
+            "GLOBAL.count is off"
+        );
+    }
+
+    /// The main thread allocated `a` and `b` (records 1 and 2: one chunk) earlier. The reaper
+    /// releases them and trims while a launcher allocates three records (a refill with what the
+    /// reaper freed, a new chunk, or both), releases them and exits. Afterwards every chunk is
+    /// either freed by `trim` or whole in the global stack, whose length the count matches.
+    ///
+    /// The global stack never holds more than `LOCAL_MAX` slots when the launcher refills here:
+    /// `refill`'s give-back is the next model's.
     #[test]
-    fn loom_slots_are_neither_lost_nor_handed_out_twice() {
+    fn loom_chunked_pool_loses_and_duplicates_no_slot() {
         check(
-            "pool: 1 releaser x 2 frees, 1 launcher x 3 allocations",
+            "pool: reaper x 2 frees + trim, launcher x 3 allocations + exit",
             3,
             || {
-                let pool = Arc::new(Pool {
-                    global: IntrusiveStack::new(),
-                    count: AtomicUsize::new(0),
-                });
-                let mut main_local = Local {
-                    head: ptr::null_mut(),
-                };
-                let a = allocate(&pool, &mut main_local);
-                use_slot(a, 1);
-                let b = allocate(&pool, &mut main_local);
-                use_slot(b, 2);
-                let released = (a.as_ptr() as usize, b.as_ptr() as usize);
-                let reaper = {
-                    let pool = Arc::clone(&pool);
-                    thread::spawn(move || {
-                        for (addr, record) in [(released.0, 1), (released.1, 2)] {
-                            let slot = NonNull::new(addr as *mut Slot).unwrap();
-                            assert_eq!(
-                                release_slot(slot),
-                                record,
-                                "a slot changed under its record"
-                            );
-                            // SAFETY: the record is dropped and the slot is used no more.
-                            unsafe { free(&pool, slot) };
-                        }
+                let pool = new_pool();
+                let main_local = Local::new(&pool);
+                let records: Vec<_> = (1..=2)
+                    .map(|record| {
+                        let slot = allocate(&main_local);
+                        use_slot(slot, record);
+                        (slot.as_ptr() as usize, record)
                     })
-                };
-                let launcher = {
-                    let pool = Arc::clone(&pool);
-                    thread::spawn(move || {
-                        let mut local = Local {
-                            head: ptr::null_mut(),
-                        };
-                        let slots: Vec<_> = (0..3)
-                            .map(|i| {
-                                let slot = allocate(&pool, &mut local);
-                                use_slot(slot, 10 + i);
-                                slot
-                            })
-                            .collect();
-                        for (i, &slot) in slots.iter().enumerate() {
-                            for &other in &slots[i + 1..] {
-                                assert_ne!(slot, other, "a slot handed out twice");
-                            }
-                        }
-                        for (i, &slot) in slots.iter().enumerate() {
-                            assert_eq!(release_slot(slot), 10 + i, "a slot shared by two records");
-                            // SAFETY: the record is dropped and the slot is used no more.
-                            unsafe { free(&pool, slot) };
-                        }
-                        // `local` drops here: the thread's cached slots go back to the system.
-                    })
-                };
+                    .collect();
+                let reaper = reaper(&pool, records);
+                let launcher = launcher(&pool, 3);
                 reaper.join().unwrap();
                 launcher.join().unwrap();
                 drop(main_local);
-                // What is left in the global stack matches the count; free it (loom then checks every
-                // slot was freed exactly once).
-                let mut left = 0;
-                for slot in pool.global.take_all() {
-                    left += 1;
-                    // SAFETY: free slots, in no list any more.
-                    unsafe { system_free(slot) };
+                check_everything_back(&pool);
+            },
+        );
+    }
+
+    /// `refill`'s give-back: the main thread allocated four records (two chunks) and released three
+    /// of them, so the global stack holds three slots. A launcher allocates one record: its refill
+    /// takes three or four slots, keeps `LOCAL_MAX`, and gives the rest back while the reaper
+    /// releases the fourth record and trims, so `push_chain_if_empty` may find the stack not empty
+    /// (the launcher then takes the newcomer into its cache and tries again), or empty again (the
+    /// reaper's trim took it), and `trim` may take the slots given back.
+    #[test]
+    fn loom_refill_gives_back_what_it_does_not_keep() {
+        check(
+            "pool: 3 slots free, reaper x 1 free + trim, launcher x 1 allocation + exit",
+            3,
+            || {
+                let pool = new_pool();
+                let main_local = Local::new(&pool);
+                let mut records: Vec<_> = (1..=4)
+                    .map(|record| {
+                        let slot = allocate(&main_local);
+                        use_slot(slot, record);
+                        (slot.as_ptr() as usize, record)
+                    })
+                    .collect();
+                let fourth = records.pop().unwrap();
+                for (addr, record) in records {
+                    let slot = NonNull::new(addr as *mut Slot).unwrap();
+                    assert_eq!(release_slot(slot), record);
+                    // SAFETY: the record is dropped and the slot is used no more.
+                    unsafe { free(&pool, slot) };
                 }
-                assert_eq!(pool.count.load(Ordering::Relaxed), left);
-                assert!(left <= MAX_POOLED + 1, "the pool holds {left} slots");
+                let reaper = reaper(&pool, vec![fourth]);
+                let launcher = launcher(&pool, 1);
+                reaper.join().unwrap();
+                launcher.join().unwrap();
+                drop(main_local);
+                check_everything_back(&pool);
             },
         );
     }

@@ -183,13 +183,18 @@ fn linked_shard(header: NonNull<RecordHeader>) -> Option<usize> {
 /// with the reaper on every launch.
 ///
 /// Never called on a driver thread.
-pub(crate) fn forget_all(headers: &[NonNull<RecordHeader>]) {
+pub(crate) fn forget_all(
+    headers: &[NonNull<RecordHeader>],
+    linked: &mut Vec<(usize, NonNull<RecordHeader>)>,
+) {
     // The linked records with their shards, grouped by shard. (The records are the caller's: their
-    // state does not change meanwhile.)
-    let mut linked: Vec<(usize, NonNull<RecordHeader>)> = headers
-        .iter()
-        .filter_map(|&header| Some((linked_shard(header)?, header)))
-        .collect();
+    // state does not change meanwhile.) `linked` is the caller's scratch vector.
+    linked.clear();
+    linked.extend(
+        headers
+            .iter()
+            .filter_map(|&header| Some((linked_shard(header)?, header))),
+    );
     linked.sort_unstable_by_key(|&(shard, _)| shard);
     for group in linked.chunk_by(|a, b| a.0 == b.0) {
         let mut list = lock(group[0].0);

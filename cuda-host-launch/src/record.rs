@@ -153,22 +153,25 @@ struct Record<P> {
 /// A record's dispatch function.
 type Dispatch = unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>;
 
-/// Puts `payload` into a record: a pooled slot if it fits (and this is not a driver thread), else a
+/// Puts `payload` into a record: a pooled slot if it fits (and this is not a driver thread nor one
+/// whose pool cache is gone), else a
 /// `Box`. The record gets the dispatch function that matches where it went.
 fn place<P>(payload: P, pooled: Dispatch, boxed: Dispatch) -> OwnedRecord {
     #[cfg(cuda_host_launch_profile)]
     let _timed = crate::profile::TimedRecord(crate::profile::start());
-    if record_pool::fits(Layout::new::<Record<P>>()) && !crate::in_host_function() {
-        let slot = record_pool::allocate().cast::<Record<P>>();
+    if record_pool::fits(Layout::new::<Record<P>>())
+        && !crate::in_host_function()
+        && let Some(slot) = record_pool::allocate()
+    {
+        let slot = slot.cast::<Record<P>>();
         let header = RecordHeader::new(pooled);
         // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>.
         unsafe { slot.write(Record { header, payload }) };
-        OwnedRecord(slot.cast())
-    } else {
-        let header = RecordHeader::new(boxed);
-        let record = Box::new(Record { header, payload });
-        OwnedRecord(NonNull::from(Box::leak(record)).cast())
+        return OwnedRecord(slot.cast());
     }
+    let header = RecordHeader::new(boxed);
+    let record = Box::new(Record { header, payload });
+    OwnedRecord(NonNull::from(Box::leak(record)).cast())
 }
 
 /// Puts a run-once payload into a record (see [`place`]).
