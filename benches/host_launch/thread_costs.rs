@@ -1,7 +1,8 @@
 //! Where a pipelined launch's time goes, thread by thread (`BENCH_THREAD_COSTS=1`).
 //!
 //! For the floor, our two launch kinds, the peer approach and the parts (a 128-byte block per
-//! launch; the floor while a thread of ours works on another core), on one stream:
+//! launch, from a 2 MiB ring, or from a 32 MiB ring in order, written by the host function, or in a
+//! scattered order; the floor while a thread of ours works on another core), on one stream:
 //! what the launching thread, the driver's host-function thread and the reaper each spend per
 //! launch while N launches flow (CPU time and run-queue wait from `/proc/.../schedstat`; cycles,
 //! user-mode cycles, instructions and last-level-cache misses from `perf_event_open`, where the
@@ -34,17 +35,38 @@ unsafe extern "C" fn count(_: *mut c_void) {
 }
 
 /// A 128-byte block per launch, like a pool record: the launcher writes it, the host function reads
-/// one word of it. `SLOTS` blocks in a ring, so a block is written again `SLOTS` launches later.
+/// one word of it (or, like the trampoline's state flip, adds to it). A ring of `slots` blocks, so a
+/// block is written again `slots` launches later: 16,384 (2 MiB) or BIG_RING (32 MiB, more than the
+/// records of the 20,000–60,000 launches ours leave pending, so each block is as cold as a record).
 const SLOTS: usize = 16_384;
+const BIG_RING: usize = 1 << 18;
 #[repr(align(128))]
 struct Block([AtomicU64; 16]);
-static BLOCKS: [Block; SLOTS] = [const { Block([const { AtomicU64::new(0) }; 16]) }; SLOTS];
+static BLOCKS: [Block; BIG_RING] = [const { Block([const { AtomicU64::new(0) }; 16]) }; BIG_RING];
 
 unsafe extern "C" fn count_and_read(data: *mut c_void) {
     // SAFETY: `data` points at one of BLOCKS.
     let block = unsafe { &*data.cast::<Block>() };
     std::hint::black_box(block.0[0].load(Ordering::Relaxed));
     RAN.0.fetch_add(1, Ordering::Relaxed);
+}
+
+unsafe extern "C" fn count_and_write(data: *mut c_void) {
+    // SAFETY: `data` points at one of BLOCKS.
+    let block = unsafe { &*data.cast::<Block>() };
+    block.0[0].fetch_add(1, Ordering::AcqRel);
+    RAN.0.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How a footprint part uses its blocks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Blocks {
+    /// In ring order; the host function reads.
+    Read,
+    /// In ring order; the host function adds to the block's first word (a locked instruction).
+    Write,
+    /// In a scattered order (a multiplicative permutation of the ring); the host function reads.
+    Scattered,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -54,7 +76,7 @@ enum Kind {
     Closure,
     Callback,
     /// The floor plus a 128-byte block per launch from a ring of `slots`.
-    Footprint(usize),
+    Footprint(usize, Blocks),
     /// The floor while another thread of ours works on the reaper's CPU (`near`) or on a CPU no
     /// pinned thread uses (far): all the time (`periodic` false) or, like the reaper, in bursts of 15 µs every
     /// 50 µs. Does work on another core slow the pipeline by itself?
@@ -71,7 +93,13 @@ impl Kind {
             Kind::Owner => "launch_host_function + owner".into(),
             Kind::Closure => "host_launch closure".into(),
             Kind::Callback => "cuStreamAddCallback + Box (cust/CCCL)".into(),
-            Kind::Footprint(s) => format!("  part: floor + 128 B block, ring of {s}"),
+            Kind::Footprint(s, Blocks::Read) => format!("  part: floor + 128 B block, ring of {s}"),
+            Kind::Footprint(s, Blocks::Write) => {
+                format!("  part: floor + 128 B block, ring of {s}, host fn writes")
+            }
+            Kind::Footprint(s, Blocks::Scattered) => {
+                format!("  part: floor + 128 B block, ring of {s}, scattered")
+            }
             Kind::Busy { near, periodic } => format!(
                 "  part: floor, {} on {}",
                 if periodic {
@@ -93,7 +121,9 @@ impl Kind {
             Kind::Owner => "owner".into(),
             Kind::Closure => "closure".into(),
             Kind::Callback => "callback".into(),
-            Kind::Footprint(s) => format!("raw_with_block_ring_{s}"),
+            Kind::Footprint(s, Blocks::Read) => format!("raw_with_block_ring_{s}"),
+            Kind::Footprint(s, Blocks::Write) => format!("raw_with_block_ring_{s}_written"),
+            Kind::Footprint(s, Blocks::Scattered) => format!("raw_with_block_ring_{s}_scattered"),
             Kind::Busy { near, periodic } => format!(
                 "raw_with_{}_{}",
                 if periodic {
@@ -107,12 +137,15 @@ impl Kind {
     }
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 11] = [
     Kind::Floor,
     Kind::Owner,
     Kind::Closure,
     Kind::Callback,
-    Kind::Footprint(SLOTS),
+    Kind::Footprint(SLOTS, Blocks::Read),
+    Kind::Footprint(BIG_RING, Blocks::Read),
+    Kind::Footprint(BIG_RING, Blocks::Write),
+    Kind::Footprint(BIG_RING, Blocks::Scattered),
     Kind::Busy {
         near: true,
         periodic: false,
@@ -204,15 +237,25 @@ fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
                 RAN.0.fetch_add(1, Ordering::Relaxed);
             }),
         ),
-        Kind::Footprint(slots) => {
-            let block = &BLOCKS[i as usize % slots];
+        Kind::Footprint(slots, how) => {
+            let index = match how {
+                // An odd multiplier permutes a power-of-two ring.
+                Blocks::Scattered => (i as usize).wrapping_mul(0x9E37_79B1) % slots,
+                Blocks::Read | Blocks::Write => i as usize % slots,
+            };
+            let block = &BLOCKS[index];
             for (k, word) in block.0.iter().enumerate() {
                 word.store(i + k as u64, Ordering::Relaxed);
             }
             let f = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
             let data = std::ptr::from_ref(block).cast_mut().cast();
-            // SAFETY: live stream; `count_and_read` reads a static block of atomics.
-            let code = unsafe { f(stream.raw(), Some(count_and_read), data) };
+            let host_fn = if how == Blocks::Write {
+                count_and_write
+            } else {
+                count_and_read
+            };
+            // SAFETY: live stream; both host functions touch only a static block of atomics.
+            let code = unsafe { f(stream.raw(), Some(host_fn), data) };
             assert_eq!(code, CUresult::CUDA_SUCCESS);
         }
     }
@@ -493,13 +536,18 @@ pub(super) fn run(
     all_cpus: &[usize],
 ) -> (String, String) {
     // `BENCH_THREAD_COSTS_N` sets the launches per run (default the table's N);
-    // `BENCH_THREAD_COSTS_PARTS=0` leaves out the parts (only the floor and the three methods).
+    // `BENCH_THREAD_COSTS_PARTS=0` leaves out the parts (only the floor and the three methods),
+    // `BENCH_THREAD_COSTS_PARTS=footprint` keeps only the 128-byte-block parts.
     let n: usize = std::env::var("BENCH_THREAD_COSTS_N")
         .ok()
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(super::N);
-    let parts = std::env::var("BENCH_THREAD_COSTS_PARTS").map_or(true, |v| v.trim() != "0");
-    let kinds: &[Kind] = if parts { &KINDS } else { &KINDS[..4] };
+    let parts = std::env::var("BENCH_THREAD_COSTS_PARTS").unwrap_or_default();
+    let kinds: &[Kind] = match parts.trim() {
+        "0" => &KINDS[..4],
+        "footprint" => &KINDS[..8],
+        _ => &KINDS,
+    };
     // SAFETY: gettid has no preconditions.
     let launcher_tid = unsafe { libc::syscall(libc::SYS_gettid) };
     let tids = [launcher_tid, driver_tid, reaper_tid];
