@@ -50,36 +50,14 @@ impl<N: Linked> IntrusiveStack<N> {
     /// takes it.
     #[inline]
     pub(crate) unsafe fn push(&self, node: NonNull<N>) -> bool {
-        // SAFETY: the caller passes a valid node that no one else is linking.
-        let link = unsafe { node.as_ref() }.link();
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            link.store(head, Ordering::Relaxed);
-            // Release: a consumer that takes this node (Acquire swap) sees the node's contents and
-            // its link, and everything the producer did before pushing (the host function's effects).
-            match self.head.compare_exchange_weak(
-                head,
-                node.as_ptr(),
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return head.is_null(),
-                Err(current) => head = current,
-            }
-        }
+        // SAFETY: a chain of one node, as the caller promises.
+        unsafe { self.push_chain(node, node) }
     }
 
     /// Takes every node pushed so far, oldest first.
     #[inline]
     pub(crate) fn take_all(&self) -> Batch<N> {
-        if self.head.load(Ordering::Relaxed).is_null() {
-            return Batch {
-                next: ptr::null_mut(),
-            };
-        }
-        // Acquire: pairs with the Release in `push`, for every node of the list (each was pushed by
-        // a Release CAS that this swap reads from, directly or through the release sequence).
-        let mut node = self.head.swap(ptr::null_mut(), Ordering::Acquire);
+        let mut node = self.take_chain();
         // Reverse the LIFO list so nodes come out in the order they were pushed.
         let mut reversed: *mut N = ptr::null_mut();
         while let Some(n) = NonNull::new(node) {
@@ -100,30 +78,34 @@ impl<N: Linked> IntrusiveStack<N> {
         if self.head.load(Ordering::Relaxed).is_null() {
             return ptr::null_mut();
         }
-        // Acquire: as in `take_all`.
+        // Acquire: pairs with the Release in `push_chain`, for every node of the list (each was
+        // pushed by a Release CAS that this swap reads from, directly or through the release
+        // sequence).
         self.head.swap(ptr::null_mut(), Ordering::Acquire)
     }
 
-    /// Pushes the chain `first ..= last` (linked through the nodes' links) in one step.
+    /// Pushes the chain `first ..= last` (linked through the nodes' links) in one step; returns
+    /// `true` if the stack was empty.
     ///
     /// # Safety
     /// `first` must lead through valid nodes' links to `last`; the nodes must be in no stack, and
     /// ownership of all of them passes to the stack. `last`'s link is overwritten.
     #[inline]
-    pub(crate) unsafe fn push_chain(&self, first: NonNull<N>, last: NonNull<N>) {
+    pub(crate) unsafe fn push_chain(&self, first: NonNull<N>, last: NonNull<N>) -> bool {
         // SAFETY: the caller passes a valid chain that no one else is linking.
         let link = unsafe { last.as_ref() }.link();
         let mut head = self.head.load(Ordering::Relaxed);
         loop {
             link.store(head, Ordering::Relaxed);
-            // Release: as in `push`, for every node of the chain.
+            // Release: a consumer that takes these nodes (Acquire swap) sees their contents and
+            // links, and everything the producer did before pushing (the host function's effects).
             match self.head.compare_exchange_weak(
                 head,
                 first.as_ptr(),
                 Ordering::Release,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return,
+                Ok(_) => return head.is_null(),
                 Err(current) => head = current,
             }
         }
@@ -137,7 +119,7 @@ impl<N: Linked> IntrusiveStack<N> {
     /// `false` the chain stays the caller's.
     #[inline]
     pub(crate) unsafe fn push_chain_if_empty(&self, first: NonNull<N>) -> bool {
-        // Release: as in `push`; the chain's links were written by the caller or read by its
+        // Release: as in `push_chain`; the chain's links were written by the caller or read by its
         // Acquire take.
         self.head
             .compare_exchange(
