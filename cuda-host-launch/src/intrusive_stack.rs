@@ -74,7 +74,7 @@ impl<N: Linked> IntrusiveStack<N> {
     /// link and ending in null; null if the stack was empty. The chain is the caller's: it must hand
     /// every node on (for instance back with [`push_chain`](Self::push_chain)).
     #[inline]
-    pub(crate) fn take_chain(&self) -> *mut N {
+    fn take_chain(&self) -> *mut N {
         if self.head.load(Ordering::Relaxed).is_null() {
             return ptr::null_mut();
         }
@@ -91,7 +91,7 @@ impl<N: Linked> IntrusiveStack<N> {
     /// `first` must lead through valid nodes' links to `last`; the nodes must be in no stack, and
     /// ownership of all of them passes to the stack. `last`'s link is overwritten.
     #[inline]
-    pub(crate) unsafe fn push_chain(&self, first: NonNull<N>, last: NonNull<N>) -> bool {
+    unsafe fn push_chain(&self, first: NonNull<N>, last: NonNull<N>) -> bool {
         // SAFETY: the caller passes a valid chain that no one else is linking.
         let link = unsafe { last.as_ref() }.link();
         let mut head = self.head.load(Ordering::Relaxed);
@@ -109,26 +109,6 @@ impl<N: Linked> IntrusiveStack<N> {
                 Err(current) => head = current,
             }
         }
-    }
-
-    /// Pushes the null-terminated chain starting at `first` if the stack is empty; returns whether
-    /// it did. For giving back the rest of a taken chain without walking it to its end.
-    ///
-    /// # Safety
-    /// As [`push_chain`](Self::push_chain), for the chain from `first` to its null-linked end; on
-    /// `false` the chain stays the caller's.
-    #[inline]
-    pub(crate) unsafe fn push_chain_if_empty(&self, first: NonNull<N>) -> bool {
-        // Release: as in `push_chain`; the chain's links were written by the caller or read by its
-        // Acquire take.
-        self.head
-            .compare_exchange(
-                ptr::null_mut(),
-                first.as_ptr(),
-                Ordering::Release,
-                Ordering::Relaxed,
-            )
-            .is_ok()
     }
 
     /// Whether anything is waiting (a hint: it may change at once).
@@ -239,33 +219,29 @@ mod tests {
     }
 
     #[test]
-    fn chains_are_taken_raw_and_pushed_back_whole() {
+    fn a_chain_is_taken_raw_and_pushed_back_whole() {
         let stack = IntrusiveStack::new();
-        for v in 1..=4 {
+        for v in 1..=3 {
             // SAFETY: fresh nodes, pushed once.
             unsafe { stack.push(node(v)) };
         }
-        // Raw: newest first. Keep the first node, give the rest back while the stack is empty.
+        // Raw: newest first (3, 2, 1), ending in null.
         let first = NonNull::new(stack.take_chain()).unwrap();
         assert!(stack.is_empty());
+        let mut last = first;
         // SAFETY: the chain is ours.
-        let (first_value, rest) = unsafe {
-            let f = first.as_ref();
-            (f.value, f.next.load(Ordering::Relaxed))
-        };
-        assert_eq!(first_value, 4);
-        let rest = NonNull::new(rest).unwrap();
+        while let Some(next) = NonNull::new(unsafe { last.as_ref() }.next.load(Ordering::Relaxed)) {
+            last = next;
+        }
+        // SAFETY: the chain is ours.
+        let ends = unsafe { (first.as_ref().value, last.as_ref().value) };
+        assert_eq!(ends, (3, 1));
         // SAFETY: a fresh node.
-        unsafe { stack.push(node(5)) };
-        // SAFETY: the rest of our chain (3, 2, 1): not taken, since the stack is not empty now.
-        assert!(!unsafe { stack.push_chain_if_empty(rest) });
-        assert_eq!(free_all(stack.take_all()), vec![5]);
-        // SAFETY: as above; the stack is empty now.
-        assert!(unsafe { stack.push_chain_if_empty(rest) });
-        // A chain with a known end goes on top of what is there: 4 (alone) onto 3, 2, 1.
-        // SAFETY: `first` is ours and in no stack.
-        unsafe { stack.push_chain(first, first) };
-        assert_eq!(free_all(stack.take_all()), vec![1, 2, 3, 4]);
+        unsafe { stack.push(node(4)) };
+        // A chain goes on top of what is there: 3, 2, 1 onto 4.
+        // SAFETY: the chain from `first` to `last` is ours and in no stack.
+        assert!(!unsafe { stack.push_chain(first, last) });
+        assert_eq!(free_all(stack.take_all()), vec![4, 1, 2, 3]);
         assert!(stack.take_chain().is_null());
     }
 }

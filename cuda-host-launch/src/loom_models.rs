@@ -1,6 +1,6 @@
 //! Model checks, with [loom](https://docs.rs/loom), of the lock-free parts of the cleanup queue:
-//! the intrusive stack, the reaper's wake-up protocol, and the record pool (its chunks, thread-local
-//! caches and global free stack).
+//! the intrusive stack, the reaper's wake-up protocol, and the record pool (segments handed out in
+//! address order, counted back slot by slot, listed when free).
 //!
 //! Run them (`scripts/loom` does this):
 //!
@@ -16,11 +16,11 @@
 //!
 //! - The stack models run the real [`IntrusiveStack`] on loom's atomics.
 //! - The reaper (`cleanup.rs`: `push`, `start_reaper`, `reaper_loop`) and the pool (`record_pool.rs`:
-//!   `allocate`, `refill`, `new_chunk`, `free`, `trim`, `LocalCache::drop`) live in `static`s, a
+//!   `allocate`, `next_segment`, `release`, `free`, `trim`, `Local::drop`) live in `static`s, a
 //!   `thread_local!`, `std::thread::park` and the system allocator, which loom cannot model in place.
 //!   Their algorithms are transcribed here, step for step and with the same orderings, around the
-//!   real [`IntrusiveStack`] (the pool's `take_chain`, `push_chain` and `push_chain_if_empty`
-//!   included). Keep them in step with the code they model.
+//!   real [`IntrusiveStack`] (the reaper) and loom's `Mutex` (the pool's free list). Keep them in
+//!   step with the code they model.
 //!
 //! What the payloads are for: every node carries a `loom::cell::UnsafeCell` that its producer writes
 //! before pushing and its consumer reads after taking, so loom reports any take that is not ordered
@@ -444,356 +444,232 @@ mod reaper_wake_up {
     }
 }
 
-/// `record_pool.rs`: slots carved from chunks, a cache of free slots per thread and the global free
-/// stack. Releasing threads `free` slots onto the global stack; a launcher whose cache is empty
-/// `refill`s it (takes the whole stack, keeps the first `LOCAL_MAX` slots, gives the rest back with
-/// `push_chain_if_empty`, taking in whatever others pushed meanwhile) or carves a `new_chunk`; an
-/// exiting thread pushes its cache back (`LocalCache::drop`); `trim` frees the chunks all of whose
-/// slots wait in the global stack and pushes the other slots back.
+/// `record_pool.rs`: slots handed out in address order from segments. A launcher bumps through its
+/// current segment (`allocate`) and takes a free segment or a new one when it is used up
+/// (`next_segment`, which rewrites the header); every free decrements the slot's segment's count,
+/// and the one that brings it to zero lists the segment as free (`release`); an exiting thread
+/// gives back the slots it never handed out (`Local::drop`); `trim` frees listed segments.
 ///
-/// The model's chunks come from `loom::alloc`, so loom reports a chunk never freed (a slot lost, or
-/// kept out of the pool), a chunk freed twice and one freed by an address that is not its start. A
-/// slot handed out twice shows as two live records at one address and as a data race on its
-/// contents; so does a chunk freed while one of its slots is still in use or cached (or loom fails
-/// on the slot's dropped objects, if it is used after the free).
-mod record_pool_chunks {
+/// The model's segments come from `loom::alloc`, so loom reports a segment never freed (lost:
+/// never listed) or freed twice. A slot handed out twice, or a segment reused while one of its
+/// slots (or its header) is still being used, shows as a data race on the slot's or the header's
+/// cell: each record is a write of its slot's cell by the launcher and a read by the thread that
+/// releases it, and each decrement of the count a read of the header's cell, which `next_segment`
+/// writes.
+mod record_pool_segments {
     use super::*;
     use loom::alloc::{Layout, alloc, dealloc};
+    use loom::sync::Mutex;
     use std::cell::Cell;
 
-    /// The model's constants, small enough for loom: one chunk holds the main thread's two records,
-    /// and the launcher's three need a refill or a second chunk.
-    const CHUNK_SLOTS: usize = 2;
-    /// `LOCAL_MAX`.
-    const LOCAL_MAX: usize = 2;
-    /// `KEEP`: trim frees every whole chunk it finds.
-    const KEEP: usize = 0;
+    /// `SEGMENT_SLOTS`, small enough for loom: the header and two slots.
+    const SEGMENT_SLOTS: usize = 3;
+    /// `KEEP_SEGMENTS`: trim frees every listed segment.
+    const KEEP_SEGMENTS: usize = 0;
 
-    /// A slot: the link `record_pool::FreeSlot` has in its first word, and the rest of the slot
-    /// (the record's memory while it is allocated).
-    ///
-    /// Not in record_pool.rs: `serial`, the number of the slot's chunk in the order chunks were
-    /// allocated (see `by_address`).
-    struct Slot {
-        next: AtomicPtr<Slot>,
-        contents: UnsafeCell<usize>,
-        serial: usize,
+    /// A segment: its header (`SegmentHeader`: the count; and a cell standing for the header's
+    /// memory) and its slots (each a cell standing for the record's memory). In `record_pool.rs`
+    /// slot 0 is the header; here the slots are indexed from 1 as there.
+    struct Segment {
+        owed: AtomicUsize,
+        header: UnsafeCell<usize>,
+        slots: [UnsafeCell<usize>; SEGMENT_SLOTS],
     }
 
-    // SAFETY: `link` always returns `next`, which only the stack writes while the slot is in it.
-    unsafe impl Linked for Slot {
-        fn link(&self) -> &AtomicPtr<Self> {
-            &self.next
+    const SEGMENT: Layout = Layout::new::<Segment>();
+
+    /// `FREE`, and, not in record_pool.rs, how many segments were allocated.
+    struct Pool {
+        free: Mutex<Vec<usize>>,
+        allocated: std::sync::atomic::AtomicUsize,
+    }
+
+    /// A slot: its segment and its index.
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    struct Slot(usize, usize);
+
+    impl Slot {
+        fn cell(self) -> &'static UnsafeCell<usize> {
+            // SAFETY: the segment is live while it owes this slot (what loom checks).
+            &unsafe { &*(self.0 as *const Segment) }.slots[self.1]
         }
     }
 
-    /// `CHUNK`: a power of two that holds `CHUNK_SLOTS` slots (loom's are not 128 bytes), aligned
-    /// to its size, so that a slot's chunk is its address rounded down, as in `record_pool.rs`.
-    const CHUNK_BYTES: usize = (CHUNK_SLOTS * size_of::<Slot>()).next_power_of_two();
-    const CHUNK: Layout = match Layout::from_size_align(CHUNK_BYTES, CHUNK_BYTES) {
-        Ok(layout) => layout,
-        Err(_) => panic!("a valid chunk layout"),
-    };
-
-    /// `GLOBAL`: the stack and its count; and, not in record_pool.rs, how many chunks were
-    /// allocated (a plain counter for `Slot::serial`, not part of the model).
-    struct Pool {
-        stack: IntrusiveStack<Slot>,
-        count: AtomicUsize,
-        chunks: std::sync::atomic::AtomicUsize,
-    }
-
-    // SAFETY: as `Shared`: slots pass between threads through the stack.
-    unsafe impl Send for Pool {}
-    // SAFETY: as above.
-    unsafe impl Sync for Pool {}
-
-    /// Reads a free slot's link, the slot's first word. `record_pool.rs` loads it (Relaxed); here
-    /// that is also a read of the slot's contents, so loom checks the slot's last plain write
-    /// (`write_link`, or the record's) is ordered before.
-    ///
-    /// # Safety
-    /// `slot` is free and ours (cached, or in a chain we took).
-    unsafe fn read_link(slot: NonNull<Slot>) -> *mut Slot {
-        // SAFETY: as the caller promises.
-        let slot = unsafe { slot.as_ref() };
-        // SAFETY: a read of our slot's memory; loom checks it against other threads' writes.
-        slot.contents.with(|c| unsafe { *c });
-        slot.next.load(Ordering::Relaxed)
-    }
-
-    /// Writes a free slot's link as `free` and `LocalCache::push` do: with a plain write of the
-    /// slot's first word (a fresh `AtomicPtr`). Here that is a Relaxed store and a write of the
-    /// slot's contents, so loom checks nobody else touches the slot meanwhile.
-    ///
-    /// # Safety
-    /// `slot` is ours and holds no live record.
-    unsafe fn write_link(slot: NonNull<Slot>, next: *mut Slot) {
-        // SAFETY: as the caller promises.
-        let slot = unsafe { slot.as_ref() };
-        // SAFETY: a write of our slot's memory; loom checks it against other threads' accesses.
-        slot.contents.with_mut(|c| unsafe { *c = 0 });
-        slot.next.store(next, Ordering::Relaxed);
-    }
-
-    /// A thread's `LocalCache`: a plain list through the slots' links. It holds the pool, where
-    /// `record_pool.rs` uses the `GLOBAL` static.
+    /// A thread's `Local`: its segment and the next slot's index. It holds the pool, where
+    /// `record_pool.rs` uses the `FREE` static.
     struct Local {
         pool: Arc<Pool>,
-        head: Cell<*mut Slot>,
+        segment: Cell<usize>,
+        next: Cell<usize>,
     }
 
     impl Local {
         fn new(pool: &Arc<Pool>) -> Local {
             Local {
                 pool: Arc::clone(pool),
-                head: Cell::new(ptr::null_mut()),
+                segment: Cell::new(0),
+                next: Cell::new(SEGMENT_SLOTS),
             }
-        }
-
-        /// `LocalCache::push`.
-        fn push(&self, slot: NonNull<Slot>) {
-            // SAFETY: a free slot now owned by this list.
-            unsafe { write_link(slot, self.head.get()) };
-            self.head.set(slot.as_ptr());
-        }
-
-        /// `LocalCache::pop`.
-        fn pop(&self) -> Option<NonNull<Slot>> {
-            let slot = NonNull::new(self.head.get())?;
-            // SAFETY: slots in the local list are free and owned by it.
-            self.head.set(unsafe { read_link(slot) });
-            Some(slot)
         }
     }
 
     impl Drop for Local {
-        /// `LocalCache::drop`: the thread exits; its cached slots go back to the global stack.
+        /// `Local::drop`: the thread exits.
         fn drop(&mut self) {
-            let Some(first) = NonNull::new(self.head.get()) else {
-                return;
-            };
-            let (mut last, mut count) = (first, 1);
-            // SAFETY: slots in the local list are free and owned by it.
-            while let Some(next) = NonNull::new(unsafe { read_link(last) }) {
-                (last, count) = (next, count + 1);
+            if self.segment.get() != 0 {
+                // SAFETY: the thread's segment owes the slots it never handed out.
+                unsafe {
+                    release(
+                        &self.pool,
+                        self.segment.get(),
+                        SEGMENT_SLOTS - self.next.get(),
+                    )
+                };
             }
-            self.pool.count.fetch_add(count, Ordering::Relaxed);
-            // SAFETY: the list from `first` to `last` is ours, and in no stack.
-            unsafe { self.pool.stack.push_chain(first, last) };
         }
     }
 
     /// `record_pool::allocate`.
-    fn allocate(cache: &Local) -> NonNull<Slot> {
-        cache.pop().unwrap_or_else(|| refill(cache))
+    fn allocate(local: &Local) -> Slot {
+        let next = local.next.get();
+        if next == SEGMENT_SLOTS {
+            return next_segment(local);
+        }
+        local.next.set(next + 1);
+        Slot(local.segment.get(), next)
     }
 
-    /// `record_pool::refill`.
-    fn refill(cache: &Local) -> NonNull<Slot> {
-        let pool = &*cache.pool;
-        let Some(first) = NonNull::new(pool.stack.take_chain()) else {
-            return new_chunk(cache);
+    /// `record_pool::next_segment`.
+    fn next_segment(local: &Local) -> Slot {
+        let reused = local.pool.free.lock().unwrap().pop();
+        let segment = match reused {
+            Some(segment) => segment,
+            None => {
+                // SAFETY: SEGMENT has a non-zero size.
+                let segment = unsafe { alloc(SEGMENT) }.cast::<Segment>();
+                assert!(!segment.is_null(), "out of memory");
+                // Not in record_pool.rs: loom's atomics and cells must be constructed, where the
+                // real segment is memory that the header's write below initialises.
+                // SAFETY: a fresh allocation of a Segment.
+                unsafe {
+                    segment.write(Segment {
+                        owed: AtomicUsize::new(0),
+                        header: UnsafeCell::new(0),
+                        slots: std::array::from_fn(|_| UnsafeCell::new(0)),
+                    })
+                };
+                local
+                    .pool
+                    .allocated
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                segment as usize
+            }
         };
-        let (mut last, mut taken) = (first, 1);
-        while taken < LOCAL_MAX {
-            // SAFETY: a taken chain's slots are free and ours.
-            let Some(next) = NonNull::new(unsafe { read_link(last) }) else {
-                break;
-            };
-            (last, taken) = (next, taken + 1);
-        }
-        // SAFETY: as above.
-        let rest = unsafe { read_link(last) };
-        // SAFETY: as above.
-        unsafe { last.as_ref() }
-            .next
-            .store(ptr::null_mut(), Ordering::Relaxed);
-        // SAFETY: as above; the cache is empty, and takes the slots after `first` up to `last`.
-        cache.head.set(unsafe { read_link(first) });
-        while let Some(chain) = NonNull::new(rest) {
-            // SAFETY: the chain from `chain` to its null end is ours, and in no stack.
-            if unsafe { pool.stack.push_chain_if_empty(chain) } {
-                break;
-            }
-            let mut newcomer = pool.stack.take_chain();
-            while let Some(slot) = NonNull::new(newcomer) {
-                // SAFETY: as above, for the newcomers' chain.
-                newcomer = unsafe { read_link(slot) };
-                cache.push(slot);
-                taken += 1;
-            }
-        }
-        let before = pool.count.fetch_sub(taken, Ordering::Relaxed);
-        // Not in record_pool.rs: the count never goes below what was taken.
-        assert!(
-            before >= taken,
-            "GLOBAL.count underflow: {before} - {taken}"
-        );
-        first
+        // `segment.write(SegmentHeader { owed: AtomicUsize::new(SEGMENT_SLOTS - 1) })`: a plain
+        // write of the header, which loom checks against every earlier decrement.
+        // SAFETY: the segment is ours alone now.
+        let header = unsafe { &*(segment as *const Segment) };
+        header.header.with_mut(|h| unsafe { *h += 1 });
+        header.owed.store(SEGMENT_SLOTS - 1, Ordering::Relaxed);
+        local.segment.set(segment);
+        local.next.set(2);
+        Slot(segment, 1)
     }
 
-    /// `record_pool::new_chunk`.
-    fn new_chunk(cache: &Local) -> NonNull<Slot> {
-        // SAFETY: CHUNK has a non-zero size.
-        let chunk = NonNull::new(unsafe { alloc(CHUNK) }.cast::<Slot>()).expect("out of memory");
-        // Not in record_pool.rs: loom's atomics and cells must be constructed, where the real
-        // slots are just memory until `LocalCache::push` or `free` writes a link.
-        let serial = cache
-            .pool
-            .chunks
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        for i in 0..CHUNK_SLOTS {
-            // SAFETY: slot i of the fresh chunk, inside its allocation (CHUNK_BYTES holds them all).
-            unsafe {
-                chunk.add(i).as_ptr().write(Slot {
-                    next: AtomicPtr::new(ptr::null_mut()),
-                    contents: UnsafeCell::new(0),
-                    serial,
-                });
-            }
-        }
-        for i in (1..CHUNK_SLOTS).rev() {
-            // SAFETY: slot i of the chunk, inside its allocation.
-            cache.push(unsafe { chunk.add(i) });
-        }
-        chunk
-    }
-
-    /// `std::alloc::dealloc(chunk, CHUNK)`, after dropping the slots' loom objects.
+    /// `record_pool::release`.
     ///
     /// # Safety
-    /// `chunk` is the first slot of a chunk from `new_chunk`, and none of its slots is used, cached
-    /// or in a stack any more.
-    unsafe fn free_chunk(chunk: NonNull<Slot>) {
-        for i in 0..CHUNK_SLOTS {
-            // SAFETY: as the caller promises. Freeing the memory writes it: loom checks nobody else
-            // still touches the slot.
-            unsafe {
-                let slot = chunk.add(i);
-                slot.as_ref().contents.with_mut(|c| *c = 0);
-                ptr::drop_in_place(slot.as_ptr());
-            }
+    /// `segment` owes at least `count` slots, and they are not used afterwards.
+    unsafe fn release(pool: &Pool, segment: usize, count: usize) {
+        if count == 0 {
+            return;
         }
-        // SAFETY: as the caller promises; allocated with CHUNK by `new_chunk`.
-        unsafe { dealloc(chunk.as_ptr().cast(), CHUNK) };
+        // SAFETY: the segment is live while it owes slots.
+        let header = unsafe { &*(segment as *const Segment) };
+        // The decrement touches the header: a read of its cell, checked against its rewrite.
+        header.header.with(|h| unsafe { *h });
+        if header.owed.fetch_sub(count, Ordering::AcqRel) == count {
+            pool.free.lock().unwrap().push(segment);
+        }
     }
 
     /// `record_pool::free`.
     ///
     /// # Safety
     /// `slot` came from `allocate`, holds no live value and is not used afterwards.
-    unsafe fn free(pool: &Pool, slot: NonNull<Slot>) {
-        pool.count.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the slot is ours; its first word becomes the link.
+    unsafe fn free(pool: &Pool, slot: Slot) {
+        // SAFETY: as the caller promises.
+        unsafe { release(pool, slot.0, 1) };
+    }
+
+    /// Drops a segment's loom objects and frees it.
+    ///
+    /// # Safety
+    /// The segment is free and nobody else has it.
+    unsafe fn dealloc_segment(segment: usize) {
+        let segment = segment as *mut Segment;
+        // SAFETY: as the caller promises. Freeing the memory writes it: loom checks nobody else
+        // still touches the segment.
         unsafe {
-            write_link(slot, ptr::null_mut());
-            pool.stack.push(slot);
+            (*segment).header.with_mut(|h| *h = 0);
+            for slot in &(*segment).slots {
+                slot.with_mut(|c| *c = 0);
+            }
+            ptr::drop_in_place(segment);
+            dealloc(segment.cast(), SEGMENT);
         }
-    }
-
-    /// `record_pool::chunk_of`.
-    fn chunk_of(slot: NonNull<Slot>) -> usize {
-        slot.as_ptr() as usize & !(CHUNK_BYTES - 1)
-    }
-
-    /// `slots.sort_unstable()` (by address), made deterministic: loom replays each execution's
-    /// schedule from the start, and the system allocator may place the chunks differently in
-    /// another execution. So chunks are ordered by `serial` here, and the slots of a chunk by
-    /// address as in `record_pool.rs`; a chunk's slots are still together, first slot first.
-    fn by_address(slots: &mut [NonNull<Slot>]) {
-        // SAFETY: the slots are ours; `serial` is written once, before the chunk is shared.
-        slots.sort_unstable_by_key(|slot| (unsafe { slot.as_ref() }.serial, slot.as_ptr()));
     }
 
     /// `record_pool::trim`.
     #[allow(
         clippy::absurd_extreme_comparisons,
-        reason = "record_pool.rs's comparisons with KEEP, which is 0 here"
+        reason = "record_pool.rs's comparison with KEEP_SEGMENTS, which is 0 here"
     )]
     fn trim(pool: &Pool) -> usize {
-        if pool.count.load(Ordering::Relaxed) <= KEEP {
-            return 0;
-        }
-        let mut slots = Vec::new();
-        let mut node = pool.stack.take_chain();
-        while let Some(slot) = NonNull::new(node) {
-            // SAFETY: a taken chain's slots are free and ours.
-            node = unsafe { read_link(slot) };
-            slots.push(slot);
-        }
-        by_address(&mut slots);
-        let mut left = slots.len();
-        let mut freed = 0;
-        let mut kept: Option<(NonNull<Slot>, NonNull<Slot>)> = None;
-        for group in slots.chunk_by(|a, b| chunk_of(*a) == chunk_of(*b)) {
-            if group.len() == CHUNK_SLOTS && left - CHUNK_SLOTS >= KEEP {
-                // SAFETY: every slot of the chunk is here, so none is in use or cached anywhere
-                // else (which loom checks); its first slot is its start.
-                unsafe { free_chunk(group[0]) };
-                left -= CHUNK_SLOTS;
-                freed += 1;
-                continue;
+        let surplus: Vec<usize> = {
+            let mut list = pool.free.lock().unwrap();
+            if list.len() <= KEEP_SEGMENTS {
+                return 0;
             }
-            for &slot in group {
-                // SAFETY: a free slot of ours; linked in address order (last, first) as we go.
-                unsafe {
-                    match kept {
-                        None => {
-                            slot.as_ref().next.store(ptr::null_mut(), Ordering::Relaxed);
-                            kept = Some((slot, slot));
-                        }
-                        Some((first, last)) => {
-                            last.as_ref().next.store(slot.as_ptr(), Ordering::Relaxed);
-                            kept = Some((first, slot));
-                        }
-                    }
-                }
-            }
+            let excess = list.len() - KEEP_SEGMENTS;
+            list.drain(..excess).collect()
+        };
+        for &segment in &surplus {
+            // SAFETY: listed segments are free; we took these off the list.
+            unsafe { dealloc_segment(segment) };
         }
-        if let Some((first, last)) = kept {
-            // SAFETY: the chain from `first` to `last` is ours, and in no stack.
-            unsafe { pool.stack.push_chain(first, last) };
-        }
-        let before = pool.count.fetch_sub(freed * CHUNK_SLOTS, Ordering::Relaxed);
-        // Not in record_pool.rs: the count never goes below what was freed.
-        assert!(
-            before >= freed * CHUNK_SLOTS,
-            "GLOBAL.count underflow: {before} - {freed} chunks"
-        );
-        freed
+        surplus.len()
     }
 
     /// Puts a record into a slot: the launcher writes the slot's memory.
-    fn use_slot(slot: NonNull<Slot>, record: usize) {
-        // SAFETY: the slot was just allocated and is ours; loom checks the write is ordered after
-        // the previous owner's last access.
-        unsafe { slot.as_ref() }
-            .contents
-            .with_mut(|c| unsafe { *c = record });
+    fn use_slot(slot: Slot, record: usize) {
+        // SAFETY: loom checks the write is ordered after the slot's previous owner's last access.
+        slot.cell().with_mut(|c| unsafe { *c = record });
     }
 
-    /// Drops the record in a slot: the releasing thread reads (and drops) what the launcher wrote.
-    fn release_slot(slot: NonNull<Slot>) -> usize {
+    /// Drops the record in a slot: the releasing thread reads what the launcher wrote.
+    fn release_slot(slot: Slot) -> usize {
         // SAFETY: the slot holds a record this thread now owns.
-        unsafe { slot.as_ref() }.contents.with(|c| unsafe { *c })
+        slot.cell().with(|c| unsafe { *c })
     }
 
-    /// An empty pool: `GLOBAL` as a process starts.
     fn new_pool() -> Arc<Pool> {
         Arc::new(Pool {
-            stack: IntrusiveStack::new(),
-            count: AtomicUsize::new(0),
-            chunks: std::sync::atomic::AtomicUsize::new(0),
+            free: Mutex::new(Vec::new()),
+            allocated: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
-    /// Spawns a reaper that releases `records` (slot address, record), frees their slots and trims.
-    fn reaper(pool: &Arc<Pool>, records: Vec<(usize, usize)>) -> thread::JoinHandle<()> {
+    /// Spawns a thread that releases `records` (slot, record), frees their slots and, if `trims`,
+    /// trims.
+    fn reaper(
+        pool: &Arc<Pool>,
+        records: Vec<(Slot, usize)>,
+        trims: bool,
+    ) -> thread::JoinHandle<()> {
         let pool = Arc::clone(pool);
         thread::spawn(move || {
-            for (addr, record) in records {
-                let slot = NonNull::new(addr as *mut Slot).unwrap();
+            for (slot, record) in records {
                 assert_eq!(
                     release_slot(slot),
                     record,
@@ -802,80 +678,35 @@ mod record_pool_chunks {
                 // SAFETY: the record is dropped and the slot is used no more.
                 unsafe { free(&pool, slot) };
             }
-            trim(&pool);
+            if trims {
+                trim(&pool);
+            }
         })
     }
 
-    /// Spawns a launcher that allocates `count` records, checks their slots are distinct, releases
-    /// them, frees their slots and exits (its cached slots go back to the global stack).
-    fn launcher(pool: &Arc<Pool>, count: usize) -> thread::JoinHandle<()> {
-        let pool = Arc::clone(pool);
-        thread::spawn(move || {
-            let local = Local::new(&pool);
-            let slots: Vec<_> = (0..count)
-                .map(|i| {
-                    let slot = allocate(&local);
-                    use_slot(slot, 10 + i);
-                    slot
-                })
-                .collect();
-            for (i, &slot) in slots.iter().enumerate() {
-                for &other in &slots[i + 1..] {
-                    assert_ne!(slot, other, "a slot handed out twice");
-                }
-            }
-            for (i, &slot) in slots.iter().enumerate() {
-                assert_eq!(release_slot(slot), 10 + i, "a slot shared by two records");
-                // SAFETY: the record is dropped and the slot is used no more.
-                unsafe { free(&pool, slot) };
-            }
-            // The thread exits: `LocalCache::drop`.
-            drop(local);
-        })
-    }
-
-    /// Once every thread is done and every slot free: each chunk still allocated must be whole in
-    /// the global stack (a slot missing from it was lost), and the count must be the stack's
-    /// length. Frees the chunks (loom then checks that every chunk was freed exactly once).
+    /// Once every thread is done and every slot free: every segment not trimmed must be listed,
+    /// once. Frees them (loom then checks each segment was freed exactly once, none lost).
     fn check_everything_back(pool: &Pool) {
-        let mut slots = Vec::new();
-        let mut node = pool.stack.take_chain();
-        while let Some(slot) = NonNull::new(node) {
-            // SAFETY: a taken chain's slots are free and ours.
-            node = unsafe { read_link(slot) };
-            slots.push(slot);
+        let mut list = std::mem::take(&mut *pool.free.lock().unwrap());
+        let listed = list.len();
+        list.sort_unstable();
+        list.dedup();
+        assert_eq!(list.len(), listed, "a segment listed twice");
+        for segment in list {
+            // SAFETY: nothing else runs; the segment is listed, so free.
+            unsafe { dealloc_segment(segment) };
         }
-        let left = slots.len();
-        by_address(&mut slots);
-        for group in slots.chunk_by(|a, b| chunk_of(*a) == chunk_of(*b)) {
-            assert_eq!(
-                group.len(),
-                CHUNK_SLOTS,
-                "chunk {:#x} has {} of its slots in the pool",
-                chunk_of(group[0]),
-                group.len()
-            );
-            // SAFETY: every slot of the chunk is here, and nothing else runs.
-            unsafe { free_chunk(group[0]) };
-        }
-        assert_eq!(
-            pool.count.load(Ordering::Relaxed),
-            left,
-            "GLOBAL.count is off"
-        );
     }
 
-    /// The main thread allocated `a` and `b` (records 1 and 2: one chunk) earlier. The reaper
-    /// releases them and trims while a launcher allocates three records (a refill with what the
-    /// reaper freed, a new chunk, or both), releases them and exits. Afterwards every chunk is
-    /// either freed by `trim` or whole in the global stack, whose length the count matches.
-    ///
-    /// The global stack never holds more than `LOCAL_MAX` slots when the launcher refills here:
-    /// `refill`'s give-back is the next model's.
+    /// The main thread filled a segment with records 1 and 2. The reaper releases them and trims,
+    /// while a launcher allocates three records (from that segment once it is free, or from new
+    /// ones), releases them and exits with part of its last segment unused. No slot is handed out
+    /// twice, no segment is reused while a slot or the header is in use, and every segment ends
+    /// listed or trimmed.
     #[test]
-    fn loom_chunked_pool_loses_and_duplicates_no_slot() {
+    fn loom_segments_are_reused_only_when_all_their_slots_are_free() {
         check(
-            "pool: reaper x 2 frees + trim, launcher x 3 allocations + exit",
+            "segments: reaper x 2 frees + trim, launcher x 3 allocations + exit",
             3,
             || {
                 let pool = new_pool();
@@ -884,11 +715,32 @@ mod record_pool_chunks {
                     .map(|record| {
                         let slot = allocate(&main_local);
                         use_slot(slot, record);
-                        (slot.as_ptr() as usize, record)
+                        (slot, record)
                     })
                     .collect();
-                let reaper = reaper(&pool, records);
-                let launcher = launcher(&pool, 3);
+                let reaper = reaper(&pool, records, true);
+                let launcher = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        let local = Local::new(&pool);
+                        let slots: Vec<_> = (0..3)
+                            .map(|i| {
+                                let slot = allocate(&local);
+                                use_slot(slot, 10 + i);
+                                slot
+                            })
+                            .collect();
+                        for (i, &slot) in slots.iter().enumerate() {
+                            assert!(!slots[i + 1..].contains(&slot), "a slot handed out twice");
+                        }
+                        for (i, &slot) in slots.iter().enumerate() {
+                            assert_eq!(release_slot(slot), 10 + i, "a slot shared by two records");
+                            // SAFETY: the record is dropped and the slot is used no more.
+                            unsafe { free(&pool, slot) };
+                        }
+                        drop(local);
+                    })
+                };
                 reaper.join().unwrap();
                 launcher.join().unwrap();
                 drop(main_local);
@@ -897,40 +749,47 @@ mod record_pool_chunks {
         );
     }
 
-    /// `refill`'s give-back: the main thread allocated four records (two chunks) and released three
-    /// of them, so the global stack holds three slots. A launcher allocates one record: its refill
-    /// takes three or four slots, keeps `LOCAL_MAX`, and gives the rest back while the reaper
-    /// releases the fourth record and trims, so `push_chain_if_empty` may find the stack not empty
-    /// (the launcher then takes the newcomer into its cache and tries again), or empty again (the
-    /// reaper's trim took it), and `trim` may take the slots given back.
+    /// The last two owed slots of a segment are given back at once: a launcher's one record,
+    /// released by another thread, and the one slot the launcher never handed out, as it exits.
+    /// Exactly one of the two lists the segment; then a third thread reuses it.
     #[test]
-    fn loom_refill_gives_back_what_it_does_not_keep() {
+    fn loom_an_exiting_thread_and_a_free_race_to_list_the_segment() {
         check(
-            "pool: 3 slots free, reaper x 1 free + trim, launcher x 1 allocation + exit",
+            "segments: launcher exits while its record is freed, then reuse",
             3,
             || {
                 let pool = new_pool();
-                let main_local = Local::new(&pool);
-                let mut records: Vec<_> = (1..=4)
-                    .map(|record| {
-                        let slot = allocate(&main_local);
-                        use_slot(slot, record);
-                        (slot.as_ptr() as usize, record)
+                let launcher = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        let local = Local::new(&pool);
+                        let slot = allocate(&local);
+                        use_slot(slot, 7);
+                        let reaper = reaper(&pool, vec![(slot, 7)], false);
+                        drop(local);
+                        reaper
                     })
-                    .collect();
-                let fourth = records.pop().unwrap();
-                for (addr, record) in records {
-                    let slot = NonNull::new(addr as *mut Slot).unwrap();
-                    assert_eq!(release_slot(slot), record);
-                    // SAFETY: the record is dropped and the slot is used no more.
-                    unsafe { free(&pool, slot) };
-                }
-                let reaper = reaper(&pool, vec![fourth]);
-                let launcher = launcher(&pool, 1);
+                };
+                let reaper = launcher.join().unwrap();
+                let user = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        let local = Local::new(&pool);
+                        let slot = allocate(&local);
+                        use_slot(slot, 8);
+                        assert_eq!(release_slot(slot), 8);
+                        // SAFETY: the record is dropped and the slot is used no more.
+                        unsafe { free(&pool, slot) };
+                        drop(local);
+                    })
+                };
                 reaper.join().unwrap();
-                launcher.join().unwrap();
-                drop(main_local);
+                user.join().unwrap();
                 check_everything_back(&pool);
+                assert!(
+                    pool.allocated.load(std::sync::atomic::Ordering::Relaxed) <= 2,
+                    "more segments than threads holding one"
+                );
             },
         );
     }

@@ -153,13 +153,14 @@ struct Record<P> {
 /// A record's dispatch function.
 type Dispatch = unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>;
 
-/// Puts `payload` into a record: a pooled slot if it fits (and this is not a driver thread nor one
-/// whose pool cache is gone), else a
-/// `Box`. The record gets the dispatch function that matches where it went.
-fn place<P>(payload: P, pooled: Dispatch, boxed: Dispatch) -> OwnedRecord {
+/// Puts `payload` into a record: a pooled slot if `pooled` is given, it fits, and this is not a
+/// driver thread nor one whose pool state is gone; else a `Box`. The record gets the dispatch
+/// function that matches where it went.
+fn place<P>(payload: P, pooled: Option<Dispatch>, boxed: Dispatch) -> OwnedRecord {
     #[cfg(cuda_host_launch_profile)]
     let _timed = crate::profile::TimedRecord(crate::profile::start());
-    if record_pool::fits(Layout::new::<Record<P>>())
+    if let Some(pooled) = pooled
+        && record_pool::fits(Layout::new::<Record<P>>())
         && !crate::in_host_function()
         && let Some(slot) = record_pool::allocate()
     {
@@ -174,9 +175,10 @@ fn place<P>(payload: P, pooled: Dispatch, boxed: Dispatch) -> OwnedRecord {
     OwnedRecord(NonNull::from(Box::leak(record)).cast())
 }
 
-/// Puts a run-once payload into a record (see [`place`]).
+/// Puts a run-once payload into a record (see [`place`]): pooled when small, since it lives about
+/// as long as the launches around it.
 pub(crate) fn new_record<P: Payload>(payload: P) -> OwnedRecord {
-    place(payload, dispatch::<P, true>, dispatch::<P, false>)
+    place(payload, Some(dispatch::<P, true>), dispatch::<P, false>)
 }
 
 /// Drops a record in place and frees its memory, to the pool (`POOLED`) or as a `Box`; the memory
@@ -409,13 +411,11 @@ pub(crate) trait SharedPayload: Send + Sync + 'static {
     unsafe fn run_shared(&self);
 }
 
-/// Puts a repeatable payload into a record (see [`place`]).
+/// Puts a repeatable payload into a record: always a `Box`. It lives as long as its graph, and in
+/// the pool it would hold a whole segment of slots that launches around it used and freed (see
+/// `record_pool.rs`).
 pub(crate) fn new_shared_record<P: SharedPayload>(payload: P) -> OwnedRecord {
-    place(
-        payload,
-        dispatch_shared::<P, true>,
-        dispatch_shared::<P, false>,
-    )
+    place(payload, None, dispatch_shared::<P>)
 }
 
 /// The dispatch function of `Record<P>` for a repeatable `P`.
@@ -423,7 +423,7 @@ pub(crate) fn new_shared_record<P: SharedPayload>(payload: P) -> OwnedRecord {
 /// # Safety
 /// As [`RecordHeader::dispatch`], except that `Run` may be called any number of times and
 /// concurrently; `header` must be the header of a `Record<P>` made by `new_shared_record`.
-unsafe fn dispatch_shared<P: SharedPayload, const POOLED: bool>(
+unsafe fn dispatch_shared<P: SharedPayload>(
     header: NonNull<RecordHeader>,
     op: Op,
 ) -> Option<PanicPayload> {
@@ -437,9 +437,8 @@ unsafe fn dispatch_shared<P: SharedPayload, const POOLED: bool>(
         }
         Op::TakePanic => None,
         Op::Release => {
-            // SAFETY: made by `new_shared_record` with this POOLED; released once, after the last
-            // run.
-            unsafe { release_record::<Record<P>, POOLED>(record) };
+            // SAFETY: made by `new_shared_record`, boxed; released once, after the last run.
+            unsafe { release_record::<Record<P>, false>(record) };
             None
         }
     }

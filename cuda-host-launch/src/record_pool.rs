@@ -1,133 +1,114 @@
-//! Memory for small launch records: 128-byte slots carved from 4 KiB chunks.
+//! Memory for small launch records: 128-byte slots handed out in address order from 4 KiB segments.
 //!
-//! A record is allocated by the launching thread and freed by the reaper. Through the system
-//! allocator that pattern makes the launcher's allocations miss its thread cache and share the
-//! launcher's heap arena (and its cache lines) with the driver, which allocates three blocks per
-//! `cuLaunchHostFunc` on the launching thread and frees them on its own thread. Measured on the
-//! H200 (`tools/malloc-count`; `BENCHMARKS.md`, item 25): with records from the system allocator
-//! whenever the pool ran dry and back to it beyond a bound, owner launches on one stream ran at
-//! 0.82–0.86 of the raw call's throughput; with slots from chunks of their own, 0.89–0.93, in the
-//! same processes (six processes). So small records (at most
-//! [`SLOT_SIZE`] bytes: the raw launch with a small owner, closures with small captures) never
-//! touch the system allocator once the pool has grown to the number of such launches in flight:
+//! A record is written by the launching thread, read by the driver's thread when its host function
+//! runs (often tens of thousands of launches later, so from memory, not cache) and released by the
+//! reaper. What that costs depends on the order of the addresses: the floor plus a 128-byte block
+//! per launch costs nothing while consecutive launches use consecutive blocks (the hardware
+//! prefetchers follow the stream) and as much as our whole gap to the floor when the blocks are
+//! scattered (`BENCHMARKS.md`, "Where the rest goes"). So each launching thread takes its slots
+//! from a segment of its own, **in address order**, and a segment is reused only once every slot
+//! in it is free:
 //!
-//! - **Chunks.** The pool grows by a chunk of [`CHUNK_SLOTS`] slots, aligned to its size, so each
-//!   slot has two cache lines of its own and a slot's chunk is its address rounded down.
-//! - **A thread-local cache** of free slots that only its thread touches (no atomics).
-//! - **A global lock-free stack** ([`IntrusiveStack`]) that releasing threads push freed slots
-//!   onto. A launcher whose cache is empty takes the whole stack (one `swap`, so there is no ABA
-//!   problem), keeps at most [`LOCAL_MAX`] slots and gives the rest back in one step. An exiting
-//!   thread gives its cache back the same way.
-//! - **Trimming.** A freed slot always goes back to the pool; memory goes back to the system in
-//!   whole chunks, by [`trim`] (the reaper calls it before it parks, and [`flush`] after it waits):
-//!   while more than [`KEEP`] free slots wait in the global stack, chunks all of whose slots are
-//!   there are freed. So after a burst, the pool keeps [`KEEP`] free slots, the slots in launchers'
-//!   caches (at most [`LOCAL_MAX`] each) and the chunks that still hold a record in flight.
+//! - **Segments.** A segment is [`SEGMENT_BYTES`] aligned to its size, so a slot's segment is its
+//!   address rounded down. Its first slot is its header: the count of slots still owed to it.
+//! - **Allocation** is a bump of the launching thread's index into its current segment (no atomic,
+//!   no lock). When the segment is used up, the thread takes a free segment (one uncontended lock,
+//!   once per [`SEGMENT_SLOTS`]` - 1` launches) or allocates a new one.
+//! - **Free** is one atomic decrement of the slot's segment's count. The free that brings it to
+//!   zero puts the segment on the free list. An exiting thread gives back the slots it never handed
+//!   out of its current segment the same way.
+//! - **Trimming.** Memory goes back to the system only as whole segments, by [`trim`] (the reaper
+//!   calls it before it parks, and [`flush`] after it waits): it frees free segments beyond
+//!   [`KEEP_SEGMENTS`].
+//!
+//! What it costs in memory: a segment is held while any of its slots is in use. Records are
+//! released in about the order they were launched, so that is at most a segment per launching
+//! thread beyond the records in flight; but a record that stays pending long (a launch behind an
+//! event that does not fire) holds its whole segment, up to [`SEGMENT_SLOTS`] times its own size.
+//! Records that live as long as a graph (host nodes) are therefore not pooled.
 //!
 //! Driver threads never allocate from the pool (records made there are boxed), and neither does a
-//! thread whose cache is already gone (an exiting thread's last launches are boxed).
+//! thread whose segment state is already gone (an exiting thread's last launches are boxed).
+//!
+//! Measured on the H200 (`tools/ab-bench`, the chunked free-list pool this replaced as `old`, two
+//! processes of nine paired repetitions; `BENCHMARKS.md`, item 28): owner launches on one stream
+//! 0.92–1.00 of its enqueue cost and 1.00–1.05 of its throughput, every cell of owner and closure
+//! launches on one and on four streams in favour of segments.
 //!
 //! [`flush`]: crate::flush
 
 use std::alloc::Layout;
 use std::cell::Cell;
 use std::ptr::{self, NonNull};
+use std::sync::Mutex;
 
-use crate::intrusive_stack::{IntrusiveStack, Linked};
 use crate::own_line::OwnLine;
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+use crate::sync::{AtomicUsize, Ordering};
 
 /// The size of a slot: records up to this size are pooled.
 pub(crate) const SLOT_SIZE: usize = 128;
 /// The alignment a record may ask for and get from a slot (slots are in fact [`SLOT_SIZE`]-aligned).
 pub(crate) const SLOT_ALIGN: usize = 16;
-/// Slots per chunk: a chunk is one 4 KiB page.
-const CHUNK_SLOTS: usize = 32;
-/// A chunk's size and alignment.
-const CHUNK_BYTES: usize = SLOT_SIZE * CHUNK_SLOTS;
-/// The most free slots a launching thread's cache takes from the global stack at once.
-const LOCAL_MAX: usize = 1024;
-/// How many free slots [`trim`] leaves in the global stack (512 KiB).
-const KEEP: usize = 4096;
+/// Slots per segment, the header's included: a segment is one 4 KiB page.
+const SEGMENT_SLOTS: usize = 32;
+/// A segment's size and alignment.
+const SEGMENT_BYTES: usize = SLOT_SIZE * SEGMENT_SLOTS;
+/// How many free segments [`trim`] keeps (512 KiB).
+const KEEP_SEGMENTS: usize = 128;
 
-const CHUNK: Layout = match Layout::from_size_align(CHUNK_BYTES, CHUNK_BYTES) {
+const SEGMENT: Layout = match Layout::from_size_align(SEGMENT_BYTES, SEGMENT_BYTES) {
     Ok(layout) => layout,
-    Err(_) => panic!("a valid chunk layout"),
+    Err(_) => panic!("a valid segment layout"),
 };
 
-/// A free slot: its first word links it into a free list.
+/// A segment's first slot.
 #[repr(C, align(128))]
-pub(crate) struct FreeSlot {
-    next: AtomicPtr<FreeSlot>,
-    _rest: [u8; SLOT_SIZE - size_of::<usize>()],
+struct SegmentHeader {
+    /// Slots of the segment not yet freed: those in use, and those its thread has not handed out
+    /// yet. Set when a thread takes the segment; the decrement that brings it to zero frees the
+    /// segment.
+    owed: AtomicUsize,
 }
 
-const _: () = assert!(size_of::<FreeSlot>() == SLOT_SIZE && align_of::<FreeSlot>() == SLOT_SIZE);
-const _: () = assert!(SLOT_ALIGN <= SLOT_SIZE && CHUNK_BYTES.is_power_of_two());
+const _: () = assert!(size_of::<SegmentHeader>() == SLOT_SIZE);
+const _: () = assert!(SLOT_ALIGN <= SLOT_SIZE && SEGMENT_BYTES.is_power_of_two());
 
-// SAFETY: `link` always returns `next`, which only the intrusive stack writes while the slot is in
-// it.
-unsafe impl Linked for FreeSlot {
-    fn link(&self) -> &AtomicPtr<Self> {
-        &self.next
-    }
+/// A free segment, on the free list.
+struct FreeSegment(NonNull<SegmentHeader>);
+
+// SAFETY: a free segment is plain memory that nobody uses; the list passes it between threads
+// under its mutex.
+unsafe impl Send for FreeSegment {}
+
+/// Segments all of whose slots are free, most recently freed last. Locked once per segment: by a
+/// launching thread taking one, by the thread whose free emptied one, and by [`trim`].
+static FREE: OwnLine<Mutex<Vec<FreeSegment>>> = OwnLine(Mutex::new(Vec::new()));
+
+fn free_list() -> std::sync::MutexGuard<'static, Vec<FreeSegment>> {
+    // Nothing panics while the lock is held; if something did, the list is still consistent.
+    FREE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Slots freed by other threads (the reaper, on every release), and about how many: on lines of
-/// their own, away from anything a launching thread touches on every launch.
-struct Global {
-    stack: IntrusiveStack<FreeSlot>,
-    /// Counted before a slot is pushed and after it is taken, so it is never below the stack's
-    /// length (see `record_pool_chunks` in `loom_models.rs`).
-    count: AtomicUsize,
+/// A launching thread's current segment and the index of the next slot it hands out.
+struct Local {
+    segment: Cell<*mut SegmentHeader>,
+    next: Cell<usize>,
 }
 
-static GLOBAL: OwnLine<Global> = OwnLine(Global {
-    stack: IntrusiveStack::new(),
-    count: AtomicUsize::new(0),
-});
-
-/// This thread's free slots, a plain singly linked list through each slot's first word.
-struct LocalCache {
-    head: Cell<*mut FreeSlot>,
-}
-
-impl LocalCache {
-    fn push(&self, slot: NonNull<FreeSlot>) {
-        // SAFETY: a free slot now owned by this list; its first word is the link.
-        unsafe { ptr::addr_of_mut!((*slot.as_ptr()).next).write(AtomicPtr::new(self.head.get())) };
-        self.head.set(slot.as_ptr());
-    }
-
-    fn pop(&self) -> Option<NonNull<FreeSlot>> {
-        let slot = NonNull::new(self.head.get())?;
-        // SAFETY: slots in the local list are free and owned by it.
-        self.head
-            .set(unsafe { slot.as_ref() }.next.load(Ordering::Relaxed));
-        Some(slot)
-    }
-}
-
-impl Drop for LocalCache {
+impl Drop for Local {
     fn drop(&mut self) {
-        // The thread is exiting: its cached slots go back to the global stack (a slot's memory
-        // belongs to its chunk, which only `trim` frees).
-        let Some(first) = NonNull::new(self.head.get()) else {
-            return;
-        };
-        let (mut last, mut count) = (first, 1);
-        // SAFETY: slots in the local list are free and owned by it.
-        while let Some(next) = NonNull::new(unsafe { last.as_ref() }.next.load(Ordering::Relaxed)) {
-            (last, count) = (next, count + 1);
+        // The thread is exiting: the slots it has not handed out are owed no more.
+        if let Some(segment) = NonNull::new(self.segment.get()) {
+            // SAFETY: the thread's current segment owes these slots, handed out to nobody.
+            unsafe { release(segment, SEGMENT_SLOTS - self.next.get()) };
         }
-        GLOBAL.count.fetch_add(count, Ordering::Relaxed);
-        // SAFETY: the list from `first` to `last` is ours, and in no stack.
-        unsafe { GLOBAL.stack.push_chain(first, last) };
     }
 }
 
 thread_local! {
-    static LOCAL: LocalCache = const { LocalCache { head: Cell::new(ptr::null_mut()) } };
+    static LOCAL: Local = const {
+        Local { segment: Cell::new(ptr::null_mut()), next: Cell::new(SEGMENT_SLOTS) }
+    };
 }
 
 /// Whether a value of layout `layout` fits a slot.
@@ -138,72 +119,82 @@ pub(crate) const fn fits(layout: Layout) -> bool {
     !cfg!(cuda_host_launch_unpooled) && layout.size() <= SLOT_SIZE && layout.align() <= SLOT_ALIGN
 }
 
-/// A slot of [`SLOT_SIZE`] bytes, uninitialised; `None` if this thread's cache is gone (the thread
-/// is exiting), in which case the caller allocates otherwise.
+/// A slot of [`SLOT_SIZE`] bytes, uninitialised; `None` if this thread's segment state is gone (the
+/// thread is exiting), in which case the caller allocates otherwise.
 #[inline]
 pub(crate) fn allocate() -> Option<NonNull<u8>> {
     LOCAL
-        .try_with(|cache| cache.pop().unwrap_or_else(|| refill(cache)).cast())
+        .try_with(|local| {
+            let next = local.next.get();
+            if next == SEGMENT_SLOTS {
+                return next_segment(local);
+            }
+            local.next.set(next + 1);
+            // SAFETY: slot `next` (1..SEGMENT_SLOTS) of the thread's current segment, which is set
+            // whenever `next` is below SEGMENT_SLOTS.
+            unsafe { slot(local.segment.get(), next) }
+        })
         .ok()
 }
 
-/// The cache is empty: takes up to [`LOCAL_MAX`] slots others freed, or carves a new chunk. Returns
-/// one slot and caches the rest.
+/// The thread's segment is used up (or it has none): takes a free segment or allocates one, and
+/// hands out its first slot after the header.
 #[cold]
-fn refill(cache: &LocalCache) -> NonNull<FreeSlot> {
-    let Some(first) = NonNull::new(GLOBAL.stack.take_chain()) else {
-        return new_chunk(cache);
+fn next_segment(local: &Local) -> NonNull<u8> {
+    // The old segment needs nothing: every slot of it was handed out, and its last free frees it.
+    let reused = free_list().pop();
+    let segment = match reused {
+        Some(FreeSegment(segment)) => segment.as_ptr(),
+        None => {
+            // SAFETY: SEGMENT has a non-zero size.
+            let segment = unsafe { std::alloc::alloc(SEGMENT) }.cast::<SegmentHeader>();
+            if segment.is_null() {
+                std::alloc::handle_alloc_error(SEGMENT);
+            }
+            segment
+        }
     };
-    // Keep the chain's first LOCAL_MAX slots as they are linked (newest first: the most recently
-    // freed, likeliest in cache, come out first) and cut it there.
-    let (mut last, mut taken) = (first, 1);
-    while taken < LOCAL_MAX {
-        // SAFETY: a taken chain's slots are free and ours.
-        let Some(next) = NonNull::new(unsafe { last.as_ref() }.next.load(Ordering::Relaxed)) else {
-            break;
-        };
-        (last, taken) = (next, taken + 1);
-    }
-    // SAFETY: as above.
-    let last = unsafe { last.as_ref() };
-    let rest = last.next.load(Ordering::Relaxed);
-    last.next.store(ptr::null_mut(), Ordering::Relaxed);
-    // SAFETY: as above; the cache is empty, and takes the slots after `first` up to `last`.
-    cache
-        .head
-        .set(unsafe { first.as_ref() }.next.load(Ordering::Relaxed));
-    // Give the rest back without walking it: possible while the stack is empty; if others pushed
-    // meanwhile, take those few into the cache and try again.
-    while let Some(chain) = NonNull::new(rest) {
-        // SAFETY: the chain from `chain` to its null end is ours, and in no stack.
-        if unsafe { GLOBAL.stack.push_chain_if_empty(chain) } {
-            break;
-        }
-        let mut newcomer = GLOBAL.stack.take_chain();
-        while let Some(slot) = NonNull::new(newcomer) {
-            // SAFETY: as above, for the newcomers' chain.
-            newcomer = unsafe { slot.as_ref() }.next.load(Ordering::Relaxed);
-            cache.push(slot);
-            taken += 1;
-        }
-    }
-    GLOBAL.count.fetch_sub(taken, Ordering::Relaxed);
-    first
+    // SAFETY: a fresh segment, or a free one taken off the list (its last free happened before
+    // it was listed, and the lock orders that before this write); ours alone now.
+    unsafe {
+        segment.write(SegmentHeader {
+            owed: AtomicUsize::new(SEGMENT_SLOTS - 1),
+        })
+    };
+    local.segment.set(segment);
+    local.next.set(2);
+    // SAFETY: slot 1 of the segment just set.
+    unsafe { slot(segment, 1) }
 }
 
-/// A new chunk: returns its first slot and caches the others.
-fn new_chunk(cache: &LocalCache) -> NonNull<FreeSlot> {
-    // SAFETY: CHUNK has a non-zero size.
-    let chunk = unsafe { std::alloc::alloc(CHUNK) }.cast::<FreeSlot>();
-    let Some(chunk) = NonNull::new(chunk) else {
-        std::alloc::handle_alloc_error(CHUNK)
-    };
-    // Cached last to first, so the slots come out in address order.
-    for i in (1..CHUNK_SLOTS).rev() {
-        // SAFETY: slot i of the chunk, inside its allocation.
-        cache.push(unsafe { chunk.add(i) });
+/// Slot `index` of `segment`.
+///
+/// # Safety
+/// `segment` is a segment and `index` is below [`SEGMENT_SLOTS`].
+unsafe fn slot(segment: *mut SegmentHeader, index: usize) -> NonNull<u8> {
+    // SAFETY: inside the segment's allocation, as the caller promises; not null since the segment
+    // is not.
+    unsafe { NonNull::new_unchecked(segment.cast::<u8>().add(index * SLOT_SIZE)) }
+}
+
+/// `count` of `segment`'s owed slots are owed no more; the one that brings its count to zero puts
+/// it on the free list.
+///
+/// # Safety
+/// `segment` owes at least `count` slots, and they are not used afterwards.
+unsafe fn release(segment: NonNull<SegmentHeader>, count: usize) {
+    if count == 0 {
+        return;
     }
-    chunk
+    // AcqRel: every earlier release of a slot of this segment (and the use of that slot) happens
+    // before the last one, which then hands the whole segment on.
+    // SAFETY: the segment is live while it owes slots.
+    let before = unsafe { segment.as_ref() }
+        .owed
+        .fetch_sub(count, Ordering::AcqRel);
+    if before == count {
+        free_list().push(FreeSegment(segment));
+    }
 }
 
 /// Returns a slot to the pool.
@@ -212,88 +203,50 @@ fn new_chunk(cache: &LocalCache) -> NonNull<FreeSlot> {
 /// `slot` must come from [`allocate`], hold no live value, and not be used afterwards.
 #[inline]
 pub(crate) unsafe fn free(slot: NonNull<u8>) {
-    GLOBAL.count.fetch_add(1, Ordering::Relaxed);
-    let slot = slot.cast::<FreeSlot>();
-    // SAFETY: the slot is free memory of FreeSlot's size and alignment; its first word becomes the
-    // link (an AtomicPtr is valid for any bit pattern once written).
-    unsafe {
-        ptr::addr_of_mut!((*slot.as_ptr()).next).write(AtomicPtr::new(ptr::null_mut()));
-        GLOBAL.stack.push(slot);
-    }
+    let segment = slot.as_ptr().map_addr(|a| a & !(SEGMENT_BYTES - 1));
+    // SAFETY: a slot from `allocate` lies in a segment (rounded down: its header), which owes it.
+    unsafe { release(NonNull::new_unchecked(segment.cast()), 1) };
 }
 
-/// Gives memory back to the system: while more than [`KEEP`] free slots wait in the global stack,
-/// frees the chunks all of whose slots are there. Returns how many chunks it freed.
+/// Gives memory back to the system: frees the free segments beyond [`KEEP_SEGMENTS`]. Returns how
+/// many it freed.
 ///
-/// Cheap when there is nothing to do (one load). Otherwise it allocates and sorts (it runs on the
-/// reaper before it parks, or in `flush`; never on a driver thread). Launchers that find the stack
-/// empty meanwhile grow the pool by a chunk; nothing is lost.
+/// It runs on the reaper before it parks, or in `flush`; never on a driver thread.
 pub(crate) fn trim() -> usize {
-    if GLOBAL.count.load(Ordering::Relaxed) <= KEEP {
-        return 0;
-    }
-    let mut slots = Vec::new();
-    let mut node = GLOBAL.stack.take_chain();
-    while let Some(slot) = NonNull::new(node) {
-        // SAFETY: a taken chain's slots are free and ours.
-        node = unsafe { slot.as_ref() }.next.load(Ordering::Relaxed);
-        slots.push(slot);
-    }
-    slots.sort_unstable();
-    let mut left = slots.len();
-    let mut freed = 0;
-    let mut kept: Option<(NonNull<FreeSlot>, NonNull<FreeSlot>)> = None;
-    for group in slots.chunk_by(|a, b| chunk_of(*a) == chunk_of(*b)) {
-        if group.len() == CHUNK_SLOTS && left - CHUNK_SLOTS >= KEEP {
-            // Every slot of the chunk is here, so none is in use or cached anywhere else.
-            // SAFETY: the chunk was allocated with CHUNK by `new_chunk` (its first slot is its
-            // start) and none of its slots is used any more.
-            unsafe { std::alloc::dealloc(group[0].as_ptr().cast(), CHUNK) };
-            left -= CHUNK_SLOTS;
-            freed += 1;
-            continue;
+    let surplus: Vec<FreeSegment> = {
+        let mut list = free_list();
+        if list.len() <= KEEP_SEGMENTS {
+            return 0;
         }
-        for &slot in group {
-            // SAFETY: a free slot of ours; linked in address order (last, first) as we go.
-            unsafe {
-                match kept {
-                    None => {
-                        slot.as_ref().next.store(ptr::null_mut(), Ordering::Relaxed);
-                        kept = Some((slot, slot));
-                    }
-                    Some((first, last)) => {
-                        last.as_ref().next.store(slot.as_ptr(), Ordering::Relaxed);
-                        kept = Some((first, slot));
-                    }
-                }
-            }
-        }
+        // The oldest first: the most recently freed are the likeliest to be in cache.
+        let excess = list.len() - KEEP_SEGMENTS;
+        let surplus = list.drain(..excess).collect();
+        list.shrink_to(2 * KEEP_SEGMENTS);
+        surplus
+    };
+    for FreeSegment(segment) in &surplus {
+        // SAFETY: allocated with SEGMENT by `next_segment`; every slot of it is free and it was on
+        // the free list, which we took it off: nobody else has it.
+        unsafe { std::alloc::dealloc(segment.as_ptr().cast(), SEGMENT) };
     }
-    if let Some((first, last)) = kept {
-        // SAFETY: the chain from `first` to `last` is ours, and in no stack.
-        unsafe { GLOBAL.stack.push_chain(first, last) };
-    }
-    GLOBAL
-        .count
-        .fetch_sub(freed * CHUNK_SLOTS, Ordering::Relaxed);
-    freed
-}
-
-/// The chunk a slot belongs to: its address rounded down to the chunk's alignment.
-fn chunk_of(slot: NonNull<FreeSlot>) -> usize {
-    slot.as_ptr() as usize & !(CHUNK_BYTES - 1)
+    surplus.len()
 }
 
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
-    /// The pool's state is process-wide: the tests that look at it run one at a time.
+    /// The pool's state is process-wide: the tests that look at it run one at a time, each on a
+    /// thread of its own that has exited (its segment given back) when the test looks.
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn on_a_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+        std::thread::scope(|scope| scope.spawn(f).join().unwrap())
+    }
 
     fn take(n: usize) -> Vec<usize> {
         (0..n)
-            .map(|_| allocate().expect("a cache").as_ptr() as usize)
+            .map(|_| allocate().expect("segment state").as_ptr() as usize)
             .collect()
     }
 
@@ -304,67 +257,115 @@ mod tests {
         }
     }
 
-    #[test]
-    fn slots_are_aligned_distinct_and_reused_across_threads() {
-        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        let slots = take(100);
-        for &s in &slots {
-            assert_eq!(s % SLOT_SIZE, 0, "a slot shares a cache line");
-        }
-        let mut sorted = slots.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 100, "a slot handed out twice");
-        std::thread::scope(|scope| {
-            scope.spawn(|| give_back(&slots));
-        });
-        // Drain this thread's cache, then the next allocations come from the global stack, where
-        // the other thread's frees are the newest, unless a thread of an earlier test exited
-        // meanwhile and pushed its cache (at most LOCAL_MAX + CHUNK_SLOTS slots) on top: take
-        // enough to get past that.
-        let mut cached = Vec::new();
-        LOCAL.with(|cache| {
-            while let Some(slot) = cache.pop() {
-                cached.push(slot.as_ptr() as usize);
-            }
-        });
-        let again = take(3 * LOCAL_MAX);
-        let reused = again.iter().filter(|s| slots.contains(s)).count();
-        assert_eq!(reused, 100, "only {reused} of 100 freed slots came back");
-        give_back(&again);
-        give_back(&cached);
+    fn segment_of(slot: usize) -> usize {
+        slot & !(SEGMENT_BYTES - 1)
+    }
+
+    fn free_segments() -> Vec<usize> {
+        free_list().iter().map(|s| s.0.as_ptr() as usize).collect()
     }
 
     #[test]
-    fn an_exiting_thread_gives_its_cache_back_and_trim_frees_whole_chunks() {
+    fn slots_come_in_address_order_and_never_twice() {
         let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-        trim();
-        let before = GLOBAL.count.load(Ordering::Relaxed);
-        // Another thread allocates (and caches) 10,000 slots' worth of chunks, frees them, exits.
-        let n = 10_000;
-        std::thread::spawn(move || give_back(&take(n)))
-            .join()
-            .unwrap();
-        let after_exit = GLOBAL.count.load(Ordering::Relaxed);
-        assert!(
-            after_exit >= n,
-            "the exiting thread's slots did not come back: {before} before, {after_exit} after"
-        );
-        let freed = trim();
-        let left = GLOBAL.count.load(Ordering::Relaxed);
-        // Slots that were in the pool before may share chunks with slots elsewhere; the thread's
-        // own chunks are whole again.
-        assert!(
-            freed * CHUNK_SLOTS + KEEP + CHUNK_SLOTS + before >= n,
-            "freed only {freed} chunks"
-        );
-        assert!(left >= KEEP, "trimmed below KEEP: {left}");
-        assert!(
-            left < KEEP + CHUNK_SLOTS + before,
-            "{left} slots left after a trim"
-        );
-        // What is left is still usable.
-        let slots = take(LOCAL_MAX + 10);
+        let slots = on_a_thread(|| take(3 * SEGMENT_SLOTS));
+        for &s in &slots {
+            assert_eq!(s % SLOT_SIZE, 0, "a slot shares a cache line");
+            assert_ne!(s % SEGMENT_BYTES, 0, "a segment's header handed out");
+        }
+        // 31 slots per segment: 96 slots fill three segments and start a fourth, in address order
+        // within each.
+        let mut jumps = 0;
+        for pair in slots.windows(2) {
+            if segment_of(pair[0]) == segment_of(pair[1]) {
+                assert_eq!(pair[1], pair[0] + SLOT_SIZE, "not in address order");
+            } else {
+                assert_eq!(
+                    pair[0] % SEGMENT_BYTES,
+                    SEGMENT_BYTES - SLOT_SIZE,
+                    "left early"
+                );
+                assert_eq!(pair[1] % SEGMENT_BYTES, SLOT_SIZE, "joined late");
+                jumps += 1;
+            }
+        }
+        assert_eq!(jumps, 3);
+        let mut sorted = slots.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), slots.len(), "a slot handed out twice");
         give_back(&slots);
+    }
+
+    #[test]
+    fn a_segment_is_free_only_once_every_slot_is() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        on_a_thread(|| {
+            // A whole segment's slots; all but one freed on another thread.
+            let slots = take(SEGMENT_SLOTS - 1);
+            let segment = segment_of(slots[0]);
+            assert!(slots.iter().all(|&s| segment_of(s) == segment));
+            let (last, others) = slots.split_last().unwrap();
+            on_a_thread(|| give_back(others));
+            assert!(
+                !free_segments().contains(&segment),
+                "a segment with a slot in use is on the free list"
+            );
+            give_back(&[*last]);
+            assert_eq!(
+                free_segments().last(),
+                Some(&segment),
+                "the segment is not free after its last slot"
+            );
+            // The next segment this thread takes is that one (the most recently freed).
+            let again = take(1);
+            assert_eq!(segment_of(again[0]), segment);
+            give_back(&again);
+        });
+    }
+
+    #[test]
+    fn segments_are_reused() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let segments = on_a_thread(|| {
+            let mut seen = std::collections::HashSet::new();
+            for _ in 0..10 {
+                let slots = take(1000);
+                seen.extend(slots.iter().map(|&s| segment_of(s)));
+                on_a_thread(|| give_back(&slots));
+            }
+            seen.len()
+        });
+        // 1,000 slots span 33 segments; ten rounds without reuse would take 323.
+        assert!(
+            segments <= 40,
+            "{segments} segments for 1,000 slots in flight"
+        );
+    }
+
+    #[test]
+    fn an_exiting_thread_gives_its_segment_back_and_trim_frees_the_surplus() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        // A thread uses part of a segment, frees its slots and exits: the slots it never handed out
+        // are given back, so its segment is free.
+        let segment = on_a_thread(|| {
+            let slots = take(5);
+            give_back(&slots);
+            assert!(!free_segments().contains(&segment_of(slots[0])));
+            segment_of(slots[0])
+        });
+        assert!(
+            free_segments().contains(&segment),
+            "an exited thread's segment was not given back"
+        );
+        // Another thread makes many segments free at once; trim keeps KEEP_SEGMENTS of them.
+        on_a_thread(|| give_back(&take(2 * KEEP_SEGMENTS * (SEGMENT_SLOTS - 1))));
+        let before = free_segments().len();
+        assert!(before >= 2 * KEEP_SEGMENTS, "{before} free segments");
+        assert_eq!(trim(), before - KEEP_SEGMENTS);
+        assert_eq!(free_segments().len(), KEEP_SEGMENTS);
+        assert_eq!(trim(), 0, "a second trim found more to free");
+        // What is left is still usable.
+        on_a_thread(|| give_back(&take(3 * SEGMENT_SLOTS)));
     }
 }
