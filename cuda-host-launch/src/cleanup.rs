@@ -206,7 +206,7 @@ pub fn drain() -> u64 {
 /// manual mode it drains the queue itself.
 ///
 /// Once everything is released it also gives the record pool's surplus memory back to the system
-/// (whole 4 KiB chunks of free slots, beyond 512 KiB of them), as the reaper does when it goes idle.
+/// (free 4 KiB segments of slots, beyond 512 KiB of them), as the reaper does when it goes idle.
 ///
 /// Host functions still pending on their streams are not waited for: synchronize the stream first
 /// to include them. The driver destroys a graph's user objects asynchronously, so owners tied to a
@@ -250,7 +250,7 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
     };
     QUEUE.flush_waiters.fetch_sub(1, Ordering::SeqCst);
     if result.is_ok() {
-        // Everything released so far is back in the record pool: give whole chunks of it back.
+        // Everything released so far is back in the record pool: give its surplus segments back.
         crate::record_pool::trim();
     }
     result

@@ -71,7 +71,7 @@ unsafe impl Send for Shard {}
 
 /// Each shard's lock on lines of its own: a launching thread takes its shard's lock on every
 /// launch, and must not find the line taken by a neighbour's writer (another shard's thread, or the
-/// record pool's free stack that the reaper writes on every release).
+/// record pool's list of free segments).
 static LISTS: [OwnLine<Mutex<Shard>>; SHARDS] = [const {
     OwnLine(Mutex::new(Shard {
         head: ptr::null_mut(),

@@ -30,10 +30,11 @@
 //! Driver threads never allocate from the pool (records made there are boxed), and neither does a
 //! thread whose segment state is already gone (an exiting thread's last launches are boxed).
 //!
-//! Measured on the H200 (`tools/ab-bench`, the chunked free-list pool this replaced as `old`, two
-//! processes of nine paired repetitions; `BENCHMARKS.md`, item 28): owner launches on one stream
-//! 0.92–1.00 of its enqueue cost and 1.00–1.05 of its throughput, every cell of owner and closure
-//! launches on one and on four streams in favour of segments.
+//! Measured on the H200 (`tools/ab-bench`, against the chunked free-list pool this replaced, three
+//! processes of nine paired repetitions; `BENCHMARKS.md`, item 28): owner launches at 0.93–0.94 of
+//! its enqueue cost and 1.02–1.04 of its throughput on one stream, 0.91–0.97 and 1.02–1.06 on four.
+//! Sorting the free-list pool's slots by address did nothing (item 29): only a bump through fresh
+//! or wholly free memory makes one forward stream.
 //!
 //! [`flush`]: crate::flush
 
