@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::options::LaunchOptions;
 use crate::raw_stream::AsRawStream;
 use crate::record::{
-    OwnedRecord, RawPayload, RepeatableClosure, new_shared_record, trampoline_repeatable,
+    OwnedRecord, RawPayload, RepeatableClosure, new_node_record, trampoline_repeatable,
 };
 use crate::user_object::GraphOwnedRecord;
 
@@ -217,7 +217,7 @@ pub fn add_host_node_with<F>(
 where
     F: Fn() + Send + Sync + 'static,
 {
-    let record = new_shared_record(RepeatableClosure(f));
+    let record = new_node_record(RepeatableClosure(f));
     // SAFETY: `graph` is a live graph; a repeatable closure record may run any number of times.
     unsafe { add_node(graph.raw, dependencies, options, record) }
 }
@@ -245,7 +245,7 @@ pub unsafe fn add_host_node_raw<O>(
 where
     O: Send + Sync + 'static,
 {
-    let record = new_shared_record(RawPayload::new(f, user_data, owners)?);
+    let record = new_node_record(RawPayload::new(f, user_data, owners)?);
     // SAFETY: the caller's contract.
     unsafe { add_node(graph, dependencies, options, record) }
 }

@@ -411,19 +411,32 @@ pub(crate) trait SharedPayload: Send + Sync + 'static {
     unsafe fn run_shared(&self);
 }
 
-/// Puts a repeatable payload into a record: always a `Box`. It lives as long as its graph, and in
-/// the pool it would hold a whole segment of slots that launches around it used and freed (see
-/// `record_pool.rs`).
+/// Puts a repeatable launch's payload into a record (see [`place`]): pooled when small. On a stream
+/// that is not capturing, the launch runs once and is released like any other; captured, its
+/// record lives as long as the graph and holds its pool segment that long (the record is made
+/// before the capture query tells which).
 pub(crate) fn new_shared_record<P: SharedPayload>(payload: P) -> OwnedRecord {
-    place(payload, None, dispatch_shared::<P>)
+    place(
+        payload,
+        Some(dispatch_shared::<P, true>),
+        dispatch_shared::<P, false>,
+    )
+}
+
+/// Puts a graph host node's payload into a record: always a `Box`. It lives as long as its graph,
+/// and in the pool it would hold a whole segment of slots that launches around it used and freed
+/// (see `record_pool.rs`).
+pub(crate) fn new_node_record<P: SharedPayload>(payload: P) -> OwnedRecord {
+    place(payload, None, dispatch_shared::<P, false>)
 }
 
 /// The dispatch function of `Record<P>` for a repeatable `P`.
 ///
 /// # Safety
 /// As [`RecordHeader::dispatch`], except that `Run` may be called any number of times and
-/// concurrently; `header` must be the header of a `Record<P>` made by `new_shared_record`.
-unsafe fn dispatch_shared<P: SharedPayload>(
+/// concurrently; `header` must be the header of a `Record<P>` made by `new_shared_record` or
+/// `new_node_record` with this `POOLED`.
+unsafe fn dispatch_shared<P: SharedPayload, const POOLED: bool>(
     header: NonNull<RecordHeader>,
     op: Op,
 ) -> Option<PanicPayload> {
@@ -437,8 +450,8 @@ unsafe fn dispatch_shared<P: SharedPayload>(
         }
         Op::TakePanic => None,
         Op::Release => {
-            // SAFETY: made by `new_shared_record`, boxed; released once, after the last run.
-            unsafe { release_record::<Record<P>, false>(record) };
+            // SAFETY: made with this POOLED; released once, after the last run.
+            unsafe { release_record::<Record<P>, POOLED>(record) };
             None
         }
     }

@@ -25,7 +25,9 @@
 //! released in about the order they were launched, so that is at most a segment per launching
 //! thread beyond the records in flight; but a record that stays pending long (a launch behind an
 //! event that does not fire) holds its whole segment, up to [`SEGMENT_SLOTS`] times its own size.
-//! Records that live as long as a graph (host nodes) are therefore not pooled.
+//! Graph host nodes' records, which live as long as their graph, are therefore not pooled. (A
+//! repeatable launch's record is, since it is made before the capture query; captured, it holds
+//! its segment until its graph is gone.)
 //!
 //! Driver threads never allocate from the pool (records made there are boxed), and neither does a
 //! thread whose segment state is already gone (an exiting thread's last launches are boxed).
