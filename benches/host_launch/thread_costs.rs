@@ -2,7 +2,9 @@
 //!
 //! For the floor, our two launch kinds, the peer approach and the parts (a 128-byte block per
 //! launch, from a 2 MiB ring, or from a 32 MiB ring in order, written by the host function, or in a
-//! scattered order; the floor while a thread of ours works on another core), on one stream:
+//! scattered order; the floor while a thread of ours works on another core; with
+//! `BENCH_THREAD_COSTS_PARTS=buildup`, the floor built up step by step towards our launch), on one
+//! stream:
 //! what the launching thread, the driver's host-function thread and the reaper each spend per
 //! launch while N launches flow (CPU time and run-queue wait from `/proc/.../schedstat`; cycles,
 //! user-mode cycles, instructions and last-level-cache misses from `perf_event_open`, where the
@@ -17,6 +19,7 @@
 
 use std::ffi::c_void;
 use std::fmt::Write as _;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -58,6 +61,97 @@ unsafe extern "C" fn count_and_write(data: *mut c_void) {
     RAN.0.fetch_add(1, Ordering::Relaxed);
 }
 
+/// The build-up parts' cleanup queue: their host functions push their block (linked through its
+/// word 1) with a compare-and-swap, as the trampoline pushes a record, and a stand-in reaper takes
+/// the whole list, walks it and writes each block, as the reaper releases records.
+#[repr(align(128))]
+struct QueueHead(AtomicU64);
+static QUEUE: QueueHead = QueueHead(AtomicU64::new(0));
+/// Whether the stand-in reaper is walking a list it took (set before the take).
+static STAND_IN_BUSY: AtomicU64 = AtomicU64::new(0);
+/// The build-up parts' pending-list lock: taken by the launcher on every launch and by the
+/// stand-in reaper once per list it takes, as a shard lock is.
+#[repr(align(128))]
+struct Shard(Mutex<u64>);
+static SHARD: Shard = Shard(Mutex::new(0));
+/// Which step the stand-in reaper mimics: 0 idle, else a `Step`'s number.
+static STAND_IN_STEP: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn count_read_and_queue(data: *mut c_void) {
+    // SAFETY: `data` points at one of BLOCKS.
+    let block = unsafe { &*data.cast::<Block>() };
+    std::hint::black_box(block.0[0].load(Ordering::Relaxed));
+    let mut head = QUEUE.0.load(Ordering::Relaxed);
+    loop {
+        block.0[1].store(head, Ordering::Relaxed);
+        match QUEUE
+            .0
+            .compare_exchange_weak(head, data as u64, Ordering::Release, Ordering::Relaxed)
+        {
+            Ok(_) => break,
+            Err(now) => head = now,
+        }
+    }
+    RAN.0.fetch_add(1, Ordering::Relaxed);
+}
+
+/// A step of the build-up from the floor towards our owner launch. Each adds one mechanism to the
+/// one before; the step before the first is the floor with a 128-byte block per launch from the
+/// 32 MiB ring in order, which reads it (`Footprint(BIG_RING, Blocks::Read)`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// The host function also pushes its block onto a queue that a stand-in reaper, pinned where
+    /// the reaper is, takes whole, walks and writes (polling every 50 µs while it is empty).
+    Queue = 1,
+    /// And the launcher takes a mutex on every launch, which the stand-in reaper takes once per
+    /// list it takes (the pending-list link and unlink).
+    Lock = 2,
+    /// And the launcher asks the driver whether the stream captures (`cuStreamGetCaptureInfo`).
+    CaptureQuery = 3,
+}
+
+/// The stand-in reaper of the build-up parts, pinned to `cpu`.
+fn stand_in_reaper(cpu: usize) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        super::pin_current_thread(cpu);
+        // SAFETY: prctl(PR_SET_TIMERSLACK) takes a plain integer, as `background` does.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
+        while BACKGROUND_STOP.load(Ordering::Relaxed) == 0 {
+            let step = STAND_IN_STEP.load(Ordering::Relaxed);
+            if step == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            STAND_IN_BUSY.store(1, Ordering::SeqCst);
+            let mut node = QUEUE.0.swap(0, Ordering::Acquire);
+            if node == 0 {
+                STAND_IN_BUSY.store(0, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            let _shard = (step >= Step::Lock as u64)
+                .then(|| SHARD.0.lock().unwrap_or_else(|p| p.into_inner()));
+            while node != 0 {
+                // SAFETY: only addresses of BLOCKS are pushed.
+                let block = unsafe { &*(node as *const Block) };
+                std::hint::black_box(block.0[0].load(Ordering::Relaxed));
+                block.0[2].store(0, Ordering::Relaxed);
+                node = block.0[1].load(Ordering::Relaxed);
+            }
+            drop(_shard);
+            STAND_IN_BUSY.store(0, Ordering::SeqCst);
+        }
+    })
+}
+
+/// After a build-up run: waits until the stand-in reaper has walked every block queued, so that
+/// the next run does not reuse a block still on its list.
+fn drain_stand_in() {
+    while QUEUE.0.load(Ordering::SeqCst) != 0 || STAND_IN_BUSY.load(Ordering::SeqCst) != 0 {
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
 /// How a footprint part uses its blocks.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Blocks {
@@ -77,6 +171,8 @@ enum Kind {
     Callback,
     /// The floor plus a 128-byte block per launch from a ring of `slots`.
     Footprint(usize, Blocks),
+    /// The 32 MiB in-order footprint part built up towards our launch, up to this step.
+    BuildUp(Step),
     /// The floor while another thread of ours works on the reaper's CPU (`near`) or on a CPU no
     /// pinned thread uses (far): all the time (`periodic` false) or, like the reaper, in bursts of 15 µs every
     /// 50 µs. Does work on another core slow the pipeline by itself?
@@ -100,6 +196,9 @@ impl Kind {
             Kind::Footprint(s, Blocks::Scattered) => {
                 format!("  part: floor + 128 B block, ring of {s}, scattered")
             }
+            Kind::BuildUp(Step::Queue) => "  part: ring block + queue, stand-in reaper".into(),
+            Kind::BuildUp(Step::Lock) => "  part: ... + a lock per launch".into(),
+            Kind::BuildUp(Step::CaptureQuery) => "  part: ... + the capture query".into(),
             Kind::Busy { near, periodic } => format!(
                 "  part: floor, {} on {}",
                 if periodic {
@@ -124,6 +223,9 @@ impl Kind {
             Kind::Footprint(s, Blocks::Read) => format!("raw_with_block_ring_{s}"),
             Kind::Footprint(s, Blocks::Write) => format!("raw_with_block_ring_{s}_written"),
             Kind::Footprint(s, Blocks::Scattered) => format!("raw_with_block_ring_{s}_scattered"),
+            Kind::BuildUp(Step::Queue) => "build_up_queue".into(),
+            Kind::BuildUp(Step::Lock) => "build_up_queue_lock".into(),
+            Kind::BuildUp(Step::CaptureQuery) => "build_up_queue_lock_capture_query".into(),
             Kind::Busy { near, periodic } => format!(
                 "raw_with_{}_{}",
                 if periodic {
@@ -158,6 +260,19 @@ const KINDS: [Kind; 11] = [
         near: true,
         periodic: true,
     },
+];
+
+/// `BENCH_THREAD_COSTS_PARTS=buildup`: the methods, the in-order 32 MiB footprint part and the
+/// build-up steps on top of it.
+const BUILD_UP_KINDS: [Kind; 8] = [
+    Kind::Floor,
+    Kind::Owner,
+    Kind::Closure,
+    Kind::Callback,
+    Kind::Footprint(BIG_RING, Blocks::Read),
+    Kind::BuildUp(Step::Queue),
+    Kind::BuildUp(Step::Lock),
+    Kind::BuildUp(Step::CaptureQuery),
 ];
 
 /// What the background threads do: 0 nothing (they sleep), 1 work all the time, 2 work in bursts.
@@ -208,6 +323,11 @@ fn set_background(kind: Kind) {
     };
     BACKGROUND_WHICH.store(which, Ordering::Relaxed);
     BACKGROUND_MODE.store(mode, Ordering::Relaxed);
+    let step = match kind {
+        Kind::BuildUp(step) => step as u64,
+        _ => 0,
+    };
+    STAND_IN_STEP.store(step, Ordering::Relaxed);
 }
 
 fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
@@ -256,6 +376,41 @@ fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
             };
             // SAFETY: live stream; both host functions touch only a static block of atomics.
             let code = unsafe { f(stream.raw(), Some(host_fn), data) };
+            assert_eq!(code, CUresult::CUDA_SUCCESS);
+        }
+        Kind::BuildUp(step) => {
+            if step == Step::CaptureQuery {
+                let info = bench.gpu.driver.raw().cuStreamGetCaptureInfo().unwrap();
+                let mut status =
+                    cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+                let (mut id, mut graph) = (0, std::ptr::null_mut());
+                use std::ptr::null_mut as null;
+                // SAFETY: live stream; valid out-pointers.
+                let code = unsafe {
+                    info(
+                        stream.raw(),
+                        &mut status,
+                        &mut id,
+                        &mut graph,
+                        null(),
+                        null(),
+                        null(),
+                    )
+                };
+                assert_eq!(code, CUresult::CUDA_SUCCESS);
+            }
+            let _shard =
+                (step != Step::Queue).then(|| SHARD.0.lock().unwrap_or_else(|p| p.into_inner()));
+            let block = &BLOCKS[i as usize % BIG_RING];
+            for (k, word) in block.0.iter().enumerate() {
+                word.store(i + k as u64, Ordering::Relaxed);
+            }
+            drop(_shard);
+            let f = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+            let data = std::ptr::from_ref(block).cast_mut().cast();
+            // SAFETY: live stream; the host function touches a static block of atomics and the
+            // queue's head.
+            let code = unsafe { f(stream.raw(), Some(count_read_and_queue), data) };
             assert_eq!(code, CUresult::CUDA_SUCCESS);
         }
     }
@@ -537,7 +692,8 @@ pub(super) fn run(
 ) -> (String, String) {
     // `BENCH_THREAD_COSTS_N` sets the launches per run (default the table's N);
     // `BENCH_THREAD_COSTS_PARTS=0` leaves out the parts (only the floor and the three methods),
-    // `BENCH_THREAD_COSTS_PARTS=footprint` keeps only the 128-byte-block parts.
+    // `BENCH_THREAD_COSTS_PARTS=footprint` keeps only the 128-byte-block parts, `=buildup` the
+    // build-up from the in-order block towards our launch.
     let n: usize = std::env::var("BENCH_THREAD_COSTS_N")
         .ok()
         .and_then(|v| v.trim().parse().ok())
@@ -546,6 +702,7 @@ pub(super) fn run(
     let kinds: &[Kind] = match parts.trim() {
         "0" => &KINDS[..4],
         "footprint" => &KINDS[..8],
+        "buildup" => &BUILD_UP_KINDS,
         _ => &KINDS,
     };
     // SAFETY: gettid has no preconditions.
@@ -582,7 +739,11 @@ pub(super) fn run(
         .copied()
         .find(|c| !taken.contains(c))
         .unwrap_or(near);
-    let workers = [background(near, 0), background(far, 1)];
+    let workers = [
+        background(near, 0),
+        background(far, 1),
+        stand_in_reaper(near),
+    ];
 
     // Warm-up.
     for &k in kinds {
@@ -592,6 +753,7 @@ pub(super) fn run(
         }
         stream.synchronize().unwrap();
         flush(Duration::from_secs(30)).unwrap();
+        drain_stand_in();
     }
 
     // per kind: per rep: enqueue ns, per second, depth at the end of the enqueue, max depth sampled,
@@ -628,6 +790,7 @@ pub(super) fn run(
             let total = started.elapsed();
             let driver_after = sample(tids[1], &counters[1], reader);
             flush(Duration::from_secs(30)).unwrap();
+            drain_stand_in();
             let reaper_after = sample(tids[2], &counters[2], reader);
             let mut row = vec![
                 enqueued.as_nanos() as f64 / n as f64,
