@@ -380,24 +380,7 @@ fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
         }
         Kind::BuildUp(step) => {
             if step == Step::CaptureQuery {
-                let info = bench.gpu.driver.raw().cuStreamGetCaptureInfo().unwrap();
-                let mut status =
-                    cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-                let (mut id, mut graph) = (0, std::ptr::null_mut());
-                use std::ptr::null_mut as null;
-                // SAFETY: live stream; valid out-pointers.
-                let code = unsafe {
-                    info(
-                        stream.raw(),
-                        &mut status,
-                        &mut id,
-                        &mut graph,
-                        null(),
-                        null(),
-                        null(),
-                    )
-                };
-                assert_eq!(code, CUresult::CUDA_SUCCESS);
+                bench.capture_query(stream);
             }
             let _shard =
                 (step != Step::Queue).then(|| SHARD.0.lock().unwrap_or_else(|p| p.into_inner()));
