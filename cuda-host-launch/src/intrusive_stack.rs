@@ -50,14 +50,36 @@ impl<N: Linked> IntrusiveStack<N> {
     /// takes it.
     #[inline]
     pub(crate) unsafe fn push(&self, node: NonNull<N>) -> bool {
-        // SAFETY: a chain of one node, as the caller promises.
-        unsafe { self.push_chain(node, node) }
+        // SAFETY: the caller passes a valid node that no one else is linking.
+        let link = unsafe { node.as_ref() }.link();
+        let mut head = self.head.load(Ordering::Relaxed);
+        loop {
+            link.store(head, Ordering::Relaxed);
+            // Release: a consumer that takes this node (Acquire swap) sees the node's contents and
+            // its link, and everything the producer did before pushing (the host function's effects).
+            match self.head.compare_exchange_weak(
+                head,
+                node.as_ptr(),
+                Ordering::Release,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return head.is_null(),
+                Err(current) => head = current,
+            }
+        }
     }
 
     /// Takes every node pushed so far, oldest first.
     #[inline]
     pub(crate) fn take_all(&self) -> Batch<N> {
-        let mut node = self.take_chain();
+        if self.head.load(Ordering::Relaxed).is_null() {
+            return Batch {
+                next: ptr::null_mut(),
+            };
+        }
+        // Acquire: pairs with the Release in `push`, for every node of the list (each was pushed by
+        // a Release CAS that this swap reads from, directly or through the release sequence).
+        let mut node = self.head.swap(ptr::null_mut(), Ordering::Acquire);
         // Reverse the LIFO list so nodes come out in the order they were pushed.
         let mut reversed: *mut N = ptr::null_mut();
         while let Some(n) = NonNull::new(node) {
@@ -68,47 +90,6 @@ impl<N: Linked> IntrusiveStack<N> {
             reversed = n.as_ptr();
         }
         Batch { next: reversed }
-    }
-
-    /// Takes every node pushed so far as a raw chain, newest first, linked through each node's
-    /// link and ending in null; null if the stack was empty. The chain is the caller's: it must hand
-    /// every node on (for instance back with [`push_chain`](Self::push_chain)).
-    #[inline]
-    fn take_chain(&self) -> *mut N {
-        if self.head.load(Ordering::Relaxed).is_null() {
-            return ptr::null_mut();
-        }
-        // Acquire: pairs with the Release in `push_chain`, for every node of the list (each was
-        // pushed by a Release CAS that this swap reads from, directly or through the release
-        // sequence).
-        self.head.swap(ptr::null_mut(), Ordering::Acquire)
-    }
-
-    /// Pushes the chain `first ..= last` (linked through the nodes' links) in one step; returns
-    /// `true` if the stack was empty.
-    ///
-    /// # Safety
-    /// `first` must lead through valid nodes' links to `last`; the nodes must be in no stack, and
-    /// ownership of all of them passes to the stack. `last`'s link is overwritten.
-    #[inline]
-    unsafe fn push_chain(&self, first: NonNull<N>, last: NonNull<N>) -> bool {
-        // SAFETY: the caller passes a valid chain that no one else is linking.
-        let link = unsafe { last.as_ref() }.link();
-        let mut head = self.head.load(Ordering::Relaxed);
-        loop {
-            link.store(head, Ordering::Relaxed);
-            // Release: a consumer that takes these nodes (Acquire swap) sees their contents and
-            // links, and everything the producer did before pushing (the host function's effects).
-            match self.head.compare_exchange_weak(
-                head,
-                first.as_ptr(),
-                Ordering::Release,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return head.is_null(),
-                Err(current) => head = current,
-            }
-        }
     }
 
     /// Whether anything is waiting (a hint: it may change at once).
@@ -216,32 +197,5 @@ mod tests {
         all.extend(free_all(stack.take_all()));
         all.sort_unstable();
         assert_eq!(all, (0..4 * PER_THREAD).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn a_chain_is_taken_raw_and_pushed_back_whole() {
-        let stack = IntrusiveStack::new();
-        for v in 1..=3 {
-            // SAFETY: fresh nodes, pushed once.
-            unsafe { stack.push(node(v)) };
-        }
-        // Raw: newest first (3, 2, 1), ending in null.
-        let first = NonNull::new(stack.take_chain()).unwrap();
-        assert!(stack.is_empty());
-        let mut last = first;
-        // SAFETY: the chain is ours.
-        while let Some(next) = NonNull::new(unsafe { last.as_ref() }.next.load(Ordering::Relaxed)) {
-            last = next;
-        }
-        // SAFETY: the chain is ours.
-        let ends = unsafe { (first.as_ref().value, last.as_ref().value) };
-        assert_eq!(ends, (3, 1));
-        // SAFETY: a fresh node.
-        unsafe { stack.push(node(4)) };
-        // A chain goes on top of what is there: 3, 2, 1 onto 4.
-        // SAFETY: the chain from `first` to `last` is ours and in no stack.
-        assert!(!unsafe { stack.push_chain(first, last) });
-        assert_eq!(free_all(stack.take_all()), vec![4, 1, 2, 3]);
-        assert!(stack.take_chain().is_null());
     }
 }
