@@ -516,15 +516,10 @@ mod record_pool_segments {
     impl Drop for Local {
         /// `Local::drop`: the thread exits.
         fn drop(&mut self) {
-            if self.segment.get() != 0 {
+            let unissued = SEGMENT_SLOTS - self.next.get();
+            if self.segment.get() != 0 && unissued > 0 {
                 // SAFETY: the thread's segment owes the slots it never handed out.
-                unsafe {
-                    release(
-                        &self.pool,
-                        self.segment.get(),
-                        SEGMENT_SLOTS - self.next.get(),
-                    )
-                };
+                unsafe { release(&self.pool, self.segment.get(), unissued) };
             }
         }
     }
@@ -579,11 +574,9 @@ mod record_pool_segments {
     /// `record_pool::release`.
     ///
     /// # Safety
-    /// `segment` owes at least `count` slots, and they are not used afterwards.
+    /// `count` is not zero; `segment` owes at least `count` slots, and they are not used
+    /// afterwards.
     unsafe fn release(pool: &Pool, segment: usize, count: usize) {
-        if count == 0 {
-            return;
-        }
         // SAFETY: the segment is live while it owes slots.
         let header = unsafe { &*(segment as *const Segment) };
         // The decrement touches the header: a read of its cell, checked against its rewrite.

@@ -101,9 +101,12 @@ struct Local {
 impl Drop for Local {
     fn drop(&mut self) {
         // The thread is exiting: the slots it has not handed out are owed no more.
-        if let Some(segment) = NonNull::new(self.segment.get()) {
+        let unissued = SEGMENT_SLOTS - self.next.get();
+        if let Some(segment) = NonNull::new(self.segment.get())
+            && unissued > 0
+        {
             // SAFETY: the thread's current segment owes these slots, handed out to nobody.
-            unsafe { release(segment, SEGMENT_SLOTS - self.next.get()) };
+            unsafe { release(segment, unissued) };
         }
     }
 }
@@ -184,11 +187,8 @@ unsafe fn slot(segment: *mut SegmentHeader, index: usize) -> NonNull<u8> {
 /// it on the free list.
 ///
 /// # Safety
-/// `segment` owes at least `count` slots, and they are not used afterwards.
+/// `count` is not zero; `segment` owes at least `count` slots, and they are not used afterwards.
 unsafe fn release(segment: NonNull<SegmentHeader>, count: usize) {
-    if count == 0 {
-        return;
-    }
     // AcqRel: every earlier release of a slot of this segment (and the use of that slot) happens
     // before the last one, which then hands the whole segment on.
     // SAFETY: the segment is live while it owes slots.
