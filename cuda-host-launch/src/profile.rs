@@ -13,7 +13,7 @@
 //! The launching thread's totals and the driver thread's totals sit on lines of their own, and each
 //! figure's clock is read before its totals are written: were they on one line, each launch and
 //! each trampoline would take it from the other, and the profile would measure its own false
-//! sharing (it did, in the first profile runs: see `BENCHMARKS.md`).
+//! sharing (it did, in the first profile runs: see `benches/HISTORY.md`).
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;

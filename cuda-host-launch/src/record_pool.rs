@@ -5,9 +5,9 @@
 //! reaper. What that costs depends on the order of the addresses: the floor plus a 128-byte block
 //! per launch costs nothing while consecutive launches use consecutive blocks (the hardware
 //! prefetchers follow the stream) and as much as our whole gap to the floor when the blocks are
-//! scattered (`BENCHMARKS.md`, "Where the rest goes"). So each launching thread takes its slots
-//! from a segment of its own, **in address order**, and a segment is reused only once every slot
-//! in it is free:
+//! scattered (`benches/HISTORY.md`, "Where the rest goes"). So each launching thread takes its
+//! slots from a segment of its own, **in address order**, and a segment is reused only once every
+//! slot in it is free:
 //!
 //! - **Segments.** A segment is [`SEGMENT_BYTES`] aligned to its size, so a slot's segment is its
 //!   address rounded down. Its first slot is its header: the count of slots still owed to it.
@@ -33,8 +33,9 @@
 //! thread whose segment state is already gone (an exiting thread's last launches are boxed).
 //!
 //! Measured on the H200 (`tools/ab-bench`, against the chunked free-list pool this replaced, three
-//! processes of nine paired repetitions; `BENCHMARKS.md`, item 28): owner launches at 0.93–0.94 of
-//! its enqueue cost and 1.02–1.04 of its throughput on one stream, 0.91–0.97 and 1.02–1.06 on four.
+//! processes of nine paired repetitions; `benches/HISTORY.md`, item 28): owner launches at
+//! 0.93–0.94 of its enqueue cost and 1.02–1.04 of its throughput on one stream, 0.91–0.97 and
+//! 1.02–1.06 on four.
 //! Sorting the free-list pool's slots by address did nothing (item 29): only a bump through fresh
 //! or wholly free memory makes one forward stream.
 //!
