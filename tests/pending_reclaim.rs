@@ -149,6 +149,45 @@ isolated_test! {
         assert_eq!(pending_launches(None), 0);
     }
 
+    /// A launch the driver refused leaves nothing a later reclaim could take for pending: its
+    /// owners are dropped once, at the refusal, though its pool slot (written, published, marked
+    /// pending before the driver was called) is still read by a reclaim's walk over the pool.
+    fn a_refused_launch_is_not_reclaimed_later_and_its_owners_drop_once(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let hold = fake().hold_stream(stream.raw());
+        // Every third launch is refused (out of memory); the others stay pending behind the hold.
+        let mut refused = 0;
+        for i in 0..30 {
+            if i % 3 == 0 {
+                fake().set_fault("cuLaunchHostFunc", 1, 2);
+            }
+            let owner = Counted(Arc::clone(&dropped));
+            let counter = Arc::clone(&ran);
+            let result = host_launch(&stream, move || {
+                let _keep = &owner;
+                counter.fetch_add(1, Ordering::SeqCst);
+            });
+            refused += usize::from(result.is_err());
+        }
+        fake().clear_faults();
+        assert_eq!(refused, 10);
+        assert_eq!(dropped.load(Ordering::SeqCst), 10, "the refused launches' owners");
+        assert_eq!(context.pending_launches(), 20);
+        fake().poison_context(context.raw());
+        fake().release_hold(hold);
+        drop(stream);
+        assert_eq!(context.reset().unwrap(), 20);
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), 30, "every owner dropped once");
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(pending_launches(None), 0);
+    }
+
     /// Pending counts are per context, and a reclaim of one context leaves the other alone.
     fn pending_launches_are_counted_per_context_and_reclaimed_per_context(
         CUDA_SYS_LIBRARY = fake_driver_path()

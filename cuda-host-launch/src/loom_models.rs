@@ -1,6 +1,7 @@
 //! Model checks, with [loom](https://docs.rs/loom), of the lock-free parts of the cleanup queue:
-//! the intrusive stack, the reaper's wake-up protocol, and the record pool (segments handed out in
-//! address order, counted back slot by slot, listed when free).
+//! the intrusive stack, the reaper's wake-up protocol, the record pool (segments handed out in
+//! address order, counted back slot by slot, listed when free), and the tracking of pooled records
+//! by their segment (published slots, a reclaim's walk).
 //!
 //! Run them (`scripts/loom` does this):
 //!
@@ -15,12 +16,13 @@
 //! uses `static` atomics (loom's are not `const`), `std::thread`, `OnceLock` and the driver.
 //!
 //! - The stack models run the real [`IntrusiveStack`] on loom's atomics.
-//! - The reaper (`cleanup.rs`: `push`, `start_reaper`, `reaper_loop`) and the pool (`record_pool.rs`:
-//!   `allocate`, `next_segment`, `release`, `free`, `trim`, `Local::drop`) live in `static`s, a
-//!   `thread_local!`, `std::thread::park` and the system allocator, which loom cannot model in place.
-//!   Their algorithms are transcribed here, step for step and with the same orderings, around the
-//!   real [`IntrusiveStack`] (the reaper) and loom's `Mutex` (the pool's free list). Keep them in
-//!   step with the code they model.
+//! - The reaper (`cleanup.rs`: `push`, `start_reaper`, `reaper_loop`), the pool (`record_pool.rs`:
+//!   `allocate`, `next_segment`, `release`, `free`, `trim`, `Local::drop`) and the pooled records'
+//!   tracking (`publish`, `for_each_published`, `pending.rs`'s `track`, `mark_ran`, `reclaim`,
+//!   `linked_shard`) live in `static`s, a `thread_local!`, `std::thread::park` and the system
+//!   allocator, which loom cannot model in place. Their algorithms are transcribed here, step for
+//!   step and with the same orderings, around the real [`IntrusiveStack`] (the reaper) and loom's
+//!   `Mutex` (the pool's lock). Keep them in step with the code they model.
 //!
 //! What the payloads are for: every node carries a `loom::cell::UnsafeCell` that its producer writes
 //! before pushing and its consumer reads after taking, so loom reports any take that is not ordered
@@ -564,6 +566,7 @@ mod record_pool_segments {
         // write of the header, which loom checks against every earlier decrement.
         // SAFETY: the segment is ours alone now.
         let header = unsafe { &*(segment as *const Segment) };
+        // SAFETY: loom checks this write against every earlier access of the header.
         header.header.with_mut(|h| unsafe { *h += 1 });
         header.owed.store(SEGMENT_SLOTS - 1, Ordering::Relaxed);
         local.segment.set(segment);
@@ -580,6 +583,7 @@ mod record_pool_segments {
         // SAFETY: the segment is live while it owes slots.
         let header = unsafe { &*(segment as *const Segment) };
         // The decrement touches the header: a read of its cell, checked against its rewrite.
+        // SAFETY: loom checks this read against the header's rewrite by a later taker.
         header.header.with(|h| unsafe { *h });
         if header.owed.fetch_sub(count, Ordering::AcqRel) == count {
             pool.free.lock().unwrap().push(segment);
@@ -783,6 +787,349 @@ mod record_pool_segments {
                     pool.allocated.load(std::sync::atomic::Ordering::Relaxed) <= 2,
                     "more segments than threads holding one"
                 );
+            },
+        );
+    }
+}
+
+/// Pooled records tracked by their segment (`pending.rs`, `record_pool.rs`): a launch writes its
+/// record into a slot, publishes the slot (`record_pool::publish`), then marks it PENDING with its
+/// context (`pending::track`); a reclaim walks every registered segment's published slots under
+/// the pool's lock (`record_pool::for_each_published`, `pending::reclaim`) and takes the PENDING
+/// records of its context with a compare-and-swap, which the trampoline's `mark_ran` races; a
+/// launch the driver refused goes back to UNTRACKED before its slot is freed (`linked_shard`).
+///
+/// Each slot's `memory` cell stands for what `record.rs`'s `place` writes without atomics (the
+/// record, its header's state byte included): the walk reads it where the real walk reads the
+/// state, so loom reports a walk that reads a slot not yet written in full, or one being
+/// overwritten by a reused segment's next record. `context` stands for `Tracking::context`.
+mod pending_by_segment {
+    use super::*;
+    use loom::sync::Mutex;
+    use std::cell::Cell;
+
+    const UNTRACKED: usize = 0;
+    const PENDING: usize = 1;
+    const RAN: usize = 2;
+    const RECLAIMED: usize = 3;
+
+    struct SlotMemory {
+        memory: UnsafeCell<usize>,
+        context: UnsafeCell<usize>,
+        state: AtomicUsize,
+    }
+
+    /// `SegmentHeader` (`owed`, `published`) and the slots; slot 0 is the header, unused here.
+    struct Segment {
+        owed: AtomicUsize,
+        published: AtomicUsize,
+        slots: [SlotMemory; 3],
+    }
+
+    /// `Segments`: the free list and the registry, behind the pool's lock.
+    struct Lists {
+        free: Vec<usize>,
+        all: Vec<usize>,
+    }
+
+    /// The pool: `segments` stands for the memory it may allocate (a segment's index is its
+    /// address), `slots` is `SEGMENT_SLOTS`, the header included.
+    struct Pool {
+        segments: [Segment; 3],
+        slots: usize,
+        lists: Mutex<Lists>,
+    }
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    struct Slot(usize, usize);
+
+    impl Pool {
+        #[allow(
+            clippy::arc_with_non_send_sync,
+            reason = "loom runs its threads one at a time and does not ask for Send; its cells are \
+                      what it checks the threads' accesses with"
+        )]
+        fn new(slots: usize) -> Arc<Pool> {
+            let segment = || Segment {
+                owed: AtomicUsize::new(0),
+                published: AtomicUsize::new(0),
+                slots: std::array::from_fn(|_| SlotMemory {
+                    memory: UnsafeCell::new(0),
+                    context: UnsafeCell::new(0),
+                    state: AtomicUsize::new(UNTRACKED),
+                }),
+            };
+            Arc::new(Pool {
+                segments: std::array::from_fn(|_| segment()),
+                slots,
+                lists: Mutex::new(Lists {
+                    free: Vec::new(),
+                    all: Vec::new(),
+                }),
+            })
+        }
+
+        fn slot(&self, slot: Slot) -> &SlotMemory {
+            &self.segments[slot.0].slots[slot.1]
+        }
+    }
+
+    /// A launching thread's `Local`.
+    struct Local {
+        pool: Arc<Pool>,
+        segment: Cell<usize>,
+        next: Cell<usize>,
+    }
+
+    impl Local {
+        fn new(pool: &Arc<Pool>) -> Local {
+            Local {
+                pool: Arc::clone(pool),
+                segment: Cell::new(0),
+                next: Cell::new(pool.slots),
+            }
+        }
+
+        /// `record_pool::allocate` and `next_segment`.
+        fn allocate(&self) -> Slot {
+            let next = self.next.get();
+            if next < self.pool.slots {
+                self.next.set(next + 1);
+                return Slot(self.segment.get(), next);
+            }
+            let segment = {
+                let mut lists = self.pool.lists.lock().unwrap();
+                let segment = match lists.free.pop() {
+                    Some(segment) => segment,
+                    None => {
+                        let fresh = lists.all.len();
+                        assert!(
+                            fresh < self.pool.segments.len(),
+                            "more segments than modelled"
+                        );
+                        lists.all.push(fresh);
+                        fresh
+                    }
+                };
+                // The header's writes, under the lock (plain writes in record_pool.rs).
+                let header = &self.pool.segments[segment];
+                header.owed.store(self.pool.slots - 1, Ordering::Relaxed);
+                header.published.store(0, Ordering::Relaxed);
+                segment
+            };
+            self.segment.set(segment);
+            self.next.set(2);
+            Slot(segment, 1)
+        }
+
+        /// `record.rs`'s `place`: the record written into a fresh slot, then published.
+        fn place(&self, id: usize) -> Slot {
+            let slot = self.allocate();
+            let memory = self.pool.slot(slot);
+            // SAFETY: loom checks this write against every earlier access of the slot.
+            memory.memory.with_mut(|m| unsafe { *m = id });
+            memory.state.store(UNTRACKED, Ordering::Relaxed);
+            self.pool.segments[slot.0]
+                .published
+                .store(slot.1 + 1, Ordering::Release);
+            slot
+        }
+    }
+
+    impl Drop for Local {
+        /// `Local::drop`: the slots never handed out are owed no more.
+        fn drop(&mut self) {
+            let unissued = self.pool.slots - self.next.get();
+            if unissued > 0 {
+                release(&self.pool, self.segment.get(), unissued);
+            }
+        }
+    }
+
+    /// `pending::track`, for a pooled record.
+    fn track(pool: &Pool, slot: Slot, context: usize) {
+        let memory = pool.slot(slot);
+        // SAFETY: the record is the launcher's; a walk reads this only after the store below.
+        memory.context.with_mut(|c| unsafe { *c = context });
+        memory.state.store(PENDING, Ordering::Release);
+    }
+
+    /// `record_pool::release`.
+    fn release(pool: &Pool, segment: usize, count: usize) {
+        if pool.segments[segment]
+            .owed
+            .fetch_sub(count, Ordering::AcqRel)
+            == count
+        {
+            pool.lists.lock().unwrap().free.push(segment);
+        }
+    }
+
+    /// The releasing thread: reads the record (drops its payload, in record.rs) and frees the slot.
+    fn release_record(pool: &Pool, slot: Slot, id: usize) {
+        // SAFETY: the record is this thread's now.
+        let seen = pool.slot(slot).memory.with(|m| unsafe { *m });
+        assert_eq!(seen, id, "a slot changed under its record");
+        release(pool, slot.0, 1);
+    }
+
+    /// The trampoline's `mark_ran`: whether the record is the driver thread's to queue.
+    fn mark_ran(pool: &Pool, slot: Slot) -> bool {
+        match pool.slot(slot).state.compare_exchange(
+            PENDING,
+            RAN,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(state) => state != RECLAIMED,
+        }
+    }
+
+    /// A refused launch released by its launcher (`forget`'s `linked_shard`, then the release).
+    fn release_refused(pool: &Pool, slot: Slot, id: usize) {
+        let state = &pool.slot(slot).state;
+        if state.load(Ordering::Acquire) == PENDING {
+            state.store(UNTRACKED, Ordering::Release);
+        }
+        release_record(pool, slot, id);
+    }
+
+    /// `pending::reclaim`'s walk: the PENDING records of `context`, each taken with a CAS; with
+    /// what `memory` held for each.
+    fn walk(pool: &Pool, context: usize) -> Vec<(Slot, usize)> {
+        let lists = pool.lists.lock().unwrap();
+        let mut taken = Vec::new();
+        for &segment in &lists.all {
+            let published = pool.segments[segment].published.load(Ordering::Acquire);
+            for index in 1..published {
+                let slot = Slot(segment, index);
+                let memory = pool.slot(slot);
+                // SAFETY: loom checks the slot was written in full before, and is not rewritten
+                // during the walk.
+                let id = memory.memory.with(|m| unsafe { *m });
+                if memory.state.load(Ordering::Acquire) == PENDING
+                    // SAFETY: written before the PENDING store this load saw.
+                    && memory.context.with(|c| unsafe { *c }) == context
+                    && memory
+                        .state
+                        .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    taken.push((slot, id));
+                }
+            }
+        }
+        taken
+    }
+
+    /// One segment of one slot per record: a launcher launches two records into context 1, the
+    /// driver's thread runs and releases each (so the second may reuse the first's segment while
+    /// a walk reads it), and a walk for context 2 runs meanwhile. The walk never reads a slot
+    /// being written and takes nothing; each record runs once.
+    #[test]
+    fn loom_a_walk_never_reads_a_slot_being_written_even_when_its_segment_is_reused() {
+        check(
+            "pooled tracking: walk for another context during launch, run, release, reuse",
+            3,
+            || {
+                let pool = Pool::new(2);
+                let handoff: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::new(Mutex::new(Vec::new()));
+                let launcher = {
+                    let (pool, handoff) = (Arc::clone(&pool), Arc::clone(&handoff));
+                    thread::spawn(move || {
+                        let local = Local::new(&pool);
+                        for id in 1..=2 {
+                            let slot = local.place(id);
+                            track(&pool, slot, 1);
+                            handoff.lock().unwrap().push((slot, id));
+                        }
+                    })
+                };
+                let driver = {
+                    let (pool, handoff) = (Arc::clone(&pool), Arc::clone(&handoff));
+                    thread::spawn(move || {
+                        let mut ran = 0;
+                        while ran < 2 {
+                            let next = handoff.lock().unwrap().pop();
+                            let Some((slot, id)) = next else {
+                                thread::yield_now();
+                                continue;
+                            };
+                            assert!(mark_ran(&pool, slot), "a record not the driver's to run");
+                            release_record(&pool, slot, id);
+                            ran += 1;
+                        }
+                    })
+                };
+                let walker = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || walk(&pool, 2))
+                };
+                launcher.join().unwrap();
+                driver.join().unwrap();
+                assert!(
+                    walker.join().unwrap().is_empty(),
+                    "took another context's record"
+                );
+            },
+        );
+    }
+
+    /// A launcher's two records into context 1: one pending (its context is then lost, so it never
+    /// runs), one refused by the driver and released at once. After it exits, a reclaim of
+    /// context 1 walks the pool while a second launcher launches into context 2 and its record
+    /// runs. The reclaim takes exactly the pending record, and releases it; nothing is released
+    /// twice.
+    #[test]
+    fn loom_a_reclaim_takes_each_pending_record_once_and_never_a_refused_one() {
+        check(
+            "pooled tracking: reclaim after a refused launch, beside a launch elsewhere",
+            3,
+            || {
+                let pool = Pool::new(3);
+                let first = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        let local = Local::new(&pool);
+                        let pending = local.place(1);
+                        track(&pool, pending, 1);
+                        let refused = local.place(2);
+                        track(&pool, refused, 1);
+                        release_refused(&pool, refused, 2);
+                        pending
+                    })
+                };
+                let pending = first.join().unwrap();
+                let reclaim = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        let taken = walk(&pool, 1);
+                        for &(slot, id) in &taken {
+                            release_record(&pool, slot, id);
+                        }
+                        taken
+                    })
+                };
+                let second = {
+                    let pool = Arc::clone(&pool);
+                    thread::spawn(move || {
+                        let local = Local::new(&pool);
+                        let slot = local.place(3);
+                        track(&pool, slot, 2);
+                        assert!(mark_ran(&pool, slot));
+                        release_record(&pool, slot, 3);
+                    })
+                };
+                second.join().unwrap();
+                let taken = reclaim.join().unwrap();
+                assert_eq!(taken, vec![(pending, 1)], "the reclaim took {taken:?}");
+                let lists = pool.lists.lock().unwrap();
+                let mut free = lists.free.clone();
+                free.sort_unstable();
+                free.dedup();
+                assert_eq!(free.len(), lists.free.len(), "a segment listed twice");
+                assert_eq!(free.len(), lists.all.len(), "a segment never freed");
             },
         );
     }

@@ -3,21 +3,33 @@
 //!
 //! After a sticky context error (a kernel trapped: 719) the driver still accepts `cuLaunchHostFunc`
 //! but never calls the function, so a record released only by its trampoline would leak. Every
-//! run-once record is therefore linked, from its launch until it is released, into one of
-//! [`SHARDS`] intrusive doubly linked lists, each behind its own mutex, with its context and a
-//! state:
+//! run-once record therefore carries its context and a state, from its launch until it is
+//! released:
 //!
 //! ```text
-//!   UNTRACKED --track--> PENDING --trampoline (CAS)--> RAN --reaper: untrack--> released
-//!                           \--reclaim (CAS, context destroyed or reset)--> RECLAIMED --> queued
+//!   UNTRACKED --track--> PENDING --trampoline (CAS)--> RAN --release--> released
+//!                           |  \--reclaim (CAS, context destroyed or reset)--> RECLAIMED --> queued
+//!                           \--launch refused: back to UNTRACKED--> released
 //! ```
 //!
-//! Who touches what: a launching thread links its record into the shard its thread was given (an
-//! uncontended lock in the common case); the trampoline, on the driver's thread, only flips the
-//! state with one compare-and-swap (no lock: a launcher may hold a shard lock while it is blocked
-//! in the driver); the thread that releases a record unlinks it; [`reclaim`] walks the shards.
-//! The state's compare-and-swap decides, exactly once, whether the trampoline or a reclaim owns
-//! the record.
+//! and a reclaim must be able to find it. How it is found depends on where the record lives:
+//! - **In a pool slot** (small records: the common case), nowhere but in its slot. A reclaim walks
+//!   every published slot of the pool's segments under the pool's lock
+//!   ([`record_pool::for_each_published`](crate::record_pool::for_each_published)), which no
+//!   segment is reused or freed without, and takes the PENDING records of its context. The launch
+//!   itself takes no lock: it writes the context and stores the state. (In the benchmark's
+//!   build-up parts on the H200, a stand-in lock per launch cost about 3.5 % of the pipelined
+//!   enqueue cost and 4 % of the throughput: `BENCHMARKS.md`, "Where the time goes".)
+//! - **Boxed** (large records), linked into one of [`SHARDS`] intrusive doubly linked lists, each
+//!   behind its own mutex: the launching thread links its record into the shard its thread was
+//!   given (an uncontended lock in the common case), the thread that releases it unlinks it, and a
+//!   reclaim walks the lists.
+//!
+//! Either way the trampoline, on the driver's thread, only flips the state with one
+//! compare-and-swap (no lock: a launcher may hold a shard lock while it is blocked in the driver),
+//! and that compare-and-swap decides, exactly once, whether the trampoline or a reclaim owns the
+//! record. A pooled record whose launch the driver refused goes back to UNTRACKED before its slot
+//! is freed, since a reclaim's walk still reads the slot until its segment is reused.
 
 use std::cell::UnsafeCell;
 use std::ptr::{self, NonNull};
@@ -37,12 +49,19 @@ const PENDING: u8 = 1;
 const RAN: u8 = 2;
 const RECLAIMED: u8 = 3;
 
+/// The `shard` of a record in a pool slot: it is never linked into a list; a reclaim finds it by
+/// walking the pool's segments.
+const BY_SEGMENT: u8 = u8::MAX;
+const _: () = assert!(SHARDS < BY_SEGMENT as usize);
+
 /// The tracking part of a record's header.
 pub(crate) struct Tracking {
     state: AtomicU8,
-    /// The shard the record is linked into (valid while PENDING or RAN).
+    /// [`BY_SEGMENT`] for a pooled record (set when it is made, never changed); else the shard the
+    /// record is linked into (valid while PENDING or RAN).
     shard: UnsafeCell<u8>,
-    /// The context it was launched into (written before it is linked, read under its shard lock).
+    /// The context it was launched into: written before the record is linked (read under its shard
+    /// lock) or, pooled, before its state is stored PENDING (read once a walk has seen that state).
     context: UnsafeCell<usize>,
     /// The shard list's links; read and written only under the shard's lock.
     prev: UnsafeCell<*mut RecordHeader>,
@@ -50,10 +69,13 @@ pub(crate) struct Tracking {
 }
 
 impl Tracking {
-    pub(crate) const fn new() -> Tracking {
+    /// The tracking of a new record: `in_pool_slot` for one that lives in a pool slot, whose
+    /// launch will not be linked into a list (the slot must then be published: see
+    /// [`record_pool::publish`](crate::record_pool::publish)).
+    pub(crate) const fn new(in_pool_slot: bool) -> Tracking {
         Tracking {
             state: AtomicU8::new(UNTRACKED),
-            shard: UnsafeCell::new(0),
+            shard: UnsafeCell::new(if in_pool_slot { BY_SEGMENT } else { 0 }),
             context: UnsafeCell::new(0),
             prev: UnsafeCell::new(ptr::null_mut()),
             next: UnsafeCell::new(ptr::null_mut()),
@@ -102,6 +124,16 @@ fn tracking(header: NonNull<RecordHeader>) -> &'static Tracking {
 /// `header` must be a live run-once record, not yet tracked, owned by the caller.
 pub(crate) unsafe fn track(header: NonNull<RecordHeader>, context: CUcontext) {
     let t = tracking(header);
+    // SAFETY: written when the record was made, on this thread; never changed for pooled records.
+    if unsafe { *t.shard.get() } == BY_SEGMENT {
+        // A pooled record: no list and no lock. A reclaim reads the context only once it has seen
+        // the state PENDING, which the Release store below orders after this write; the slot is
+        // published already, so the state it reads was written before (when the record was made).
+        // SAFETY: the record is ours; a reclaim reads this field only after the store below.
+        unsafe { *t.context.get() = context.addr() };
+        t.state.store(PENDING, Ordering::Release);
+        return;
+    }
     let shard = MY_SHARD.try_with(|s| *s).unwrap_or(0);
     let mut list = lock(shard);
     // SAFETY: the record is ours and unlinked; its list fields are written under the shard lock
@@ -170,11 +202,24 @@ pub(crate) fn forget(header: NonNull<RecordHeader>) {
 /// The shard a record its owner is releasing is linked into, if it is linked: PENDING or RAN
 /// records are (a reclaim changes the state to RECLAIMED before it unlinks, under the shard's
 /// lock, so for a record its owner is releasing the state read here stays true).
+///
+/// A pooled record is never linked. If it is still PENDING (the driver refused its launch), its
+/// state goes back to UNTRACKED here, before its slot is freed: a later reclaim's walk over the
+/// pool still reads that slot until the segment is reused, and must not take it for a pending
+/// launch.
 fn linked_shard(header: NonNull<RecordHeader>) -> Option<usize> {
     let t = tracking(header);
     let state = t.state.load(Ordering::Acquire);
-    // SAFETY: written before the record was linked and never changed since.
-    (state == PENDING || state == RAN).then(|| unsafe { *t.shard.get() } as usize)
+    // SAFETY: written when the record was made (pooled) or before it was linked, and never changed
+    // since.
+    let shard = unsafe { *t.shard.get() };
+    if shard == BY_SEGMENT {
+        if state == PENDING {
+            t.state.store(UNTRACKED, Ordering::Release);
+        }
+        return None;
+    }
+    (state == PENDING || state == RAN).then_some(shard as usize)
 }
 
 /// [`forget`] for a whole batch of records, taking each shard's lock once and holding it only
@@ -215,6 +260,20 @@ pub(crate) fn forget_all(
 /// launches into it any more.
 pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
     let mut reclaimed = Vec::new();
+    // Pooled records: a walk over the pool's published slots, under the pool's lock (never with a
+    // shard lock held: the reaper takes a shard lock, then may free a slot).
+    crate::record_pool::for_each_published(|slot| {
+        let header = slot.cast::<RecordHeader>();
+        if pending_in(header, context)
+            && tracking(header)
+                .state
+                .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            reclaimed.push(header);
+        }
+    });
+    // Boxed records: the lists.
     for shard in 0..SHARDS {
         let mut list = lock(shard);
         let mut node = list.head;
@@ -246,10 +305,31 @@ pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
     count
 }
 
+/// Whether a record in a published pool slot is a pending launch (of any context).
+fn is_pending_in_slot(header: NonNull<RecordHeader>) -> bool {
+    // Acquire: a PENDING read here comes from `track`'s Release store, after its context write.
+    tracking(header).state.load(Ordering::Acquire) == PENDING
+}
+
+/// Whether a record in a published pool slot is a pending launch into `context`.
+fn pending_in(header: NonNull<RecordHeader>, context: CUcontext) -> bool {
+    // SAFETY: the context is read only once the state was seen PENDING, so `track`'s write of it
+    // happens before this read; the slot is not overwritten while the walk holds the pool's lock.
+    is_pending_in_slot(header) && unsafe { *tracking(header).context.get() } == context.addr()
+}
+
 /// Launches of this crate whose host function has not run (nor been reclaimed), in `context` or in
-/// all contexts. Walks the lists: a diagnostic, not for hot paths.
+/// all contexts. Walks the pool and the lists: a diagnostic, not for hot paths.
 pub(crate) fn count(context: Option<CUcontext>) -> usize {
     let mut n = 0;
+    crate::record_pool::for_each_published(|slot| {
+        let header = slot.cast::<RecordHeader>();
+        let here = match context {
+            Some(c) => pending_in(header, c),
+            None => is_pending_in_slot(header),
+        };
+        n += usize::from(here);
+    });
     for shard in 0..SHARDS {
         let list = lock(shard);
         let mut node = list.head;
@@ -271,7 +351,7 @@ pub(crate) fn count(context: Option<CUcontext>) -> usize {
 /// context (`None`). A launch counts from its enqueue until its host function has run, or until a
 /// reclaim after its context was lost.
 ///
-/// It walks the pending lists: a diagnostic, not for a hot path.
+/// It walks every pooled record and the lists of boxed ones: a diagnostic, not for a hot path.
 pub fn pending_launches(context: Option<CUcontext>) -> usize {
     count(context)
 }

@@ -59,6 +59,9 @@ pub(crate) struct RecordHeader {
     tracking: pending::Tracking,
 }
 
+// A pooled record's release drops only its payload (see `release_record`).
+const _: () = assert!(!std::mem::needs_drop::<RecordHeader>());
+
 // SAFETY: `link` always returns `next`, which only the intrusive stack writes.
 unsafe impl Linked for RecordHeader {
     fn link(&self) -> &AtomicPtr<Self> {
@@ -67,11 +70,13 @@ unsafe impl Linked for RecordHeader {
 }
 
 impl RecordHeader {
-    fn new(dispatch: Dispatch) -> Self {
+    /// The header of a new record; `in_pool_slot` for one written into a pool slot (which must
+    /// then be published: see [`record_pool::publish`]).
+    fn new(dispatch: Dispatch, in_pool_slot: bool) -> Self {
         RecordHeader {
             next: AtomicPtr::new(ptr::null_mut()),
             dispatch,
-            tracking: pending::Tracking::new(),
+            tracking: pending::Tracking::new(in_pool_slot),
         }
     }
 
@@ -164,13 +169,17 @@ fn place<P>(payload: P, pooled: Option<Dispatch>, boxed: Dispatch) -> OwnedRecor
         && !crate::in_host_function()
         && let Some(slot) = record_pool::allocate()
     {
-        let slot = slot.cast::<Record<P>>();
-        let header = RecordHeader::new(pooled);
-        // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>.
-        unsafe { slot.write(Record { header, payload }) };
-        return OwnedRecord(slot.cast());
+        let record = slot.cast::<Record<P>>();
+        let header = RecordHeader::new(pooled, true);
+        // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>;
+        // once the record is written, the slot (this thread's latest) may be published.
+        unsafe {
+            record.write(Record { header, payload });
+            record_pool::publish(slot);
+        }
+        return OwnedRecord(record.cast());
     }
-    let header = RecordHeader::new(boxed);
+    let header = RecordHeader::new(boxed, false);
     let record = Box::new(Record { header, payload });
     OwnedRecord(NonNull::from(Box::leak(record)).cast())
 }
@@ -184,9 +193,13 @@ pub(crate) fn new_record<P: Payload>(payload: P) -> OwnedRecord {
 /// Drops a record in place and frees its memory, to the pool (`POOLED`) or as a `Box`; the memory
 /// is freed also if an owner's `Drop` panics.
 ///
+/// A pooled record's header stays as it is (it has nothing to drop): only the payload is dropped
+/// in place, so no reference to the whole record is made while a reclaim's walk over the pool may
+/// read the header's tracking state.
+///
 /// # Safety
 /// `record` must be a live record allocated as `POOLED` says, owned by the caller, released once.
-unsafe fn release_record<R, const POOLED: bool>(record: *mut R) {
+unsafe fn release_record<P, const POOLED: bool>(record: *mut Record<P>) {
     if POOLED {
         /// Frees the slot when dropped: after the record's drop, or while unwinding from it.
         struct SlotGuard(*mut u8);
@@ -200,8 +213,9 @@ unsafe fn release_record<R, const POOLED: bool>(record: *mut R) {
             }
         }
         let _free = SlotGuard(record.cast());
-        // SAFETY: the record is live and owned by the caller; it is dropped once.
-        unsafe { ptr::drop_in_place(record) };
+        // SAFETY: the record is live and owned by the caller; its payload is dropped once (the
+        // header has no drop glue).
+        unsafe { ptr::drop_in_place(ptr::addr_of_mut!((*record).payload)) };
     } else {
         // SAFETY: made with `Box`; dropping the Box drops the owners, then frees (also if an
         // owner's Drop panics).
@@ -229,7 +243,7 @@ unsafe fn dispatch<P: Payload, const POOLED: bool>(
         Op::TakePanic => unsafe { (*record).payload.take_panic() },
         Op::Release => {
             // SAFETY: the caller owns the live record and releases it once; POOLED matches.
-            unsafe { release_record::<Record<P>, POOLED>(record) };
+            unsafe { release_record::<P, POOLED>(record) };
             None
         }
     }
@@ -363,7 +377,7 @@ pub(crate) fn new_bytes_record(
     // `bytes.len()` bytes at `offset`; the source and the copy do not overlap.
     unsafe {
         record.as_ptr().write(BytesRecord {
-            header: RecordHeader::new(dispatch_bytes),
+            header: RecordHeader::new(dispatch_bytes, false),
             f,
             len: bytes.len(),
         });
@@ -451,7 +465,7 @@ unsafe fn dispatch_shared<P: SharedPayload, const POOLED: bool>(
         Op::TakePanic => None,
         Op::Release => {
             // SAFETY: made with this POOLED; released once, after the last run.
-            unsafe { release_record::<Record<P>, POOLED>(record) };
+            unsafe { release_record::<P, POOLED>(record) };
             None
         }
     }

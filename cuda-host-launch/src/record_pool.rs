@@ -20,6 +20,13 @@
 //! - **Trimming.** Memory goes back to the system only as whole segments, by [`trim`] (the reaper
 //!   calls it before it parks, and [`flush`] after it waits): it frees free segments beyond
 //!   [`KEEP_SEGMENTS`].
+//! - **Publishing, for reclaims.** Pooled records are linked nowhere: a reclaim after a context
+//!   loss finds them by walking the pool ([`for_each_published`]). So every segment is registered
+//!   from its allocation until [`trim`] frees it, and its header counts how many of its slots hold
+//!   a record written in full: the launching thread stores that count ([`publish`], one plain
+//!   store, on a line of the header that only it writes) after it writes each record, and resets
+//!   it under the pool's lock when it takes the segment. The walk holds that lock, so no segment
+//!   is taken, reused or freed while it reads the slots.
 //!
 //! What it costs in memory: a segment is held while any of its slots is in use. Records are
 //! released in about the order they were launched, so that is at most a segment per launching
@@ -42,7 +49,7 @@
 //! [`flush`]: crate::flush
 
 use std::alloc::Layout;
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::ptr::{self, NonNull};
 use std::sync::Mutex;
 
@@ -65,32 +72,71 @@ const SEGMENT: Layout = match Layout::from_size_align(SEGMENT_BYTES, SEGMENT_BYT
     Err(_) => panic!("a valid segment layout"),
 };
 
-/// A segment's first slot.
+/// A segment's first slot: a line for the threads that free its slots, and a line for the thread
+/// that hands them out.
 #[repr(C, align(128))]
 struct SegmentHeader {
     /// Slots of the segment not yet freed: those in use, and those its thread has not handed out
     /// yet. Set when a thread takes the segment; the decrement that brings it to zero frees the
     /// segment.
     owed: AtomicUsize,
+    /// Where the segment is in [`Segments::all`]; read and written under the pool's lock only.
+    index: UnsafeCell<usize>,
+    /// Slots `1..published` hold a record written in full. Set to 0 under the pool's lock when a
+    /// thread takes the segment, then stored (Release) by that thread after it writes each record
+    /// ([`publish`]); read (Acquire) by [`for_each_published`], under the lock.
+    published: Line<AtomicUsize>,
 }
+
+/// A value on a cache line of its own within a segment's header.
+#[repr(C, align(64))]
+struct Line<T>(T);
 
 const _: () = assert!(size_of::<SegmentHeader>() == SLOT_SIZE);
 const _: () = assert!(SLOT_ALIGN <= SLOT_SIZE && SEGMENT_BYTES.is_power_of_two());
 
-/// A free segment, on the free list.
-struct FreeSegment(NonNull<SegmentHeader>);
+/// A segment, as the pool's lists hold it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct SegmentPtr(NonNull<SegmentHeader>);
 
-// SAFETY: a free segment is plain memory that nobody uses; the list passes it between threads
-// under its mutex.
-unsafe impl Send for FreeSegment {}
+// SAFETY: a segment is plain memory; the lists pass it between threads under their mutex, and
+// what its slots hold is the business of whoever holds them.
+unsafe impl Send for SegmentPtr {}
 
-/// Segments all of whose slots are free, most recently freed last. Locked once per segment: by a
-/// launching thread taking one, by the thread whose free emptied one, and by [`trim`].
-static FREE: OwnLine<Mutex<Vec<FreeSegment>>> = OwnLine(Mutex::new(Vec::new()));
+/// The pool's segments, behind one lock: taken once per segment (by a launching thread taking one,
+/// by the thread whose free emptied one, and by [`trim`]) and by a reclaim's walk.
+struct Segments {
+    /// Segments all of whose slots are free, most recently freed last.
+    free: Vec<SegmentPtr>,
+    /// Every segment allocated and not given back to the system, so that a reclaim can find the
+    /// records of a lost context in them ([`for_each_published`]).
+    all: Vec<SegmentPtr>,
+}
 
-fn free_list() -> std::sync::MutexGuard<'static, Vec<FreeSegment>> {
-    // Nothing panics while the lock is held; if something did, the list is still consistent.
-    FREE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+impl Segments {
+    /// Takes `segment` out of [`Segments::all`] (it is about to be freed).
+    fn unregister(&mut self, segment: NonNull<SegmentHeader>) {
+        // SAFETY: a registered segment; its index is only touched under the lock we hold.
+        let index = unsafe { *(*segment.as_ptr()).index.get() };
+        debug_assert!(self.all[index] == SegmentPtr(segment));
+        self.all.swap_remove(index);
+        if let Some(&SegmentPtr(moved)) = self.all.get(index) {
+            // SAFETY: as above, for the segment that took its place.
+            unsafe { *(*moved.as_ptr()).index.get() = index };
+        }
+    }
+}
+
+static SEGMENTS: OwnLine<Mutex<Segments>> = OwnLine(Mutex::new(Segments {
+    free: Vec::new(),
+    all: Vec::new(),
+}));
+
+fn segments() -> std::sync::MutexGuard<'static, Segments> {
+    // Nothing panics while the lock is held; if something did, the lists are still consistent.
+    SEGMENTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A launching thread's current segment and the index of the next slot it hands out.
@@ -149,24 +195,34 @@ pub(crate) fn allocate() -> Option<NonNull<u8>> {
 #[cold]
 fn next_segment(local: &Local) -> NonNull<u8> {
     // The old segment needs nothing: every slot of it was handed out, and its last free frees it.
-    let reused = free_list().pop();
-    let segment = match reused {
-        Some(FreeSegment(segment)) => segment.as_ptr(),
-        None => {
-            // SAFETY: SEGMENT has a non-zero size.
-            let segment = unsafe { std::alloc::alloc(SEGMENT) }.cast::<SegmentHeader>();
-            if segment.is_null() {
-                std::alloc::handle_alloc_error(SEGMENT);
+    let segment = {
+        let mut segments = segments();
+        let segment = match segments.free.pop() {
+            Some(SegmentPtr(segment)) => segment.as_ptr(),
+            None => {
+                // SAFETY: SEGMENT has a non-zero size.
+                let segment = unsafe { std::alloc::alloc(SEGMENT) }.cast::<SegmentHeader>();
+                let Some(fresh) = NonNull::new(segment) else {
+                    std::alloc::handle_alloc_error(SEGMENT);
+                };
+                // SAFETY: fresh memory of the segment's layout, not yet registered: ours alone.
+                unsafe {
+                    ptr::addr_of_mut!((*segment).index).write(UnsafeCell::new(segments.all.len()))
+                };
+                segments.all.push(SegmentPtr(fresh));
+                segment
             }
-            segment
+        };
+        // SAFETY: a fresh segment, or a free one taken off the list (its last free happened before
+        // it was listed, and the lock orders that before these writes); ours alone now, but for a
+        // reclaim's walk, which reads `published` under this same lock: written here, before the
+        // lock is released and before this thread writes any slot, the walk sees none of the
+        // segment's old records as published once the thread starts overwriting them.
+        unsafe {
+            ptr::addr_of_mut!((*segment).owed).write(AtomicUsize::new(SEGMENT_SLOTS - 1));
+            ptr::addr_of_mut!((*segment).published).write(Line(AtomicUsize::new(0)));
         }
-    };
-    // SAFETY: a fresh segment, or a free one taken off the list (its last free happened before
-    // it was listed, and the lock orders that before this write); ours alone now.
-    unsafe {
-        segment.write(SegmentHeader {
-            owed: AtomicUsize::new(SEGMENT_SLOTS - 1),
-        })
+        segment
     };
     local.segment.set(segment);
     local.next.set(2);
@@ -197,8 +253,15 @@ unsafe fn release(segment: NonNull<SegmentHeader>, count: usize) {
         .owed
         .fetch_sub(count, Ordering::AcqRel);
     if before == count {
-        free_list().push(FreeSegment(segment));
+        segments().free.push(SegmentPtr(segment));
     }
+}
+
+/// The segment a slot lies in: its address rounded down, which is the segment's header.
+fn segment_of(slot: NonNull<u8>) -> *mut SegmentHeader {
+    slot.as_ptr()
+        .map_addr(|a| a & !(SEGMENT_BYTES - 1))
+        .cast::<SegmentHeader>()
 }
 
 /// Returns a slot to the pool.
@@ -207,9 +270,46 @@ unsafe fn release(segment: NonNull<SegmentHeader>, count: usize) {
 /// `slot` must come from [`allocate`], hold no live value, and not be used afterwards.
 #[inline]
 pub(crate) unsafe fn free(slot: NonNull<u8>) {
-    let segment = slot.as_ptr().map_addr(|a| a & !(SEGMENT_BYTES - 1));
     // SAFETY: a slot from `allocate` lies in a segment (rounded down: its header), which owes it.
-    unsafe { release(NonNull::new_unchecked(segment.cast()), 1) };
+    unsafe { release(NonNull::new_unchecked(segment_of(slot)), 1) };
+}
+
+/// Marks the slot as holding a record written in full, so that [`for_each_published`] may read it.
+/// One plain store of the launching thread's, on a line of its segment's that only it writes.
+///
+/// # Safety
+/// `slot` must be the one this thread's latest [`allocate`] returned, and the record must have
+/// been written into it.
+#[inline]
+pub(crate) unsafe fn publish(slot: NonNull<u8>) {
+    let segment = segment_of(slot);
+    let index = (slot.as_ptr().addr() - segment.addr()) / SLOT_SIZE;
+    // Release: the record's contents are written before a walk that sees this value reads them.
+    // SAFETY: the slot's segment is this thread's current one, live while it owes slots.
+    unsafe { (*segment).published.0.store(index + 1, Ordering::Release) };
+}
+
+/// Calls `f` with every slot of the pool that holds, or held, a record written in full, in every
+/// segment not given back to the system. A reclaim after a context loss finds the pooled records of
+/// the lost context this way: they are not linked anywhere (see `pending.rs`).
+///
+/// It holds the pool's lock throughout, so no segment is taken, reused or freed meanwhile: a slot
+/// passed to `f` is not overwritten until the walk is over, though it may be in use (its record
+/// pending, running or being released) or released already. `f` must not allocate from or free to
+/// the pool (it would wait for the lock it runs under). A walk over all the pool's memory: for rare
+/// events, never for a hot path.
+pub(crate) fn for_each_published(mut f: impl FnMut(NonNull<u8>)) {
+    let segments = segments();
+    for &SegmentPtr(segment) in &segments.all {
+        let segment = segment.as_ptr();
+        // Acquire: the records of the slots below this value were written before it was stored.
+        // SAFETY: a registered segment, live while the lock is held.
+        let published = unsafe { (*segment).published.0.load(Ordering::Acquire) };
+        for index in 1..published {
+            // SAFETY: `index` is below SEGMENT_SLOTS (published never exceeds it).
+            f(unsafe { slot(segment, index) });
+        }
+    }
 }
 
 /// Gives memory back to the system: frees the free segments beyond [`KEEP_SEGMENTS`]. Returns how
@@ -217,20 +317,23 @@ pub(crate) unsafe fn free(slot: NonNull<u8>) {
 ///
 /// It runs on the reaper before it parks, or in `flush`; never on a driver thread.
 pub(crate) fn trim() -> usize {
-    let surplus: Vec<FreeSegment> = {
-        let mut list = free_list();
-        if list.len() <= KEEP_SEGMENTS {
+    let surplus: Vec<SegmentPtr> = {
+        let mut segments = segments();
+        if segments.free.len() <= KEEP_SEGMENTS {
             return 0;
         }
         // The oldest first: the most recently freed are the likeliest to be in cache.
-        let excess = list.len() - KEEP_SEGMENTS;
-        let surplus = list.drain(..excess).collect();
-        list.shrink_to(2 * KEEP_SEGMENTS);
+        let excess = segments.free.len() - KEEP_SEGMENTS;
+        let surplus: Vec<SegmentPtr> = segments.free.drain(..excess).collect();
+        segments.free.shrink_to(2 * KEEP_SEGMENTS);
+        for &SegmentPtr(segment) in &surplus {
+            segments.unregister(segment);
+        }
         surplus
     };
-    for FreeSegment(segment) in &surplus {
-        // SAFETY: allocated with SEGMENT by `next_segment`; every slot of it is free and it was on
-        // the free list, which we took it off: nobody else has it.
+    for SegmentPtr(segment) in &surplus {
+        // SAFETY: allocated with SEGMENT by `next_segment`; every slot of it is free, and it was on
+        // the free list and registered, and we took it off both: nobody else can reach it.
         unsafe { std::alloc::dealloc(segment.as_ptr().cast(), SEGMENT) };
     }
     surplus.len()
@@ -266,7 +369,11 @@ mod tests {
     }
 
     fn free_segments() -> Vec<usize> {
-        free_list().iter().map(|s| s.0.as_ptr() as usize).collect()
+        segments()
+            .free
+            .iter()
+            .map(|s| s.0.as_ptr() as usize)
+            .collect()
     }
 
     #[test]
@@ -369,7 +476,58 @@ mod tests {
         assert_eq!(trim(), before - KEEP_SEGMENTS);
         assert_eq!(free_segments().len(), KEEP_SEGMENTS);
         assert_eq!(trim(), 0, "a second trim found more to free");
+        assert_registry_consistent();
         // What is left is still usable.
         on_a_thread(|| give_back(&take(3 * SEGMENT_SLOTS)));
+    }
+
+    /// Every registered segment knows its place in the registry, once, and every free segment is
+    /// registered.
+    fn assert_registry_consistent() {
+        let segments = segments();
+        for (i, &SegmentPtr(segment)) in segments.all.iter().enumerate() {
+            // SAFETY: a registered segment; we hold the lock.
+            assert_eq!(unsafe { *(*segment.as_ptr()).index.get() }, i);
+        }
+        for free in &segments.free {
+            assert!(segments.all.contains(free), "a free segment not registered");
+        }
+    }
+
+    #[test]
+    fn a_walk_sees_the_published_slots_and_no_slot_after_them() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        on_a_thread(|| {
+            // 40 slots over two segments: the first 35 written and published, one at a time, as
+            // `place` does; the last 5 handed out but not published.
+            let mut published = Vec::new();
+            let mut unpublished = Vec::new();
+            for i in 0..40 {
+                let slot = allocate().expect("segment state");
+                if i < 35 {
+                    // SAFETY: this thread's latest slot (the test writes no record into it; the
+                    // walk below only collects addresses).
+                    unsafe { publish(slot) };
+                    published.push(slot.as_ptr() as usize);
+                } else {
+                    unpublished.push(slot.as_ptr() as usize);
+                }
+            }
+            let mut walked = std::collections::HashSet::new();
+            for_each_published(|slot| {
+                walked.insert(slot.as_ptr() as usize);
+            });
+            assert!(
+                published.iter().all(|s| walked.contains(s)),
+                "a published slot missed"
+            );
+            assert!(
+                unpublished.iter().all(|s| !walked.contains(s)),
+                "a slot walked before it was published"
+            );
+            assert_registry_consistent();
+            give_back(&published);
+            give_back(&unpublished);
+        });
     }
 }
