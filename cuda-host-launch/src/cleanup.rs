@@ -172,7 +172,8 @@ fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
     let headers = &mut scratch.headers;
     headers.clear();
     headers.extend(batch);
-    // Unlinked from the pending lists one shard lock at a time, not one per record.
+    // Boxed records are unlinked from the pending lists one shard lock at a time, not one per
+    // record (pooled ones are not linked).
     crate::pending::forget_all(headers, &mut scratch.shards);
     let count = headers.len() as u64;
     for header in headers.drain(..) {

@@ -54,7 +54,7 @@ pub struct ProfileSettings {
     pub timers: bool,
     /// Launch without asking whether the stream captures (ablation).
     pub skip_capture_query: bool,
-    /// Launch without linking the record into the pending lists (ablation).
+    /// Launch without tracking the record for a reclaim (ablation).
     pub skip_tracking: bool,
 }
 
@@ -110,7 +110,8 @@ pub struct Profile {
     pub driver_call_ns: u64,
     /// Of that, time in the capture query.
     pub capture_ns: u64,
-    /// Of that, time linking the record into the pending lists.
+    /// Of that, time tracking the record for a reclaim (its state and context; a boxed record is
+    /// also linked into a list).
     pub track_ns: u64,
     /// Records built (every launch form, and deferred drops).
     pub records: u64,
