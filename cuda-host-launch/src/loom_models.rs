@@ -446,43 +446,74 @@ mod reaper_wake_up {
     }
 }
 
-/// `record_pool.rs`: slots handed out in address order from segments. A launcher bumps through its
-/// current segment (`allocate`) and takes a free segment or a new one when it is used up
-/// (`next_segment`, which rewrites the header); every free decrements the slot's segment's count,
-/// and the one that brings it to zero lists the segment as free (`release`); an exiting thread
-/// gives back the slots it never handed out (`Local::drop`); `trim` frees listed segments.
+/// `record_pool.rs`: slots handed out in address order from segments, and the tracking of the
+/// records in them (`pending.rs`). A launcher bumps through its current segment (`allocate`) and
+/// takes a free segment or a new one (registered) when it is used up (`next_segment`, which
+/// rewrites the header under the pool's lock); it writes each record and publishes its slot
+/// (`record.rs`'s `place`, `publish`), then marks it PENDING with its context (`track`). Every free
+/// decrements the slot's segment's count, and the one that brings it to zero lists the segment as
+/// free (`release`); an exiting thread gives back the slots it never handed out (`Local::drop`);
+/// `trim` frees listed segments and unregisters them. A reclaim walks every registered segment's
+/// published slots under the pool's lock (`for_each_published`, `pending::reclaim`) and takes the
+/// PENDING records of its context with a compare-and-swap, which the trampoline's `mark_ran` races;
+/// a launch the driver refused goes back to UNTRACKED before its slot is freed (`linked_shard`).
 ///
 /// The model's segments come from `loom::alloc`, so loom reports a segment never freed (lost:
 /// never listed) or freed twice. A slot handed out twice, or a segment reused while one of its
 /// slots (or its header) is still being used, shows as a data race on the slot's or the header's
-/// cell: each record is a write of its slot's cell by the launcher and a read by the thread that
-/// releases it, and each decrement of the count a read of the header's cell, which `next_segment`
-/// writes.
+/// cell: each record is a write of its slot's `memory` cell by the launcher and a read by the
+/// thread that releases it, and each decrement of the count a read of the header's cell, which
+/// `next_segment` writes. The `memory` cell stands for all that `place` writes without atomics
+/// (the record, its header's state byte included), and the walk reads it where the real walk reads
+/// the state: so loom also reports a walk that reads a slot not yet written in full, or one being
+/// overwritten by a reused segment's next record. `context` stands for `Tracking::context`.
 mod record_pool_segments {
     use super::*;
     use loom::alloc::{Layout, alloc, dealloc};
     use loom::sync::Mutex;
     use std::cell::Cell;
 
-    /// `SEGMENT_SLOTS`, small enough for loom: the header and two slots.
-    const SEGMENT_SLOTS: usize = 3;
+    /// The slots a segment has room for, the header's included (`SEGMENT_SLOTS` is each pool's own:
+    /// two or three, small enough for loom).
+    const ROOM: usize = 3;
     /// `KEEP_SEGMENTS`: trim frees every listed segment.
     const KEEP_SEGMENTS: usize = 0;
 
-    /// A segment: its header (`SegmentHeader`: the count; and a cell standing for the header's
-    /// memory) and its slots (each a cell standing for the record's memory). In `record_pool.rs`
-    /// slot 0 is the header; here the slots are indexed from 1 as there.
+    const UNTRACKED: usize = 0;
+    const PENDING: usize = 1;
+    const RAN: usize = 2;
+    const RECLAIMED: usize = 3;
+
+    /// A slot's record (see the module's comment).
+    struct SlotCell {
+        memory: UnsafeCell<usize>,
+        context: UnsafeCell<usize>,
+        state: AtomicUsize,
+    }
+
+    /// A segment: its header (`SegmentHeader`: the count, the published count; and a cell standing
+    /// for the header's memory) and its slots. In `record_pool.rs` slot 0 is the header; here the
+    /// slots are indexed from 1 as there.
     struct Segment {
         owed: AtomicUsize,
+        published: AtomicUsize,
         header: UnsafeCell<usize>,
-        slots: [UnsafeCell<usize>; SEGMENT_SLOTS],
+        slots: [SlotCell; ROOM],
     }
 
     const SEGMENT: Layout = Layout::new::<Segment>();
 
-    /// `FREE`, and, not in record_pool.rs, how many segments were allocated.
+    /// `Segments`: the free list and the registry.
+    struct Lists {
+        free: Vec<usize>,
+        all: Vec<usize>,
+    }
+
+    /// `SEGMENTS`, the pool's `SEGMENT_SLOTS`, and, not in record_pool.rs, how many segments were
+    /// allocated.
     struct Pool {
-        free: Mutex<Vec<usize>>,
+        lists: Mutex<Lists>,
+        slots: usize,
         allocated: std::sync::atomic::AtomicUsize,
     }
 
@@ -491,14 +522,19 @@ mod record_pool_segments {
     struct Slot(usize, usize);
 
     impl Slot {
-        fn cell(self) -> &'static UnsafeCell<usize> {
-            // SAFETY: the segment is live while it owes this slot (what loom checks).
-            &unsafe { &*(self.0 as *const Segment) }.slots[self.1]
+        fn segment(self) -> &'static Segment {
+            // SAFETY: the segment is live while it owes this slot, or is registered and the pool's
+            // lock is held (what loom checks).
+            unsafe { &*(self.0 as *const Segment) }
+        }
+
+        fn cell(self) -> &'static SlotCell {
+            &self.segment().slots[self.1]
         }
     }
 
     /// A thread's `Local`: its segment and the next slot's index. It holds the pool, where
-    /// `record_pool.rs` uses the `FREE` static.
+    /// `record_pool.rs` uses the `SEGMENTS` static.
     struct Local {
         pool: Arc<Pool>,
         segment: Cell<usize>,
@@ -510,7 +546,7 @@ mod record_pool_segments {
             Local {
                 pool: Arc::clone(pool),
                 segment: Cell::new(0),
-                next: Cell::new(SEGMENT_SLOTS),
+                next: Cell::new(pool.slots),
             }
         }
     }
@@ -518,7 +554,7 @@ mod record_pool_segments {
     impl Drop for Local {
         /// `Local::drop`: the thread exits.
         fn drop(&mut self) {
-            let unissued = SEGMENT_SLOTS - self.next.get();
+            let unissued = self.pool.slots - self.next.get();
             if self.segment.get() != 0 && unissued > 0 {
                 // SAFETY: the thread's segment owes the slots it never handed out.
                 unsafe { release(&self.pool, self.segment.get(), unissued) };
@@ -529,7 +565,7 @@ mod record_pool_segments {
     /// `record_pool::allocate`.
     fn allocate(local: &Local) -> Slot {
         let next = local.next.get();
-        if next == SEGMENT_SLOTS {
+        if next == local.pool.slots {
             return next_segment(local);
         }
         local.next.set(next + 1);
@@ -538,37 +574,47 @@ mod record_pool_segments {
 
     /// `record_pool::next_segment`.
     fn next_segment(local: &Local) -> Slot {
-        let reused = local.pool.free.lock().unwrap().pop();
-        let segment = match reused {
-            Some(segment) => segment,
-            None => {
-                // SAFETY: SEGMENT has a non-zero size.
-                let segment = unsafe { alloc(SEGMENT) }.cast::<Segment>();
-                assert!(!segment.is_null(), "out of memory");
-                // Not in record_pool.rs: loom's atomics and cells must be constructed, where the
-                // real segment is memory that the header's write below initialises.
-                // SAFETY: a fresh allocation of a Segment.
-                unsafe {
-                    segment.write(Segment {
-                        owed: AtomicUsize::new(0),
-                        header: UnsafeCell::new(0),
-                        slots: std::array::from_fn(|_| UnsafeCell::new(0)),
-                    })
-                };
-                local
-                    .pool
-                    .allocated
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                segment as usize
-            }
+        let segment = {
+            let mut lists = local.pool.lists.lock().unwrap();
+            let segment = match lists.free.pop() {
+                Some(segment) => segment,
+                None => {
+                    // SAFETY: SEGMENT has a non-zero size.
+                    let segment = unsafe { alloc(SEGMENT) }.cast::<Segment>();
+                    assert!(!segment.is_null(), "out of memory");
+                    // Not in record_pool.rs: loom's atomics and cells must be constructed, where
+                    // the real segment is memory that the header's writes below initialise.
+                    // SAFETY: a fresh allocation of a Segment.
+                    unsafe {
+                        segment.write(Segment {
+                            owed: AtomicUsize::new(0),
+                            published: AtomicUsize::new(0),
+                            header: UnsafeCell::new(0),
+                            slots: std::array::from_fn(|_| SlotCell {
+                                memory: UnsafeCell::new(0),
+                                context: UnsafeCell::new(0),
+                                state: AtomicUsize::new(UNTRACKED),
+                            }),
+                        })
+                    };
+                    local
+                        .pool
+                        .allocated
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    lists.all.push(segment as usize);
+                    segment as usize
+                }
+            };
+            // The header's plain writes (`owed`, `published`), under the lock: loom checks the
+            // cell's write against every earlier decrement.
+            // SAFETY: the segment is ours alone now, but for a walk, which holds the lock.
+            let header = unsafe { &*(segment as *const Segment) };
+            // SAFETY: loom checks this write against every earlier access of the header.
+            header.header.with_mut(|h| unsafe { *h += 1 });
+            header.owed.store(local.pool.slots - 1, Ordering::Relaxed);
+            header.published.store(0, Ordering::Relaxed);
+            segment
         };
-        // `segment.write(SegmentHeader { owed: AtomicUsize::new(SEGMENT_SLOTS - 1) })`: a plain
-        // write of the header, which loom checks against every earlier decrement.
-        // SAFETY: the segment is ours alone now.
-        let header = unsafe { &*(segment as *const Segment) };
-        // SAFETY: loom checks this write against every earlier access of the header.
-        header.header.with_mut(|h| unsafe { *h += 1 });
-        header.owed.store(SEGMENT_SLOTS - 1, Ordering::Relaxed);
         local.segment.set(segment);
         local.next.set(2);
         Slot(segment, 1)
@@ -586,7 +632,7 @@ mod record_pool_segments {
         // SAFETY: loom checks this read against the header's rewrite by a later taker.
         header.header.with(|h| unsafe { *h });
         if header.owed.fetch_sub(count, Ordering::AcqRel) == count {
-            pool.free.lock().unwrap().push(segment);
+            pool.lists.lock().unwrap().free.push(segment);
         }
     }
 
@@ -602,7 +648,7 @@ mod record_pool_segments {
     /// Drops a segment's loom objects and frees it.
     ///
     /// # Safety
-    /// The segment is free and nobody else has it.
+    /// The segment is free, unregistered, and nobody else has it.
     unsafe fn dealloc_segment(segment: usize) {
         let segment = segment as *mut Segment;
         // SAFETY: as the caller promises. Freeing the memory writes it: loom checks nobody else
@@ -610,7 +656,7 @@ mod record_pool_segments {
         unsafe {
             (*segment).header.with_mut(|h| *h = 0);
             for slot in &(*segment).slots {
-                slot.with_mut(|c| *c = 0);
+                slot.memory.with_mut(|c| *c = 0);
             }
             ptr::drop_in_place(segment);
             dealloc(segment.cast(), SEGMENT);
@@ -624,35 +670,117 @@ mod record_pool_segments {
     )]
     fn trim(pool: &Pool) -> usize {
         let surplus: Vec<usize> = {
-            let mut list = pool.free.lock().unwrap();
-            if list.len() <= KEEP_SEGMENTS {
+            let mut lists = pool.lists.lock().unwrap();
+            if lists.free.len() <= KEEP_SEGMENTS {
                 return 0;
             }
-            let excess = list.len() - KEEP_SEGMENTS;
-            list.drain(..excess).collect()
+            let excess = lists.free.len() - KEEP_SEGMENTS;
+            let surplus: Vec<usize> = lists.free.drain(..excess).collect();
+            lists.all.retain(|s| !surplus.contains(s));
+            surplus
         };
         for &segment in &surplus {
-            // SAFETY: listed segments are free; we took these off the list.
+            // SAFETY: listed segments are free; we took these off both lists.
             unsafe { dealloc_segment(segment) };
         }
         surplus.len()
     }
 
-    /// Puts a record into a slot: the launcher writes the slot's memory.
+    /// `record.rs`'s `place`: the launcher writes a record into the slot, then publishes it.
     fn use_slot(slot: Slot, record: usize) {
+        let cell = slot.cell();
         // SAFETY: loom checks the write is ordered after the slot's previous owner's last access.
-        slot.cell().with_mut(|c| unsafe { *c = record });
+        cell.memory.with_mut(|c| unsafe { *c = record });
+        cell.state.store(UNTRACKED, Ordering::Relaxed);
+        slot.segment()
+            .published
+            .store(slot.1 + 1, Ordering::Release);
     }
 
     /// Drops the record in a slot: the releasing thread reads what the launcher wrote.
     fn release_slot(slot: Slot) -> usize {
         // SAFETY: the slot holds a record this thread now owns.
-        slot.cell().with(|c| unsafe { *c })
+        slot.cell().memory.with(|c| unsafe { *c })
     }
 
-    fn new_pool() -> Arc<Pool> {
+    /// Releases the record in a slot (it must be `record`) and frees the slot.
+    fn release_record(pool: &Pool, slot: Slot, record: usize) {
+        assert_eq!(
+            release_slot(slot),
+            record,
+            "a slot changed under its record"
+        );
+        // SAFETY: the record is dropped and the slot is used no more.
+        unsafe { free(pool, slot) };
+    }
+
+    /// `pending::track`, for a pooled record.
+    fn track(slot: Slot, context: usize) {
+        let cell = slot.cell();
+        // SAFETY: the record is the launcher's; a walk reads this only after the store below.
+        cell.context.with_mut(|c| unsafe { *c = context });
+        cell.state.store(PENDING, Ordering::Release);
+    }
+
+    /// The trampoline's `mark_ran`: whether the record is the driver thread's to queue.
+    fn mark_ran(slot: Slot) -> bool {
+        match slot
+            .cell()
+            .state
+            .compare_exchange(PENDING, RAN, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => true,
+            Err(state) => state != RECLAIMED,
+        }
+    }
+
+    /// A refused launch released by its launcher (`forget`'s `linked_shard`, then the release).
+    fn release_refused(pool: &Pool, slot: Slot, record: usize) {
+        let state = &slot.cell().state;
+        if state.load(Ordering::Acquire) == PENDING {
+            state.store(UNTRACKED, Ordering::Release);
+        }
+        release_record(pool, slot, record);
+    }
+
+    /// `pending::reclaim`'s walk (`for_each_published`): the PENDING records of `context`, each
+    /// taken with a CAS; with what `memory` held for each.
+    fn walk(pool: &Pool, context: usize) -> Vec<(Slot, usize)> {
+        let lists = pool.lists.lock().unwrap();
+        let mut taken = Vec::new();
+        for &segment in &lists.all {
+            // SAFETY: a registered segment, live while the lock is held.
+            let header = unsafe { &*(segment as *const Segment) };
+            let published = header.published.load(Ordering::Acquire);
+            for index in 1..published {
+                let slot = Slot(segment, index);
+                let cell = slot.cell();
+                // SAFETY: loom checks the slot was written in full before, and is not rewritten
+                // during the walk.
+                let record = cell.memory.with(|m| unsafe { *m });
+                if cell.state.load(Ordering::Acquire) == PENDING
+                    // SAFETY: written before the PENDING store this load saw.
+                    && cell.context.with(|c| unsafe { *c }) == context
+                    && cell
+                        .state
+                        .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    taken.push((slot, record));
+                }
+            }
+        }
+        taken
+    }
+
+    fn new_pool(slots: usize) -> Arc<Pool> {
+        assert!(slots <= ROOM);
         Arc::new(Pool {
-            free: Mutex::new(Vec::new()),
+            lists: Mutex::new(Lists {
+                free: Vec::new(),
+                all: Vec::new(),
+            }),
+            slots,
             allocated: std::sync::atomic::AtomicUsize::new(0),
         })
     }
@@ -667,13 +795,7 @@ mod record_pool_segments {
         let pool = Arc::clone(pool);
         thread::spawn(move || {
             for (slot, record) in records {
-                assert_eq!(
-                    release_slot(slot),
-                    record,
-                    "a slot changed under its record"
-                );
-                // SAFETY: the record is dropped and the slot is used no more.
-                unsafe { free(&pool, slot) };
+                release_record(&pool, slot, record);
             }
             if trims {
                 trim(&pool);
@@ -682,13 +804,22 @@ mod record_pool_segments {
     }
 
     /// Once every thread is done and every slot free: every segment not trimmed must be listed,
-    /// once. Frees them (loom then checks each segment was freed exactly once, none lost).
+    /// once, and registered. Frees them (loom then checks each segment was freed exactly once,
+    /// none lost).
     fn check_everything_back(pool: &Pool) {
-        let mut list = std::mem::take(&mut *pool.free.lock().unwrap());
+        let (mut list, mut all) = {
+            let mut lists = pool.lists.lock().unwrap();
+            (
+                std::mem::take(&mut lists.free),
+                std::mem::take(&mut lists.all),
+            )
+        };
         let listed = list.len();
         list.sort_unstable();
         list.dedup();
         assert_eq!(list.len(), listed, "a segment listed twice");
+        all.sort_unstable();
+        assert_eq!(list, all, "registered segments and free segments differ");
         for segment in list {
             // SAFETY: nothing else runs; the segment is listed, so free.
             unsafe { dealloc_segment(segment) };
@@ -706,7 +837,7 @@ mod record_pool_segments {
             "segments: reaper x 2 frees + trim, launcher x 3 allocations + exit",
             3,
             || {
-                let pool = new_pool();
+                let pool = new_pool(3);
                 let main_local = Local::new(&pool);
                 let records: Vec<_> = (1..=2)
                     .map(|record| {
@@ -731,9 +862,7 @@ mod record_pool_segments {
                             assert!(!slots[i + 1..].contains(&slot), "a slot handed out twice");
                         }
                         for (i, &slot) in slots.iter().enumerate() {
-                            assert_eq!(release_slot(slot), 10 + i, "a slot shared by two records");
-                            // SAFETY: the record is dropped and the slot is used no more.
-                            unsafe { free(&pool, slot) };
+                            release_record(&pool, slot, 10 + i);
                         }
                         drop(local);
                     })
@@ -755,7 +884,7 @@ mod record_pool_segments {
             "segments: launcher exits while its record is freed, then reuse",
             3,
             || {
-                let pool = new_pool();
+                let pool = new_pool(3);
                 let launcher = {
                     let pool = Arc::clone(&pool);
                     thread::spawn(move || {
@@ -774,9 +903,7 @@ mod record_pool_segments {
                         let local = Local::new(&pool);
                         let slot = allocate(&local);
                         use_slot(slot, 8);
-                        assert_eq!(release_slot(slot), 8);
-                        // SAFETY: the record is dropped and the slot is used no more.
-                        unsafe { free(&pool, slot) };
+                        release_record(&pool, slot, 8);
                         drop(local);
                     })
                 };
@@ -790,240 +917,8 @@ mod record_pool_segments {
             },
         );
     }
-}
 
-/// Pooled records tracked by their segment (`pending.rs`, `record_pool.rs`): a launch writes its
-/// record into a slot, publishes the slot (`record_pool::publish`), then marks it PENDING with its
-/// context (`pending::track`); a reclaim walks every registered segment's published slots under
-/// the pool's lock (`record_pool::for_each_published`, `pending::reclaim`) and takes the PENDING
-/// records of its context with a compare-and-swap, which the trampoline's `mark_ran` races; a
-/// launch the driver refused goes back to UNTRACKED before its slot is freed (`linked_shard`).
-///
-/// Each slot's `memory` cell stands for what `record.rs`'s `place` writes without atomics (the
-/// record, its header's state byte included): the walk reads it where the real walk reads the
-/// state, so loom reports a walk that reads a slot not yet written in full, or one being
-/// overwritten by a reused segment's next record. `context` stands for `Tracking::context`.
-mod pending_by_segment {
-    use super::*;
-    use loom::sync::Mutex;
-    use std::cell::Cell;
-
-    const UNTRACKED: usize = 0;
-    const PENDING: usize = 1;
-    const RAN: usize = 2;
-    const RECLAIMED: usize = 3;
-
-    struct SlotMemory {
-        memory: UnsafeCell<usize>,
-        context: UnsafeCell<usize>,
-        state: AtomicUsize,
-    }
-
-    /// `SegmentHeader` (`owed`, `published`) and the slots; slot 0 is the header, unused here.
-    struct Segment {
-        owed: AtomicUsize,
-        published: AtomicUsize,
-        slots: [SlotMemory; 3],
-    }
-
-    /// `Segments`: the free list and the registry, behind the pool's lock.
-    struct Lists {
-        free: Vec<usize>,
-        all: Vec<usize>,
-    }
-
-    /// The pool: `segments` stands for the memory it may allocate (a segment's index is its
-    /// address), `slots` is `SEGMENT_SLOTS`, the header included.
-    struct Pool {
-        segments: [Segment; 3],
-        slots: usize,
-        lists: Mutex<Lists>,
-    }
-
-    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-    struct Slot(usize, usize);
-
-    impl Pool {
-        #[allow(
-            clippy::arc_with_non_send_sync,
-            reason = "loom runs its threads one at a time and does not ask for Send; its cells are \
-                      what it checks the threads' accesses with"
-        )]
-        fn new(slots: usize) -> Arc<Pool> {
-            let segment = || Segment {
-                owed: AtomicUsize::new(0),
-                published: AtomicUsize::new(0),
-                slots: std::array::from_fn(|_| SlotMemory {
-                    memory: UnsafeCell::new(0),
-                    context: UnsafeCell::new(0),
-                    state: AtomicUsize::new(UNTRACKED),
-                }),
-            };
-            Arc::new(Pool {
-                segments: std::array::from_fn(|_| segment()),
-                slots,
-                lists: Mutex::new(Lists {
-                    free: Vec::new(),
-                    all: Vec::new(),
-                }),
-            })
-        }
-
-        fn slot(&self, slot: Slot) -> &SlotMemory {
-            &self.segments[slot.0].slots[slot.1]
-        }
-    }
-
-    /// A launching thread's `Local`.
-    struct Local {
-        pool: Arc<Pool>,
-        segment: Cell<usize>,
-        next: Cell<usize>,
-    }
-
-    impl Local {
-        fn new(pool: &Arc<Pool>) -> Local {
-            Local {
-                pool: Arc::clone(pool),
-                segment: Cell::new(0),
-                next: Cell::new(pool.slots),
-            }
-        }
-
-        /// `record_pool::allocate` and `next_segment`.
-        fn allocate(&self) -> Slot {
-            let next = self.next.get();
-            if next < self.pool.slots {
-                self.next.set(next + 1);
-                return Slot(self.segment.get(), next);
-            }
-            let segment = {
-                let mut lists = self.pool.lists.lock().unwrap();
-                let segment = match lists.free.pop() {
-                    Some(segment) => segment,
-                    None => {
-                        let fresh = lists.all.len();
-                        assert!(
-                            fresh < self.pool.segments.len(),
-                            "more segments than modelled"
-                        );
-                        lists.all.push(fresh);
-                        fresh
-                    }
-                };
-                // The header's writes, under the lock (plain writes in record_pool.rs).
-                let header = &self.pool.segments[segment];
-                header.owed.store(self.pool.slots - 1, Ordering::Relaxed);
-                header.published.store(0, Ordering::Relaxed);
-                segment
-            };
-            self.segment.set(segment);
-            self.next.set(2);
-            Slot(segment, 1)
-        }
-
-        /// `record.rs`'s `place`: the record written into a fresh slot, then published.
-        fn place(&self, id: usize) -> Slot {
-            let slot = self.allocate();
-            let memory = self.pool.slot(slot);
-            // SAFETY: loom checks this write against every earlier access of the slot.
-            memory.memory.with_mut(|m| unsafe { *m = id });
-            memory.state.store(UNTRACKED, Ordering::Relaxed);
-            self.pool.segments[slot.0]
-                .published
-                .store(slot.1 + 1, Ordering::Release);
-            slot
-        }
-    }
-
-    impl Drop for Local {
-        /// `Local::drop`: the slots never handed out are owed no more.
-        fn drop(&mut self) {
-            let unissued = self.pool.slots - self.next.get();
-            if unissued > 0 {
-                release(&self.pool, self.segment.get(), unissued);
-            }
-        }
-    }
-
-    /// `pending::track`, for a pooled record.
-    fn track(pool: &Pool, slot: Slot, context: usize) {
-        let memory = pool.slot(slot);
-        // SAFETY: the record is the launcher's; a walk reads this only after the store below.
-        memory.context.with_mut(|c| unsafe { *c = context });
-        memory.state.store(PENDING, Ordering::Release);
-    }
-
-    /// `record_pool::release`.
-    fn release(pool: &Pool, segment: usize, count: usize) {
-        if pool.segments[segment]
-            .owed
-            .fetch_sub(count, Ordering::AcqRel)
-            == count
-        {
-            pool.lists.lock().unwrap().free.push(segment);
-        }
-    }
-
-    /// The releasing thread: reads the record (drops its payload, in record.rs) and frees the slot.
-    fn release_record(pool: &Pool, slot: Slot, id: usize) {
-        // SAFETY: the record is this thread's now.
-        let seen = pool.slot(slot).memory.with(|m| unsafe { *m });
-        assert_eq!(seen, id, "a slot changed under its record");
-        release(pool, slot.0, 1);
-    }
-
-    /// The trampoline's `mark_ran`: whether the record is the driver thread's to queue.
-    fn mark_ran(pool: &Pool, slot: Slot) -> bool {
-        match pool.slot(slot).state.compare_exchange(
-            PENDING,
-            RAN,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => true,
-            Err(state) => state != RECLAIMED,
-        }
-    }
-
-    /// A refused launch released by its launcher (`forget`'s `linked_shard`, then the release).
-    fn release_refused(pool: &Pool, slot: Slot, id: usize) {
-        let state = &pool.slot(slot).state;
-        if state.load(Ordering::Acquire) == PENDING {
-            state.store(UNTRACKED, Ordering::Release);
-        }
-        release_record(pool, slot, id);
-    }
-
-    /// `pending::reclaim`'s walk: the PENDING records of `context`, each taken with a CAS; with
-    /// what `memory` held for each.
-    fn walk(pool: &Pool, context: usize) -> Vec<(Slot, usize)> {
-        let lists = pool.lists.lock().unwrap();
-        let mut taken = Vec::new();
-        for &segment in &lists.all {
-            let published = pool.segments[segment].published.load(Ordering::Acquire);
-            for index in 1..published {
-                let slot = Slot(segment, index);
-                let memory = pool.slot(slot);
-                // SAFETY: loom checks the slot was written in full before, and is not rewritten
-                // during the walk.
-                let id = memory.memory.with(|m| unsafe { *m });
-                if memory.state.load(Ordering::Acquire) == PENDING
-                    // SAFETY: written before the PENDING store this load saw.
-                    && memory.context.with(|c| unsafe { *c }) == context
-                    && memory
-                        .state
-                        .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok()
-                {
-                    taken.push((slot, id));
-                }
-            }
-        }
-        taken
-    }
-
-    /// One segment of one slot per record: a launcher launches two records into context 1, the
+    /// Segments of one slot per record: a launcher launches two records into context 1, the
     /// driver's thread runs and releases each (so the second may reuse the first's segment while
     /// a walk reads it), and a walk for context 2 runs meanwhile. The walk never reads a slot
     /// being written and takes nothing; each record runs once.
@@ -1033,16 +928,17 @@ mod pending_by_segment {
             "pooled tracking: walk for another context during launch, run, release, reuse",
             3,
             || {
-                let pool = Pool::new(2);
+                let pool = new_pool(2);
                 let handoff: Arc<Mutex<Vec<(Slot, usize)>>> = Arc::new(Mutex::new(Vec::new()));
                 let launcher = {
                     let (pool, handoff) = (Arc::clone(&pool), Arc::clone(&handoff));
                     thread::spawn(move || {
                         let local = Local::new(&pool);
-                        for id in 1..=2 {
-                            let slot = local.place(id);
-                            track(&pool, slot, 1);
-                            handoff.lock().unwrap().push((slot, id));
+                        for record in 1..=2 {
+                            let slot = allocate(&local);
+                            use_slot(slot, record);
+                            track(slot, 1);
+                            handoff.lock().unwrap().push((slot, record));
                         }
                     })
                 };
@@ -1052,12 +948,12 @@ mod pending_by_segment {
                         let mut ran = 0;
                         while ran < 2 {
                             let next = handoff.lock().unwrap().pop();
-                            let Some((slot, id)) = next else {
+                            let Some((slot, record)) = next else {
                                 thread::yield_now();
                                 continue;
                             };
-                            assert!(mark_ran(&pool, slot), "a record not the driver's to run");
-                            release_record(&pool, slot, id);
+                            assert!(mark_ran(slot), "a record not the driver's to run");
+                            release_record(&pool, slot, record);
                             ran += 1;
                         }
                     })
@@ -1072,6 +968,7 @@ mod pending_by_segment {
                     walker.join().unwrap().is_empty(),
                     "took another context's record"
                 );
+                check_everything_back(&pool);
             },
         );
     }
@@ -1080,22 +977,24 @@ mod pending_by_segment {
     /// runs), one refused by the driver and released at once. After it exits, a reclaim of
     /// context 1 walks the pool while a second launcher launches into context 2 and its record
     /// runs. The reclaim takes exactly the pending record, and releases it; nothing is released
-    /// twice.
+    /// twice, and every segment ends free.
     #[test]
     fn loom_a_reclaim_takes_each_pending_record_once_and_never_a_refused_one() {
         check(
             "pooled tracking: reclaim after a refused launch, beside a launch elsewhere",
             3,
             || {
-                let pool = Pool::new(3);
+                let pool = new_pool(3);
                 let first = {
                     let pool = Arc::clone(&pool);
                     thread::spawn(move || {
                         let local = Local::new(&pool);
-                        let pending = local.place(1);
-                        track(&pool, pending, 1);
-                        let refused = local.place(2);
-                        track(&pool, refused, 1);
+                        let pending = allocate(&local);
+                        use_slot(pending, 1);
+                        track(pending, 1);
+                        let refused = allocate(&local);
+                        use_slot(refused, 2);
+                        track(refused, 1);
                         release_refused(&pool, refused, 2);
                         pending
                     })
@@ -1105,8 +1004,8 @@ mod pending_by_segment {
                     let pool = Arc::clone(&pool);
                     thread::spawn(move || {
                         let taken = walk(&pool, 1);
-                        for &(slot, id) in &taken {
-                            release_record(&pool, slot, id);
+                        for &(slot, record) in &taken {
+                            release_record(&pool, slot, record);
                         }
                         taken
                     })
@@ -1115,21 +1014,17 @@ mod pending_by_segment {
                     let pool = Arc::clone(&pool);
                     thread::spawn(move || {
                         let local = Local::new(&pool);
-                        let slot = local.place(3);
-                        track(&pool, slot, 2);
-                        assert!(mark_ran(&pool, slot));
+                        let slot = allocate(&local);
+                        use_slot(slot, 3);
+                        track(slot, 2);
+                        assert!(mark_ran(slot));
                         release_record(&pool, slot, 3);
                     })
                 };
                 second.join().unwrap();
                 let taken = reclaim.join().unwrap();
                 assert_eq!(taken, vec![(pending, 1)], "the reclaim took {taken:?}");
-                let lists = pool.lists.lock().unwrap();
-                let mut free = lists.free.clone();
-                free.sort_unstable();
-                free.dedup();
-                assert_eq!(free.len(), lists.free.len(), "a segment listed twice");
-                assert_eq!(free.len(), lists.all.len(), "a segment never freed");
+                check_everything_back(&pool);
             },
         );
     }

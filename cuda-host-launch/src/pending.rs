@@ -71,7 +71,7 @@ pub(crate) struct Tracking {
 impl Tracking {
     /// The tracking of a new record: `in_pool_slot` for one that lives in a pool slot, whose
     /// launch will not be linked into a list (the slot must then be published: see
-    /// [`record_pool::publish`](crate::record_pool::publish)).
+    /// [`PoolSlot::publish`](crate::record_pool::PoolSlot::publish)).
     pub(crate) const fn new(in_pool_slot: bool) -> Tracking {
         Tracking {
             state: AtomicU8::new(UNTRACKED),

@@ -71,7 +71,7 @@ unsafe impl Linked for RecordHeader {
 
 impl RecordHeader {
     /// The header of a new record; `in_pool_slot` for one written into a pool slot (which must
-    /// then be published: see [`record_pool::publish`]).
+    /// then be published: see [`record_pool::PoolSlot::publish`]).
     fn new(dispatch: Dispatch, in_pool_slot: bool) -> Self {
         RecordHeader {
             next: AtomicPtr::new(ptr::null_mut()),
@@ -169,13 +169,13 @@ fn place<P>(payload: P, pooled: Option<Dispatch>, boxed: Dispatch) -> OwnedRecor
         && !crate::in_host_function()
         && let Some(slot) = record_pool::allocate()
     {
-        let record = slot.cast::<Record<P>>();
+        let record = slot.memory.cast::<Record<P>>();
         let header = RecordHeader::new(pooled, true);
         // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>;
         // once the record is written, the slot (this thread's latest) may be published.
         unsafe {
             record.write(Record { header, payload });
-            record_pool::publish(slot);
+            slot.publish();
         }
         return OwnedRecord(record.cast());
     }

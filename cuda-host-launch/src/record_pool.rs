@@ -23,9 +23,9 @@
 //! - **Publishing, for reclaims.** Pooled records are linked nowhere: a reclaim after a context
 //!   loss finds them by walking the pool ([`for_each_published`]). So every segment is registered
 //!   from its allocation until [`trim`] frees it, and its header counts how many of its slots hold
-//!   a record written in full: the launching thread stores that count ([`publish`], one plain
-//!   store, on a line of the header that only it writes) after it writes each record, and resets
-//!   it under the pool's lock when it takes the segment. The walk holds that lock, so no segment
+//!   a record written in full: the launching thread stores that count ([`PoolSlot::publish`], one
+//!   plain store, on a line of the header that only it writes) after it writes each record, and
+//!   resets it under the pool's lock when it takes the segment. The walk holds that lock, so no segment
 //!   is taken, reused or freed while it reads the slots.
 //!
 //! What it costs in memory: a segment is held while any of its slots is in use. Records are
@@ -84,7 +84,7 @@ struct SegmentHeader {
     index: UnsafeCell<usize>,
     /// Slots `1..published` hold a record written in full. Set to 0 under the pool's lock when a
     /// thread takes the segment, then stored (Release) by that thread after it writes each record
-    /// ([`publish`]); read (Acquire) by [`for_each_published`], under the lock.
+    /// ([`PoolSlot::publish`]); read (Acquire) by [`for_each_published`], under the lock.
     published: Line<AtomicUsize>,
 }
 
@@ -172,10 +172,40 @@ pub(crate) const fn fits(layout: Layout) -> bool {
     !cfg!(cuda_host_launch_unpooled) && layout.size() <= SLOT_SIZE && layout.align() <= SLOT_ALIGN
 }
 
-/// A slot of [`SLOT_SIZE`] bytes, uninitialised; `None` if this thread's segment state is gone (the
-/// thread is exiting), in which case the caller allocates otherwise.
+/// A slot handed out by [`allocate`]: its memory, and what [`PoolSlot::publish`] stores once a
+/// record is written into it.
+pub(crate) struct PoolSlot {
+    /// The slot's [`SLOT_SIZE`] bytes, uninitialised.
+    pub(crate) memory: NonNull<u8>,
+    segment: *mut SegmentHeader,
+    index: usize,
+}
+
+impl PoolSlot {
+    /// Marks the slot as holding a record written in full, so that [`for_each_published`] may read
+    /// it: one plain store, on a line of its segment's header that only this thread writes.
+    ///
+    /// # Safety
+    /// A record must have been written into the slot, and no later slot of this thread's handed
+    /// out yet (slots are published in the order they are handed out).
+    #[inline]
+    pub(crate) unsafe fn publish(self) {
+        // Release: the record's contents are written before a walk that sees this value reads
+        // them.
+        // SAFETY: the slot's segment is this thread's current one, live while it owes slots.
+        unsafe {
+            (*self.segment)
+                .published
+                .0
+                .store(self.index + 1, Ordering::Release)
+        };
+    }
+}
+
+/// A slot of [`SLOT_SIZE`] bytes; `None` if this thread's segment state is gone (the thread is
+/// exiting), in which case the caller allocates otherwise.
 #[inline]
-pub(crate) fn allocate() -> Option<NonNull<u8>> {
+pub(crate) fn allocate() -> Option<PoolSlot> {
     LOCAL
         .try_with(|local| {
             let next = local.next.get();
@@ -185,15 +215,29 @@ pub(crate) fn allocate() -> Option<NonNull<u8>> {
             local.next.set(next + 1);
             // SAFETY: slot `next` (1..SEGMENT_SLOTS) of the thread's current segment, which is set
             // whenever `next` is below SEGMENT_SLOTS.
-            unsafe { slot(local.segment.get(), next) }
+            unsafe { handed_out(local.segment.get(), next) }
         })
         .ok()
+}
+
+/// Slot `index` of `segment`, as [`allocate`] hands it out.
+///
+/// # Safety
+/// As [`slot`].
+#[inline]
+unsafe fn handed_out(segment: *mut SegmentHeader, index: usize) -> PoolSlot {
+    PoolSlot {
+        // SAFETY: as the caller promises.
+        memory: unsafe { slot(segment, index) },
+        segment,
+        index,
+    }
 }
 
 /// The thread's segment is used up (or it has none): takes a free segment or allocates one, and
 /// hands out its first slot after the header.
 #[cold]
-fn next_segment(local: &Local) -> NonNull<u8> {
+fn next_segment(local: &Local) -> PoolSlot {
     // The old segment needs nothing: every slot of it was handed out, and its last free frees it.
     let segment = {
         let mut segments = segments();
@@ -227,7 +271,7 @@ fn next_segment(local: &Local) -> NonNull<u8> {
     local.segment.set(segment);
     local.next.set(2);
     // SAFETY: slot 1 of the segment just set.
-    unsafe { slot(segment, 1) }
+    unsafe { handed_out(segment, 1) }
 }
 
 /// Slot `index` of `segment`.
@@ -272,21 +316,6 @@ fn segment_of(slot: NonNull<u8>) -> *mut SegmentHeader {
 pub(crate) unsafe fn free(slot: NonNull<u8>) {
     // SAFETY: a slot from `allocate` lies in a segment (rounded down: its header), which owes it.
     unsafe { release(NonNull::new_unchecked(segment_of(slot)), 1) };
-}
-
-/// Marks the slot as holding a record written in full, so that [`for_each_published`] may read it.
-/// One plain store of the launching thread's, on a line of its segment's that only it writes.
-///
-/// # Safety
-/// `slot` must be the one this thread's latest [`allocate`] returned, and the record must have
-/// been written into it.
-#[inline]
-pub(crate) unsafe fn publish(slot: NonNull<u8>) {
-    let segment = segment_of(slot);
-    let index = (slot.as_ptr().addr() - segment.addr()) / SLOT_SIZE;
-    // Release: the record's contents are written before a walk that sees this value reads them.
-    // SAFETY: the slot's segment is this thread's current one, live while it owes slots.
-    unsafe { (*segment).published.0.store(index + 1, Ordering::Release) };
 }
 
 /// Calls `f` with every slot of the pool that holds, or held, a record written in full, in every
@@ -353,7 +382,7 @@ mod tests {
 
     fn take(n: usize) -> Vec<usize> {
         (0..n)
-            .map(|_| allocate().expect("segment state").as_ptr() as usize)
+            .map(|_| allocate().expect("segment state").memory.as_ptr() as usize)
             .collect()
     }
 
@@ -504,13 +533,14 @@ mod tests {
             let mut unpublished = Vec::new();
             for i in 0..40 {
                 let slot = allocate().expect("segment state");
+                let address = slot.memory.as_ptr() as usize;
                 if i < 35 {
                     // SAFETY: this thread's latest slot (the test writes no record into it; the
                     // walk below only collects addresses).
-                    unsafe { publish(slot) };
-                    published.push(slot.as_ptr() as usize);
+                    unsafe { slot.publish() };
+                    published.push(address);
                 } else {
-                    unpublished.push(slot.as_ptr() as usize);
+                    unpublished.push(address);
                 }
             }
             let mut walked = std::collections::HashSet::new();
