@@ -95,9 +95,10 @@ unsafe extern "C" fn count_read_and_queue(data: *mut c_void) {
     RAN.0.fetch_add(1, Ordering::Relaxed);
 }
 
-/// A step of the build-up from the floor towards our owner launch. Each adds one mechanism to the
-/// one before; the step before the first is the floor with a 128-byte block per launch from the
-/// 32 MiB ring in order, which reads it (`Footprint(BIG_RING, Blocks::Read)`).
+/// A step of the build-up from the floor towards our owner launch. Steps 1–3 each add one mechanism
+/// to the one before, and the step before the first is the floor with a 128-byte block per launch
+/// from the 32 MiB ring in order, which reads it (`Footprint(BIG_RING, Blocks::Read)`). Step 4 is
+/// step 3 without the lock (our launch as it stands), and step 5 adds one mechanism to step 4.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Step {
     /// The host function also pushes its block onto a queue that a stand-in reaper, pinned where
@@ -108,20 +109,99 @@ enum Step {
     Lock = 2,
     /// And the launcher asks the driver whether the stream captures (`cuStreamGetCaptureInfo`).
     CaptureQuery = 3,
+    /// The queue and the capture query without the lock: the mechanisms our launch has had since
+    /// pooled records stopped being linked into a locked list (`955fd03`).
+    QueueCapture = 4,
+    /// And the host function does the rest of what the trampoline does around the push: marks its
+    /// thread (a thread-local flag set and cleared), flips the block's state (a locked swap on it),
+    /// counts the push (a sequentially consistent add on a counter of its own line), and when it
+    /// finds the queue empty, fences and unparks the stand-in reaper (which sleeps rather than
+    /// parks, as the reaper lingers: one swap, no system call).
+    Trampoline = 5,
+}
+
+impl Step {
+    /// Whether the launcher takes the stand-in shard lock at this step.
+    fn locks(self) -> bool {
+        matches!(self, Step::Lock | Step::CaptureQuery)
+    }
+
+    /// Whether the launcher asks for the stream's capture state at this step.
+    fn queries_capture(self) -> bool {
+        matches!(
+            self,
+            Step::CaptureQuery | Step::QueueCapture | Step::Trampoline
+        )
+    }
+
+    fn from_number(n: u64) -> Option<Step> {
+        [
+            Step::Queue,
+            Step::Lock,
+            Step::CaptureQuery,
+            Step::QueueCapture,
+            Step::Trampoline,
+        ]
+        .into_iter()
+        .find(|&s| s as u64 == n)
+    }
+}
+
+/// Records pushed by the trampoline step's host function (as the cleanup queue counts them).
+static TRAMPOLINE_QUEUED: Counter = Counter(AtomicU64::new(0));
+/// The stand-in reaper, for the trampoline step's unpark.
+static STAND_IN_THREAD: std::sync::OnceLock<std::thread::Thread> = std::sync::OnceLock::new();
+
+thread_local! {
+    /// The trampoline step's thread mark, as `HostFunctionScope` sets one.
+    static IN_HOST_FUNCTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The trampoline step's host function: reads its block, then does what the trampoline does
+/// around its push (see [`Step::Trampoline`]).
+///
+/// # Safety
+/// `data` must point at one of `BLOCKS`, pushed onto the queue by no one else.
+unsafe extern "C" fn trampoline_like(data: *mut c_void) {
+    // SAFETY: `data` points at one of BLOCKS.
+    let block = unsafe { &*data.cast::<Block>() };
+    IN_HOST_FUNCTION.with(|mark| mark.set(true));
+    std::hint::black_box(block.0[0].load(Ordering::Relaxed));
+    IN_HOST_FUNCTION.with(|mark| mark.set(false));
+    std::hint::black_box(block.0[3].swap(1, Ordering::AcqRel));
+    TRAMPOLINE_QUEUED.0.fetch_add(1, Ordering::SeqCst);
+    let mut head = QUEUE.0.load(Ordering::Relaxed);
+    loop {
+        block.0[1].store(head, Ordering::Relaxed);
+        match QUEUE
+            .0
+            .compare_exchange_weak(head, data as u64, Ordering::Release, Ordering::Relaxed)
+        {
+            Ok(_) => break,
+            Err(now) => head = now,
+        }
+    }
+    if head == 0 {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if let Some(reaper) = STAND_IN_THREAD.get() {
+            reaper.unpark();
+        }
+    }
+    RAN.0.fetch_add(1, Ordering::Relaxed);
 }
 
 /// The stand-in reaper of the build-up parts, pinned to `cpu`.
 fn stand_in_reaper(cpu: usize) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         super::pin_current_thread(cpu);
+        let _ = STAND_IN_THREAD.set(std::thread::current());
         // SAFETY: prctl(PR_SET_TIMERSLACK) takes a plain integer, as `background` does.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
         while BACKGROUND_STOP.load(Ordering::Relaxed) == 0 {
-            let step = STAND_IN_STEP.load(Ordering::Relaxed);
-            if step == 0 {
+            let Some(step) = Step::from_number(STAND_IN_STEP.load(Ordering::Relaxed)) else {
                 std::thread::sleep(Duration::from_millis(1));
                 continue;
-            }
+            };
             STAND_IN_BUSY.store(1, Ordering::SeqCst);
             let mut node = QUEUE.0.swap(0, Ordering::Acquire);
             if node == 0 {
@@ -129,7 +209,8 @@ fn stand_in_reaper(cpu: usize) -> std::thread::JoinHandle<()> {
                 std::thread::sleep(Duration::from_micros(50));
                 continue;
             }
-            let _shard = (step >= Step::Lock as u64)
+            let _shard = step
+                .locks()
                 .then(|| SHARD.0.lock().unwrap_or_else(|p| p.into_inner()));
             while node != 0 {
                 // SAFETY: only addresses of BLOCKS are pushed.
@@ -199,6 +280,8 @@ impl Kind {
             Kind::BuildUp(Step::Queue) => "  part: ring block + queue, stand-in reaper".into(),
             Kind::BuildUp(Step::Lock) => "  part: ... + a lock per launch".into(),
             Kind::BuildUp(Step::CaptureQuery) => "  part: ... + the capture query".into(),
+            Kind::BuildUp(Step::QueueCapture) => "  part: queue + capture query, no lock".into(),
+            Kind::BuildUp(Step::Trampoline) => "  part: ... + the trampoline's atomics".into(),
             Kind::Busy { near, periodic } => format!(
                 "  part: floor, {} on {}",
                 if periodic {
@@ -226,6 +309,8 @@ impl Kind {
             Kind::BuildUp(Step::Queue) => "build_up_queue".into(),
             Kind::BuildUp(Step::Lock) => "build_up_queue_lock".into(),
             Kind::BuildUp(Step::CaptureQuery) => "build_up_queue_lock_capture_query".into(),
+            Kind::BuildUp(Step::QueueCapture) => "build_up_queue_capture_query".into(),
+            Kind::BuildUp(Step::Trampoline) => "build_up_queue_capture_query_trampoline".into(),
             Kind::Busy { near, periodic } => format!(
                 "raw_with_{}_{}",
                 if periodic {
@@ -264,7 +349,7 @@ const KINDS: [Kind; 11] = [
 
 /// `BENCH_THREAD_COSTS_PARTS=buildup`: the methods, the in-order 32 MiB footprint part and the
 /// build-up steps on top of it.
-const BUILD_UP_KINDS: [Kind; 8] = [
+const BUILD_UP_KINDS: [Kind; 10] = [
     Kind::Floor,
     Kind::Owner,
     Kind::Closure,
@@ -273,6 +358,8 @@ const BUILD_UP_KINDS: [Kind; 8] = [
     Kind::BuildUp(Step::Queue),
     Kind::BuildUp(Step::Lock),
     Kind::BuildUp(Step::CaptureQuery),
+    Kind::BuildUp(Step::QueueCapture),
+    Kind::BuildUp(Step::Trampoline),
 ];
 
 /// What the background threads do: 0 nothing (they sleep), 1 work all the time, 2 work in bursts.
@@ -379,11 +466,12 @@ fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
             assert_eq!(code, CUresult::CUDA_SUCCESS);
         }
         Kind::BuildUp(step) => {
-            if step == Step::CaptureQuery {
+            if step.queries_capture() {
                 bench.capture_query(stream);
             }
-            let _shard =
-                (step != Step::Queue).then(|| SHARD.0.lock().unwrap_or_else(|p| p.into_inner()));
+            let _shard = step
+                .locks()
+                .then(|| SHARD.0.lock().unwrap_or_else(|p| p.into_inner()));
             let block = &BLOCKS[i as usize % BIG_RING];
             for (k, word) in block.0.iter().enumerate() {
                 word.store(i + k as u64, Ordering::Relaxed);
@@ -391,9 +479,14 @@ fn launch(bench: &Bench, kind: Kind, stream: &Stream, i: u64) {
             drop(_shard);
             let f = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
             let data = std::ptr::from_ref(block).cast_mut().cast();
-            // SAFETY: live stream; the host function touches a static block of atomics and the
-            // queue's head.
-            let code = unsafe { f(stream.raw(), Some(count_read_and_queue), data) };
+            // SAFETY: live stream; the host function touches a static block of atomics, the
+            // queue's head and static counters (and unparks the stand-in reaper's thread).
+            let host_fn = if step == Step::Trampoline {
+                trampoline_like
+            } else {
+                count_read_and_queue
+            };
+            let code = unsafe { f(stream.raw(), Some(host_fn), data) };
             assert_eq!(code, CUresult::CUDA_SUCCESS);
         }
     }
