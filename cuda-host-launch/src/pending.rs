@@ -17,9 +17,10 @@
 //!   every published slot of the pool's segments under the pool's lock
 //!   ([`record_pool::for_each_published`](crate::record_pool::for_each_published)), which no
 //!   segment is reused or freed without, and takes the PENDING records of its context. The launch
-//!   itself takes no lock: it writes the context and stores the state. (In the benchmark's
-//!   build-up parts on the H200, a stand-in lock per launch cost about 3.5 % of the pipelined
-//!   enqueue cost and 4 % of the throughput: `BENCHMARKS.md`, "Where the time goes".)
+//!   itself takes no lock: it writes the context and stores the state. (On the H200, a stand-in
+//!   lock per launch cost about 3.5 % of the pipelined enqueue cost in the benchmark's build-up
+//!   parts, and removing the lock this way sped owner launches on four streams by 1-10 % of
+//!   enqueue and 2-6 % of throughput in one-process A/B runs: `BENCHMARKS.md`.)
 //! - **Boxed** (large records), linked into one of [`SHARDS`] intrusive doubly linked lists, each
 //!   behind its own mutex: the launching thread links its record into the shard its thread was
 //!   given (an uncontended lock in the common case), the thread that releases it unlinks it, and a
