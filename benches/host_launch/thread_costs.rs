@@ -77,21 +77,29 @@ static SHARD: Shard = Shard(Mutex::new(0));
 /// Which step the stand-in reaper mimics: 0 idle, else a `Step`'s number.
 static STAND_IN_STEP: AtomicU64 = AtomicU64::new(0);
 
-unsafe extern "C" fn count_read_and_queue(data: *mut c_void) {
-    // SAFETY: `data` points at one of BLOCKS.
-    let block = unsafe { &*data.cast::<Block>() };
-    std::hint::black_box(block.0[0].load(Ordering::Relaxed));
+/// Pushes `block` onto the build-up parts' queue (linked through its word 1) with a
+/// compare-and-swap, as the trampoline pushes a record; returns the head it replaced (0: the queue
+/// was empty).
+fn push_block(block: &Block) -> u64 {
+    let address = std::ptr::from_ref(block) as u64;
     let mut head = QUEUE.0.load(Ordering::Relaxed);
     loop {
         block.0[1].store(head, Ordering::Relaxed);
         match QUEUE
             .0
-            .compare_exchange_weak(head, data as u64, Ordering::Release, Ordering::Relaxed)
+            .compare_exchange_weak(head, address, Ordering::Release, Ordering::Relaxed)
         {
-            Ok(_) => break,
+            Ok(_) => return head,
             Err(now) => head = now,
         }
     }
+}
+
+unsafe extern "C" fn count_read_and_queue(data: *mut c_void) {
+    // SAFETY: `data` points at one of BLOCKS.
+    let block = unsafe { &*data.cast::<Block>() };
+    std::hint::black_box(block.0[0].load(Ordering::Relaxed));
+    push_block(block);
     RAN.0.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -170,17 +178,7 @@ unsafe extern "C" fn trampoline_like(data: *mut c_void) {
     IN_HOST_FUNCTION.with(|mark| mark.set(false));
     std::hint::black_box(block.0[3].swap(1, Ordering::AcqRel));
     TRAMPOLINE_QUEUED.0.fetch_add(1, Ordering::SeqCst);
-    let mut head = QUEUE.0.load(Ordering::Relaxed);
-    loop {
-        block.0[1].store(head, Ordering::Relaxed);
-        match QUEUE
-            .0
-            .compare_exchange_weak(head, data as u64, Ordering::Release, Ordering::Relaxed)
-        {
-            Ok(_) => break,
-            Err(now) => head = now,
-        }
-    }
+    let head = push_block(block);
     if head == 0 {
         std::sync::atomic::fence(Ordering::SeqCst);
         if let Some(reaper) = STAND_IN_THREAD.get() {
