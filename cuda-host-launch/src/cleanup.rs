@@ -136,10 +136,16 @@ pub fn defer_drop<T: Send + 'static>(value: T) {
     }
 }
 
-/// Releases one record: reports the panic its host function had, then drops its owners and frees
-/// it, catching a panic from an owner's `Drop`.
+/// Releases one record: takes it out of the pending launches, reports the panic its host function
+/// had, then drops its owners and frees it, catching a panic from an owner's `Drop`.
 fn release_one(header: NonNull<RecordHeader>) {
     crate::pending::forget(header);
+    release_forgotten(header);
+}
+
+/// [`release_one`] for a record already taken out of the pending launches (a batch's, by
+/// `forget_all`).
+fn release_forgotten(header: NonNull<RecordHeader>) {
     // SAFETY: the caller owns the live record.
     if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
         report(PanicOrigin::HostFunction, &*panic);
@@ -177,7 +183,7 @@ fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
     crate::pending::forget_all(headers, &mut scratch.shards);
     let count = headers.len() as u64;
     for header in headers.drain(..) {
-        release_one(header);
+        release_forgotten(header);
     }
     headers.shrink_to(SCRATCH_KEEP);
     scratch.shards.shrink_to(SCRATCH_KEEP);
