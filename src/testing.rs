@@ -321,6 +321,33 @@ impl FakeCuda {
         }
     }
 
+    /// Makes the `nth` call of `name` from now (1-based; 0 = every call) first run `hook`, on the
+    /// calling thread, before the call does anything else (an injected fault included); the hook
+    /// may call the driver. Replaces an earlier hook of that name. (The hook is never freed: tests
+    /// set few.)
+    pub fn set_hook(&self, name: &str, nth: u64, hook: impl FnMut() + Send + 'static) {
+        type Hook = Box<dyn FnMut() + Send>;
+        extern "C" fn run(arg: *mut c_void) {
+            // SAFETY: `arg` is the leaked `Hook` below, called by one driver call at a time (a test
+            // sets a hook for calls it makes itself).
+            let hook = unsafe { &mut *arg.cast::<Hook>() };
+            hook();
+        }
+        let hook: *mut Hook = Box::into_raw(Box::new(Box::new(hook)));
+        let name = c_name(name);
+        type SetHook =
+            unsafe extern "C" fn(*const c_char, u64, extern "C" fn(*mut c_void), *mut c_void);
+        // SAFETY: the signature of fake_cuda_set_hook; `name` is NUL-terminated; `hook` lives for
+        // ever.
+        unsafe { self.get::<SetHook>(b"fake_cuda_set_hook")(name.as_ptr(), nth, run, hook.cast()) }
+    }
+
+    /// Removes every hook.
+    pub fn clear_hooks(&self) {
+        // SAFETY: the signature of fake_cuda_clear_hooks.
+        unsafe { self.get::<extern "C" fn()>(b"fake_cuda_clear_hooks")() }
+    }
+
     /// Removes every injected fault.
     pub fn clear_faults(&self) {
         // SAFETY: the signature of fake_cuda_clear_faults.

@@ -1519,7 +1519,8 @@ isolated_test! {
         for _ in 0..2 {
             let drops = Drops::new();
             pending_on_a_poisoned_context(&context, &drops);
-            let (reclaimed, calls) = counted(|| context.reset());
+            // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
+            let (reclaimed, calls) = counted(|| unsafe { context.reset() });
             assert_eq!(reclaimed.unwrap(), PENDING);
             drops.wait_dropped(PENDING);
             context.set_current().unwrap();
@@ -1536,7 +1537,8 @@ isolated_test! {
             if let Some(r) = rollback {
                 r.set();
             }
-            let (result, calls) = counted(|| context.reset());
+            // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
+            let (result, calls) = counted(|| unsafe { context.reset() });
             fake().clear_faults();
             cuda_host_launch::flush(cuda_workspace::testing::PATIENCE).unwrap();
             let behaviour = match &result {
@@ -1544,7 +1546,8 @@ isolated_test! {
                     assert_names(&result.map(drop), fault, &label);
                     assert_eq!(drops.dropped(), 0, "{label}: reclaimed without a reset");
                     assert_eq!(pending_launches(Some(old)), PENDING, "{label}");
-                    assert_eq!(context.reset().unwrap(), PENDING, "{label}: the next reset");
+                    // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
+                    assert_eq!(unsafe { context.reset() }.unwrap(), PENDING, "{label}: the next reset");
                     "an error naming it; nothing reclaimed; the next reset reclaims everything"
                 }
                 Err(_) => {
@@ -1622,7 +1625,8 @@ isolated_test! {
             if fake().live_objects("primary_retains") > 0 {
                 // The release failed: the context is still retained (and poisoned).
                 let again = PrimaryContext::retain(device).unwrap();
-                assert_eq!(again.reset().unwrap(), PENDING);
+                // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
+                assert_eq!(unsafe { again.reset() }.unwrap(), PENDING);
                 drop(again);
                 // SAFETY: the retain the failed release kept, released once.
                 unsafe { driver.cuDevicePrimaryCtxRelease(device.raw()) }.unwrap();

@@ -2,20 +2,22 @@
 //! go through [`enqueue`].
 
 use std::ffi::c_void;
+use std::ptr::NonNull;
 
 use cuda_sys::types::{CUcontext, CUhostFn, CUresult, CUstream};
 
 use crate::capture::{Capture, capture_graph_legacy, capture_of};
 use crate::cleanup::{self, CleanupMode};
 use crate::error::Error;
+use crate::launch_state::LaunchOver;
 use crate::options::{LaunchCall, LaunchOptions};
 use crate::pending;
 use crate::raw_stream::AsRawStream;
 use crate::record::{
-    ClosurePayload, OwnedRecord, RawPayload, RepeatableClosure, new_bytes_record, new_record,
-    new_shared_record, trampoline, trampoline_repeatable,
+    ClosurePayload, OwnedRecord, RawPayload, RecordHeader, RepeatableClosure, new_bytes_record,
+    new_record, new_shared_record, trampoline, trampoline_repeatable,
 };
-use crate::user_object::GraphOwnedRecord;
+use crate::user_object::{GraphOwnedRecord, tie_captured_launch};
 
 /// Enqueues `f(user_data)` on `stream`, keeping `owners` alive until `f` has returned; the owners
 /// are then dropped exactly once, by the cleanup queue, never on the driver's thread.
@@ -317,11 +319,14 @@ pub(crate) unsafe fn enqueue(
             #[cfg(cuda_host_launch_profile)]
             crate::profile::driver_call(call_started);
             if code != CUresult::CUDA_SUCCESS {
-                // The driver did not take it: it is ours again, released here.
+                // The driver did not take it: it is ours again (a reclaim never takes a record
+                // still inside its launch call), released here.
                 // SAFETY: `header` came from `into_raw` just above and the driver refused it.
                 drop(unsafe { OwnedRecord::from_raw(header) });
                 return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
             }
+            // SAFETY: the record was launched just above and this thread still holds it.
+            unsafe { hand_over_launched(driver, stream, header) };
         }
         (Capture::Active { id, .. }, Runs::Once) => {
             return Err(Error::CaptureActive {
@@ -353,6 +358,49 @@ pub(crate) unsafe fn enqueue(
         cleanup::drain();
     }
     Ok(())
+}
+
+/// After a successful launch of a run-once record: asks again whether the stream is capturing, since
+/// another thread may have begun a capture between the first question and the launch, taking the
+/// host function into its graph as a node that runs on every replay. If it is capturing now, the
+/// record is tied to that graph (it may also have gone ahead of the capture: nobody can tell) and
+/// released only once the graph is gone and its one run, if any, is over; else it is handed to the
+/// driver's thread as usual. See [`launch_state`](crate::launch_state).
+///
+/// If the question fails (a stream in a sticky error state, which no capture can begin on), the
+/// launch is taken as not captured. If the tie fails, the record is kept for ever: leaking it is
+/// the only sound answer when a graph may still run it.
+///
+/// # Safety
+/// `header` must be a record this thread launched with `trampoline` and still holds (LAUNCHING).
+unsafe fn hand_over_launched(
+    driver: &cuda_sys::Driver,
+    stream: CUstream,
+    header: NonNull<RecordHeader>,
+) {
+    let state = pending::launch_state(header);
+    let over = match capture_of(driver, stream) {
+        Ok(Capture::Active { graph, .. }) => {
+            state.prepare_capture();
+            let graph = if graph.is_null() {
+                capture_graph_legacy(driver, stream)
+            } else {
+                Ok(graph)
+            };
+            // SAFETY: the record is live and held by this thread; the graph is the capture's.
+            let tied =
+                graph.and_then(|graph| unsafe { tie_captured_launch(driver, graph, header) });
+            if tied.is_err() {
+                return;
+            }
+            state.captured()
+        }
+        Ok(Capture::None) | Err(_) => state.launched(),
+    };
+    if over == LaunchOver::Push {
+        // SAFETY: the host function has run and no one else holds the record.
+        unsafe { cleanup::push(header) };
+    }
 }
 
 /// Steps of a launch that the profile build's ablations leave out (see `profile.rs`). In a normal

@@ -90,6 +90,8 @@ mod host_thread;
 mod intrusive_stack;
 #[cfg(not(loom))]
 mod launch;
+#[cfg_attr(loom, allow(dead_code))]
+mod launch_state;
 #[cfg(all(test, loom))]
 mod loom_models;
 #[cfg(not(loom))]

@@ -7,11 +7,14 @@
 //! released:
 //!
 //! ```text
-//!   UNTRACKED --track--> PENDING --trampoline (CAS)--> RAN --release--> released
-//!                           |  \--reclaim (CAS, context destroyed or reset)--> RECLAIMED --> queued
-//!                           \--launch refused: back to UNTRACKED--> released
+//!   UNTRACKED --track--> LAUNCHING --launch accepted--> PENDING --trampoline--> RAN --> released
+//!                          |                              \--reclaim--> RECLAIMED --> released
+//!                          \--launch refused: back to UNTRACKED--> released by the launcher
 //! ```
 //!
+//! (the whole state machine, with the cases where the host function runs before the launcher is
+//! done and where another thread's capture may have taken the launch, is in
+//! [`launch_state`](crate::launch_state)),
 //! and a reclaim must be able to find it. How it is found depends on where the record lives:
 //! - **In a pool slot** (small records: the common case), nowhere but in its slot. A reclaim walks
 //!   every published slot of the pool's segments under the pool's lock
@@ -29,26 +32,24 @@
 //! Either way the trampoline, on the driver's thread, only flips the state with one
 //! compare-and-swap (no lock: a launcher may hold a shard lock while it is blocked in the driver),
 //! and that compare-and-swap decides, exactly once, whether the trampoline or a reclaim owns the
-//! record. A pooled record whose launch the driver refused goes back to UNTRACKED before its slot
-//! is freed, since a reclaim's walk still reads the slot until its segment is reused.
+//! record. A reclaim never takes a record whose launch call has not returned (LAUNCHING), so a
+//! launch the driver refuses is released by its launcher alone, and one it accepts is never
+//! released under the driver. A released pooled record goes back to UNTRACKED before its slot is
+//! freed, since a reclaim's walk still reads the slot until its segment is reused.
 
 use std::cell::UnsafeCell;
 use std::ptr::{self, NonNull};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::types::CUcontext;
 
+use crate::launch_state::LaunchState;
 use crate::own_line::OwnLine;
 use crate::record::RecordHeader;
 
 /// How many lists (and locks) launches are spread over.
 pub(crate) const SHARDS: usize = 16;
-
-const UNTRACKED: u8 = 0;
-const PENDING: u8 = 1;
-const RAN: u8 = 2;
-const RECLAIMED: u8 = 3;
 
 /// The `shard` of a record in a pool slot: it is never linked into a list; a reclaim finds it by
 /// walking the pool's segments.
@@ -57,12 +58,13 @@ const _: () = assert!(SHARDS < BY_SEGMENT as usize);
 
 /// The tracking part of a record's header.
 pub(crate) struct Tracking {
-    state: AtomicU8,
+    state: LaunchState,
     /// [`BY_SEGMENT`] for a pooled record (set when it is made, never changed); else the shard the
-    /// record is linked into (valid while PENDING or RAN).
+    /// record is linked into (valid while [`LaunchState::is_listed`]).
     shard: UnsafeCell<u8>,
     /// The context it was launched into: written before the record is linked (read under its shard
-    /// lock) or, pooled, before its state is stored PENDING (read once a walk has seen that state).
+    /// lock) or, pooled, before its state leaves UNTRACKED (read once a walk has seen a pending
+    /// state).
     context: UnsafeCell<usize>,
     /// The shard list's links; read and written only under the shard's lock.
     prev: UnsafeCell<*mut RecordHeader>,
@@ -73,9 +75,9 @@ impl Tracking {
     /// The tracking of a new record: `in_pool_slot` for one that lives in a pool slot, whose
     /// launch will not be linked into a list (the slot must then be published: see
     /// [`PoolSlot::publish`](crate::record_pool::PoolSlot::publish)).
-    pub(crate) const fn new(in_pool_slot: bool) -> Tracking {
+    pub(crate) fn new(in_pool_slot: bool) -> Tracking {
         Tracking {
-            state: AtomicU8::new(UNTRACKED),
+            state: LaunchState::new(),
             shard: UnsafeCell::new(if in_pool_slot { BY_SEGMENT } else { 0 }),
             context: UnsafeCell::new(0),
             prev: UnsafeCell::new(ptr::null_mut()),
@@ -119,7 +121,13 @@ fn tracking(header: NonNull<RecordHeader>) -> &'static Tracking {
     unsafe { &*RecordHeader::tracking(header) }
 }
 
-/// Links a record about to be launched into `context`'s pending launches.
+/// The ownership state of a live record (see [`launch_state`](crate::launch_state)).
+pub(crate) fn launch_state(header: NonNull<RecordHeader>) -> &'static LaunchState {
+    &tracking(header).state
+}
+
+/// Links a record about to be launched into `context`'s pending launches; the caller holds it
+/// (LAUNCHING) until it reports how its launch went ([`LaunchState::launched`], or its release).
 ///
 /// # Safety
 /// `header` must be a live run-once record, not yet tracked, owned by the caller.
@@ -128,11 +136,11 @@ pub(crate) unsafe fn track(header: NonNull<RecordHeader>, context: CUcontext) {
     // SAFETY: written when the record was made, on this thread; never changed for pooled records.
     if unsafe { *t.shard.get() } == BY_SEGMENT {
         // A pooled record: no list and no lock. A reclaim reads the context only once it has seen
-        // the state PENDING, which the Release store below orders after this write; the slot is
+        // a pending state, which the Release store below orders after this write; the slot is
         // published already, so the state it reads was written before (when the record was made).
         // SAFETY: the record is ours; a reclaim reads this field only after the store below.
         unsafe { *t.context.get() = context.addr() };
-        t.state.store(PENDING, Ordering::Release);
+        t.state.begin();
         return;
     }
     let shard = MY_SHARD.try_with(|s| *s).unwrap_or(0);
@@ -149,7 +157,7 @@ pub(crate) unsafe fn track(header: NonNull<RecordHeader>, context: CUcontext) {
         }
     }
     list.head = header.as_ptr();
-    t.state.store(PENDING, Ordering::Release);
+    t.state.begin();
 }
 
 /// Unlinks a record under its shard's lock (the caller holds `list`).
@@ -173,22 +181,8 @@ unsafe fn unlink(list: &mut Shard, header: NonNull<RecordHeader>) {
     }
 }
 
-/// The trampoline's step, on the driver's thread: the record ran. Returns `false` if it had been
-/// reclaimed (the driver ran a function of a context declared gone: a broken promise of
-/// [`reclaim`]'s caller), in which case the caller must not touch the record again.
-#[inline]
-pub(crate) fn mark_ran(header: NonNull<RecordHeader>) -> bool {
-    let t = tracking(header);
-    match t
-        .state
-        .compare_exchange(PENDING, RAN, Ordering::AcqRel, Ordering::Acquire)
-    {
-        Ok(_) => true,
-        Err(state) => state != RECLAIMED,
-    }
-}
-
-/// Before a record is released: unlinks it if it is still linked (it ran, or its launch failed).
+/// Before a record is released: unlinks it if it is still linked (it ran, or its launch failed),
+/// and marks it untracked.
 ///
 /// Never called on a driver thread.
 pub(crate) fn forget(header: NonNull<RecordHeader>) {
@@ -196,31 +190,28 @@ pub(crate) fn forget(header: NonNull<RecordHeader>) {
         let mut list = lock(shard);
         // SAFETY: linked into this shard (see `linked_shard`), whose lock we hold.
         unsafe { unlink(&mut list, header) };
-        tracking(header).state.store(UNTRACKED, Ordering::Release);
+        tracking(header).state.untrack();
     }
 }
 
-/// The shard a record its owner is releasing is linked into, if it is linked: PENDING or RAN
-/// records are (a reclaim changes the state to RECLAIMED before it unlinks, under the shard's
-/// lock, so for a record its owner is releasing the state read here stays true).
+/// The shard a record its owner is releasing is linked into, if it is linked (a reclaim unlinks
+/// the records it takes under the shard's lock, and changes their state first, so for a record
+/// its owner is releasing the answer read here stays true).
 ///
-/// A pooled record is never linked. If it is still PENDING (the driver refused its launch), its
-/// state goes back to UNTRACKED here, before its slot is freed: a later reclaim's walk over the
-/// pool still reads that slot until the segment is reused, and must not take it for a pending
-/// launch.
+/// A pooled record is never linked: its state goes back to UNTRACKED here, before its slot is
+/// freed, since a later reclaim's walk over the pool still reads that slot until the segment is
+/// reused, and must not take it for a pending launch. (Whoever releases a record owns it: no other
+/// party changes its state any more.)
 fn linked_shard(header: NonNull<RecordHeader>) -> Option<usize> {
     let t = tracking(header);
-    let state = t.state.load(Ordering::Acquire);
     // SAFETY: written when the record was made (pooled) or before it was linked, and never changed
     // since.
     let shard = unsafe { *t.shard.get() };
     if shard == BY_SEGMENT {
-        if state == PENDING {
-            t.state.store(UNTRACKED, Ordering::Release);
-        }
+        t.state.untrack();
         return None;
     }
-    (state == PENDING || state == RAN).then_some(shard as usize)
+    t.state.is_listed().then_some(shard as usize)
 }
 
 /// [`forget`] for a whole batch of records, taking each shard's lock once and holding it only
@@ -247,31 +238,36 @@ pub(crate) fn forget_all(
         for &(_, header) in group {
             // SAFETY: linked into this shard (see `linked_shard`), whose lock we hold.
             unsafe { unlink(&mut list, header) };
-            tracking(header).state.store(UNTRACKED, Ordering::Release);
+            tracking(header).state.untrack();
         }
     }
 }
 
 /// Unlinks every pending (never run) launch of `context` and hands it to the cleanup queue, which
-/// drops its owners. Returns how many.
+/// drops its owners (one tied to a graph that may have captured it once the graph is gone too).
+/// Returns how many it took.
+///
+/// Launches still inside their launch call are not taken: their launcher releases them if the
+/// driver refuses them, and the driver's thread runs them if it accepts them.
 ///
 /// # Safety
-/// The driver must no longer be able to run host functions of `context`: it has been destroyed
-/// (`cuCtxDestroy`) or, for a primary context, reset (`cuDevicePrimaryCtxReset`), and no thread
-/// launches into it any more.
+/// The driver must no longer be able to run host functions of `context` launched before this
+/// call: it has been destroyed (`cuCtxDestroy`) or, for a primary context, reset
+/// (`cuDevicePrimaryCtxReset`).
 pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
     let mut reclaimed = Vec::new();
+    let mut taken = 0;
     // Pooled records: a walk over the pool's published slots, under the pool's lock (never with a
     // shard lock held: the reaper takes a shard lock, then may free a slot).
     crate::record_pool::for_each_published(|slot| {
         let header = slot.cast::<RecordHeader>();
-        if pending_in(header, context)
-            && tracking(header)
-                .state
-                .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        if reclaimable_in(header, context)
+            && let Some(push) = tracking(header).state.claim_reclaim()
         {
-            reclaimed.push(header);
+            taken += 1;
+            if push {
+                reclaimed.push(header);
+            }
         }
     });
     // Boxed records: the lists.
@@ -284,39 +280,48 @@ pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
             node = unsafe { *t.next.get() };
             // SAFETY: under the shard lock.
             let same_context = unsafe { *t.context.get() } == context.addr();
-            if same_context
-                && t.state
-                    .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
+            if same_context && let Some(push) = t.state.claim_reclaim() {
                 // SAFETY: linked into this list.
                 unsafe { unlink(&mut list, header) };
-                reclaimed.push(header);
+                taken += 1;
+                if push {
+                    reclaimed.push(header);
+                }
             }
         }
     }
     // Low-latency completions of the context wait for flags it will never write.
     crate::low_latency::fail_context(context);
-    let count = reclaimed.len();
     for header in reclaimed {
-        // SAFETY: the reclaim owns the record now (its trampoline will never run) and it is in no
-        // queue.
+        // SAFETY: the reclaim owns the record now (its trampoline will never run, and no graph
+        // holds it) and it is in no queue.
         unsafe { crate::cleanup::push(header) };
     }
-    count
+    taken
 }
 
 /// Whether a record in a published pool slot is a pending launch (of any context).
 fn is_pending_in_slot(header: NonNull<RecordHeader>) -> bool {
-    // Acquire: a PENDING read here comes from `track`'s Release store, after its context write.
-    tracking(header).state.load(Ordering::Acquire) == PENDING
+    // Acquire: a pending state read here comes from `track`'s Release store (or a later one),
+    // after its context write.
+    tracking(header).state.is_pending()
+}
+
+/// The context of a record in a published pool slot whose state was seen pending.
+fn context_in_slot(header: NonNull<RecordHeader>) -> usize {
+    // SAFETY: read only once the state was seen pending, so `track`'s write of it happens before
+    // this read; the slot is not overwritten while the walk holds the pool's lock.
+    unsafe { *tracking(header).context.get() }
 }
 
 /// Whether a record in a published pool slot is a pending launch into `context`.
 fn pending_in(header: NonNull<RecordHeader>, context: CUcontext) -> bool {
-    // SAFETY: the context is read only once the state was seen PENDING, so `track`'s write of it
-    // happens before this read; the slot is not overwritten while the walk holds the pool's lock.
-    is_pending_in_slot(header) && unsafe { *tracking(header).context.get() } == context.addr()
+    is_pending_in_slot(header) && context_in_slot(header) == context.addr()
+}
+
+/// Whether a record in a published pool slot is a launch into `context` that a reclaim may take.
+fn reclaimable_in(header: NonNull<RecordHeader>, context: CUcontext) -> bool {
+    tracking(header).state.is_reclaimable() && context_in_slot(header) == context.addr()
 }
 
 /// Launches of this crate whose host function has not run (nor been reclaimed), in `context` or in
@@ -338,7 +343,7 @@ pub(crate) fn count(context: Option<CUcontext>) -> usize {
             let t = tracking(header);
             // SAFETY: under the shard lock.
             let here = context.is_none_or(|c| unsafe { *t.context.get() } == c.addr());
-            if here && t.state.load(Ordering::Acquire) == PENDING {
+            if here && t.state.is_pending() {
                 n += 1;
             }
             // SAFETY: under the shard lock.
@@ -367,10 +372,13 @@ pub fn pending_launches(context: Option<CUcontext>) -> usize {
 /// [`PrimaryContext::reset`](crate::PrimaryContext::reset) and the last release of a
 /// [`PrimaryContext`](crate::PrimaryContext) do it for you.
 ///
+/// A launch still inside its launch call is never taken (its launcher or the driver's thread
+/// releases it), so launches racing this call are released exactly once either way.
+///
 /// # Safety
-/// The driver must no longer be able to run host functions of `context` (it was destroyed or
-/// reset, and the call returned), and no thread may be launching into it any more. Otherwise a host
-/// function could run after its owners were dropped.
+/// The driver must no longer be able to run host functions of `context` that were launched before
+/// this call: it was destroyed or reset, and that call returned. Otherwise a host function could
+/// run after its owners were dropped.
 pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
     // SAFETY: the caller's promise is `reclaim`'s precondition.
     unsafe { reclaim(context) }

@@ -73,16 +73,32 @@ impl PrimaryContext {
     /// functions that will now never run (after a sticky error) have their owners released through
     /// the cleanup queue; returns how many. The context stays retained and can be used again.
     ///
-    /// # Errors
-    /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
-    ///
     /// The reset destroys the context (its old handle is dead: `CUDA_ERROR_CONTEXT_IS_DESTROYED`,
     /// measured on the H200). The calling thread's current context, if it was the old one, is
     /// cleared, and this value takes the re-activated context's handle, where the driver allows:
     /// after a sticky error the H200's 13.0 driver refuses to re-create the primary context
     /// (`CUDA_ERROR_LAUNCH_FAILED`), so the process must be restarted to use the GPU again; the
     /// reclaim has happened either way.
-    pub fn reset(&self) -> Result<usize, Error> {
+    ///
+    /// # Safety
+    /// The reset destroys what every user of the device's primary context holds, in this crate and
+    /// in any other binding, so the caller must make sure that nothing uses any of it again:
+    /// - every [`Stream`](crate::Stream) and [`Event`](crate::Event) made in this context has been
+    ///   dropped (dropping one later would destroy a dead handle, which the driver may have reused
+    ///   for another object);
+    /// - no other thread uses the context or anything made in it while the reset runs, and nothing
+    ///   made in it before the reset (streams, events, memory, modules, graphs executable in it,
+    ///   through any binding) is used after it;
+    /// - no other [`PrimaryContext`] of the same device (another retain, here or in another
+    ///   binding) is used to reach the old context's objects.
+    ///
+    /// Launches of this crate that race the reset are released exactly once whatever happens (a
+    /// reclaim never takes a launch whose launch call has not returned), but a launch the driver
+    /// accepted just before the reset may then never be released, if the reset discards it.
+    ///
+    /// # Errors
+    /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
+    pub unsafe fn reset(&self) -> Result<usize, Error> {
         let driver = cuda_sys::driver()?;
         let old = self.raw();
         let reset = primary_reset(driver)?;

@@ -96,6 +96,7 @@ pub(crate) fn call(
     base: &'static str,
     body: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    crate::hooks::run(export, base);
     if let Some(code) = count_and_fault(export, base) {
         return code;
     }

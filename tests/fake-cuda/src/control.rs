@@ -41,6 +41,30 @@ pub unsafe extern "C" fn fake_cuda_set_fault(name: *const c_char, nth: u64, code
     }
 }
 
+/// Makes the `nth` call (1-based, counted from now; 0 = every call) of `name` first run `hook(arg)`,
+/// on the calling thread, with no lock of the fake held (so the hook may call the driver), before
+/// the call does anything else (an injected fault included). `name` is a base symbol (every
+/// variant) or an export name. Replaces an earlier hook of that name; a hook for one call is
+/// removed once it ran.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_set_hook(
+    name: *const c_char,
+    nth: u64,
+    hook: extern "C" fn(*mut std::ffi::c_void),
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: the caller passes a NUL-terminated name.
+    if let Some(name) = unsafe { text(name) } {
+        crate::hooks::set(name, nth, hook, arg);
+    }
+}
+
+/// Removes every hook.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_clear_hooks() {
+    crate::hooks::clear();
+}
+
 /// Removes every injected fault (those of `FAKE_CUDA_FAIL` included).
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_clear_faults() {

@@ -134,6 +134,7 @@ mod device;
 mod errors;
 mod event;
 mod graph;
+mod hooks;
 mod memory;
 mod proc_address;
 mod scheduler;
