@@ -93,6 +93,8 @@ mod launch;
 #[cfg_attr(loom, allow(dead_code))]
 mod launch_state;
 #[cfg(all(test, loom))]
+mod loom_launch_state;
+#[cfg(all(test, loom))]
 mod loom_models;
 #[cfg(not(loom))]
 mod low_latency;
