@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Error, HostFunctionScope, RawStream, Stream, flush, host_launch, in_host_function,
+    Error, Graph, HostFunctionScope, RawStream, Stream, add_host_node, flush, host_launch,
+    in_host_function,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{Drops, Owner, PATIENCE, ThreadInfo, fake, fake_primary_context};
@@ -176,4 +177,32 @@ fn marks_dropped_out_of_order_keep_the_thread_marked_until_the_last_is_gone() {
     assert!(in_host_function(), "unmarked while a mark is alive");
     drop(second);
     assert!(!in_host_function());
+}
+
+isolated_test! {
+    /// A dependency that is a node of another graph is refused with an error that says so, before
+    /// any driver call; the closure is released once and the graph is left as it was.
+    fn a_dependency_from_another_graph_is_refused_before_any_driver_call() {
+        let _context = fake_primary_context();
+        let (first, second) = (Graph::new().unwrap(), Graph::new().unwrap());
+        let node_of_first = add_host_node(&first, &[], || {}).unwrap();
+        let drops = Drops::new();
+        let owner = drops.owner();
+        fake().reset_call_counts();
+        let result = add_host_node(&second, &[node_of_first], move || {
+            let _keep = &owner;
+        });
+        let calls = fake().call_counts();
+        let result = result.map(drop);
+        assert!(
+            matches!(result, Err(Error::NodeOfAnotherGraph { node, node_graph, graph })
+                if node == node_of_first.raw().addr()
+                    && node_graph == first.raw().addr()
+                    && graph == second.raw().addr()),
+            "{result:?}"
+        );
+        assert!(calls.is_empty(), "driver calls were made: {calls:?}");
+        assert_eq!(drops.dropped(), 1, "the closure was not released before the error returned");
+        assert!(second.nodes().unwrap().is_empty(), "a node was left behind");
+    }
 }

@@ -133,7 +133,9 @@ pub use completion::{
 #[cfg(not(loom))]
 pub use error::Error;
 #[cfg(not(loom))]
-pub use graph::{Graph, GraphExec, add_host_node, add_host_node_raw, add_host_node_with};
+pub use graph::{
+    Graph, GraphExec, GraphNode, add_host_node, add_host_node_raw, add_host_node_with,
+};
 #[cfg(not(loom))]
 pub use host_thread::{HostFunctionScope, in_host_function};
 #[cfg(not(loom))]
