@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Error, Graph, HostFunctionScope, RawStream, Stream, add_host_node, flush, host_launch,
-    in_host_function,
+    Device, Error, Event, Graph, HostFunctionScope, PrimaryContext, RawStream, Stream,
+    add_host_node, flush, host_launch, in_host_function,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{Drops, Owner, PATIENCE, ThreadInfo, fake, fake_primary_context};
@@ -204,5 +204,72 @@ isolated_test! {
         assert!(calls.is_empty(), "driver calls were made: {calls:?}");
         assert_eq!(drops.dropped(), 1, "the closure was not released before the error returned");
         assert!(second.nodes().unwrap().is_empty(), "a node was left behind");
+    }
+}
+
+/// What each resource call inside the host function returned.
+type ResourceOutcomes = Arc<Mutex<Vec<(&'static str, Result<(), Error>)>>>;
+
+isolated_test! {
+    /// Inside a host function every driver call of the resource types (`Device`,
+    /// `PrimaryContext`, `Stream`, `Event`, `Graph`, `GraphExec`) is refused with
+    /// `InsideHostFunction`, and none reaches the driver on its thread.
+    fn resource_calls_inside_a_host_function_are_refused_without_a_driver_call() {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let other = Stream::new(&context).unwrap();
+        let event = Event::new(&context).unwrap();
+        let graph = Graph::new().unwrap();
+        let exec = graph.instantiate().unwrap();
+        let outcomes: ResourceOutcomes = Arc::default();
+        {
+            let outcomes = Arc::clone(&outcomes);
+            let context = Arc::clone(&context);
+            host_launch(&stream, move || {
+                fn done<T>(result: Result<T, Error>) -> Result<(), Error> {
+                    result.map(drop)
+                }
+                let device = context.device();
+                let out = [
+                    ("Device::count", done(Device::count())),
+                    ("Device::get", done(Device::get(0))),
+                    ("Device::name", done(device.name())),
+                    ("PrimaryContext::retain", done(PrimaryContext::retain(device))),
+                    ("PrimaryContext::set_current", context.set_current()),
+                    ("PrimaryContext::synchronize", context.synchronize()),
+                    ("Stream::new", done(Stream::new(&context))),
+                    ("Stream::new_non_blocking", done(Stream::new_non_blocking(&context))),
+                    ("Stream::synchronize", other.synchronize()),
+                    ("Stream::is_idle", done(other.is_idle())),
+                    ("Event::new", done(Event::new(&context))),
+                    ("Event::record", event.record(&other)),
+                    ("Event::make_wait", event.make_wait(&other)),
+                    ("Event::synchronize", event.synchronize()),
+                    ("Event::is_complete", done(event.is_complete())),
+                    ("Graph::new", done(Graph::new())),
+                    ("Graph::try_clone", done(graph.try_clone())),
+                    ("Graph::instantiate", done(graph.instantiate())),
+                    ("Graph::nodes", done(graph.nodes().map(|n| n.len()))),
+                    ("Graph::node_types", done(graph.node_types().map(|n| n.len()))),
+                    ("GraphExec::launch", exec.launch(&other)),
+                ];
+                outcomes.lock().unwrap_or_else(|p| p.into_inner()).extend(out);
+            })
+            .unwrap();
+        }
+        stream.synchronize().unwrap();
+        let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
+        assert_eq!(outcomes.len(), 21, "the host function did not finish");
+        let accepted: Vec<_> = outcomes
+            .iter()
+            .filter(|(_, outcome)| !matches!(outcome, Err(Error::InsideHostFunction { .. })))
+            .collect();
+        assert!(accepted.is_empty(), "not refused inside a host function: {accepted:?}");
+        assert_eq!(
+            fake().driver_thread_call_count(""),
+            0,
+            "driver calls on the driver's thread: {:?}",
+            fake().call_counts()
+        );
     }
 }

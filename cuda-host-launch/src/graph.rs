@@ -36,7 +36,9 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new() -> Result<Graph, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::new")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write; flags must be 0.
@@ -63,7 +65,9 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn try_clone(&self) -> Result<Graph, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::try_clone")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -76,7 +80,9 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn instantiate(&self) -> Result<GraphExec, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::instantiate")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -88,6 +94,7 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     ///
     /// # Examples
     /// A node handle cannot outlive its graph:
@@ -100,6 +107,7 @@ impl Graph {
     /// # Ok(()) }
     /// ```
     pub fn nodes(&self) -> Result<Vec<GraphNode<'_>>, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::nodes")?;
         let driver = cuda_sys::driver()?;
         let mut count = 0usize;
         // SAFETY: live graph; a null array asks for the count.
@@ -119,7 +127,9 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if a call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn node_types(&self) -> Result<Vec<(GraphNode<'_>, CUgraphNodeType)>, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::node_types")?;
         let driver = cuda_sys::driver()?;
         self.nodes()?
             .into_iter()
@@ -233,7 +243,9 @@ impl GraphExec {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn launch(&self, stream: impl AsRawStream) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("GraphExec::launch")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: live executable graph; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuGraphLaunch(self.raw, stream.as_raw_stream())? };

@@ -82,3 +82,14 @@ impl Drop for HostFunctionScope {
         HOST_FUNCTION_MARKS.with(|c| c.set(c.get().saturating_sub(1)));
     }
 }
+
+/// `Err(InsideHostFunction)` on a thread inside a host function, naming `operation`: the check of
+/// every public call that reaches the driver.
+#[inline]
+pub(crate) fn refuse_inside_host_function(operation: &'static str) -> Result<(), crate::Error> {
+    if in_host_function() {
+        Err(crate::Error::InsideHostFunction { operation })
+    } else {
+        Ok(())
+    }
+}
