@@ -1,5 +1,9 @@
-//! Soundness of the public API around what this crate cannot see for itself: host functions
-//! launched by other libraries (they mark their threads with `HostFunctionScope`).
+//! Soundness of the public API: host functions launched by other libraries (they mark their
+//! threads with `HostFunctionScope`, and a mark can never end another's), the driver calls of the
+//! resource and graph types inside a host function (refused), and graph nodes given as dependencies
+//! (a node of another graph is refused). That a node handle cannot outlive its graph, and that
+//! `cuda_sys::Driver::load` is `unsafe`, are compile-fail doctests of `Graph::nodes`,
+//! `add_host_node` and `Driver::load`.
 //!
 //! Call counts are process-wide, so each test has a process of its own.
 
