@@ -128,6 +128,9 @@ thread_local! {
 
 /// A foreign host function that marks its thread and leaves the mark alive in a thread-local,
 /// for whatever runs next on that thread to drop.
+///
+/// # Safety
+/// None: it ignores its data (`unsafe` only as a host function's C type).
 unsafe extern "C" fn stash_a_mark(_: *mut c_void) {
     STASHED_MARK.with(|slot| *slot.borrow_mut() = Some(HostFunctionScope::enter()));
 }
