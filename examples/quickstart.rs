@@ -61,7 +61,9 @@ fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
                  stand-in driver thread; nothing runs on a GPU.",
                 fake.display()
             );
-            Driver::load(LoadOptions::with_library_path(fake))
+            // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures; it
+            // is built with this workspace.
+            unsafe { Driver::load(LoadOptions::with_library_path(fake)) }
         }
     }
 }

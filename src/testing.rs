@@ -99,7 +99,9 @@ pub fn fake_driver_path() -> PathBuf {
 /// # Panics
 /// If it cannot be loaded, or another driver was loaded first.
 pub fn load_fake_driver() -> &'static Driver {
-    Driver::load(LoadOptions::with_library_path(fake_driver_path()))
+    // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures, as its tests
+    // check; it is built with this workspace.
+    unsafe { Driver::load(LoadOptions::with_library_path(fake_driver_path())) }
         .unwrap_or_else(|e| panic!("the fake CUDA driver did not load: {e}"))
 }
 

@@ -40,13 +40,16 @@ isolated_test! {
     /// `LoadOptions::with_library_path` opens that file, once; its version and path are reported.
     fn loads_the_library_at_an_explicit_path() {
         let path = fake_driver_path();
-        let driver = Driver::load(LoadOptions::with_library_path(&path)).unwrap();
+        // SAFETY: (for every load of this test) the fake driver implements the driver's C ABI
+        // with cuda.h's signatures; the other paths are refused before anything is opened.
+        let driver = unsafe { Driver::load(LoadOptions::with_library_path(&path)) }.unwrap();
         assert_eq!(driver.version(), DriverVersion(13000));
         assert!(same_file(driver.path(), &path), "{}", driver.path().display());
         assert_eq!(driver.default_stream(), DefaultStream::Legacy);
         assert_eq!(driver.resolution_path(), ResolutionPath::ProcAddressV2);
 
-        let again = Driver::load(LoadOptions::with_library_path(&path)).unwrap();
+        // SAFETY: as above.
+        let again = unsafe { Driver::load(LoadOptions::with_library_path(&path)) }.unwrap();
         assert!(std::ptr::eq(driver, again));
         assert!(std::ptr::eq(Driver::get().unwrap(), driver));
         assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
@@ -57,9 +60,13 @@ isolated_test! {
             library_path: Some(path.clone()),
             default_stream: DefaultStream::PerThread,
         };
-        let err = expect_error(Driver::load(per_thread));
+        // SAFETY: as above.
+        let err = expect_error(unsafe { Driver::load(per_thread) });
         assert!(matches!(err, Error::AlreadyLoaded { .. }), "{err}");
-        let err = expect_error(Driver::load(LoadOptions::with_library_path("/elsewhere/libcuda.so.1")));
+        // SAFETY: as above.
+        let err = expect_error(unsafe {
+            Driver::load(LoadOptions::with_library_path("/elsewhere/libcuda.so.1"))
+        });
         assert!(matches!(err, Error::AlreadyLoaded { .. }), "{err}");
         assert!(err.to_string().contains("/elsewhere/libcuda.so.1"), "{err}");
     }
@@ -104,13 +111,18 @@ isolated_test! {
         assert!(Driver::get().is_none());
         assert!(matches!(cuda_sys::driver(), Err(Error::LibraryNotFound { .. })));
 
-        let driver = Driver::load(LoadOptions::with_library_path(fake_driver_path())).unwrap();
+        // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures.
+        let driver = unsafe { Driver::load(LoadOptions::with_library_path(fake_driver_path())) }
+            .unwrap();
         assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
     }
 
     /// An explicit path is the only candidate: the default names are not searched after it.
     fn an_explicit_path_is_the_only_candidate() {
-        let err = expect_error(Driver::load(LoadOptions::with_library_path("/nonexistent/libcuda.so")));
+        // SAFETY: no such file: nothing is opened.
+        let err = expect_error(unsafe {
+            Driver::load(LoadOptions::with_library_path("/nonexistent/libcuda.so"))
+        });
         let Error::LibraryNotFound { tried } = err else {
             panic!("expected LibraryNotFound, got {err:?}");
         };
@@ -121,7 +133,8 @@ isolated_test! {
     /// Without a path, the default names are tried in order. This machine may have no driver (an
     /// error) or a real one (fine): either way the answer is not a panic.
     fn without_a_path_the_default_names_are_tried_in_order() {
-        match Driver::load(LoadOptions::default()) {
+        // SAFETY: no path: the default names, as `cuda_sys::driver()` searches them.
+        match unsafe { Driver::load(LoadOptions::default()) } {
             Err(Error::LibraryNotFound { tried }) => {
                 let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
                 assert_eq!(names, DEFAULT_NAMES);
@@ -136,7 +149,9 @@ isolated_test! {
     /// A library without the driver's exports is skipped with a message that says so.
     #[cfg(target_os = "linux")]
     fn a_library_that_is_not_a_driver_is_reported() {
-        let err = expect_error(Driver::load(LoadOptions::with_library_path("libm.so.6")));
+        // SAFETY: the C library's libm has sound initialisers and no `cuInit` export, so it is
+        // refused before anything of it is called.
+        let err = expect_error(unsafe { Driver::load(LoadOptions::with_library_path("libm.so.6")) });
         let Error::LibraryNotFound { tried } = &err else {
             panic!("expected LibraryNotFound, got {err:?}");
         };

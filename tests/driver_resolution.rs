@@ -162,7 +162,9 @@ isolated_test! {
             library_path: Some(fake_driver_path()),
             default_stream: DefaultStream::PerThread,
         };
-        resolves_for_mode(Driver::load(options).unwrap(), DefaultStream::PerThread);
+        // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures.
+        let driver = unsafe { Driver::load(options) }.unwrap();
+        resolves_for_mode(driver, DefaultStream::PerThread);
     }
 
     /// By default the legacy variants are asked for.

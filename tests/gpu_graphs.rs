@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Error, Event, Graph, HostTaskSyncMode, LaunchOptions, Stream, add_host_node,
+    Error, Event, Graph, GraphNode, HostTaskSyncMode, LaunchOptions, Stream, add_host_node,
     add_host_node_with, flush, host_launch_repeatable, host_launch_with,
 };
 use cuda_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
@@ -172,9 +172,16 @@ fn graph_host_nodes_run_in_dependency_order_with_a_kernel_node() {
     .unwrap();
     // SAFETY: a live graph and one of its nodes.
     let kernel = unsafe {
-        gpu.kernels
-            .add_spin_then_write_node(graph.raw(), &[first], m.device(0), 7, 20_000_000)
+        gpu.kernels.add_spin_then_write_node(
+            graph.raw(),
+            &[first.raw()],
+            m.device(0),
+            7,
+            20_000_000,
+        )
     };
+    // SAFETY: the kernel node was just added to `graph`, and nothing removes it.
+    let kernel = unsafe { GraphNode::from_raw(&graph, kernel) };
     add_host_node(&graph, &[kernel], move || {
         b.set(1, b.get(0));
         b.set(2, b.get(2) * 10 + 2);

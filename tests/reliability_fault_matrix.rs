@@ -53,11 +53,12 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    CompletionMode, Device, Error, Event, Graph, GraphExec, HostTaskSyncMode, LaunchOptions,
-    PrimaryContext, RawStream, Stream, add_host_node, add_host_node_raw, add_host_node_with,
-    completion, completion_with, host_launch, host_launch_async, host_launch_repeatable,
-    host_launch_with, launch_host_function, launch_host_function_repeatable,
-    launch_host_function_with_bytes, pending_launches, reclaim_pending,
+    CompletionMode, Device, Error, Event, Graph, GraphExec, GraphNode, HostTaskSyncMode,
+    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, add_host_node_raw,
+    add_host_node_with, completion, completion_with, host_launch, host_launch_async,
+    host_launch_repeatable, host_launch_with, launch_host_function,
+    launch_host_function_repeatable, launch_host_function_with_bytes, pending_launches,
+    reclaim_pending,
 };
 use cuda_sys::Driver;
 use cuda_sys::types::{
@@ -555,7 +556,7 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
         Family::Node => {
             let graph = Graph::new()?;
             let baseline = Probe::new();
-            run.baseline_node = Some(add_host_node(&graph, &[], baseline.closure())?);
+            run.baseline_node = Some(add_host_node(&graph, &[], baseline.closure())?.raw());
             run.baseline = Some(baseline);
             run.graph = Some(graph);
         }
@@ -718,8 +719,12 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         },
         Op::AddHostNode => add_host_node(graph(run), &[], probe.closure()).map(drop),
         Op::AddHostNodeAfterDependency => {
-            let after = [run.baseline_node.expect("the baseline node")];
-            add_host_node(graph(run), &after, probe.closure()).map(drop)
+            let graph = graph(run);
+            // SAFETY: the baseline node was added to this run's graph, which still holds it.
+            let after = [unsafe {
+                GraphNode::from_raw(graph, run.baseline_node.expect("the baseline node"))
+            }];
+            add_host_node(graph, &after, probe.closure()).map(drop)
         }
         Op::AddHostNodeWithSyncMode => {
             add_host_node_with(graph(run), &[], &env.spin, probe.closure()).map(drop)

@@ -161,8 +161,8 @@ static TRAMPOLINE_QUEUED: Counter = Counter(AtomicU64::new(0));
 static STAND_IN_THREAD: std::sync::OnceLock<std::thread::Thread> = std::sync::OnceLock::new();
 
 thread_local! {
-    /// The trampoline step's thread mark, as `HostFunctionScope` sets one.
-    static IN_HOST_FUNCTION: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The trampoline step's thread mark, counted as `HostFunctionScope` counts one.
+    static IN_HOST_FUNCTION: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// The trampoline step's host function: reads its block, then does what the trampoline does
@@ -173,9 +173,9 @@ thread_local! {
 unsafe extern "C" fn trampoline_like(data: *mut c_void) {
     // SAFETY: `data` points at one of BLOCKS.
     let block = unsafe { &*data.cast::<Block>() };
-    IN_HOST_FUNCTION.with(|mark| mark.set(true));
+    IN_HOST_FUNCTION.with(|mark| mark.set(mark.get().saturating_add(1)));
     std::hint::black_box(block.0[0].load(Ordering::Relaxed));
-    IN_HOST_FUNCTION.with(|mark| mark.set(false));
+    IN_HOST_FUNCTION.with(|mark| mark.set(mark.get().saturating_sub(1)));
     std::hint::black_box(block.0[3].swap(1, Ordering::AcqRel));
     TRAMPOLINE_QUEUED.0.fetch_add(1, Ordering::SeqCst);
     let head = push_block(block);

@@ -42,6 +42,21 @@ pub enum Error {
         operation: &'static str,
     },
 
+    /// A dependency given to [`add_host_node`](crate::add_host_node) is a node of another graph.
+    #[error(
+        "graph node {node:#x} belongs to graph {node_graph:#x}, not to graph {graph:#x} that the \
+         host node is being added to: pass nodes of the same graph (returned for it by \
+         add_host_node or Graph::nodes) as dependencies"
+    )]
+    NodeOfAnotherGraph {
+        /// The dependency's node handle.
+        node: usize,
+        /// The handle of the graph it belongs to.
+        node_graph: usize,
+        /// The handle of the graph the node was to be added to.
+        graph: usize,
+    },
+
     /// `flush` gave up before every owner was dropped.
     #[error(
         "flush timed out after {timeout:?}: {waiting} host functions have run but their owners are \

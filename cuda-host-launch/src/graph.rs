@@ -1,6 +1,7 @@
 //! Graph host nodes whose owners live as long as the graph, and thin graph / executable-graph types.
 
 use std::ffi::c_void;
+use std::marker::PhantomData;
 use std::ptr;
 
 use cuda_sys::types::{
@@ -35,7 +36,9 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new() -> Result<Graph, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::new")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write; flags must be 0.
@@ -62,7 +65,9 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn try_clone(&self) -> Result<Graph, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::try_clone")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -75,7 +80,9 @@ impl Graph {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn instantiate(&self) -> Result<GraphExec, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::instantiate")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -83,11 +90,24 @@ impl Graph {
         Ok(GraphExec { raw })
     }
 
-    /// The graph's nodes (`cuGraphGetNodes`).
+    /// The graph's nodes (`cuGraphGetNodes`), borrowed from it.
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
-    pub fn nodes(&self) -> Result<Vec<CUgraphNode>, Error> {
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
+    ///
+    /// # Examples
+    /// A node handle cannot outlive its graph:
+    /// ```compile_fail,E0505
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// let graph = cuda_host_launch::Graph::new()?;
+    /// let nodes = graph.nodes()?;
+    /// drop(graph);
+    /// let _dangling = nodes;
+    /// # Ok(()) }
+    /// ```
+    pub fn nodes(&self) -> Result<Vec<GraphNode<'_>>, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::nodes")?;
         let driver = cuda_sys::driver()?;
         let mut count = 0usize;
         // SAFETY: live graph; a null array asks for the count.
@@ -96,25 +116,86 @@ impl Graph {
         // SAFETY: `nodes` has room for `count` handles.
         unsafe { driver.cuGraphGetNodes(self.raw, nodes.as_mut_ptr(), &mut count)? };
         nodes.truncate(count);
-        Ok(nodes)
+        Ok(nodes
+            .into_iter()
+            // SAFETY: the driver just listed `node` as a node of this graph.
+            .map(|node| unsafe { GraphNode::from_raw(self, node) })
+            .collect())
     }
 
     /// Each node with its type (`cuGraphGetNodes`, `cuGraphNodeGetType`).
     ///
     /// # Errors
     /// [`Error::Cuda`] if a call fails.
-    pub fn node_types(&self) -> Result<Vec<(CUgraphNode, CUgraphNodeType)>, Error> {
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
+    pub fn node_types(&self) -> Result<Vec<(GraphNode<'_>, CUgraphNodeType)>, Error> {
+        crate::host_thread::refuse_inside_host_function("Graph::node_types")?;
         let driver = cuda_sys::driver()?;
         self.nodes()?
             .into_iter()
             .map(|node| {
                 let mut kind = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
                 // SAFETY: `node` is a node of this live graph, as the driver just listed it.
-                unsafe { driver.cuGraphNodeGetType(node, &mut kind)? };
+                unsafe { driver.cuGraphNodeGetType(node.raw, &mut kind)? };
                 Ok((node, kind))
             })
             .collect()
     }
+}
+
+/// A node of a [`Graph`], borrowed from it: what [`add_host_node`] and [`Graph::nodes`] return, and
+/// what [`add_host_node`] takes as dependencies.
+///
+/// The borrow keeps the graph alive (and so the node: this crate never removes nodes) for as long
+/// as the handle is used, and the node remembers its graph, so that a node of another graph given
+/// as a dependency is refused with [`Error::NodeOfAnotherGraph`] before the driver sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphNode<'g> {
+    raw: CUgraphNode,
+    /// The handle of the graph the node belongs to, which `_graph` keeps alive.
+    graph: CUgraph,
+    _graph: PhantomData<&'g Graph>,
+}
+
+impl<'g> GraphNode<'g> {
+    /// A node made elsewhere (say, by a raw `cuGraphAddKernelNode`), as a node of `graph`.
+    ///
+    /// # Safety
+    /// `raw` must be a node of `graph`, and stay one (not destroyed with `cuGraphDestroyNode`) for
+    /// as long as the returned value, or any copy of it, is used.
+    pub unsafe fn from_raw(graph: &'g Graph, raw: CUgraphNode) -> GraphNode<'g> {
+        GraphNode {
+            raw,
+            graph: graph.raw,
+            _graph: PhantomData,
+        }
+    }
+
+    /// The driver's handle.
+    pub fn raw(self) -> CUgraphNode {
+        self.raw
+    }
+}
+
+/// The handles of `dependencies`, each checked to be a node of `graph`.
+fn raw_dependencies(
+    graph: &Graph,
+    dependencies: &[GraphNode<'_>],
+) -> Result<Vec<CUgraphNode>, Error> {
+    dependencies
+        .iter()
+        .map(|node| {
+            if node.graph == graph.raw {
+                Ok(node.raw)
+            } else {
+                Err(Error::NodeOfAnotherGraph {
+                    node: node.raw.addr(),
+                    node_graph: node.graph.addr(),
+                    graph: graph.raw.addr(),
+                })
+            }
+        })
+        .collect()
 }
 
 /// A driver handle and the call that destroys it, run when this is dropped: what `Graph` and
@@ -162,7 +243,9 @@ impl GraphExec {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn launch(&self, stream: impl AsRawStream) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("GraphExec::launch")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: live executable graph; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuGraphLaunch(self.raw, stream.as_raw_stream())? };
@@ -190,13 +273,27 @@ impl Drop for GraphExec {
 /// reported.
 ///
 /// # Errors
+/// [`Error::NodeOfAnotherGraph`] if a dependency is not a node of `graph` (no driver call is made);
 /// [`Error::Cuda`] if a driver call fails (`DriverTooOld` before 11.3, which has no user objects).
 /// Whatever fails, `f` is released exactly once and no node is left pointing at it.
-pub fn add_host_node<F>(
-    graph: &Graph,
-    dependencies: &[CUgraphNode],
+///
+/// # Examples
+/// The node handle returned cannot outlive its graph:
+/// ```compile_fail,E0505
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// use cuda_host_launch::{Graph, add_host_node};
+/// let graph = Graph::new()?;
+/// let node = add_host_node(&graph, &[], || {})?;
+/// drop(graph);
+/// let other = Graph::new()?;
+/// add_host_node(&other, &[node], || {})?;
+/// # Ok(()) }
+/// ```
+pub fn add_host_node<'g, F>(
+    graph: &'g Graph,
+    dependencies: &[GraphNode<'_>],
     f: F,
-) -> Result<CUgraphNode, Error>
+) -> Result<GraphNode<'g>, Error>
 where
     F: Fn() + Send + Sync + 'static,
 {
@@ -208,23 +305,32 @@ where
 ///
 /// # Errors
 /// As [`add_host_node`].
-pub fn add_host_node_with<F>(
-    graph: &Graph,
-    dependencies: &[CUgraphNode],
+pub fn add_host_node_with<'g, F>(
+    graph: &'g Graph,
+    dependencies: &[GraphNode<'_>],
     options: &LaunchOptions,
     f: F,
-) -> Result<CUgraphNode, Error>
+) -> Result<GraphNode<'g>, Error>
 where
     F: Fn() + Send + Sync + 'static,
 {
     let record = new_node_record(RepeatableClosure(f));
-    // SAFETY: `graph` is a live graph; a repeatable closure record may run any number of times.
-    unsafe { add_node(graph.raw, dependencies, options, record) }
+    // On an error the record is dropped here, which releases `f` (off a driver thread).
+    let dependencies = raw_dependencies(graph, dependencies)?;
+    // SAFETY: `graph` is a live graph (borrowed, and not `Sync`, so no other thread uses it);
+    // `dependencies` are its nodes (checked above); a repeatable closure record may run any
+    // number of times.
+    let node = unsafe { add_node(graph.raw, &dependencies, options, record)? };
+    // SAFETY: the driver just added `node` to `graph`; this crate never removes nodes.
+    Ok(unsafe { GraphNode::from_raw(graph, node) })
 }
 
 /// Adds a host node running `f(user_data)` (`cuGraphAddHostNode`) to a graph made anywhere, with
 /// `owners` kept alive by the graph (through a user object) until it and every executable graph made
 /// from it are destroyed, then dropped off the driver's thread.
+///
+/// The raw form, for binding authors: the graph and the dependencies are raw handles, and so is the
+/// node returned ([`GraphNode::from_raw`] borrows it from a [`Graph`]).
 ///
 /// # Safety
 /// - `graph` must be a live graph, not used by another thread during the call;

@@ -30,7 +30,10 @@
 //!
 //! # Rules for host functions
 //! - **No CUDA calls inside a host function.** The driver may fail them or deadlock. This crate's
-//!   own launches and [`flush`] return [`Error::InsideHostFunction`] there.
+//!   own launches, [`flush`] and the driver calls of its resource and graph types return
+//!   [`Error::InsideHostFunction`] there. This crate knows its own host functions; one launched
+//!   by other code that may call into this crate marks its thread with a [`HostFunctionScope`]
+//!   first.
 //! - **One driver thread runs every host function of a context**: a slow one delays the host
 //!   functions of every stream of that context (device work is not delayed).
 //! - **A host function never runs after a sticky context error** (a kernel trapped, error 719),
@@ -135,9 +138,11 @@ pub use completion::{
 #[cfg(not(loom))]
 pub use error::Error;
 #[cfg(not(loom))]
-pub use graph::{Graph, GraphExec, add_host_node, add_host_node_raw, add_host_node_with};
+pub use graph::{
+    Graph, GraphExec, GraphNode, add_host_node, add_host_node_raw, add_host_node_with,
+};
 #[cfg(not(loom))]
-pub use host_thread::in_host_function;
+pub use host_thread::{HostFunctionScope, in_host_function};
 #[cfg(not(loom))]
 pub use launch::{
     host_launch, host_launch_repeatable, host_launch_with, launch_host_function,

@@ -33,7 +33,8 @@ pub enum DefaultStream {
     PerThread,
 }
 
-/// How to load the driver: [`Driver::load`] takes these, [`driver`] reads them from the environment.
+/// How to load the driver: [`Driver::load`] takes these (a library path is a promise about that
+/// library, hence `unsafe`), [`driver`] reads them from the environment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Open this file instead of searching for [`DEFAULT_NAMES`](crate::DEFAULT_NAMES).
@@ -130,6 +131,16 @@ static LOADING: Mutex<()> = Mutex::new(());
 /// The process's driver, loaded on first use with the options the environment gives
 /// ([`LoadOptions::from_env`]).
 ///
+/// # Safety
+/// A safe function, but one that trusts the process's environment: the library it opens is
+/// trusted to be the CUDA driver (see [`Driver::load`]'s Safety section for what that covers).
+/// Setting [`LIBRARY_ENV`](crate::LIBRARY_ENV) (`CUDA_SYS_LIBRARY`) to a path makes the process
+/// trust the library at that path, exactly as an `unsafe` [`Driver::load`] of it would; unset, the
+/// system loader's search for [`DEFAULT_NAMES`](crate::DEFAULT_NAMES) (`LD_LIBRARY_PATH`, ...) is
+/// trusted, as for any library the program links. Whoever sets a process's environment (its
+/// launcher, a test harness; inside the program `std::env::set_var`, which is `unsafe` itself) is
+/// responsible for it.
+///
 /// # Errors
 /// [`Error::LibraryNotFound`], [`Error::StubLibrary`], [`Error::Driver`] (from `cuInit`),
 /// [`Error::AlreadyLoaded`] or [`Error::InvalidEnvironment`]. A failed load is not remembered: a later
@@ -155,18 +166,53 @@ pub fn driver() -> Result<&'static Driver, Error> {
 
 #[cold]
 fn load_from_env() -> Result<&'static Driver, Error> {
-    Driver::load(LoadOptions::from_env()?)
+    let options = LoadOptions::from_env()?;
+    // SAFETY: the path, if any, is the one `CUDA_SYS_LIBRARY` names, which whoever set the
+    // process's environment vouches for (see `driver`'s Safety section).
+    unsafe { Driver::load(options) }
 }
 
 impl Driver {
     /// Loads the driver with these options, or returns the one already loaded if it is compatible
     /// (the same default-stream mode, and the same path where one is named).
     ///
-    /// Safe to call from many threads at once: one of them loads, the others wait for it.
+    /// Many threads may call this at once: one of them loads, the others wait for it.
+    ///
+    /// # Safety
+    /// If `options.library_path` names a file (and no driver is loaded yet):
+    /// - opening it runs its initialisers, which must be sound to run in this process (as for any
+    ///   library opened with `dlopen`);
+    /// - if it exports `cuInit` and `cuDriverGetVersion`, it must be a CUDA driver library (or a
+    ///   faithful implementation of its C ABI, such as a test double). Every call this crate makes
+    ///   trusts it: `cuInit`, `cuDriverGetVersion`, `cuGetProcAddress*` and every function they
+    ///   hand out are called with the signatures `cuda.h` declares, and their results, pointers
+    ///   included, are taken as the Driver API reference says. A library with exports of those
+    ///   names but other signatures or behaviour makes the safe API of this crate, and of crates
+    ///   built on it, undefined behaviour. (A file without them is refused, with
+    ///   [`Error::LibraryNotFound`], before anything of it is called.)
+    ///
+    /// The library stays loaded for the life of the process.
+    ///
+    /// With no path (`library_path: None`) this searches [`DEFAULT_NAMES`](crate::DEFAULT_NAMES),
+    /// as [`driver`] does: no more is asked of the caller than of [`driver`]'s.
     ///
     /// # Errors
     /// As for [`driver`]; [`Error::AlreadyLoaded`] if the driver was loaded with other options.
-    pub fn load(options: LoadOptions) -> Result<&'static Driver, Error> {
+    ///
+    /// # Examples
+    /// Loading a library by path is a promise about that library, so it takes `unsafe`:
+    /// ```compile_fail,E0133
+    /// let options = cuda_sys::LoadOptions::with_library_path("/opt/driver/libcuda.so.1");
+    /// let _ = cuda_sys::Driver::load(options);
+    /// ```
+    /// ```no_run
+    /// # fn main() -> Result<(), cuda_sys::Error> {
+    /// let options = cuda_sys::LoadOptions::with_library_path("/opt/driver/libcuda.so.1");
+    /// // SAFETY: /opt/driver holds the NVIDIA driver this program was deployed with.
+    /// let driver = unsafe { cuda_sys::Driver::load(options)? };
+    /// # let _ = driver; Ok(()) }
+    /// ```
+    pub unsafe fn load(options: LoadOptions) -> Result<&'static Driver, Error> {
         if let Some(driver) = DRIVER.get() {
             return driver.compatible(&options);
         }

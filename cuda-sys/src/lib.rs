@@ -1,8 +1,10 @@
 //! The NVIDIA CUDA driver API, loaded at run time.
 //!
 //! - **No link-time dependency.** The driver library (`libcuda.so.1`, then `libcuda.so`; `nvcuda.dll`
-//!   on Windows; or the path in `CUDA_SYS_LIBRARY`) is opened on first use, once per process, and
-//!   never unloaded. This crate builds with no CUDA toolkit and no GPU.
+//!   on Windows; or the path in `CUDA_SYS_LIBRARY`, which the process then trusts to be the driver:
+//!   see [`driver`]'s Safety section) is opened on first use, once per process, and never unloaded.
+//!   [`Driver::load`] opens a path of the caller's choosing, and is `unsafe` for that reason. This
+//!   crate builds with no CUDA toolkit and no GPU.
 //! - **Every function of `cuda.h`, in one declarative table.** Each entry carries the ABI version its
 //!   signature binds (`cuLaunchHostFunc` 10000, `cuStreamGetCaptureInfo` 12030, ...), derived from
 //!   `cudaTypedefs.h` by the generator, not by hand. See [`Function`] and `src/generated/REPORT.md`.

@@ -7,7 +7,8 @@ use std::ptr::NonNull;
 use crate::error::LoadAttempt;
 use crate::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
-/// The environment variable that names the driver library's path explicitly.
+/// The environment variable that names the driver library's path explicitly. Setting it makes the
+/// process trust that library as the CUDA driver (see [`driver`](crate::driver)'s Safety section).
 pub const LIBRARY_ENV: &str = "CUDA_SYS_LIBRARY";
 
 /// The names tried, in order, when no explicit path is given.
@@ -29,8 +30,9 @@ pub(crate) fn candidates(explicit: Option<&Path>) -> Vec<OsString> {
 /// Opens one candidate with the system loader.
 pub(crate) fn open(candidate: &OsString) -> Result<libloading::Library, LoadAttempt> {
     // SAFETY: opening a library runs its initialisers. The candidates are the NVIDIA driver's own
-    // names or a path the user chose on purpose; the driver's initialisers have no preconditions that
-    // this process could violate.
+    // names or a path vouched for as a CUDA driver (`Driver::load`'s contract; for
+    // `CUDA_SYS_LIBRARY`, `driver`'s Safety section); the driver's initialisers have no
+    // preconditions that this process could violate.
     unsafe { libloading::Library::new(candidate) }.map_err(|e| LoadAttempt {
         candidate: candidate.to_string_lossy().into_owned(),
         message: with_sources(&e),

@@ -32,7 +32,9 @@ impl PrimaryContext {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the driver cannot be loaded or the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn retain(device: Device) -> Result<Arc<PrimaryContext>, Error> {
+        crate::host_thread::refuse_inside_host_function("PrimaryContext::retain")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write a context handle; `device` came from the driver.
@@ -48,7 +50,9 @@ impl PrimaryContext {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn set_current(&self) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("PrimaryContext::set_current")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: `raw` is a retained, live context.
         unsafe { driver.cuCtxSetCurrent(self.raw())? };
@@ -60,7 +64,9 @@ impl PrimaryContext {
     ///
     /// # Errors
     /// [`Error::Cuda`], e.g. a sticky error such as `CUDA_ERROR_LAUNCH_FAILED` (719).
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("PrimaryContext::synchronize")?;
         self.scoped(|driver| {
             // SAFETY: a context is current (pushed by `scoped`).
             unsafe { driver.cuCtxSynchronize()? };

@@ -27,7 +27,9 @@ impl Event {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new(context: &Arc<PrimaryContext>) -> Result<Event, Error> {
+        crate::host_thread::refuse_inside_host_function("Event::new")?;
         // An RAII value inside the scope: if popping the context fails, dropping it destroys the
         // event instead of leaking it.
         context.scoped(|driver| {
@@ -47,7 +49,9 @@ impl Event {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn record(&self, stream: impl AsRawStream) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("Event::record")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: the event is live; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuEventRecord(self.raw, stream.as_raw_stream())? };
@@ -59,7 +63,9 @@ impl Event {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn make_wait(&self, stream: impl AsRawStream) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("Event::make_wait")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: the event is live; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuStreamWaitEvent(stream.as_raw_stream(), self.raw, 0)? };
@@ -70,7 +76,9 @@ impl Event {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("Event::synchronize")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: the event is live.
         unsafe { driver.cuEventSynchronize(self.raw)? };
@@ -81,7 +89,9 @@ impl Event {
     ///
     /// # Errors
     /// [`Error::Cuda`] for any result other than success or `CUDA_ERROR_NOT_READY`.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn is_complete(&self) -> Result<bool, Error> {
+        crate::host_thread::refuse_inside_host_function("Event::is_complete")?;
         let driver = cuda_sys::driver()?;
         let query = driver.raw().cuEventQuery()?;
         // SAFETY: the event is live.

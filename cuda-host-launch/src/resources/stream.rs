@@ -31,7 +31,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new(context: &Arc<PrimaryContext>) -> Result<Stream, Error> {
+        crate::host_thread::refuse_inside_host_function("Stream::new")?;
         Self::with_flags(context, CUstream_flags::CU_STREAM_DEFAULT)
     }
 
@@ -39,7 +41,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new_non_blocking(context: &Arc<PrimaryContext>) -> Result<Stream, Error> {
+        crate::host_thread::refuse_inside_host_function("Stream::new_non_blocking")?;
         Self::with_flags(context, CUstream_flags::CU_STREAM_NON_BLOCKING)
     }
 
@@ -61,7 +65,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Cuda`], e.g. a sticky error such as `CUDA_ERROR_LAUNCH_FAILED` (719).
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
+        crate::host_thread::refuse_inside_host_function("Stream::synchronize")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: `raw` is a live stream.
         unsafe { driver.cuStreamSynchronize(self.raw)? };
@@ -72,7 +78,9 @@ impl Stream {
     ///
     /// # Errors
     /// [`Error::Cuda`] for any result other than success or `CUDA_ERROR_NOT_READY`.
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn is_idle(&self) -> Result<bool, Error> {
+        crate::host_thread::refuse_inside_host_function("Stream::is_idle")?;
         let driver = cuda_sys::driver()?;
         let query = driver.raw().cuStreamQuery()?;
         // SAFETY: `raw` is a live stream.

@@ -1,8 +1,8 @@
 //! A fake NVIDIA CUDA driver: a `cdylib` that exports the part of the driver API the workspace's
 //! crates use, for tests on machines without a GPU.
 //!
-//! Tests load it like the real driver, through `cuda_sys::Driver::load(
-//! LoadOptions::with_library_path(path))` or `CUDA_SYS_LIBRARY=<path>`, and steer or inspect it
+//! Tests load it like the real driver, through `unsafe { cuda_sys::Driver::load(
+//! LoadOptions::with_library_path(path)) }` or `CUDA_SYS_LIBRARY=<path>`, and steer or inspect it
 //! through the exported `fake_cuda_*` functions (see [`control`]), which they reach by opening the
 //! same library again (the system loader hands back the already loaded copy).
 //!
