@@ -382,6 +382,19 @@ impl FakeCuda {
         unsafe { self.get::<extern "C" fn(CUstream) -> u64>(b"fake_cuda_hold_stream")(stream) }
     }
 
+    /// The next `count` capture queries of a capturing stream answer "not capturing" (a capture
+    /// begun by another thread just after the query).
+    pub fn hide_capture(&self, count: u64) {
+        // SAFETY: the signature of fake_cuda_hide_capture.
+        unsafe { self.get::<extern "C" fn(u64)>(b"fake_cuda_hide_capture")(count) }
+    }
+
+    /// Whether `cuCtxCreate` reuses the handle of the context destroyed last.
+    pub fn reuse_context_handles(&self, on: bool) {
+        // SAFETY: the signature of fake_cuda_reuse_context_handles.
+        unsafe { self.get::<extern "C" fn(u32)>(b"fake_cuda_reuse_context_handles")(u32::from(on)) }
+    }
+
     /// Lets a held stream continue.
     pub fn release_hold(&self, token: u64) {
         // SAFETY: the signature of fake_cuda_release_hold.

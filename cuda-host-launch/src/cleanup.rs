@@ -18,6 +18,7 @@
 //! contexts go down), are not released: their owners' `Drop` does not run, as for any value alive at
 //! `exit`. Call [`flush`] before exiting where that matters.
 
+use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU8;
@@ -46,6 +47,8 @@ pub const REAPER_LINGER_ENV: &str = "CUDA_HOST_LAUNCH_REAPER_LINGER_US";
 
 const DEFAULT_POLL: Duration = Duration::from_micros(50);
 const DEFAULT_LINGER: Duration = Duration::from_micros(2000);
+/// The longest single wait of `flush` before it looks again.
+const FLUSH_SLICE: Duration = Duration::from_millis(2);
 
 /// Who drops the owners of host functions that have run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,7 +177,36 @@ struct Scratch {
 /// The most entries a reused vector keeps between batches (a larger batch's capacity is let go).
 const SCRATCH_KEEP: usize = 4096;
 
+thread_local! {
+    /// How many `release_batch` calls the calling thread is inside (a drain inside an owner's
+    /// `Drop` nests). Non-zero on the reaper while it releases, and on a thread that drains.
+    static RELEASING: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is releasing a batch of records: running an owner's `Drop` or the
+/// panic handler for the cleanup queue.
+fn releasing_here() -> bool {
+    RELEASING.with(Cell::get) > 0
+}
+
+/// Marks the calling thread as releasing, until dropped.
+struct Releasing;
+
+impl Releasing {
+    fn begin() -> Releasing {
+        RELEASING.with(|r| r.set(r.get() + 1));
+        Releasing
+    }
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        RELEASING.with(|r| r.set(r.get().saturating_sub(1)));
+    }
+}
+
 fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
+    let _releasing = Releasing::begin();
     let headers = &mut scratch.headers;
     headers.clear();
     headers.extend(batch);
@@ -219,15 +251,27 @@ pub fn drain() -> u64 {
 /// to include them. The driver destroys a graph's user objects asynchronously, so owners tied to a
 /// graph may reach the queue a little after `cuGraphDestroy` returns.
 ///
+/// A `timeout` too long to add to the clock (`Duration::MAX`) waits as long as it takes.
+///
+/// Called by the thread that is releasing records (inside an owner's `Drop`, or the panic
+/// handler, whether on the reaper or on a thread that drains), it returns
+/// [`Error::FlushOnReleasingThread`] at once: the records it would wait for include the one that
+/// thread is releasing, so it would only wait out its timeout while all cleanup stopped.
+///
 /// # Errors
 /// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
-/// from a host function (the reaper cannot be waited for there).
+/// from a host function (the reaper cannot be waited for there);
+/// [`Error::FlushOnReleasingThread`] if called by the releasing thread.
 pub fn flush(timeout: Duration) -> Result<(), Error> {
     if in_host_function() {
         return Err(Error::InsideHostFunction { operation: "flush" });
     }
+    if releasing_here() {
+        return Err(Error::FlushOnReleasingThread);
+    }
     let target = QUEUE.queued.load(Ordering::SeqCst);
-    let deadline = Instant::now() + timeout;
+    // None: beyond what the clock can represent, so never reached.
+    let deadline = Instant::now().checked_add(timeout);
     QUEUE.flush_waiters.fetch_add(1, Ordering::SeqCst);
     let result = loop {
         if !reaper_running() {
@@ -238,7 +282,7 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
             break Ok(());
         }
         let now = Instant::now();
-        if now >= deadline {
+        if deadline.is_some_and(|deadline| now >= deadline) {
             break Err(Error::FlushTimedOut {
                 waiting: target - released,
                 timeout,
@@ -250,7 +294,7 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
         }
         // Bounded waits: in manual mode nobody notifies, and a host function may be pushing as we
         // look; a short slice keeps both cheap and correct.
-        let slice = (deadline - now).min(Duration::from_millis(2));
+        let slice = deadline.map_or(FLUSH_SLICE, |deadline| (deadline - now).min(FLUSH_SLICE));
         let _ = FLUSHED
             .wait_timeout(guard, slice)
             .unwrap_or_else(|p| p.into_inner());

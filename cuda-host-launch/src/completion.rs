@@ -7,7 +7,7 @@
 //!   the task with `wake_by_ref` on the driver's thread. About 35 µs from the GPU to the wake on
 //!   the H200, and it shares the context's one driver thread with every other host function.
 //! - `LowLatency`: no host function. The stream writes a flag into host memory
-//!   (`cuStreamWriteValue32`) and a poller thread of this crate wakes the task (see
+//!   (`cuStreamWriteValue64`) and a poller thread of this crate wakes the task (see
 //!   `low_latency.rs`): a few µs, at the cost of a core that spins briefly while futures wait.
 //!
 //! A future whose context fails (a sticky error) resolves to [`Error::ContextLost`] once the
@@ -16,6 +16,11 @@
 //! Dropping a future early is fine: the host function (or the flag write) still happens, and
 //! everything is released as usual; the waker is dropped with the shared state, never on a driver
 //! thread.
+//!
+//! A waker that panics when woken does not unwind into the driver (nor stop the low-latency
+//! poller): the panic is caught where the wake happened and reported through the panic handler
+//! ([`PanicOrigin::Waker`]) by the thread that releases the launch's record (or by the poller); the
+//! future is resolved all the same.
 
 use std::any::Any;
 use std::cell::UnsafeCell;
@@ -28,6 +33,7 @@ use std::task::{Context, Poll};
 use crate::error::Error;
 use crate::launch::{Runs, enqueue};
 use crate::options::LaunchOptions;
+use crate::panic_report::{PanicOrigin, report_and_drop};
 use crate::raw_stream::AsRawStream;
 use crate::record::{PanicPayload, Payload, new_record};
 use crate::waker_slot::WakerSlot;
@@ -71,23 +77,29 @@ impl<T> Shared<T> {
         })
     }
 
-    /// Completes with `value` and wakes the task. Called once (host function or poller).
-    pub(crate) fn complete(&self, value: Result<T, PanicPayload>) {
+    /// Completes with `value` and wakes the task. Called once (host function or poller). Returns
+    /// the waker's panic, if it panicked: see [`WakerSlot::wake`].
+    #[must_use = "a waker's panic must be reported and dropped off the driver's thread"]
+    pub(crate) fn complete(&self, value: Result<T, PanicPayload>) -> Option<PanicPayload> {
         let state = if value.is_ok() { READY } else { PANICKED };
         // SAFETY: the one writer, before publishing with the Release store below.
         unsafe { *self.value.get() = Some(value) };
         self.state.store(state, Ordering::Release);
-        self.waker.wake();
+        self.waker.wake()
     }
 
-    /// Resolves to `ContextLost` if still pending, and wakes the task.
-    pub(crate) fn fail(&self) {
+    /// Resolves to `ContextLost` if still pending, and wakes the task. Returns the waker's panic,
+    /// as [`Shared::complete`].
+    #[must_use = "a waker's panic must be reported and dropped"]
+    pub(crate) fn fail(&self) -> Option<PanicPayload> {
         if self
             .state
             .compare_exchange(PENDING, LOST, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
-            self.waker.wake();
+            self.waker.wake()
+        } else {
+            None
         }
     }
 
@@ -165,8 +177,13 @@ pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
 /// [`completion`] with a [`CompletionMode`].
 ///
 /// # Errors
-/// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue32` and of
-/// registering the flag memory (`cuMemHostRegister`).
+/// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue64`, of
+/// `cuCtxGetId` and of registering the flag memory (`cuMemHostRegister`). A capturing stream is
+/// refused with [`Error::CaptureActive`] in both modes. In `LowLatency` mode the stream is looked
+/// at again after the flag write: a capture another thread began meanwhile took the write into its
+/// graph, and the completion is refused too (that flag slot is never used again, so replays of the
+/// graph resolve nothing). A capture begun and also ended while this call runs goes unseen: that
+/// future resolves at the graph's first replay, and no later future is resolved by a replay.
 pub fn completion_with<S: AsRawStream>(
     stream: S,
     mode: CompletionMode,
@@ -176,6 +193,7 @@ pub fn completion_with<S: AsRawStream>(
         CompletionMode::HostFunction => {
             let record = new_record(CompletionPayload {
                 shared: Arc::clone(&shared),
+                waker_panic: None,
             });
             // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
             unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
@@ -188,11 +206,13 @@ pub fn completion_with<S: AsRawStream>(
 /// The record of a host-function completion.
 struct CompletionPayload {
     shared: Arc<Shared<()>>,
+    /// The waker's panic when the run woke it, carried to the releasing thread.
+    waker_panic: Option<PanicPayload>,
 }
 
 impl Payload for CompletionPayload {
     unsafe fn run(&mut self) {
-        self.shared.complete(Ok(()));
+        self.waker_panic = self.shared.complete(Ok(()));
     }
 }
 
@@ -200,7 +220,16 @@ impl Drop for CompletionPayload {
     fn drop(&mut self) {
         // Released without having run: the context was lost (or the launch failed, in which case
         // no one waits on the future). Runs on the releasing thread, never a driver thread.
-        self.shared.fail();
+        let failed = self.shared.fail();
+        report_waker_panics(self.waker_panic.take(), failed);
+    }
+}
+
+/// Reports and drops the panics of a record's waker (on the releasing thread, never a driver
+/// thread: its `Drop` runs there).
+fn report_waker_panics(ran: Option<PanicPayload>, failed: Option<PanicPayload>) {
+    for panic in [ran, failed].into_iter().flatten() {
+        report_and_drop(PanicOrigin::Waker, panic);
     }
 }
 
@@ -245,6 +274,7 @@ where
     let record = new_record(AsyncPayload {
         f,
         shared: Arc::clone(&shared),
+        waker_panic: None,
     });
     // SAFETY: the payload's run calls a `Send` closure once, catching panics, then stores the
     // result and wakes by reference.
@@ -255,17 +285,20 @@ where
 struct AsyncPayload<F, T> {
     f: F,
     shared: Arc<Shared<T>>,
+    /// As [`CompletionPayload::waker_panic`].
+    waker_panic: Option<PanicPayload>,
 }
 
 impl<F: FnMut() -> T + Send + 'static, T: Send + 'static> Payload for AsyncPayload<F, T> {
     unsafe fn run(&mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut self.f));
-        self.shared.complete(result);
+        self.waker_panic = self.shared.complete(result);
     }
 }
 
 impl<F, T> Drop for AsyncPayload<F, T> {
     fn drop(&mut self) {
-        self.shared.fail();
+        let failed = self.shared.fail();
+        report_waker_panics(self.waker_panic.take(), failed);
     }
 }

@@ -69,6 +69,16 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// `flush` was called by the thread that is releasing the cleanup queue's records: inside an
+    /// owner's `Drop` or the panic handler. It would wait for itself (the records it waits for
+    /// include the one being released, and those after it in the same batch), so it returns at once.
+    #[error(
+        "flush was called by the thread that is releasing the cleanup queue's records (inside an \
+         owner's Drop or the panic handler): it would wait for itself. Call flush from another \
+         thread"
+    )]
+    FlushOnReleasingThread,
+
     /// The reaper thread could not be started.
     #[error(
         "the cleanup reaper thread could not be started ({0}); free thread resources or choose \

@@ -4,9 +4,25 @@
 //!
 //! - **Flags** live in 4 KiB pages of ordinary host memory (ours, so they stay readable whatever
 //!   happens to the context), registered with `cuMemHostRegister(DEVICEMAP | PORTABLE)` in the
-//!   stream's context; a completion takes a free 32-bit slot, sets it to 0 and enqueues
-//!   `cuStreamWriteValue32(stream, slot, 1)`, which the stream performs once all earlier work has
-//!   completed.
+//!   stream's context; a completion takes a free 64-bit slot, sets it to 0 and enqueues
+//!   `cuStreamWriteValue64(stream, slot, value)`, which the stream performs once all earlier work
+//!   has completed. `value` is new for every completion (a process-wide counter), and the poller
+//!   resolves a future only when its slot holds its own value.
+//! - **Pages belong to one context**: they are found by the context's handle *and* its
+//!   `cuCtxGetId` (CUDA 12.0+), which a context created later at a destroyed one's handle does not
+//!   share (the driver forgot the dead context's registrations). The first time a context is seen
+//!   at a handle that had pages under another id, those pages (of a destroyed context) are freed.
+//!   On drivers without `cuCtxGetId` (11.7, 11.8) the handle alone is the key: there a destroyed
+//!   context's pages are only forgotten by a reclaim ([`crate::reclaim_pending`]).
+//! - **Stream capture**: a completion on a capturing stream is refused with
+//!   [`Error::CaptureActive`] (its flag write would become a graph node, written on every replay
+//!   and never in stream order). The stream is looked at before the write and again after it: a
+//!   capture another thread began in between captured the write; then the completion is refused
+//!   too, and its slot is never handed out again (nor its page freed), so the graph's replays
+//!   write into a slot nobody watches. A capture that begins and also ends between the two looks
+//!   goes unseen: that future resolves only when the graph is replayed, and later replays write
+//!   its old value, which resolves no later future of the slot (a later future there could only be
+//!   delayed forever if a replay overwrote its value before the poller saw it).
 //! - **The poller** scans the waiting flags. After progress it spins (a busy core) for
 //!   [`SPIN`], then sleeps in growing steps up to [`MAX_SLEEP`]; a new registration wakes it. With
 //!   nothing waiting for [`IDLE_EXIT`] it exits: no thread when no future waits. Its CPU time is
@@ -17,14 +33,16 @@
 
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUcontext, CUdeviceptr};
+use cuda_sys::types::{CUcontext, CUdeviceptr, CUstream};
 
+use crate::capture::{Capture, capture_of};
 use crate::completion::Shared;
 use crate::error::Error;
+use crate::panic_report::{PanicOrigin, report_and_drop};
 use crate::raw_stream::AsRawStream;
 
 /// Spinning time after the last progress before the poller starts to sleep.
@@ -35,14 +53,14 @@ pub const MAX_SLEEP: Duration = Duration::from_millis(1);
 pub const IDLE_EXIT: Duration = Duration::from_millis(100);
 
 const PAGE_BYTES: usize = 4096;
-const SLOTS_PER_PAGE: usize = PAGE_BYTES / 4;
+const SLOTS_PER_PAGE: usize = PAGE_BYTES / 8;
 
 /// `CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP`.
 const REGISTER_FLAGS: u32 = 0x01 | 0x02;
 
 /// One page of flags, registered in one context.
 struct Page {
-    host: NonNull<AtomicU32>,
+    host: NonNull<AtomicU64>,
     device: CUdeviceptr,
     /// Free slot indices; guarded by the registry lock.
     free: Mutex<Vec<u16>>,
@@ -54,7 +72,7 @@ unsafe impl Send for Page {}
 unsafe impl Sync for Page {}
 
 impl Page {
-    fn flag(&self, slot: u16) -> &AtomicU32 {
+    fn flag(&self, slot: u16) -> &AtomicU64 {
         // SAFETY: `slot` < SLOTS_PER_PAGE; the page is live while any `Arc<Page>` is.
         unsafe { &*self.host.as_ptr().add(usize::from(slot)) }
     }
@@ -77,17 +95,21 @@ fn page_layout() -> std::alloc::Layout {
         .unwrap_or(std::alloc::Layout::new::<[u8; PAGE_BYTES]>())
 }
 
-/// A waiting future: its flag and shared state.
+/// A waiting future: its flag, the value the stream writes there, and its shared state.
 struct Entry {
     page: Arc<Page>,
     slot: u16,
+    value: u64,
     context: usize,
     shared: Arc<Shared<()>>,
 }
 
+/// Which context a page belongs to: its handle and its `cuCtxGetId` (0 where the driver has none).
+type ContextKey = (usize, u64);
+
 struct Registry {
     /// Pages by context.
-    pages: BTreeMap<usize, Vec<Arc<Page>>>,
+    pages: BTreeMap<ContextKey, Vec<Arc<Page>>>,
     /// Entries registered since the poller last looked.
     incoming: Vec<Entry>,
     /// Contexts whose entries must fail.
@@ -104,6 +126,13 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 });
 
 static POLLER_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
+/// The next value a flag write writes: never 0 (a slot's value while it waits), never repeated.
+static NEXT_VALUE: AtomicU64 = AtomicU64::new(1);
+
+/// Slots whose flag write a capture took into a graph: never handed out again, and their pages
+/// never freed, since every replay of the graph writes there.
+static CAPTURED_SLOTS: Mutex<Vec<(Arc<Page>, u16)>> = Mutex::new(Vec::new());
 
 /// Pages that stayed registered after their unregistration failed: kept (not freed, so their
 /// addresses are never reused) and listed here, for as long as the process lives.
@@ -126,23 +155,44 @@ pub(crate) fn register(stream: &impl AsRawStream, shared: Arc<Shared<()>>) -> Re
         });
     }
     let driver = cuda_sys::driver()?;
-    let write = driver.raw().cuStreamWriteValue32()?;
+    let write = driver.raw().cuStreamWriteValue64()?;
     let raw = stream.as_raw_stream();
+    if let Capture::Active { id, .. } = capture_of(driver, raw)? {
+        return Err(capture_active(raw, id));
+    }
     let context = crate::launch::context_of(driver, raw, stream.context_hint())?;
     let (page, slot) = take_slot(driver, context)?;
     page.flag(slot).store(0, Ordering::Relaxed);
-    let address = page.device + 4 * u64::from(slot);
+    let value = NEXT_VALUE.fetch_add(1, Ordering::Relaxed);
+    let address = page.device + 8 * u64::from(slot);
     // SAFETY: the stream is valid (the `AsRawStream` contract); `address` is a registered, mapped
-    // 32-bit slot of ours that stays allocated while the entry holds its page.
-    let code = unsafe { write(raw, address, 1, 0) };
-    if let Err(e) = driver.check(code, "cuStreamWriteValue32") {
+    // 64-bit slot of ours that stays allocated while the entry holds its page (or, if the write
+    // is captured, for as long as the process lives: see `CAPTURED_SLOTS`).
+    let code = unsafe { write(raw, address, value, 0) };
+    if let Err(e) = driver.check(code, "cuStreamWriteValue64") {
         free_slot(&page, slot);
         return Err(e.into());
+    }
+    // A capture begun by another thread since the look above took the write into its graph.
+    let captured = match capture_of(driver, raw) {
+        Ok(Capture::None) => None,
+        Ok(Capture::Active { id, .. }) => Some(capture_active(raw, id)),
+        // Unknown: taken as captured.
+        Err(e) => Some(e),
+    };
+    if let Some(error) = captured {
+        // The slot is the graph's for good.
+        CAPTURED_SLOTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((page, slot));
+        return Err(error);
     }
     let mut reg = registry();
     reg.incoming.push(Entry {
         page,
         slot,
+        value,
         context: context.addr(),
         shared,
     });
@@ -159,9 +209,39 @@ pub(crate) fn register(stream: &impl AsRawStream, shared: Arc<Shared<()>>) -> Re
     Ok(())
 }
 
+fn capture_active(stream: CUstream, capture_id: u64) -> Error {
+    Error::CaptureActive {
+        stream: stream.addr(),
+        capture_id,
+    }
+}
+
+/// `context`'s key: its handle and, where the driver has `cuCtxGetId` (12.0+), its id.
+fn context_key(driver: &cuda_sys::Driver, context: CUcontext) -> Result<ContextKey, Error> {
+    let id = match driver.raw().cuCtxGetId() {
+        Ok(get_id) => {
+            let mut id = 0;
+            // SAFETY: a context handle from the driver (the stream's); a valid out-pointer.
+            let code = unsafe { get_id(context, &mut id) };
+            driver.check(code, "cuCtxGetId")?;
+            id
+        }
+        Err(cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    Ok((context.addr(), id))
+}
+
 fn take_slot(driver: &cuda_sys::Driver, context: CUcontext) -> Result<(Arc<Page>, u16), Error> {
+    let key = context_key(driver, context)?;
     let mut reg = registry();
-    let pages = reg.pages.entry(context.addr()).or_default();
+    if !reg.pages.contains_key(&key) {
+        // Pages under this handle with another id are a destroyed context's (two live contexts
+        // never share a handle): the driver forgot their registration with it.
+        reg.pages
+            .retain(|&(handle, id), _| handle != key.0 || id == key.1);
+    }
+    let pages = reg.pages.entry(key).or_default();
     for page in pages.iter() {
         let mut free = page.free.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(slot) = free.pop() {
@@ -190,7 +270,7 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
     let layout = page_layout();
     // SAFETY: a non-zero size.
     let host = unsafe { std::alloc::alloc_zeroed(layout) };
-    let Some(host) = NonNull::new(host.cast::<AtomicU32>()) else {
+    let Some(host) = NonNull::new(host.cast::<AtomicU64>()) else {
         std::alloc::handle_alloc_error(layout);
     };
     let mut device = 0;
@@ -248,7 +328,7 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
 /// or destroyed) and forgets its pages. Called when its pending launches are reclaimed.
 pub(crate) fn fail_context(context: CUcontext) {
     let mut reg = registry();
-    reg.pages.remove(&context.addr());
+    reg.pages.retain(|&(handle, _), _| handle != context.addr());
     if reg.poller.is_some() {
         reg.lost.push(context.addr());
         if let Some(thread) = &reg.poller {
@@ -297,13 +377,19 @@ fn poll_loop() {
         };
         let before = waiting.len();
         waiting.retain(|entry| {
-            if entry.page.flag(entry.slot).load(Ordering::Acquire) != 0 {
-                entry.shared.complete(Ok(()));
+            if entry.page.flag(entry.slot).load(Ordering::Acquire) == entry.value {
+                let panicked = entry.shared.complete(Ok(()));
                 free_slot(&entry.page, entry.slot);
+                if let Some(panic) = panicked {
+                    // Our own thread, not a driver thread: the handler may run here.
+                    report_and_drop(PanicOrigin::Waker, panic);
+                }
                 return false;
             }
             if lost.contains(&entry.context) {
-                entry.shared.fail();
+                if let Some(panic) = entry.shared.fail() {
+                    report_and_drop(PanicOrigin::Waker, panic);
+                }
                 return false;
             }
             true

@@ -18,6 +18,10 @@ pub enum PanicOrigin {
     /// An owner's `Drop` panicked while the cleanup queue released it. The rest of the record was
     /// still released; the reaper went on.
     OwnerDrop,
+    /// A future's waker panicked when it was woken (by a host function on the driver's thread, by
+    /// the low-latency poller, or by the release of a launch whose context was lost). The panic was
+    /// caught where it happened; the future still resolved.
+    Waker,
 }
 
 impl fmt::Display for PanicOrigin {
@@ -25,6 +29,7 @@ impl fmt::Display for PanicOrigin {
         f.write_str(match self {
             PanicOrigin::HostFunction => "a host function",
             PanicOrigin::OwnerDrop => "dropping a host function's owners",
+            PanicOrigin::Waker => "waking a future's task",
         })
     }
 }
@@ -88,4 +93,11 @@ pub(crate) fn report(origin: PanicOrigin, payload: &(dyn Any + Send)) {
         Some(handler) => handler(&report),
         None => eprintln!("{report}"),
     }));
+}
+
+/// Reports one caught panic, then drops its payload (user data, whose `Drop` may panic too: caught
+/// and ignored).
+pub(crate) fn report_and_drop(origin: PanicOrigin, payload: Box<dyn Any + Send>) {
+    report(origin, &*payload);
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
 }

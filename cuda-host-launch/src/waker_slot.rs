@@ -8,10 +8,17 @@
 //! The protocol is `AtomicWaker`'s (futures-rs): `register` takes the REGISTERING bit, stores the
 //! waker, then gives the bit back; a `wake` that finds the slot being registered only sets WAKING,
 //! and the registering thread, seeing it, wakes the new waker itself.
+//!
+//! A waker is user code and may panic. [`WakerSlot::wake`] runs on a driver thread (inside the
+//! `extern "C"` trampoline, where an unwind would abort the process) or on the low-latency poller:
+//! it catches the panic and hands it back, for the caller to carry to a thread that reports it.
 
 use std::cell::UnsafeCell;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Waker;
+
+use crate::record::PanicPayload;
 
 const WAITING: usize = 0;
 const REGISTERING: usize = 0b01;
@@ -61,10 +68,16 @@ impl WakerSlot {
                     // A wake came while we registered (state is REGISTERING | WAKING): it left the
                     // waking to us.
                     // SAFETY: we still hold the REGISTERING bit.
-                    if let Some(w) = unsafe { &*self.waker.get() } {
-                        w.wake_by_ref();
-                    }
+                    let woken = match unsafe { &*self.waker.get() } {
+                        Some(w) => catch_unwind(AssertUnwindSafe(|| w.wake_by_ref())),
+                        None => Ok(()),
+                    };
+                    // Given back before a panic of the waker goes on up to the poll: a slot left
+                    // REGISTERING would never be woken again.
                     self.state.swap(WAITING, Ordering::AcqRel);
+                    if let Err(panic) = woken {
+                        resume_unwind(panic);
+                    }
                 }
             }
             Err(WAKING) => {
@@ -78,16 +91,21 @@ impl WakerSlot {
         }
     }
 
-    /// Wakes the stored waker, if any, without taking or dropping it. Safe on a driver thread.
-    pub(crate) fn wake(&self) {
+    /// Wakes the stored waker, if any, without taking or dropping it. Safe on a driver thread: a
+    /// panic of the waker is caught and returned (not dropped: its payload is user data), for the
+    /// caller to hand to a thread that reports and drops it.
+    #[must_use = "a waker's panic must be reported and dropped off the driver's thread"]
+    pub(crate) fn wake(&self) -> Option<PanicPayload> {
+        let mut panicked = None;
         if self.state.fetch_or(WAKING, Ordering::AcqRel) == WAITING {
             // SAFETY: we own the WAKING bit and no registration is in progress.
             if let Some(w) = unsafe { &*self.waker.get() } {
-                w.wake_by_ref();
+                panicked = catch_unwind(AssertUnwindSafe(|| w.wake_by_ref())).err();
             }
             self.state.fetch_and(!WAKING, Ordering::Release);
         }
         // Otherwise a registration is in progress and will wake its new waker (see `register`),
         // or another wake is in progress.
+        panicked
     }
 }

@@ -1,6 +1,8 @@
 //! Stream capture: while a stream captures, its work becomes nodes of the capture's graph instead
 //! of running.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use cuda_sys::types::{
     CUgraph, CUgraphEdgeData, CUgraphNode, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
     cuuint64_t,
@@ -13,6 +15,24 @@ use crate::errors::{
 use crate::graph;
 use crate::state::{Capture, NodeKind, State, StreamCapture, StreamKind, as_ptr, lock};
 use crate::stream::resolve;
+
+/// Capture queries of a capturing stream still to answer "not capturing" (see
+/// [`crate::control::fake_cuda_hide_capture`]).
+pub(crate) static HIDDEN_QUERIES: AtomicU64 = AtomicU64::new(0);
+
+/// `status` as a query reports it: "not capturing" while queries are to be hidden.
+fn reported(status: (CUstreamCaptureStatus, u64, usize)) -> (CUstreamCaptureStatus, u64, usize) {
+    let active = status.0 == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    let hide = active
+        && HIDDEN_QUERIES
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+    if hide {
+        (CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE, 0, 0)
+    } else {
+        status
+    }
+}
 
 pub(crate) fn is_capturing(st: &State, stream: usize) -> bool {
     st.streams.get(&stream).is_some_and(|s| s.capture.is_some())
@@ -153,7 +173,7 @@ unsafe fn is_capturing_export(
     let mut st = lock();
     let s = resolve(&mut st, handle, per_thread)?;
     // SAFETY: non-null, and the caller passes a valid place for the status.
-    unsafe { status_out.write(status(&st, s).0) };
+    unsafe { status_out.write(reported(status(&st, s)).0) };
     Ok(())
 }
 
@@ -172,7 +192,7 @@ unsafe fn capture_info(
 ) -> Res {
     let mut st = lock();
     let s = resolve(&mut st, handle, per_thread)?;
-    let (status, id, graph) = status(&st, s);
+    let (status, id, graph) = reported(status(&st, s));
     let active = status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
     let (deps, edges, n) = match st.streams[&s].capture.as_ref().filter(|_| active) {
         Some(cap) => (

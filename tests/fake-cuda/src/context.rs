@@ -5,7 +5,8 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cuda_sys::types::{CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
 
@@ -55,8 +56,26 @@ fn given_or_current(st: &State, ctx: CUcontext) -> Result<usize, cuda_sys::types
     }
 }
 
+/// Whether `cuCtxCreate` hands out the handle of the last destroyed created context again (off by
+/// default: handles are never reused). The real driver's handles are heap addresses, which a later
+/// context may get again; see [`crate::control::fake_cuda_reuse_context_handles`].
+pub(crate) static REUSE_HANDLES: AtomicBool = AtomicBool::new(false);
+
+/// Handles of destroyed created contexts, most recent last (kept only while reuse is on). Their
+/// cells are never freed, so handing one out again is safe.
+static DESTROYED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn destroyed() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    DESTROYED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn create(st: &mut State, device: CUdevice, primary: bool, flags: u32) -> usize {
-    let handle = new_handle();
+    let reused = if primary || !REUSE_HANDLES.load(Ordering::Acquire) {
+        None
+    } else {
+        destroyed().pop()
+    };
+    let handle = reused.unwrap_or_else(new_handle);
     let id = st.next_id();
     st.contexts.insert(
         handle,
@@ -255,8 +274,24 @@ unsafe fn ctx_destroy(ctx: CUcontext) -> Res {
     let mut st = shut_down(st, ctx);
     st.contexts.remove(&ctx);
     drop(st);
+    if REUSE_HANDLES.load(Ordering::Acquire) {
+        destroyed().push(ctx);
+    }
     STACK.with(|s| s.borrow_mut().retain(|c| *c != ctx));
     crate::state::notify();
+    Ok(())
+}
+
+export!("cuCtxGetId", cuCtxGetId => ctx_get_id(ctx: CUcontext, ctxId: *mut std::ffi::c_ulonglong));
+/// A number unique to each context for the process's life (a context created at a destroyed one's
+/// handle gets a new one). A primary context keeps its number across resets.
+unsafe fn ctx_get_id(ctx: CUcontext, id: *mut std::ffi::c_ulonglong) -> Res {
+    ensure(!id.is_null(), INVALID_VALUE)?;
+    let st = lock();
+    let ctx = given_or_current(&st, ctx)?;
+    let number = check_context(&st, ctx)?.id;
+    // SAFETY: non-null, and the caller passes a valid place for the id.
+    unsafe { id.write(number) };
     Ok(())
 }
 

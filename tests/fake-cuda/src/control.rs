@@ -288,3 +288,20 @@ pub extern "C" fn fake_cuda_referenced_user_objects() -> u64 {
 pub extern "C" fn fake_cuda_driver_thread_count() -> u64 {
     WORKERS.load(Ordering::SeqCst)
 }
+
+/// Makes the next `count` capture queries (`cuStreamGetCaptureInfo`, `cuStreamIsCapturing`) of a
+/// capturing stream answer "not capturing": a stand-in for a capture that another thread begins
+/// just after a library looked (queries of streams that are not capturing do not count).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_hide_capture(count: u64) {
+    crate::capture::HIDDEN_QUERIES.store(count, Ordering::Release);
+}
+
+/// From now on (non-zero) `cuCtxCreate` gives a new context the handle of the context most recently
+/// destroyed with `cuCtxDestroy`, as the real driver may (its handles are heap addresses); `0`
+/// turns it off. The new context is a different context: its own streams, its own
+/// `cuCtxGetId`, none of the old one's host-memory registrations.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_reuse_context_handles(on: u32) {
+    crate::context::REUSE_HANDLES.store(on != 0, Ordering::Release);
+}

@@ -88,6 +88,14 @@ fn registered(p: usize) -> bool {
         .is_some_and(|(start, (len, _))| p < start + len)
 }
 
+/// Whether `[p, p + len)` lies in one range registered in `ctx`.
+pub(crate) fn registered_in(ctx: usize, p: usize, len: usize) -> bool {
+    registrations()
+        .range(..=p)
+        .next_back()
+        .is_some_and(|(start, (size, owner))| *owner == ctx && p + len <= start + size)
+}
+
 /// Drops the registrations made in `ctx` (it is being destroyed or reset).
 pub(crate) fn forget_registrations(ctx: usize) {
     registrations().retain(|_, (_, owner)| *owner != ctx);

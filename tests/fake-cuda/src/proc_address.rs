@@ -74,6 +74,7 @@ variants! {
     "cuCtxPopCurrent" => [(4000, crate::context::cuCtxPopCurrent_v2)],
     "cuCtxSetCurrent" => [(4000, crate::context::cuCtxSetCurrent)],
     "cuCtxGetCurrent" => [(4000, crate::context::cuCtxGetCurrent)],
+    "cuCtxGetId" => [(12000, crate::context::cuCtxGetId)],
     "cuCtxGetDevice" => [
         (2000, crate::context::cuCtxGetDevice),
         (13000, crate::context::cuCtxGetDevice_v2),

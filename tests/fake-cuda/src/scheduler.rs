@@ -167,7 +167,7 @@ fn worker_main(ctx: usize) {
         let stop = c.stop;
         match take_runnable(&mut st, ctx) {
             Some((stream, op)) => {
-                st = run(st, op, &poisoned);
+                st = run(st, op, ctx, &poisoned);
                 if let Some(s) = st.streams.get_mut(&stream) {
                     s.running = None;
                 }
@@ -184,15 +184,16 @@ fn worker_main(ctx: usize) {
 }
 
 /// Runs one operation; host code runs with the lock released.
-fn run(mut st: Guard, op: Op, poisoned: &AtomicBool) -> Guard {
+fn run(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool) -> Guard {
     match op {
         Op::Hold { token } => {
             st.holds.remove(&token);
         }
         Op::Record { done } => done.store(true, Ordering::Release),
         Op::Wait { .. } => {}
-        Op::Write32 { addr, value } => write32(addr, value),
-        Op::Write64 { addr, value } => write64(addr, value),
+        Op::Write32 { addr, value } if mapped(&st, ctx, addr, 4) => write32(addr, value),
+        Op::Write64 { addr, value } if mapped(&st, ctx, addr, 8) => write64(addr, value),
+        Op::Write32 { .. } | Op::Write64 { .. } => unmapped_write(poisoned),
         Op::HostFn { f, data } => {
             drop(st);
             if !poisoned.load(Ordering::Acquire) {
@@ -224,8 +225,13 @@ fn run(mut st: Guard, op: Op, poisoned: &AtomicBool) -> Guard {
                     // SAFETY: the graph's host node was given `f` and `data` for calls like this
                     // one, at every launch.
                     Action::Host { f, data } => unsafe { f(as_ptr::<c_void>(data)) },
-                    Action::Write32 { addr, value } => write32(addr, value),
-                    Action::Write64 { addr, value } => write64(addr, value),
+                    Action::Write32 { addr, value } if mapped(&lock(), ctx, addr, 4) => {
+                        write32(addr, value)
+                    }
+                    Action::Write64 { addr, value } if mapped(&lock(), ctx, addr, 8) => {
+                        write64(addr, value)
+                    }
+                    Action::Write32 { .. } | Action::Write64 { .. } => unmapped_write(poisoned),
                 }
             }
             st = lock();
@@ -233,6 +239,23 @@ fn run(mut st: Guard, op: Op, poisoned: &AtomicBool) -> Guard {
         }
     }
     st
+}
+
+/// Whether the device can write `[addr, addr + len)` in `ctx`: memory of `cuMemAlloc` or
+/// `cuMemHostAlloc` (any context: a simplification), or host memory registered in `ctx` itself.
+fn mapped(st: &State, ctx: usize, addr: usize, len: usize) -> bool {
+    let allocated = st
+        .allocations
+        .range(..=addr)
+        .next_back()
+        .is_some_and(|(start, (size, _))| addr + len <= start + size);
+    allocated || crate::memory::registered_in(ctx, addr, len)
+}
+
+/// A value write to an address the context has not mapped: on the real device an illegal-address
+/// fault, a sticky error. The write does not happen and the context is poisoned.
+fn unmapped_write(poisoned: &AtomicBool) {
+    poisoned.store(true, Ordering::Release);
 }
 
 fn write32(addr: usize, value: u32) {
