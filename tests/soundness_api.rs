@@ -244,6 +244,9 @@ isolated_test! {
                     ("PrimaryContext::retain", done(PrimaryContext::retain(device))),
                     ("PrimaryContext::set_current", context.set_current()),
                     ("PrimaryContext::synchronize", context.synchronize()),
+                    // SAFETY: refused before it resets anything (what this test checks); were it
+                    // not, the test would fail on the driver-thread call count below anyway.
+                    ("PrimaryContext::reset", done(unsafe { context.reset() })),
                     ("Stream::new", done(Stream::new(&context))),
                     ("Stream::new_non_blocking", done(Stream::new_non_blocking(&context))),
                     ("Stream::synchronize", other.synchronize()),
@@ -266,7 +269,7 @@ isolated_test! {
         }
         stream.synchronize().unwrap();
         let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
-        assert_eq!(outcomes.len(), 21, "the host function did not finish");
+        assert_eq!(outcomes.len(), 22, "the host function did not finish");
         let accepted: Vec<_> = outcomes
             .iter()
             .filter(|(_, outcome)| !matches!(outcome, Err(Error::InsideHostFunction { .. })))

@@ -104,7 +104,9 @@ impl PrimaryContext {
     ///
     /// # Errors
     /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
+    /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub unsafe fn reset(&self) -> Result<usize, Error> {
+        crate::host_thread::refuse_inside_host_function("PrimaryContext::reset")?;
         let driver = cuda_sys::driver()?;
         let old = self.raw();
         let reset = primary_reset(driver)?;
