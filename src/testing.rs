@@ -438,6 +438,26 @@ impl FakeCuda {
         unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_driver_thread_count")() }
     }
 
+    /// The calling thread's stream-capture interaction mode, as the fake keeps it: 0 `GLOBAL` (the
+    /// default), 1 `THREAD_LOCAL`, 2 `RELAXED`.
+    pub fn capture_interaction_mode(&self) -> u32 {
+        // SAFETY: the signature of fake_cuda_capture_interaction_mode.
+        unsafe { self.get::<extern "C" fn() -> u32>(b"fake_cuda_capture_interaction_mode")() }
+    }
+
+    /// Driver calls made after the fake's teardown at process exit (an exit handler registered at
+    /// the first `cuInit`; see `tests/fake-cuda/src/teardown.rs`).
+    pub fn calls_after_teardown(&self) -> u64 {
+        // SAFETY: the signature of fake_cuda_calls_after_teardown.
+        unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_calls_after_teardown")() }
+    }
+
+    /// Whether the fake's teardown at process exit has run.
+    pub fn torn_down(&self) -> bool {
+        // SAFETY: the signature of fake_cuda_torn_down.
+        unsafe { self.get::<extern "C" fn() -> u32>(b"fake_cuda_torn_down")() != 0 }
+    }
+
     /// Changes the version the fake reports and gates `cuGetProcAddress` on.
     pub fn set_version(&self, version: i32) {
         // SAFETY: the signature of fake_cuda_set_version.

@@ -13,10 +13,19 @@
 //! Releasing a record drops its owners inside `catch_unwind`: a panicking `Drop` is reported through
 //! the panic handler and the next record is released as usual.
 //!
-//! **At process exit** the reaper stops with the process. Records still queued, and those of host
-//! functions that have not run yet (the driver runs or discards them as the process and its
-//! contexts go down), are not released: their owners' `Drop` does not run, as for any value alive at
-//! `exit`. Call [`flush`] before exiting where that matters.
+//! The reaper puts itself in relaxed stream-capture interaction mode before it runs any owner's
+//! `Drop`, so that a `Drop` that frees device memory never breaks another thread's graph capture
+//! (see `relaxed_capture`).
+//!
+//! **At process exit** the reaper stops before the driver is torn down: the release in progress
+//! finishes (the exit waits for it, at most a second) and no other starts (see `exit_gate`).
+//! Records still queued, and those of host functions that have not run yet (the driver runs or
+//! discards them as the process and its contexts go down), are not released: their owners' `Drop`
+//! does not run, as for any value alive at `exit`. Call [`flush`] before exiting where that
+//! matters.
+//!
+//! **In a child forked** after the first launch, launches, completions and [`flush`] fail with
+//! [`Error::ForkedChild`] and [`drain`] releases nothing (see `forked_child`).
 
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -32,6 +41,7 @@ use crate::intrusive_stack::{Batch, IntrusiveStack};
 use crate::own_line::OwnLine;
 use crate::panic_report::{PanicOrigin, report};
 use crate::record::{DeferredDrop, Op, RecordHeader, new_record};
+use crate::relaxed_capture::RelaxedCaptureMode;
 use crate::sync::{AtomicU64, AtomicUsize, Ordering};
 
 /// The environment variable that picks the cleanup mode before the first launch: `reaper` (the
@@ -57,6 +67,15 @@ pub enum CleanupMode {
     Reaper,
     /// No thread: they are dropped at the next launch, [`drain`] or [`flush`], on that caller's
     /// thread.
+    ///
+    /// That thread's stream-capture interaction mode applies to the owners' `Drop`: in the
+    /// default (`CU_STREAM_CAPTURE_MODE_GLOBAL`), while any other thread captures a stream in
+    /// global mode (or the thread itself captures), a `Drop` that frees or allocates memory, or
+    /// queries or synchronizes an event, a stream or a context, fails with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates that capture. So drain (and launch)
+    /// from a thread that no such capture affects, or that is in relaxed mode
+    /// (`cuThreadExchangeStreamCaptureMode`), or release such owners in reaper mode, whose thread
+    /// is relaxed.
     Manual,
 }
 
@@ -206,6 +225,10 @@ impl Drop for Releasing {
 }
 
 fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
+    // Once the process is exiting, nothing more is released (see `exit_gate`).
+    let Some(releasing) = crate::exit_gate::begin_releasing() else {
+        return 0;
+    };
     let _releasing = Releasing::begin();
     let headers = &mut scratch.headers;
     headers.clear();
@@ -214,9 +237,14 @@ fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
     // record (pooled ones are not linked).
     crate::pending::forget_all(headers, &mut scratch.shards);
     let count = headers.len() as u64;
-    for header in headers.drain(..) {
+    for (released, &header) in headers.iter().enumerate() {
+        if releasing.exit_began() {
+            // The rest stay here, unreleased, as the process ends.
+            return released as u64;
+        }
         release_forgotten(header);
     }
+    headers.clear();
     headers.shrink_to(SCRATCH_KEEP);
     scratch.shards.shrink_to(SCRATCH_KEEP);
     if count > 0 {
@@ -232,9 +260,14 @@ fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
 /// Releases, on the calling thread, every record queued so far; returns how many.
 ///
 /// Works in either mode (in reaper mode it just does the reaper's work sooner). Inside a host
-/// function it does nothing and returns 0: owners are never dropped on a driver thread.
+/// function it does nothing and returns 0: owners are never dropped on a driver thread. It also
+/// returns 0 in a child forked after the first launch (the queue holds copies of the parent's
+/// records) and once the process is exiting.
+///
+/// The owners' `Drop` runs in the calling thread's stream-capture interaction mode: see
+/// [`CleanupMode::Manual`] for what that means while a graph is captured.
 pub fn drain() -> u64 {
-    if in_host_function() {
+    if in_host_function() || crate::forked_child::is_forked_child() {
         return 0;
     }
     release_batch(QUEUE.stack.take_all(), &mut Scratch::default())
@@ -261,7 +294,8 @@ pub fn drain() -> u64 {
 /// # Errors
 /// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
 /// from a host function (the reaper cannot be waited for there);
-/// [`Error::FlushOnReleasingThread`] if called by the releasing thread.
+/// [`Error::FlushOnReleasingThread`] if called by the releasing thread; [`Error::ForkedChild`] in a
+/// child forked after the first launch.
 pub fn flush(timeout: Duration) -> Result<(), Error> {
     if in_host_function() {
         return Err(Error::InsideHostFunction { operation: "flush" });
@@ -269,6 +303,7 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
     if releasing_here() {
         return Err(Error::FlushOnReleasingThread);
     }
+    crate::forked_child::check()?;
     let target = QUEUE.queued.load(Ordering::SeqCst);
     // None: beyond what the clock can represent, so never reached.
     let deadline = Instant::now().checked_add(timeout);
@@ -374,6 +409,7 @@ fn reaper_running() -> bool {
 /// the reaper thread exists (so the first push can wake it). Returns the mode.
 #[inline]
 pub(crate) fn prepare() -> Result<CleanupMode, Error> {
+    crate::forked_child::check()?;
     let mode = cleanup_mode()?;
     if mode == CleanupMode::Reaper && REAPER.get().is_none() {
         start_reaper()?;
@@ -408,6 +444,7 @@ fn start_reaper() -> Result<(), Error> {
 /// next push that finds the queue empty wakes it.
 fn reaper_loop() {
     precise_sleeps();
+    let mut relaxed = RelaxedCaptureMode::pending();
     let poll = env_micros(REAPER_POLL_ENV).unwrap_or(DEFAULT_POLL);
     let linger = env_micros(REAPER_LINGER_ENV).unwrap_or(DEFAULT_LINGER);
     let mut idle_since: Option<Instant> = None;
@@ -430,6 +467,10 @@ fn reaper_loop() {
             continue;
         }
         idle_since = None;
+        // The driver is loaded by now (a record is queued only after a launch): relax this
+        // thread's capture interaction before it runs owners' `Drop`, and stop it at exit.
+        relaxed.enter_once_loaded();
+        crate::exit_gate::arm_or_stop();
         release_batch(QUEUE.stack.take_all(), &mut scratch);
     }
 }

@@ -121,6 +121,16 @@ pub enum Error {
     #[error("a completed future was polled again")]
     PolledAfterCompletion,
 
+    /// This process was forked from one that had used this crate, after that: the child has
+    /// neither the parent's reaper nor a CUDA driver it may use.
+    #[error(
+        "this process was forked from one that had already launched host functions: CUDA cannot \
+         be used in a child forked after its parent initialised it (and the parent's cleanup \
+         thread does not exist here). Start the child with exec (std::process::Command), or fork \
+         before the first launch"
+    )]
+    ForkedChild,
+
     /// The bytes to copy are too large for one allocation.
     #[error("{len} bytes of user data cannot be allocated in one block")]
     UserDataTooLarge {

@@ -44,7 +44,8 @@ use crate::user_object::{GraphOwnedRecord, tie_captured_launch};
 /// # Errors
 /// [`Error::NullFunction`] for a null `f`; [`Error::CaptureActive`] if `stream` is capturing a
 /// graph; [`Error::InsideHostFunction`] if called from a host function; [`Error::Cuda`] if the driver
-/// cannot be loaded or refuses the launch. In every case `owners` has been dropped (on this thread,
+/// cannot be loaded or refuses the launch; [`Error::ForkedChild`] in a child process forked after
+/// the first launch. In every case `owners` has been dropped (on this thread,
 /// or through the cleanup queue if this is a driver thread) before the error returns.
 ///
 /// # Examples

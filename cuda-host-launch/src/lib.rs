@@ -86,6 +86,10 @@ mod completion;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+mod exit_gate;
+#[cfg(not(loom))]
+mod forked_child;
+#[cfg(not(loom))]
 mod graph;
 #[cfg(not(loom))]
 mod host_thread;
@@ -117,6 +121,8 @@ mod raw_stream;
 mod record;
 #[cfg(not(loom))]
 mod record_pool;
+#[cfg(not(loom))]
+mod relaxed_capture;
 #[cfg(not(loom))]
 mod resources;
 #[cfg_attr(loom, allow(unused_imports))]

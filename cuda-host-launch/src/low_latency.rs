@@ -154,6 +154,7 @@ pub(crate) fn register(stream: &impl AsRawStream, shared: Arc<Shared<()>>) -> Re
             operation: "creating a completion",
         });
     }
+    crate::forked_child::check()?;
     let driver = cuda_sys::driver()?;
     let write = driver.raw().cuStreamWriteValue64()?;
     let raw = stream.as_raw_stream();
@@ -353,6 +354,9 @@ fn thread_cpu_time() -> Duration {
 }
 
 fn poll_loop() {
+    // Wakers are users' code: never in the default capture interaction (see `relaxed_capture`).
+    // The driver is loaded (`register` used it before starting this thread).
+    let _ = crate::relaxed_capture::enter_relaxed_mode();
     let cpu_start = thread_cpu_time();
     let mut cpu_counted = Duration::ZERO;
     let mut waiting: Vec<Entry> = Vec::new();

@@ -10,7 +10,7 @@ use std::sync::{LazyLock, Mutex};
 use cuda_sys::types::CUresult;
 
 use crate::config::config;
-use crate::errors::{NOT_INITIALIZED, STUB_LIBRARY, UNKNOWN};
+use crate::errors::{DEINITIALIZED, NOT_INITIALIZED, STUB_LIBRARY, UNKNOWN};
 use crate::state::relock;
 
 /// An injected failure: the `nth` call (1-based, counted from when the fault was set; 0 = every
@@ -100,8 +100,14 @@ pub(crate) fn call(
     if let Some(code) = count_and_fault(export, base) {
         return code;
     }
+    if crate::teardown::refuse_call() {
+        return DEINITIALIZED;
+    }
     if !works_uninitialized(base) && !INITIALIZED.load(Ordering::Acquire) {
         return NOT_INITIALIZED;
+    }
+    if let Err(code) = crate::capture_mode::check(base) {
+        return code;
     }
     // A panic must not unwind into C (it would abort the process); report it as an unknown error.
     catch_unwind(AssertUnwindSafe(body)).unwrap_or(UNKNOWN)

@@ -114,6 +114,8 @@ unsafe fn begin_capture(handle: CUstream, mode: CUstreamCaptureMode, per_thread:
             origin: s,
             graph,
             invalidated: false,
+            mode,
+            thread: crate::state::thread_number(),
             streams: vec![s],
         },
     );

@@ -305,3 +305,23 @@ pub extern "C" fn fake_cuda_hide_capture(count: u64) {
 pub extern "C" fn fake_cuda_reuse_context_handles(on: u32) {
     crate::context::REUSE_HANDLES.store(on != 0, Ordering::Release);
 }
+
+/// The calling thread's stream-capture interaction mode (0 `GLOBAL`, the default; 1
+/// `THREAD_LOCAL`; 2 `RELAXED`), as `cuThreadExchangeStreamCaptureMode` last set it.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_capture_interaction_mode() -> u32 {
+    crate::capture_mode::current()
+}
+
+/// Driver calls made after the driver's teardown at process exit (see `teardown.rs`): for an exit
+/// handler of a test, registered before the driver was initialised (so it runs after the teardown).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_calls_after_teardown() -> u64 {
+    crate::teardown::calls_after_teardown()
+}
+
+/// Whether the driver's teardown at process exit has run (1) or not (0).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_torn_down() -> u32 {
+    u32::from(crate::teardown::torn_down())
+}

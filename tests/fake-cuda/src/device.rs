@@ -28,6 +28,7 @@ pub unsafe extern "C" fn cuInit(Flags: c_uint) -> CUresult {
             return CUresult::CUDA_ERROR_NO_DEVICE;
         }
         set_initialized();
+        crate::teardown::register();
         SUCCESS
     })
 }

@@ -31,6 +31,7 @@ pub(crate) const SUCCESS: CUresult = CUresult(0);
 pub(crate) const INVALID_VALUE: CUresult = CUresult(1);
 pub(crate) const OUT_OF_MEMORY: CUresult = CUresult(2);
 pub(crate) const NOT_INITIALIZED: CUresult = CUresult(3);
+pub(crate) const DEINITIALIZED: CUresult = CUresult(4);
 pub(crate) const STUB_LIBRARY: CUresult = CUresult(34);
 pub(crate) const INVALID_DEVICE: CUresult = CUresult(101);
 pub(crate) const INVALID_CONTEXT: CUresult = CUresult(201);

@@ -47,6 +47,14 @@
 //!   a capture, `cuStreamAddCallback` invalidates it), graphs, instantiation and replay, and user
 //!   objects whose destructors run on a fake-internal thread once the last reference (including an
 //!   in-flight launch's) is gone.
+//! - Capture-interaction modes (`capture_mode.rs`): per-thread modes
+//!   (`cuThreadExchangeStreamCaptureMode`, `GLOBAL` by default) and the captures' modes decide
+//!   whether a potentially unsafe call (`cuMemAlloc`, `cuMemFree`, `cuEventQuery`,
+//!   `cuStreamSynchronize`, ...) fails with 900 and invalidates the captures that prohibit it, as
+//!   measured on the real driver.
+//! - The driver's teardown at process exit (`teardown.rs`): an exit handler registered at the
+//!   first `cuInit`; every call after it returns 4 (`CUDA_ERROR_DEINITIALIZED`) and is counted
+//!   ([`control::fake_cuda_calls_after_teardown`]).
 //! - Calls made on the fake's own threads (a context's worker, inside a host function, or the
 //!   user-object destructor thread), where the real driver forbids CUDA calls, are also counted
 //!   apart ([`control::fake_cuda_driver_thread_call_count`]), so tests can check nobody makes them.
@@ -64,8 +72,7 @@
 //! - No kernels: `cuModuleLoadData` returns 801, kernel graph nodes are empty nodes.
 //! - The legacy default stream's implicit synchronization with other blocking streams is not
 //!   modelled; neither is the ordering of synchronous copies after pending stream work.
-//! - Capture: no capture modes (global/thread-local/relaxed are accepted and ignored), no check
-//!   that forked streams rejoin before `cuStreamEndCapture`, no graph launches or holds inside a
+//! - Capture: no check that forked streams rejoin before `cuStreamEndCapture`, no graph launches or holds inside a
 //!   capture (900), and a wait on an event recorded outside the capture fails with 905.
 //! - A host function may call back into the fake (enqueue work, use the control functions), but
 //!   synchronizing its own context from its driver thread returns 800 (`CUDA_ERROR_NOT_PERMITTED`)
@@ -127,6 +134,7 @@ macro_rules! stream_export {
 
 mod calls;
 mod capture;
+mod capture_mode;
 mod config;
 mod context;
 pub mod control;
@@ -140,4 +148,5 @@ mod proc_address;
 mod scheduler;
 mod state;
 mod stream;
+mod teardown;
 mod user_object;

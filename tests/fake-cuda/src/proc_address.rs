@@ -49,6 +49,7 @@ variants! {
     "cuDriverGetVersion" => [(2020, crate::device::cuDriverGetVersion)],
     "cuGetProcAddress" => [(11030, cuGetProcAddress), (12000, cuGetProcAddress_v2)],
     "cuDeviceGet" => [(2000, crate::device::cuDeviceGet)],
+    "cuThreadExchangeStreamCaptureMode" => [(10010, crate::capture_mode::cuThreadExchangeStreamCaptureMode)],
     "cuDeviceGetCount" => [(2000, crate::device::cuDeviceGetCount)],
     "cuDeviceGetName" => [(2000, crate::device::cuDeviceGetName)],
     "cuDeviceTotalMem" => [(3020, crate::device::cuDeviceTotalMem_v2)],

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use cuda_sys::types::{CUgraphEdgeData, CUhostFn, CUresult, CUstream};
+use cuda_sys::types::{CUgraphEdgeData, CUhostFn, CUresult, CUstream, CUstreamCaptureMode};
 
 /// A host function as the worker calls it.
 pub(crate) type HostFn = unsafe extern "C" fn(*mut c_void);
@@ -253,6 +253,10 @@ pub(crate) struct Capture {
     pub(crate) origin: usize,
     pub(crate) graph: usize,
     pub(crate) invalidated: bool,
+    /// The mode given to `cuStreamBeginCapture` (how it interacts with other threads' calls).
+    pub(crate) mode: CUstreamCaptureMode,
+    /// The thread that began it ([`thread_number`]).
+    pub(crate) thread: u64,
     /// Every stream that joined, the origin included.
     pub(crate) streams: Vec<usize>,
 }
