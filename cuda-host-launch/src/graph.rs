@@ -112,6 +112,10 @@ impl Graph {
         let mut count = 0usize;
         // SAFETY: live graph; a null array asks for the count.
         unsafe { driver.cuGraphGetNodes(self.raw, ptr::null_mut(), &mut count)? };
+        if count == 0 {
+            // The driver refuses an array with room for no node (measured on the H200).
+            return Ok(Vec::new());
+        }
         let mut nodes = vec![ptr::null_mut(); count];
         // SAFETY: `nodes` has room for `count` handles.
         unsafe { driver.cuGraphGetNodes(self.raw, nodes.as_mut_ptr(), &mut count)? };
