@@ -4,8 +4,9 @@
 //!   then refuses or accepts the launch, the owners are dropped exactly once, after the host
 //!   function ran if it ran;
 //! - another thread beginning a capture on the stream between the launch's capture query and its
-//!   launch (the host function becomes a node of that graph), or just after the launch: the owners
-//!   live until the graph is gone, the host function runs at most once, and they are dropped once;
+//!   launch (the host function becomes a node of that graph), or just after the launch: the
+//!   launch is kept for ever (a graph made from the capture may call it at any time), its host
+//!   function runs at most once, and its owners are never dropped;
 //! - the host function running before its launcher is done with the record.
 //!
 //! Each case runs in its own process: a hook is process-wide. Records of both kinds are covered: a
@@ -16,7 +17,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Graph, PrimaryContext, Stream, flush, host_launch, pending_launches, reclaim_pending,
+    Graph, PrimaryContext, Stream, flush, host_launch, kept_launches, pending_launches,
+    reclaim_pending,
 };
 use cuda_sys::types::{CUresult, CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
@@ -165,8 +167,8 @@ fn reclaim_during_an_accepted_launch(boxed: bool) {
 
 /// Another thread begins a capture on the stream between the launch's capture query and its
 /// launch, so the host function becomes a node of that graph. The graph is replayed three times:
-/// the host function runs at most once, its owner lives until the graph is gone and is then
-/// dropped once.
+/// the host function runs once, and the launch is kept for ever, its owner never dropped (even
+/// once the graph is gone: another graph instantiated from it earlier could still call it).
 fn capture_begun_before_the_launch(boxed: bool) {
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
@@ -174,6 +176,7 @@ fn capture_begun_before_the_launch(boxed: bool) {
     let raw = SendStream::of(&stream);
     fake().set_hook("cuLaunchHostFunc", 1, move || begin_capture(raw));
     launch(&stream, &drops, &seen, boxed).unwrap();
+    assert_eq!(kept_launches(), 1);
     let graph = end_capture(&stream);
     let exec = graph.instantiate().unwrap();
     for _ in 0..3 {
@@ -187,16 +190,10 @@ fn capture_begun_before_the_launch(boxed: bool) {
         "a run-once payload ran once"
     );
     assert!(!seen.ran_after_drop.load(Ordering::SeqCst));
-    assert_eq!(
-        drops.dropped(),
-        0,
-        "dropped while its graph can still run it"
-    );
     drop((exec, graph));
-    drops.wait_dropped(1);
     flush(PATIENCE).unwrap();
-    assert_eq!(drops.dropped(), 1);
-    assert_eq!(drops.live(), 0);
+    assert_eq!(drops.dropped(), 0, "the owner of a kept launch was dropped");
+    assert_eq!(kept_launches(), 1);
     assert_eq!(pending_launches(None), 0);
 }
 
@@ -230,23 +227,23 @@ isolated_test! {
     }
 
     /// A capture begun between the capture query and the launch: a pooled record.
-    fn a_capture_begun_inside_the_launch_keeps_the_owner_until_the_graph_is_gone(
+    fn a_capture_begun_inside_the_launch_keeps_it_and_runs_it_once(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_begun_before_the_launch(false);
     }
 
     /// A capture begun between the capture query and the launch: a boxed record.
-    fn a_capture_begun_inside_the_launch_keeps_a_boxed_owner_until_the_graph_is_gone(
+    fn a_capture_begun_inside_the_launch_keeps_a_boxed_record_and_runs_it_once(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_begun_before_the_launch(true);
     }
 
-    /// A capture that took the launch and was never replayed: nothing can tell whether the host
-    /// function will still run from the stream, so the owner waits for the context's end as well
-    /// as the graph's, and a reset releases it, once.
-    fn a_captured_launch_never_replayed_is_released_with_its_context(
+    /// A capture that took the launch and was never replayed: the launch is kept for ever, and a
+    /// reset of its context does not release it (a graph made from the capture may still call it,
+    /// in any context).
+    fn a_captured_launch_is_kept_through_a_reset_of_its_context(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
@@ -259,22 +256,21 @@ isolated_test! {
         stream.synchronize().unwrap();
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 0);
-        assert_eq!(context.pending_launches(), 1);
+        assert_eq!((kept_launches(), context.pending_launches()), (1, 0));
         drop(stream);
         // SAFETY: the context's only stream is dropped and nothing made in it is used afterwards.
         let reclaimed = unsafe { context.reset() }.unwrap();
-        assert_eq!(reclaimed, 1);
-        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        assert_eq!(reclaimed, 0);
+        assert_eq!(drops.dropped(), 0);
         assert_eq!(seen.ran.load(Ordering::SeqCst), 0);
-        assert_eq!(drops.live(), 0);
-        assert_eq!(pending_launches(None), 0);
+        assert_eq!(kept_launches(), 1);
     }
 
     /// A capture begun just after the launch (before the launcher asks again), while the stream
-    /// is still busy: the launch went ahead of the capture, but the launcher cannot tell, so the
-    /// owner waits for the graph and for the host function's run from the stream, whichever comes
-    /// last.
-    fn a_capture_begun_after_the_launch_waits_for_both_the_graph_and_the_run(
+    /// is still busy: the launch went ahead of the capture, but the launcher cannot tell, so it is
+    /// kept; the host function still runs from the stream, once.
+    fn a_capture_begun_after_the_launch_keeps_the_launch_and_it_still_runs_once(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
@@ -285,16 +281,15 @@ isolated_test! {
         // The first capture query is the launch's check, the second its look after the launch.
         fake().set_hook("cuStreamGetCaptureInfo", 2, move || begin_capture(raw));
         launch(&stream, &drops, &seen, true).unwrap();
+        assert_eq!(kept_launches(), 1);
         let graph = end_capture(&stream);
         drop(graph);
-        flush(PATIENCE).unwrap();
-        assert_eq!(drops.dropped(), 0, "dropped before its host function ran");
         fake().release_hold(hold);
         stream.synchronize().unwrap();
-        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
         assert_eq!(seen.ran.load(Ordering::SeqCst), 1);
         assert!(!seen.ran_after_drop.load(Ordering::SeqCst));
-        assert_eq!(drops.live(), 0);
+        assert_eq!(drops.dropped(), 0);
         assert_eq!(pending_launches(None), 0);
     }
 
@@ -354,9 +349,8 @@ isolated_test! {
     }
 
     /// The host function runs to its end before its launcher looks at the stream again, and in
-    /// between another thread begins a capture: the owner waits for the graph, then is dropped
-    /// once.
-    fn a_host_function_that_ran_early_on_a_stream_that_began_capturing_waits_for_the_graph(
+    /// between another thread begins a capture: the launch is kept, and not queued by anyone.
+    fn a_host_function_that_ran_early_on_a_stream_that_began_capturing_is_kept(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
@@ -371,13 +365,10 @@ isolated_test! {
             begin_capture(raw);
         });
         launch(&stream, &drops, &seen, false).unwrap();
-        let graph = end_capture(&stream);
+        drop(end_capture(&stream));
         flush(PATIENCE).unwrap();
-        assert_eq!(drops.dropped(), 0, "dropped while its graph is alive");
-        drop(graph);
-        drops.wait_dropped(1);
         assert_eq!(seen.ran.load(Ordering::SeqCst), 1);
-        assert_eq!(drops.live(), 0);
-        assert_eq!(pending_launches(None), 0);
+        assert_eq!(drops.dropped(), 0);
+        assert_eq!((kept_launches(), pending_launches(None)), (1, 0));
     }
 }

@@ -17,7 +17,7 @@ use crate::record::{
     ClosurePayload, OwnedRecord, RawPayload, RecordHeader, RepeatableClosure, new_bytes_record,
     new_record, new_shared_record, trampoline, trampoline_repeatable,
 };
-use crate::user_object::{GraphOwnedRecord, tie_captured_launch};
+use crate::user_object::GraphOwnedRecord;
 
 /// Enqueues `f(user_data)` on `stream`, keeping `owners` alive until `f` has returned; the owners
 /// are then dropped exactly once, by the cleanup queue, never on the driver's thread.
@@ -363,14 +363,15 @@ pub(crate) unsafe fn enqueue(
 
 /// After a successful launch of a run-once record: asks again whether the stream is capturing, since
 /// another thread may have begun a capture between the first question and the launch, taking the
-/// host function into its graph as a node that runs on every replay. If it is capturing now, the
-/// record is tied to that graph (it may also have gone ahead of the capture: nobody can tell) and
-/// released only once the graph is gone and its one run, if any, is over; else it is handed to the
-/// driver's thread as usual. See [`launch_state`](crate::launch_state).
+/// host function into its graph as a node that may run on every replay of every graph made from
+/// it, long after a run-once record would have been released. If it is capturing now, the record
+/// is kept for ever (it may also have gone ahead of the capture: nobody can tell; and tying it to
+/// the graph would be a call on a graph the other thread owns, which graph objects do not allow);
+/// its payload still runs at most once. Else it is handed to the driver's thread as usual. See
+/// [`launch_state`](crate::launch_state).
 ///
 /// If the question fails (a stream in a sticky error state, which no capture can begin on), the
-/// launch is taken as not captured. If the tie fails, the record is kept for ever: leaking it is
-/// the only sound answer when a graph may still run it.
+/// launch is taken as not captured.
 ///
 /// # Safety
 /// `header` must be a record this thread launched with `trampoline` and still holds (LAUNCHING).
@@ -380,27 +381,17 @@ unsafe fn hand_over_launched(
     header: NonNull<RecordHeader>,
 ) {
     let state = pending::launch_state(header);
-    let over = match capture_of(driver, stream) {
-        Ok(Capture::Active { graph, .. }) => {
-            state.prepare_capture();
-            let graph = if graph.is_null() {
-                capture_graph_legacy(driver, stream)
-            } else {
-                Ok(graph)
-            };
-            // SAFETY: the record is live and held by this thread; the graph is the capture's.
-            let tied =
-                graph.and_then(|graph| unsafe { tie_captured_launch(driver, graph, header) });
-            if tied.is_err() {
-                return;
-            }
-            state.captured()
+    match capture_of(driver, stream) {
+        Ok(Capture::Active { .. }) => {
+            state.captured();
+            pending::keep_forever(header);
         }
-        Ok(Capture::None) | Err(_) => state.launched(),
-    };
-    if over == LaunchOver::Push {
-        // SAFETY: the host function has run and no one else holds the record.
-        unsafe { cleanup::push(header) };
+        Ok(Capture::None) | Err(_) => {
+            if state.launched() == LaunchOver::Push {
+                // SAFETY: the host function has run and no one else holds the record.
+                unsafe { cleanup::push(header) };
+            }
+        }
     }
 }
 

@@ -12,27 +12,27 @@
 //!                          |                                  (the launcher, once it is done, or the
 //!                          |                                   trampoline, if the launcher is done,
 //!                          |                                   pushes it)
-//!                          \--a capture may have taken it: tied to that graph--> CAPTURED
-//!   CAPTURED --trampoline claims--> CAPTURED_RAN      (the payload never runs again)
-//!            \--reclaim claims--> CAPTURED_RECLAIMED
+//!                          \--a capture may have taken it: kept for ever--> CAPTURED
+//!   CAPTURED --trampoline claims--> CAPTURED_RAN      (the payload never runs again; never pushed)
 //! ```
 //!
 //! **Why the launcher holds the record across the launch** (`LAUNCHING`): a reclaim only takes
-//! `PENDING` and `CAPTURED` records, so it can never release a record whose launch call has not
-//! returned: neither one the driver is about to refuse (the launcher releases it) nor one the driver
-//! is about to accept (the driver's thread will run it).
+//! `PENDING` records, so it can never release a record whose launch call has not returned: neither
+//! one the driver is about to refuse (the launcher releases it) nor one the driver is about to
+//! accept (the driver's thread will run it).
 //!
 //! **Why a launch can end up captured.** The launch asks whether the stream is capturing, and then
 //! launches: two driver calls. Another thread may begin a capture on the stream in between, and the
-//! host function becomes a node of that graph, run on every replay. So after a successful launch the
-//! launcher asks again; if the stream is capturing now, the node may be in that graph (or the launch
-//! may have gone ahead of the capture: it cannot tell), so it ties the record to the graph (a user
-//! object) and marks it `CAPTURED`. From then on the record is released only when both holds are let
-//! go: the graph's (its user object destroyed: no replay can run any more) and the run's (the
-//! trampoline's one run is over, or a reclaim took the record because the context is gone). The
-//! payload runs at most once, on the first call, whether that comes from the stream or a replay;
-//! later calls find the record claimed and return. A capture that both begins and ends between the
-//! two questions is not seen (see `RELIABILITY.md`).
+//! host function becomes a node of that graph, run on every replay, long after a run-once record
+//! would have been released. So after a successful launch the launcher asks again; if the stream is
+//! capturing now, the node may be in that graph (or the launch may have gone ahead of the capture:
+//! it cannot tell), and nothing can say when that graph, or a graph instantiated from it, calls the
+//! record for the last time. (Tying the record to the graph with a user object would need a call on
+//! a graph that the capturing thread owns, and graph objects are not thread-safe.) So the record is
+//! kept for ever (`CAPTURED`): its payload runs at most once, on the first call, whether that comes
+//! from the stream or a replay; later calls find it claimed and return; its owners are never
+//! dropped. A capture that both begins and ends between the two questions is not seen (see
+//! `RELIABILITY.md`).
 
 use crate::sync::{AtomicU8, Ordering};
 
@@ -45,15 +45,10 @@ const EARLY_RUNNING: u8 = 5;
 const EARLY_RAN: u8 = 6;
 const CAPTURED: u8 = 7;
 const CAPTURED_RAN: u8 = 8;
-const CAPTURED_RECLAIMED: u8 = 9;
 
 /// The ownership state of one record (a part of its header).
 pub(crate) struct LaunchState {
     state: AtomicU8,
-    /// For a `CAPTURED*` record: how many of its two holds (the graph's, the run's) are still
-    /// held. Written by the launcher before the graph can see the record; let go with
-    /// [`LaunchState::let_go`].
-    holds: AtomicU8,
 }
 
 /// What the trampoline may do with a record the driver called it with.
@@ -73,7 +68,7 @@ pub(crate) enum RunClaim {
     Pending,
     /// The launcher still holds the record.
     Early,
-    /// A record tied to a graph.
+    /// A record kept for ever: never pushed.
     Captured,
 }
 
@@ -92,7 +87,6 @@ impl LaunchState {
     pub(crate) fn new() -> LaunchState {
         LaunchState {
             state: AtomicU8::new(UNTRACKED),
-            holds: AtomicU8::new(0),
         }
     }
 
@@ -115,19 +109,16 @@ impl LaunchState {
     }
 
     /// The launch call returned success but the stream is capturing now: the node may be in the
-    /// capture's graph, to which the caller is tying the record. Call [`LaunchState::prepare_capture`]
-    /// before the graph can release it, then this once the tie is made.
-    pub(crate) fn captured(&self) -> LaunchOver {
-        match self
+    /// capture's graph, so the record is kept for ever (the caller keeps it reachable). The payload
+    /// still runs at most once.
+    pub(crate) fn captured(&self) {
+        if self
             .state
             .compare_exchange(LAUNCHING, CAPTURED, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
         {
-            Ok(_) => LaunchOver::Done,
-            Err(_) => match self.take_over_early_run(CAPTURED_RAN) {
-                // The run is over: its hold goes; the graph's may be the only one left.
-                LaunchOver::Push if self.let_go() => LaunchOver::Push,
-                _ => LaunchOver::Done,
-            },
+            // The trampoline claimed it first: whether its run is over or not, nobody pushes it.
+            let _ = self.take_over_early_run(CAPTURED_RAN);
         }
     }
 
@@ -146,11 +137,6 @@ impl LaunchState {
                 LaunchOver::Push
             }
         }
-    }
-
-    /// Before a capture tie: the record will need two holds let go (the graph's and the run's).
-    pub(crate) fn prepare_capture(&self) {
-        self.holds.store(2, Ordering::Release);
     }
 
     /// The trampoline's claim, on the driver's thread: one compare-and-swap in the usual case.
@@ -179,7 +165,7 @@ impl LaunchState {
     pub(crate) fn run_over(&self, claim: RunClaim) -> bool {
         match claim {
             RunClaim::Pending => true,
-            RunClaim::Captured => self.let_go(),
+            RunClaim::Captured => false,
             RunClaim::Early => match self.state.compare_exchange(
                 EARLY_RUNNING,
                 EARLY_RAN,
@@ -190,61 +176,37 @@ impl LaunchState {
                 Ok(_) => false,
                 // The launcher is done and left the push to this run.
                 Err(RAN) => true,
-                // The launcher tied it to a graph meanwhile: the run's hold goes.
-                Err(_) => self.let_go(),
+                // The launcher keeps it for ever (a capture may have taken it).
+                Err(_) => false,
             },
         }
     }
 
     /// A reclaim's claim (its context is gone, so its host function will never run from the
-    /// stream): returns `Some(push)` if the reclaim took it, `push` telling whether the reclaim must
-    /// push it now (a record tied to a graph waits for the graph too).
-    pub(crate) fn claim_reclaim(&self) -> Option<bool> {
-        if self
-            .state
+    /// stream): whether the reclaim took it, and must push it. A record kept for ever is not taken:
+    /// a graph made from another thread's capture may still call it, in any context.
+    pub(crate) fn claim_reclaim(&self) -> bool {
+        self.state
             .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
-        {
-            return Some(true);
-        }
-        self.state
-            .compare_exchange(
-                CAPTURED,
-                CAPTURED_RECLAIMED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .ok()
-            .map(|_| self.let_go())
     }
 
-    /// Lets one hold of a `CAPTURED*` record go: the graph's (its user object was destroyed) or the
-    /// run's. Returns whether it was the last, in which case the caller must push the record.
-    pub(crate) fn let_go(&self) -> bool {
-        self.holds.fetch_sub(1, Ordering::AcqRel) == 1
-    }
-
-    /// Whether the record waits for its host function: launching, launched, or tied to a graph and
-    /// not run. Acquire: a launcher's writes before its `begin` are seen after a `true`.
+    /// Whether the record waits for its host function: launching or launched, not run (a record
+    /// kept for ever is not counted). Acquire: a launcher's writes before its `begin` are seen
+    /// after a `true`.
     pub(crate) fn is_pending(&self) -> bool {
-        matches!(
-            self.state.load(Ordering::Acquire),
-            LAUNCHING | PENDING | CAPTURED
-        )
+        matches!(self.state.load(Ordering::Acquire), LAUNCHING | PENDING)
     }
 
     /// Whether a reclaim could take the record now (Acquire, as [`LaunchState::is_pending`]).
     pub(crate) fn is_reclaimable(&self) -> bool {
-        matches!(self.state.load(Ordering::Acquire), PENDING | CAPTURED)
+        self.state.load(Ordering::Acquire) == PENDING
     }
 
     /// Whether a boxed record is still in its pending list: from its launch until a reclaim takes
     /// it out, or its releaser does ([`LaunchState::untrack`]). Read by the record's owner.
     pub(crate) fn is_listed(&self) -> bool {
-        !matches!(
-            self.state.load(Ordering::Acquire),
-            UNTRACKED | RECLAIMED | CAPTURED_RECLAIMED
-        )
+        !matches!(self.state.load(Ordering::Acquire), UNTRACKED | RECLAIMED)
     }
 
     /// The record's owner is about to release it: it is not tracked any more. (No other party can

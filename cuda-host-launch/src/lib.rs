@@ -44,7 +44,10 @@
 //! - **`cuCtxDestroy` waits for pending host functions**, running them first.
 //! - **Run-once launches on a capturing stream are refused** with [`Error::CaptureActive`]: a
 //!   captured host function runs on every replay of the graph, long after a run-once launch would
-//!   have released its owners. Use the repeatable forms there.
+//!   have released its owners. Use the repeatable forms there. If another thread begins a capture
+//!   of the stream while a run-once launch is in progress, the host function may become a node of
+//!   that graph: the launch then runs at most once and is kept for ever, its owners never dropped
+//!   ([`kept_launches`] counts them).
 //!
 //! # Example
 //! ```no_run
@@ -161,7 +164,7 @@ pub use options::{HostTaskSyncMode, LaunchOptions};
 #[cfg(not(loom))]
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 #[cfg(not(loom))]
-pub use pending::{pending_launches, reclaim_pending};
+pub use pending::{kept_launches, pending_launches, reclaim_pending};
 #[cfg(all(cuda_host_launch_profile, not(loom)))]
 pub use profile::{
     Profile, ProfileSettings, profile_configure, profile_reset, profile_settings, profile_snapshot,

@@ -244,8 +244,7 @@ pub(crate) fn forget_all(
 }
 
 /// Unlinks every pending (never run) launch of `context` and hands it to the cleanup queue, which
-/// drops its owners (one tied to a graph that may have captured it once the graph is gone too).
-/// Returns how many it took.
+/// drops its owners. Returns how many.
 ///
 /// Launches still inside their launch call are not taken: their launcher releases them if the
 /// driver refuses them, and the driver's thread runs them if it accepts them.
@@ -256,18 +255,12 @@ pub(crate) fn forget_all(
 /// (`cuDevicePrimaryCtxReset`).
 pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
     let mut reclaimed = Vec::new();
-    let mut taken = 0;
     // Pooled records: a walk over the pool's published slots, under the pool's lock (never with a
     // shard lock held: the reaper takes a shard lock, then may free a slot).
     crate::record_pool::for_each_published(|slot| {
         let header = slot.cast::<RecordHeader>();
-        if reclaimable_in(header, context)
-            && let Some(push) = tracking(header).state.claim_reclaim()
-        {
-            taken += 1;
-            if push {
-                reclaimed.push(header);
-            }
+        if reclaimable_in(header, context) && tracking(header).state.claim_reclaim() {
+            reclaimed.push(header);
         }
     });
     // Boxed records: the lists.
@@ -280,24 +273,22 @@ pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
             node = unsafe { *t.next.get() };
             // SAFETY: under the shard lock.
             let same_context = unsafe { *t.context.get() } == context.addr();
-            if same_context && let Some(push) = t.state.claim_reclaim() {
+            if same_context && t.state.claim_reclaim() {
                 // SAFETY: linked into this list.
                 unsafe { unlink(&mut list, header) };
-                taken += 1;
-                if push {
-                    reclaimed.push(header);
-                }
+                reclaimed.push(header);
             }
         }
     }
     // Low-latency completions of the context wait for flags it will never write.
     crate::low_latency::fail_context(context);
+    let count = reclaimed.len();
     for header in reclaimed {
-        // SAFETY: the reclaim owns the record now (its trampoline will never run, and no graph
-        // holds it) and it is in no queue.
+        // SAFETY: the reclaim owns the record now (its trampoline will never run) and it is in no
+        // queue.
         unsafe { crate::cleanup::push(header) };
     }
-    taken
+    count
 }
 
 /// Whether a record in a published pool slot is a pending launch (of any context).
@@ -322,6 +313,35 @@ fn pending_in(header: NonNull<RecordHeader>, context: CUcontext) -> bool {
 /// Whether a record in a published pool slot is a launch into `context` that a reclaim may take.
 fn reclaimable_in(header: NonNull<RecordHeader>, context: CUcontext) -> bool {
     tracking(header).state.is_reclaimable() && context_in_slot(header) == context.addr()
+}
+
+/// Records kept for ever: launches that another thread's capture may have taken into a graph (see
+/// [`launch_state`](crate::launch_state)). Reachable from here, so that a leak checker does not
+/// report them, and counted by [`kept_launches`].
+static KEPT: Mutex<Vec<KeptRecord>> = Mutex::new(Vec::new());
+
+/// A record kept for ever.
+struct KeptRecord(#[allow(dead_code, reason = "kept reachable, never read")] NonNull<RecordHeader>);
+
+// SAFETY: the pointer is never followed through this list; it only keeps the record reachable.
+unsafe impl Send for KeptRecord {}
+
+/// Keeps a launched record for ever: its owners are never dropped.
+pub(crate) fn keep_forever(header: NonNull<RecordHeader>) {
+    KEPT.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .push(KeptRecord(header));
+}
+
+/// How many run-once launches of this crate are kept for ever, their owners never dropped, because
+/// another thread began a capture of their stream while they were being launched, so the host
+/// function may be a node of that capture's graph (run on its first call only; later replays do
+/// nothing). A program whose threads do not race captures against launches on the same stream
+/// never has any.
+pub fn kept_launches() -> usize {
+    KEPT.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .len()
 }
 
 /// Launches of this crate whose host function has not run (nor been reclaimed), in `context` or in

@@ -254,7 +254,7 @@ unsafe fn dispatch<P: Payload, const POOLED: bool>(
 ///
 /// Claims the record (one compare-and-swap: from then on neither a reclaim nor a later call can
 /// take it), runs the payload, then pushes the record onto the cleanup queue, unless its launcher
-/// or a graph still holds it (see [`launch_state`](crate::launch_state)). Takes no lock, allocates
+/// still holds it or keeps it for ever (see [`launch_state`](crate::launch_state)). Takes no lock, allocates
 /// nothing, calls no CUDA function and never drops an owner.
 ///
 /// # Safety
@@ -266,9 +266,9 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
     #[cfg(cuda_host_launch_profile)]
     let started = crate::profile::start();
     let state = pending::launch_state(header);
-    // A record that ran already (a replay of a graph that captured a run-once launch) or was
-    // reclaimed is not this call's to touch; its memory is still held (by the graph, or by a
-    // context that can no longer call this).
+    // A record that ran already (a replay of a graph that captured a run-once launch: such a record
+    // is kept for ever) or was reclaimed (its context can no longer call this) is not this call's
+    // to run.
     let Claim::Run(claim) = state.claim_run() else {
         return;
     };
@@ -539,23 +539,6 @@ pub(crate) unsafe extern "C" fn trampoline_repeatable(user_data: *mut c_void) {
 pub(crate) unsafe extern "C" fn user_object_destructor(user_data: *mut c_void) {
     if let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) {
         // SAFETY: the last reference is gone, so nothing runs the record any more; it is ours.
-        unsafe { cleanup::push(header) };
-    }
-}
-
-/// The destructor of the user object that ties a run-once launch to a graph that may have captured
-/// it: the driver calls it (on a thread of its own) once the graph and every executable graph made
-/// from it are gone. It lets the graph's hold go, and queues the record if that was the last hold:
-/// no lock, no allocation, no CUDA call.
-///
-/// # Safety
-/// Called by the driver only, with the pointer given to `cuUserObjectCreate`.
-pub(crate) unsafe extern "C" fn captured_launch_destructor(user_data: *mut c_void) {
-    if let Some(header) = NonNull::new(user_data.cast::<RecordHeader>())
-        && pending::launch_state(header).let_go()
-    {
-        // SAFETY: no replay can run the record any more, and its run (or a reclaim) is over: it
-        // is ours.
         unsafe { cleanup::push(header) };
     }
 }

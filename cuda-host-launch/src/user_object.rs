@@ -8,9 +8,7 @@ use cuda_sys::types::{
 };
 
 use crate::error::Error;
-use crate::record::{
-    OwnedRecord, RecordHeader, captured_launch_destructor, user_object_destructor,
-};
+use crate::record::{OwnedRecord, RecordHeader, user_object_destructor};
 
 /// A record the graph now owns through a user object.
 pub(crate) struct GraphOwnedRecord {
@@ -93,52 +91,4 @@ impl GraphOwnedRecord {
 
 fn driver_error(driver: &cuda_sys::Driver, code: CUresult, function: &'static str) -> Error {
     Error::Cuda(driver.describe(code, Some(function)).into())
-}
-
-/// Ties a run-once launch that another thread's capture may have taken to that capture's graph:
-/// a user object whose destructor lets the graph's hold on the record go (see
-/// [`launch_state`](crate::launch_state)), moved to `graph`. The caller has prepared the record's
-/// two holds ([`LaunchState::prepare_capture`](crate::launch_state::LaunchState::prepare_capture)).
-///
-/// On an error the record must be kept for ever: the graph may hold a node that runs it, and
-/// nothing would tell when that node is gone. (A user object that was created but could not be
-/// moved to the graph is kept too: releasing it would let the graph's hold go.)
-///
-/// # Safety
-/// `header` must be a live launched record, tied to no graph yet, and `graph` a live graph.
-pub(crate) unsafe fn tie_captured_launch(
-    driver: &cuda_sys::Driver,
-    graph: CUgraph,
-    header: NonNull<RecordHeader>,
-) -> Result<(), Error> {
-    let create = driver.raw().cuUserObjectCreate()?;
-    let retain = driver.raw().cuGraphRetainUserObject()?;
-    let mut object: CUuserObject = ptr::null_mut();
-    // SAFETY: `object` is a valid place to write; the record stays live until the destructor lets
-    // the graph's hold go; one initial reference.
-    let code = unsafe {
-        create(
-            &mut object,
-            header.as_ptr().cast(),
-            Some(captured_launch_destructor),
-            1,
-            CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0,
-        )
-    };
-    if code != CUresult::CUDA_SUCCESS {
-        return Err(driver_error(driver, code, "cuUserObjectCreate"));
-    }
-    // SAFETY: `graph` is live (the caller's promise), `object` holds our one reference.
-    let code = unsafe {
-        retain(
-            graph,
-            object,
-            1,
-            CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE.0,
-        )
-    };
-    if code != CUresult::CUDA_SUCCESS {
-        return Err(driver_error(driver, code, "cuGraphRetainUserObject"));
-    }
-    Ok(())
 }
