@@ -328,6 +328,22 @@ impl FakeCuda {
     /// may call the driver. Replaces an earlier hook of that name. (The hook is never freed: tests
     /// set few.)
     pub fn set_hook(&self, name: &str, nth: u64, hook: impl FnMut() + Send + 'static) {
+        self.set_hook_at(b"fake_cuda_set_hook", name, nth, hook);
+    }
+
+    /// As [`FakeCuda::set_hook`], but the hook runs at the end of the call, once it has done
+    /// everything but return.
+    pub fn set_hook_after(&self, name: &str, nth: u64, hook: impl FnMut() + Send + 'static) {
+        self.set_hook_at(b"fake_cuda_set_hook_after", name, nth, hook);
+    }
+
+    fn set_hook_at(
+        &self,
+        setter: &[u8],
+        name: &str,
+        nth: u64,
+        hook: impl FnMut() + Send + 'static,
+    ) {
         type Hook = Box<dyn FnMut() + Send>;
         extern "C" fn run(arg: *mut c_void) {
             // SAFETY: `arg` is the leaked `Hook` below, called by one driver call at a time (a test
@@ -339,9 +355,8 @@ impl FakeCuda {
         let name = c_name(name);
         type SetHook =
             unsafe extern "C" fn(*const c_char, u64, extern "C" fn(*mut c_void), *mut c_void);
-        // SAFETY: the signature of fake_cuda_set_hook; `name` is NUL-terminated; `hook` lives for
-        // ever.
-        unsafe { self.get::<SetHook>(b"fake_cuda_set_hook")(name.as_ptr(), nth, run, hook.cast()) }
+        // SAFETY: the signature of both setters; `name` is NUL-terminated; `hook` lives for ever.
+        unsafe { self.get::<SetHook>(setter)(name.as_ptr(), nth, run, hook.cast()) }
     }
 
     /// Removes every hook.

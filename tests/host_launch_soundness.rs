@@ -4,9 +4,9 @@
 //!   then refuses or accepts the launch, the owners are dropped exactly once, after the host
 //!   function ran if it ran;
 //! - another thread beginning a capture on the stream between the launch's capture query and its
-//!   launch (the host function becomes a node of that graph), or just after the launch: the
-//!   launch is kept for ever (a graph made from the capture may call it at any time), its host
-//!   function runs at most once, and its owners are never dropped;
+//!   launch (the host function becomes a node of that graph), and even ending it before the launch
+//!   returns: the host function runs on the first replay only, its owners are dropped once, after
+//!   it, and later replays touch nothing of the released record;
 //! - the host function running before its launcher is done with the record.
 //!
 //! Each case runs in its own process: a hook is process-wide. Records of both kinds are covered: a
@@ -17,8 +17,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Graph, PrimaryContext, Stream, flush, host_launch, kept_launches, pending_launches,
-    reclaim_pending,
+    Graph, PrimaryContext, Stream, flush, host_launch, pending_launches, reclaim_pending,
 };
 use cuda_sys::types::{CUresult, CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
@@ -166,35 +165,66 @@ fn reclaim_during_an_accepted_launch(boxed: bool) {
 }
 
 /// Another thread begins a capture on the stream between the launch's capture query and its
-/// launch, so the host function becomes a node of that graph. The graph is replayed three times:
-/// the host function runs once, and the launch is kept for ever, its owner never dropped (even
-/// once the graph is gone: another graph instantiated from it earlier could still call it).
-fn capture_begun_before_the_launch(boxed: bool) {
+/// launch, so the host function becomes a node of that graph; with `end_inside`, it also ends the
+/// capture before the launch returns (the launcher cannot see it at all). The graph is replayed
+/// three times: the host function runs on the first replay only, its owner is dropped once, after
+/// the run, and the later replays touch nothing of the released record.
+fn capture_begun_inside_the_launch(boxed: bool, end_inside: bool) {
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
     let (drops, seen) = (Drops::new(), Arc::new(Seen::default()));
     let raw = SendStream::of(&stream);
     fake().set_hook("cuLaunchHostFunc", 1, move || begin_capture(raw));
+    let ended: Arc<std::sync::Mutex<Option<Graph>>> = Arc::default();
+    if end_inside {
+        let out = Arc::clone(&ended);
+        fake().set_hook_after("cuLaunchHostFunc", 1, move || {
+            *out.lock().unwrap() = Some(end_capture_raw(raw));
+        });
+    }
     launch(&stream, &drops, &seen, boxed).unwrap();
-    assert_eq!(kept_launches(), 1);
-    let graph = end_capture(&stream);
+    let graph = ended
+        .lock()
+        .unwrap()
+        .take()
+        .unwrap_or_else(|| end_capture(&stream));
     let exec = graph.instantiate().unwrap();
+    assert_eq!(
+        context.pending_launches(),
+        1,
+        "the captured launch, not yet run"
+    );
     for _ in 0..3 {
         exec.launch(&stream).unwrap();
         stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
     }
-    flush(PATIENCE).unwrap();
     assert_eq!(
         seen.ran.load(Ordering::SeqCst),
         1,
         "a run-once payload ran once"
     );
     assert!(!seen.ran_after_drop.load(Ordering::SeqCst));
+    assert_eq!(
+        drops.dropped(),
+        1,
+        "the owner dropped once, after the first replay"
+    );
+    assert_eq!(drops.live(), 0);
     drop((exec, graph));
     flush(PATIENCE).unwrap();
-    assert_eq!(drops.dropped(), 0, "the owner of a kept launch was dropped");
-    assert_eq!(kept_launches(), 1);
+    assert_eq!(drops.dropped(), 1);
     assert_eq!(pending_launches(None), 0);
+}
+
+/// Ends a capture from a hook (which cannot borrow the `Stream`).
+fn end_capture_raw(stream: SendStream) -> Graph {
+    let driver = cuda_sys::driver().unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: a capturing stream; `graph` is a valid out-pointer.
+    unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();
+    // SAFETY: a graph the capture just made, owned by nobody else.
+    unsafe { Graph::from_raw(graph) }
 }
 
 isolated_test! {
@@ -227,23 +257,37 @@ isolated_test! {
     }
 
     /// A capture begun between the capture query and the launch: a pooled record.
-    fn a_capture_begun_inside_the_launch_keeps_it_and_runs_it_once(
+    fn a_capture_begun_inside_the_launch_runs_it_once_and_releases_it_once(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
-        capture_begun_before_the_launch(false);
+        capture_begun_inside_the_launch(false, false);
     }
 
     /// A capture begun between the capture query and the launch: a boxed record.
-    fn a_capture_begun_inside_the_launch_keeps_a_boxed_record_and_runs_it_once(
+    fn a_capture_begun_inside_the_launch_runs_a_boxed_record_once_and_releases_it_once(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
-        capture_begun_before_the_launch(true);
+        capture_begun_inside_the_launch(true, false);
     }
 
-    /// A capture that took the launch and was never replayed: the launch is kept for ever, and a
-    /// reset of its context does not release it (a graph made from the capture may still call it,
-    /// in any context).
-    fn a_captured_launch_is_kept_through_a_reset_of_its_context(
+    /// A capture begun and ended inside the launch, unseen by the launcher: a pooled record.
+    fn a_capture_begun_and_ended_inside_the_launch_runs_it_once_and_releases_it_once(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        capture_begun_inside_the_launch(false, true);
+    }
+
+    /// A capture begun and ended inside the launch, unseen by the launcher: a boxed record.
+    fn a_capture_begun_and_ended_inside_the_launch_runs_a_boxed_record_once(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        capture_begun_inside_the_launch(true, true);
+    }
+
+    /// A capture that took the launch and was never replayed: the launch stays pending (a graph
+    /// made from the capture may still run it), and a reset of its context releases it, once; a
+    /// replay afterwards touches nothing.
+    fn a_captured_launch_never_replayed_is_released_with_its_context(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
@@ -252,44 +296,26 @@ isolated_test! {
         let raw = SendStream::of(&stream);
         fake().set_hook("cuLaunchHostFunc", 1, move || begin_capture(raw));
         launch(&stream, &drops, &seen, false).unwrap();
-        drop(end_capture(&stream));
-        stream.synchronize().unwrap();
-        flush(PATIENCE).unwrap();
-        assert_eq!(drops.dropped(), 0);
-        assert_eq!((kept_launches(), context.pending_launches()), (1, 0));
-        drop(stream);
-        // SAFETY: the context's only stream is dropped and nothing made in it is used afterwards.
-        let reclaimed = unsafe { context.reset() }.unwrap();
-        flush(PATIENCE).unwrap();
-        assert_eq!(reclaimed, 0);
-        assert_eq!(drops.dropped(), 0);
-        assert_eq!(seen.ran.load(Ordering::SeqCst), 0);
-        assert_eq!(kept_launches(), 1);
-    }
-
-    /// A capture begun just after the launch (before the launcher asks again), while the stream
-    /// is still busy: the launch went ahead of the capture, but the launcher cannot tell, so it is
-    /// kept; the host function still runs from the stream, once.
-    fn a_capture_begun_after_the_launch_keeps_the_launch_and_it_still_runs_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
-    ) {
-        let context = fake_primary_context();
-        let stream = Stream::new(&context).unwrap();
-        let (drops, seen) = (Drops::new(), Arc::new(Seen::default()));
-        let hold = fake().hold_stream(stream.raw());
-        let raw = SendStream::of(&stream);
-        // The first capture query is the launch's check, the second its look after the launch.
-        fake().set_hook("cuStreamGetCaptureInfo", 2, move || begin_capture(raw));
-        launch(&stream, &drops, &seen, true).unwrap();
-        assert_eq!(kept_launches(), 1);
         let graph = end_capture(&stream);
-        drop(graph);
-        fake().release_hold(hold);
         stream.synchronize().unwrap();
         flush(PATIENCE).unwrap();
-        assert_eq!(seen.ran.load(Ordering::SeqCst), 1);
-        assert!(!seen.ran_after_drop.load(Ordering::SeqCst));
         assert_eq!(drops.dropped(), 0);
+        assert_eq!(context.pending_launches(), 1);
+        drop(stream);
+        // SAFETY: the context's only stream is dropped and nothing made in it is used afterwards
+        // (the graph is bound to no context until it is instantiated).
+        let reclaimed = unsafe { context.reset() }.unwrap();
+        assert_eq!(reclaimed, 1);
+        drops.wait_dropped(1);
+        // The graph replayed in the context's new incarnation: the released launch is not run.
+        let stream = Stream::new(&context).unwrap();
+        let exec = graph.instantiate().unwrap();
+        exec.launch(&stream).unwrap();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(seen.ran.load(Ordering::SeqCst), 0);
+        assert_eq!(drops.dropped(), 1);
+        assert_eq!(drops.live(), 0);
         assert_eq!(pending_launches(None), 0);
     }
 
@@ -302,7 +328,7 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         let (drops, seen) = (Drops::new(), Arc::new(Seen::default()));
         let watch = Arc::clone(&seen);
-        fake().set_hook("cuStreamGetCaptureInfo", 2, move || {
+        fake().set_hook_after("cuLaunchHostFunc", 1, move || {
             while watch.ran.load(Ordering::SeqCst) == 0 {
                 std::thread::yield_now();
             }
@@ -326,7 +352,7 @@ isolated_test! {
         let (started, finish) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
         let (hook_started, run_started, run_finish) =
             (Arc::clone(&started), Arc::clone(&started), Arc::clone(&finish));
-        fake().set_hook("cuStreamGetCaptureInfo", 2, move || {
+        fake().set_hook_after("cuLaunchHostFunc", 1, move || {
             hook_started.wait();
         });
         let owner = drops.owner();
@@ -346,29 +372,5 @@ isolated_test! {
         assert_eq!(drops.dropped(), 1);
         assert_eq!(drops.live(), 0);
         assert_eq!(pending_launches(None), 0);
-    }
-
-    /// The host function runs to its end before its launcher looks at the stream again, and in
-    /// between another thread begins a capture: the launch is kept, and not queued by anyone.
-    fn a_host_function_that_ran_early_on_a_stream_that_began_capturing_is_kept(
-        CUDA_SYS_LIBRARY = fake_driver_path()
-    ) {
-        let context = fake_primary_context();
-        let stream = Stream::new(&context).unwrap();
-        let (drops, seen) = (Drops::new(), Arc::new(Seen::default()));
-        let watch = Arc::clone(&seen);
-        let raw = SendStream::of(&stream);
-        fake().set_hook("cuStreamGetCaptureInfo", 2, move || {
-            while watch.ran.load(Ordering::SeqCst) == 0 {
-                std::thread::yield_now();
-            }
-            begin_capture(raw);
-        });
-        launch(&stream, &drops, &seen, false).unwrap();
-        drop(end_capture(&stream));
-        flush(PATIENCE).unwrap();
-        assert_eq!(seen.ran.load(Ordering::SeqCst), 1);
-        assert_eq!(drops.dropped(), 0);
-        assert_eq!((kept_launches(), pending_launches(None)), (1, 0));
     }
 }

@@ -27,7 +27,9 @@ use cuda_workspace::testing::{
 
 const THREADS: usize = 16;
 const PER_THREAD: usize = 20_000;
-const WARM_UP: usize = 1_000;
+/// As large as the run: the launches' tickets, never freed, grow to the most launches pending at
+/// once (the fake driver, unlike the real one, never makes a launch wait for room in its queue).
+const WARM_UP: usize = PER_THREAD;
 const FLUSH: Duration = Duration::from_secs(30);
 /// Slack for the heap check: allocator caches, the fake's bookkeeping.
 const HEAP_SLACK: usize = 1 << 20;

@@ -158,16 +158,11 @@ pub fn defer_drop<T: Send + 'static>(value: T) {
     }
 }
 
-/// Releases one record: takes it out of the pending launches, reports the panic its host function
-/// had, then drops its owners and frees it, catching a panic from an owner's `Drop`.
+/// Releases one record: takes it out of the pending launches (gives its ticket back), reports the
+/// panic its host function had, then drops its owners and frees it, catching a panic from an
+/// owner's `Drop`.
 fn release_one(header: NonNull<RecordHeader>) {
     crate::pending::forget(header);
-    release_forgotten(header);
-}
-
-/// [`release_one`] for a record already taken out of the pending launches (a batch's, by
-/// `forget_all`).
-fn release_forgotten(header: NonNull<RecordHeader>) {
     // SAFETY: the caller owns the live record.
     if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
         report(PanicOrigin::HostFunction, &*panic);
@@ -190,7 +185,6 @@ fn release_forgotten(header: NonNull<RecordHeader>) {
 #[derive(Default)]
 struct Scratch {
     headers: Vec<NonNull<RecordHeader>>,
-    shards: Vec<(usize, NonNull<RecordHeader>)>,
 }
 
 /// The most entries a reused vector keeps between batches (a larger batch's capacity is let go).
@@ -233,20 +227,16 @@ fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
     let headers = &mut scratch.headers;
     headers.clear();
     headers.extend(batch);
-    // Boxed records are unlinked from the pending lists one shard lock at a time, not one per
-    // record (pooled ones are not linked).
-    crate::pending::forget_all(headers, &mut scratch.shards);
     let count = headers.len() as u64;
     for (released, &header) in headers.iter().enumerate() {
         if releasing.exit_began() {
             // The rest stay here, unreleased, as the process ends.
             return released as u64;
         }
-        release_forgotten(header);
+        release_one(header);
     }
     headers.clear();
     headers.shrink_to(SCRATCH_KEEP);
-    scratch.shards.shrink_to(SCRATCH_KEEP);
     if count > 0 {
         QUEUE.released.fetch_add(count, Ordering::SeqCst);
         if QUEUE.flush_waiters.load(Ordering::SeqCst) > 0 {

@@ -57,6 +57,14 @@ pub enum Error {
         graph: usize,
     },
 
+    /// Every ticket a launch needs is in use: 16,777,215 launches of this crate are pending at once.
+    #[error(
+        "too many launches pending at once (16,777,215 host functions launched and not yet run): \
+         synchronize streams, or find the context whose host functions never run (a sticky error \
+         needs a reset)"
+    )]
+    TooManyPendingLaunches,
+
     /// `flush` gave up before every owner was dropped.
     #[error(
         "flush timed out after {timeout:?}: {waiting} host functions have run but their owners are \

@@ -2,7 +2,6 @@
 //! go through [`enqueue`].
 
 use std::ffi::c_void;
-use std::ptr::NonNull;
 
 use cuda_sys::types::{CUcontext, CUhostFn, CUresult, CUstream};
 
@@ -14,9 +13,10 @@ use crate::options::{LaunchCall, LaunchOptions};
 use crate::pending;
 use crate::raw_stream::AsRawStream;
 use crate::record::{
-    ClosurePayload, OwnedRecord, RawPayload, RecordHeader, RepeatableClosure, new_bytes_record,
-    new_record, new_shared_record, trampoline, trampoline_repeatable,
+    ClosurePayload, OwnedRecord, RawPayload, RepeatableClosure, new_bytes_record, new_record,
+    new_shared_record, trampoline, trampoline_repeatable,
 };
+use crate::tickets;
 use crate::user_object::GraphOwnedRecord;
 
 /// Enqueues `f(user_data)` on `stream`, keeping `owners` alive until `f` has returned; the owners
@@ -300,34 +300,44 @@ pub(crate) unsafe fn enqueue(
     match (capture, runs) {
         (Capture::None, _) => {
             let context = context_of(driver, stream, hint)?;
-            let user_data = record.as_user_data();
             let header = record.into_raw();
-            // Tracked from before the launch until released, so a reclaim after a context loss
-            // finds it. (A failed launch untracks it in its release below.)
+            // Tracked (a ticket, held by this thread) from before the launch until released, so a
+            // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
             #[cfg(cuda_host_launch_profile)]
             let track_started = crate::profile::start();
-            if !ablation.skip_tracking {
-                // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
-                unsafe { pending::track(header, context) };
-            }
+            // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
+            let ticket = match unsafe { pending::track(header, context) } {
+                Ok(ticket) => ticket,
+                Err(e) => {
+                    // SAFETY: `header` came from `into_raw` just above; nobody else has it.
+                    drop(unsafe { OwnedRecord::from_raw(header) });
+                    return Err(e);
+                }
+            };
             #[cfg(cuda_host_launch_profile)]
             crate::profile::track(track_started);
             #[cfg(cuda_host_launch_profile)]
             let call_started = crate::profile::start();
-            // SAFETY: `trampoline` runs the record once and queues it; `user_data` is a live record
-            // the driver owns until then. The stream's validity is the `AsRawStream` guarantee.
-            let (code, function) = unsafe { call.call(stream, trampoline, user_data) };
+            // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
+            // queues it; the ticket is never freed, so any call (even a late one) is sound. The
+            // stream's validity is the `AsRawStream` guarantee.
+            let (code, function) = unsafe { call.call(stream, trampoline, ticket.as_user_data()) };
             #[cfg(cuda_host_launch_profile)]
             crate::profile::driver_call(call_started);
             if code != CUresult::CUDA_SUCCESS {
-                // The driver did not take it: it is ours again (a reclaim never takes a record
+                // The driver did not take it: it is ours again (a reclaim never takes a launch
                 // still inside its launch call), released here.
                 // SAFETY: `header` came from `into_raw` just above and the driver refused it.
                 drop(unsafe { OwnedRecord::from_raw(header) });
                 return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
             }
-            // SAFETY: the record was launched just above and this thread still holds it.
-            unsafe { hand_over_launched(driver, stream, header) };
+            // The driver has it: hand it over (or, if its host function already ran, queue it).
+            if let Some(ticket_state) = tickets::ticket(ticket.index())
+                && ticket_state.state.launched(ticket.generation()) == LaunchOver::Push
+            {
+                // SAFETY: the host function has run and no one else holds the record.
+                unsafe { cleanup::push(header) };
+            }
         }
         (Capture::Active { id, .. }, Runs::Once) => {
             return Err(Error::CaptureActive {
@@ -361,45 +371,10 @@ pub(crate) unsafe fn enqueue(
     Ok(())
 }
 
-/// After a successful launch of a run-once record: asks again whether the stream is capturing, since
-/// another thread may have begun a capture between the first question and the launch, taking the
-/// host function into its graph as a node that may run on every replay of every graph made from
-/// it, long after a run-once record would have been released. If it is capturing now, the record
-/// is kept for ever (it may also have gone ahead of the capture: nobody can tell; and tying it to
-/// the graph would be a call on a graph the other thread owns, which graph objects do not allow);
-/// its payload still runs at most once. Else it is handed to the driver's thread as usual. See
-/// [`launch_state`](crate::launch_state).
-///
-/// If the question fails (a stream in a sticky error state, which no capture can begin on), the
-/// launch is taken as not captured.
-///
-/// # Safety
-/// `header` must be a record this thread launched with `trampoline` and still holds (LAUNCHING).
-unsafe fn hand_over_launched(
-    driver: &cuda_sys::Driver,
-    stream: CUstream,
-    header: NonNull<RecordHeader>,
-) {
-    let state = pending::launch_state(header);
-    match capture_of(driver, stream) {
-        Ok(Capture::Active { .. }) => {
-            state.captured();
-            pending::keep_forever(header);
-        }
-        Ok(Capture::None) | Err(_) => {
-            if state.launched() == LaunchOver::Push {
-                // SAFETY: the host function has run and no one else holds the record.
-                unsafe { cleanup::push(header) };
-            }
-        }
-    }
-}
-
 /// Steps of a launch that the profile build's ablations leave out (see `profile.rs`). In a normal
 /// build nothing is left out, and both are constants the compiler folds away.
 struct Ablation {
     skip_capture_query: bool,
-    skip_tracking: bool,
 }
 
 impl Ablation {
@@ -410,13 +385,11 @@ impl Ablation {
             let settings = crate::profile::profile_settings();
             Ablation {
                 skip_capture_query: settings.skip_capture_query,
-                skip_tracking: settings.skip_tracking,
             }
         }
         #[cfg(not(cuda_host_launch_profile))]
         Ablation {
             skip_capture_query: false,
-            skip_tracking: false,
         }
     }
 }

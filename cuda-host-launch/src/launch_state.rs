@@ -1,63 +1,71 @@
-//! Who owns a run-once launch record, from its launch until its release: the launching thread, the
-//! driver's thread (the trampoline), a reclaim after a context loss, or a graph that may have
-//! captured the launch. Each step is one atomic transition that exactly one party can win, so a
-//! record is run at most once and released exactly once, and never while anyone may still use it.
+//! Who owns a run-once launch, from its launch until its release: the launching thread, the
+//! driver's thread (the trampoline), or a reclaim after a context loss. Each step is one atomic
+//! transition of a word that exactly one party can win, so a record is run at most once and
+//! released exactly once, and never while anyone may still use it.
+//!
+//! The word belongs to the launch's ticket (see [`tickets`](crate::tickets)), not to the record:
+//! it holds a generation beside the state, and the driver is handed the generation with the ticket,
+//! so a call that comes after the launch was released (a replay of a graph that captured it) finds
+//! another generation and does nothing.
 //!
 //! ```text
 //!                       launch refused: the launcher releases it
 //!                      /
-//!   UNTRACKED --begin--> LAUNCHING --accepted--> PENDING --trampoline claims--> RAN --> pushed
-//!                          |   \                    \--reclaim claims--> RECLAIMED --> pushed
-//!                          |    \--trampoline claims first--> EARLY_RUNNING --run over--> EARLY_RAN
-//!                          |                                  (the launcher, once it is done, or the
-//!                          |                                   trampoline, if the launcher is done,
-//!                          |                                   pushes it)
-//!                          \--a capture may have taken it: kept for ever--> CAPTURED
-//!   CAPTURED --trampoline claims--> CAPTURED_RAN      (the payload never runs again; never pushed)
+//!   FREE --begin--> LAUNCHING --accepted--> PENDING --trampoline claims--> RAN --> pushed
+//!                       \                      \--reclaim claims--> RECLAIMED --> pushed
+//!                        \--trampoline claims first--> EARLY_RUNNING --run over--> EARLY_RAN
+//!                           (the launcher, once it is done, or the trampoline, if the launcher is
+//!                            done, pushes it)
+//!   whoever releases the record: --retire--> FREE, next generation
 //! ```
 //!
-//! **Why the launcher holds the record across the launch** (`LAUNCHING`): a reclaim only takes
-//! `PENDING` records, so it can never release a record whose launch call has not returned: neither
+//! **Why the launcher holds the launch across the launch call** (`LAUNCHING`): a reclaim only takes
+//! `PENDING` launches, so it can never release a record whose launch call has not returned: neither
 //! one the driver is about to refuse (the launcher releases it) nor one the driver is about to
 //! accept (the driver's thread will run it).
 //!
-//! **Why a launch can end up captured.** The launch asks whether the stream is capturing, and then
-//! launches: two driver calls. Another thread may begin a capture on the stream in between, and the
-//! host function becomes a node of that graph, run on every replay, long after a run-once record
-//! would have been released. So after a successful launch the launcher asks again; if the stream is
-//! capturing now, the node may be in that graph (or the launch may have gone ahead of the capture:
-//! it cannot tell), and nothing can say when that graph, or a graph instantiated from it, calls the
-//! record for the last time. (Tying the record to the graph with a user object would need a call on
-//! a graph that the capturing thread owns, and graph objects are not thread-safe.) So the record is
-//! kept for ever (`CAPTURED`): its payload runs at most once, on the first call, whether that comes
-//! from the stream or a replay; later calls find it claimed and return; its owners are never
-//! dropped. A capture that both begins and ends between the two questions is not seen (see
-//! `RELIABILITY.md`).
+//! **Why a call may come after the release.** The launch asks whether the stream is capturing and
+//! then launches: two driver calls. Another thread may begin a capture on the stream in between
+//! (and even end it before the launch returns), and the host function becomes a node of that graph,
+//! called on every replay of every executable graph made from it. The first of those calls claims
+//! the launch and runs it; the record is then released, its ticket retired; every later call finds
+//! another generation and returns without touching anything but the ticket, which is never freed.
 
-use crate::sync::{AtomicU8, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
-const UNTRACKED: u8 = 0;
-const LAUNCHING: u8 = 1;
-const PENDING: u8 = 2;
-const RAN: u8 = 3;
-const RECLAIMED: u8 = 4;
-const EARLY_RUNNING: u8 = 5;
-const EARLY_RAN: u8 = 6;
-const CAPTURED: u8 = 7;
-const CAPTURED_RAN: u8 = 8;
+const STATE_BITS: u32 = 8;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+/// The generation's width: a ticket can be reused this many times before a very late stale call
+/// could take one of its generations for its own (see `tickets.rs`).
+pub(crate) const GENERATION_BITS: u32 = 40;
+const GENERATION_MASK: u64 = (1 << GENERATION_BITS) - 1;
 
-/// The ownership state of one record (a part of its header).
-pub(crate) struct LaunchState {
-    state: AtomicU8,
+const FREE: u64 = 0;
+const LAUNCHING: u64 = 1;
+const PENDING: u64 = 2;
+const RAN: u64 = 3;
+const RECLAIMED: u64 = 4;
+const EARLY_RUNNING: u64 = 5;
+const EARLY_RAN: u64 = 6;
+
+/// The word of a generation in a state.
+const fn word(generation: u64, state: u64) -> u64 {
+    ((generation & GENERATION_MASK) << STATE_BITS) | state
 }
 
-/// What the trampoline may do with a record the driver called it with.
+/// The ownership state of one launch (a part of its ticket).
+pub(crate) struct LaunchState {
+    word: AtomicU64,
+}
+
+/// What the trampoline may do with the launch the driver called it with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub(crate) enum Claim {
     /// Run the payload; then call [`LaunchState::run_over`] with this claim.
     Run(RunClaim),
-    /// Do not touch the record: it ran already (a graph replay) or was reclaimed.
+    /// Do not touch the record: the launch ran already, was reclaimed, or is over (a call of
+    /// another generation: a replay of a graph that captured it).
     Skip,
 }
 
@@ -66,10 +74,8 @@ pub(crate) enum Claim {
 pub(crate) enum RunClaim {
     /// The usual case: `PENDING → RAN`; push the record after the run.
     Pending,
-    /// The launcher still holds the record.
+    /// The launcher still holds the launch.
     Early,
-    /// A record kept for ever: never pushed.
-    Captured,
 }
 
 /// What a launcher must do once its launch call returned successfully.
@@ -83,75 +89,72 @@ pub(crate) enum LaunchOver {
 }
 
 impl LaunchState {
-    /// The state of a new record: not tracked.
+    /// A free state, generation 0.
     pub(crate) fn new() -> LaunchState {
         LaunchState {
-            state: AtomicU8::new(UNTRACKED),
+            word: AtomicU64::new(word(0, FREE)),
         }
     }
 
-    /// The launcher takes the record into its launch. Release: what the launcher wrote into the
-    /// record before (its context) is seen by whoever later sees a reclaimable state.
-    pub(crate) fn begin(&self) {
-        self.state.store(LAUNCHING, Ordering::Release);
+    /// The generation the next launch of a free ticket gets (read by the ticket's new owner).
+    pub(crate) fn next_generation(&self) -> u64 {
+        self.word.load(Ordering::Acquire) >> STATE_BITS
     }
 
-    /// The launch call returned success and the stream is not capturing: hand the record to the
-    /// driver's thread (or to a reclaim).
-    pub(crate) fn launched(&self) -> LaunchOver {
-        match self
-            .state
-            .compare_exchange(LAUNCHING, PENDING, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => LaunchOver::Done,
-            Err(_) => self.take_over_early_run(RAN),
-        }
+    /// The launcher takes the ticket into its launch. Release: what the launcher wrote into the
+    /// ticket before (its record and context) is seen by whoever later sees this generation.
+    pub(crate) fn begin(&self, generation: u64) {
+        self.word
+            .store(word(generation, LAUNCHING), Ordering::Release);
     }
 
-    /// The launch call returned success but the stream is capturing now: the node may be in the
-    /// capture's graph, so the record is kept for ever (the caller keeps it reachable). The payload
-    /// still runs at most once.
-    pub(crate) fn captured(&self) {
+    /// The launch call returned success: hand the launch to the driver's thread (or a reclaim).
+    pub(crate) fn launched(&self, generation: u64) -> LaunchOver {
         if self
-            .state
-            .compare_exchange(LAUNCHING, CAPTURED, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
+            .word
+            .compare_exchange(
+                word(generation, LAUNCHING),
+                word(generation, PENDING),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
         {
-            // The trampoline claimed it first: whether its run is over or not, nobody pushes it.
-            let _ = self.take_over_early_run(CAPTURED_RAN);
+            return LaunchOver::Done;
         }
-    }
-
-    /// The trampoline claimed the record while the launcher still held it. Moves it to `next`
-    /// (`RAN` or `CAPTURED_RAN`): if the trampoline is still running, it will see `next` when its
-    /// run is over and act on it (`Done`); if its run is over, the launcher must act (`Push`).
-    fn take_over_early_run(&self, next: u8) -> LaunchOver {
-        match self
-            .state
-            .compare_exchange(EARLY_RUNNING, next, Ordering::AcqRel, Ordering::Acquire)
-        {
+        // The trampoline claimed it while this thread held it. If it is still running, it will
+        // push the record when its run is over; if its run is over, this thread must.
+        match self.word.compare_exchange(
+            word(generation, EARLY_RUNNING),
+            word(generation, RAN),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
             Ok(_) => LaunchOver::Done,
-            // EARLY_RAN: the run is over. Only the launcher moves a record out of it.
+            // EARLY_RAN: only the launcher moves a launch out of it.
             Err(_) => {
-                self.state.store(next, Ordering::Release);
+                self.word.store(word(generation, RAN), Ordering::Release);
                 LaunchOver::Push
             }
         }
     }
 
-    /// The trampoline's claim, on the driver's thread: one compare-and-swap in the usual case.
+    /// The trampoline's claim, on the driver's thread: one compare-and-swap in the usual case. A
+    /// call of another generation (the launch is over) or of a launch already claimed is skipped.
     #[inline]
-    pub(crate) fn claim_run(&self) -> Claim {
-        let mut current = PENDING;
+    pub(crate) fn claim_run(&self, generation: u64) -> Claim {
+        let (pending, launching) = (word(generation, PENDING), word(generation, LAUNCHING));
+        let mut current = pending;
         loop {
-            let (next, claim) = match current {
-                PENDING => (RAN, RunClaim::Pending),
-                LAUNCHING => (EARLY_RUNNING, RunClaim::Early),
-                CAPTURED => (CAPTURED_RAN, RunClaim::Captured),
-                _ => return Claim::Skip,
+            let (next, claim) = if current == pending {
+                (word(generation, RAN), RunClaim::Pending)
+            } else if current == launching {
+                (word(generation, EARLY_RUNNING), RunClaim::Early)
+            } else {
+                return Claim::Skip;
             };
             match self
-                .state
+                .word
                 .compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => return Claim::Run(claim),
@@ -162,56 +165,57 @@ impl LaunchState {
 
     /// The trampoline's run is over: returns whether the trampoline must push the record.
     #[inline]
-    pub(crate) fn run_over(&self, claim: RunClaim) -> bool {
+    pub(crate) fn run_over(&self, generation: u64, claim: RunClaim) -> bool {
         match claim {
             RunClaim::Pending => true,
-            RunClaim::Captured => false,
-            RunClaim::Early => match self.state.compare_exchange(
-                EARLY_RUNNING,
-                EARLY_RAN,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                // The launcher still holds it, and will push it.
-                Ok(_) => false,
-                // The launcher is done and left the push to this run.
-                Err(RAN) => true,
-                // The launcher keeps it for ever (a capture may have taken it).
-                Err(_) => false,
-            },
+            // Still held: the launcher will push it. Else the launcher left the push to this run.
+            RunClaim::Early => self
+                .word
+                .compare_exchange(
+                    word(generation, EARLY_RUNNING),
+                    word(generation, EARLY_RAN),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err(),
         }
     }
 
-    /// A reclaim's claim (its context is gone, so its host function will never run from the
-    /// stream): whether the reclaim took it, and must push it. A record kept for ever is not taken:
-    /// a graph made from another thread's capture may still call it, in any context.
-    pub(crate) fn claim_reclaim(&self) -> bool {
-        self.state
-            .compare_exchange(PENDING, RECLAIMED, Ordering::AcqRel, Ordering::Acquire)
+    /// A reclaim's look: the generation of a launch that waits for its host function (launched,
+    /// not yet claimed), if this one does. Acquire: the ticket's record and context, written
+    /// before the launch began, are seen after a `Some`.
+    pub(crate) fn pending_generation(&self) -> Option<u64> {
+        let current = self.word.load(Ordering::Acquire);
+        (current & STATE_MASK == PENDING).then_some(current >> STATE_BITS)
+    }
+
+    /// Whether a launch is in progress or waits for its host function (Acquire, as
+    /// [`LaunchState::pending_generation`]).
+    pub(crate) fn is_pending(&self) -> bool {
+        matches!(
+            self.word.load(Ordering::Acquire) & STATE_MASK,
+            LAUNCHING | PENDING
+        )
+    }
+
+    /// A reclaim's claim of the launch of `generation` (its context is gone, so its host function
+    /// will never run from the stream): whether the reclaim took it, and must push it.
+    pub(crate) fn claim_reclaim(&self, generation: u64) -> bool {
+        self.word
+            .compare_exchange(
+                word(generation, PENDING),
+                word(generation, RECLAIMED),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
             .is_ok()
     }
 
-    /// Whether the record waits for its host function: launching or launched, not run (a record
-    /// kept for ever is not counted). Acquire: a launcher's writes before its `begin` are seen
-    /// after a `true`.
-    pub(crate) fn is_pending(&self) -> bool {
-        matches!(self.state.load(Ordering::Acquire), LAUNCHING | PENDING)
-    }
-
-    /// Whether a reclaim could take the record now (Acquire, as [`LaunchState::is_pending`]).
-    pub(crate) fn is_reclaimable(&self) -> bool {
-        self.state.load(Ordering::Acquire) == PENDING
-    }
-
-    /// Whether a boxed record is still in its pending list: from its launch until a reclaim takes
-    /// it out, or its releaser does ([`LaunchState::untrack`]). Read by the record's owner.
-    pub(crate) fn is_listed(&self) -> bool {
-        !matches!(self.state.load(Ordering::Acquire), UNTRACKED | RECLAIMED)
-    }
-
-    /// The record's owner is about to release it: it is not tracked any more. (No other party can
-    /// change the state of a record its owner releases; a reclaim's walk may still read it.)
-    pub(crate) fn untrack(&self) {
-        self.state.store(UNTRACKED, Ordering::Release);
+    /// Whoever releases the record of the launch of `generation` (its owner: no other party
+    /// changes the state any more) frees the ticket for another launch: a later call of this
+    /// generation finds the next one and does nothing.
+    pub(crate) fn retire(&self, generation: u64) {
+        self.word
+            .store(word(generation.wrapping_add(1), FREE), Ordering::Release);
     }
 }

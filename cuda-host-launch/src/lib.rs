@@ -44,10 +44,9 @@
 //! - **`cuCtxDestroy` waits for pending host functions**, running them first.
 //! - **Run-once launches on a capturing stream are refused** with [`Error::CaptureActive`]: a
 //!   captured host function runs on every replay of the graph, long after a run-once launch would
-//!   have released its owners. Use the repeatable forms there. If another thread begins a capture
+//!   have released its owners. Use the repeatable forms there. (If another thread begins a capture
 //!   of the stream while a run-once launch is in progress, the host function may become a node of
-//!   that graph: the launch then runs at most once and is kept for ever, its owners never dropped
-//!   ([`kept_launches`] counts them).
+//!   that graph: it then runs on the first call only, and later replays do nothing.)
 //!
 //! # Example
 //! ```no_run
@@ -131,6 +130,8 @@ mod resources;
 #[cfg_attr(loom, allow(unused_imports))]
 mod sync;
 #[cfg(not(loom))]
+mod tickets;
+#[cfg(not(loom))]
 mod user_object;
 #[cfg(not(loom))]
 mod waker_slot;
@@ -164,7 +165,7 @@ pub use options::{HostTaskSyncMode, LaunchOptions};
 #[cfg(not(loom))]
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 #[cfg(not(loom))]
-pub use pending::{kept_launches, pending_launches, reclaim_pending};
+pub use pending::{pending_launches, reclaim_pending};
 #[cfg(all(cuda_host_launch_profile, not(loom)))]
 pub use profile::{
     Profile, ProfileSettings, profile_configure, profile_reset, profile_settings, profile_snapshot,

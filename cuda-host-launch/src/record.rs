@@ -33,6 +33,7 @@ use crate::launch_state::Claim;
 use crate::pending;
 use crate::record_pool;
 use crate::sync::AtomicPtr;
+use crate::tickets::{self, TicketId};
 
 /// A caught panic's payload.
 pub(crate) type PanicPayload = Box<dyn Any + Send + 'static>;
@@ -71,13 +72,12 @@ unsafe impl Linked for RecordHeader {
 }
 
 impl RecordHeader {
-    /// The header of a new record; `in_pool_slot` for one written into a pool slot (which must
-    /// then be published: see [`record_pool::PoolSlot::publish`]).
-    fn new(dispatch: Dispatch, in_pool_slot: bool) -> Self {
+    /// The header of a new record.
+    fn new(dispatch: Dispatch) -> Self {
         RecordHeader {
             next: AtomicPtr::new(ptr::null_mut()),
             dispatch,
-            tracking: pending::Tracking::new(in_pool_slot),
+            tracking: pending::Tracking::new(),
         }
     }
 
@@ -171,16 +171,12 @@ fn place<P>(payload: P, pooled: Option<Dispatch>, boxed: Dispatch) -> OwnedRecor
         && let Some(slot) = record_pool::allocate()
     {
         let record = slot.memory.cast::<Record<P>>();
-        let header = RecordHeader::new(pooled, true);
-        // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>;
-        // once the record is written, the slot (this thread's latest) may be published.
-        unsafe {
-            record.write(Record { header, payload });
-            slot.publish();
-        }
+        let header = RecordHeader::new(pooled);
+        // SAFETY: the slot is fresh, uninitialised memory large and aligned enough for Record<P>.
+        unsafe { record.write(Record { header, payload }) };
         return OwnedRecord(record.cast());
     }
-    let header = RecordHeader::new(boxed, false);
+    let header = RecordHeader::new(boxed);
     let record = Box::new(Record { header, payload });
     OwnedRecord(NonNull::from(Box::leak(record)).cast())
 }
@@ -250,35 +246,41 @@ unsafe fn dispatch<P: Payload, const POOLED: bool>(
     }
 }
 
-/// The host function the driver calls for every launch of this crate: `userData` is the record.
+/// The host function the driver calls for every run-once launch of this crate: `userData` is the
+/// launch's ticket id (see [`tickets`](crate::tickets)).
 ///
-/// Claims the record (one compare-and-swap: from then on neither a reclaim nor a later call can
-/// take it), runs the payload, then pushes the record onto the cleanup queue, unless its launcher
-/// still holds it or keeps it for ever (see [`launch_state`](crate::launch_state)). Takes no lock, allocates
+/// Claims the launch (one compare-and-swap on its ticket: from then on neither a reclaim nor a
+/// later call can take it), runs the record's payload, then pushes the record onto the cleanup
+/// queue, unless its launcher still holds it (see [`launch_state`](crate::launch_state)). Takes no lock, allocates
 /// nothing, calls no CUDA function and never drops an owner.
 ///
 /// # Safety
 /// Called by the driver only, with the `userData` of a launch made by this crate.
 pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
-    let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) else {
+    let Some(id) = TicketId::from_user_data(user_data) else {
+        return;
+    };
+    let Some(ticket) = tickets::ticket(id.index()) else {
         return;
     };
     #[cfg(cuda_host_launch_profile)]
     let started = crate::profile::start();
-    let state = pending::launch_state(header);
-    // A record that ran already (a replay of a graph that captured a run-once launch: such a record
-    // is kept for ever) or was reclaimed (its context can no longer call this) is not this call's
-    // to run.
-    let Claim::Run(claim) = state.claim_run() else {
+    // A call of a launch that ran already, was reclaimed, or is over (a replay of a graph that
+    // captured a run-once launch, after the first) is not this call's to run: it touches nothing
+    // but the ticket, which is never freed.
+    let Claim::Run(claim) = ticket.state.claim_run(id.generation()) else {
+        return;
+    };
+    let Some(header) = ticket.record() else {
         return;
     };
     {
         let _scope = HostFunctionScope::enter();
-        // SAFETY: the driver passes back the record we launched, which is live; the claim above
-        // makes this its one run, on this thread.
+        // SAFETY: the claim above makes the launch's live record ours to run, once, on this
+        // thread.
         unsafe { RecordHeader::dispatch(header, Op::Run) };
     }
-    if state.run_over(claim) {
+    if ticket.state.run_over(id.generation(), claim) {
         // SAFETY: ownership passes to the cleanup queue (no one else holds the record any more).
         unsafe { cleanup::push(header) };
     }
@@ -384,7 +386,7 @@ pub(crate) fn new_bytes_record(
     // `bytes.len()` bytes at `offset`; the source and the copy do not overlap.
     unsafe {
         record.as_ptr().write(BytesRecord {
-            header: RecordHeader::new(dispatch_bytes, false),
+            header: RecordHeader::new(dispatch_bytes),
             f,
             len: bytes.len(),
         });
@@ -556,8 +558,8 @@ mod tests {
 
     #[test]
     fn records_are_as_small_as_their_contents_allow() {
-        assert_eq!(size_of::<RecordHeader>(), 48);
-        assert_eq!(size_of::<Record<RawPayload<()>>>(), 64);
+        assert_eq!(size_of::<RecordHeader>(), 24);
+        assert_eq!(size_of::<Record<RawPayload<()>>>(), 40);
         let (layout, offset) = bytes_layout(24).unwrap();
         assert_eq!(offset % BYTES_ALIGN, 0);
         assert!(layout.size() >= offset + 24);

@@ -20,13 +20,11 @@
 //! - **Trimming.** Memory goes back to the system only as whole segments, by [`trim`] (the reaper
 //!   calls it before it parks, and [`flush`] after it waits): it frees free segments beyond
 //!   [`KEEP_SEGMENTS`].
-//! - **Publishing, for reclaims.** Pooled records are linked nowhere: a reclaim after a context
-//!   loss finds them by walking the pool ([`for_each_published`]). So every segment is registered
-//!   from its allocation until [`trim`] frees it, and its header counts how many of its slots hold
-//!   a record written in full: the launching thread stores that count ([`PoolSlot::publish`], one
-//!   plain store, on a line of the header that only it writes) after it writes each record, and
-//!   resets it under the pool's lock when it takes the segment. The walk holds that lock, so no segment
-//!   is taken, reused or freed while it reads the slots.
+//! - **A walk.** Every segment is registered from its allocation until [`trim`] frees it, and its
+//!   header can count how many of its slots hold a record written in full (`PoolSlot::publish`,
+//!   one plain store), which a walk under the pool's lock reads (`for_each_published`). Reclaims
+//!   no longer walk the pool (they walk the launches' tickets: `tickets.rs`), so launches do not
+//!   publish; the walk and the count remain for the pool's tests and models only.
 //!
 //! What it costs in memory: a segment is held while any of its slots is in use. Records are
 //! released in about the order they were launched, so that is at most a segment per launching
@@ -172,16 +170,24 @@ pub(crate) const fn fits(layout: Layout) -> bool {
     !cfg!(cuda_host_launch_unpooled) && layout.size() <= SLOT_SIZE && layout.align() <= SLOT_ALIGN
 }
 
-/// A slot handed out by [`allocate`]: its memory, and what [`PoolSlot::publish`] stores once a
-/// record is written into it.
+/// A slot handed out by [`allocate`]: its memory, and where it is in its segment.
 pub(crate) struct PoolSlot {
     /// The slot's [`SLOT_SIZE`] bytes, uninitialised.
     pub(crate) memory: NonNull<u8>,
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "read by `publish`, which only tests use")
+    )]
     segment: *mut SegmentHeader,
+    #[cfg_attr(
+        not(test),
+        allow(dead_code, reason = "read by `publish`, which only tests use")
+    )]
     index: usize,
 }
 
 impl PoolSlot {
+    #[cfg(test)]
     /// Marks the slot as holding a record written in full, so that [`for_each_published`] may read
     /// it: one plain store, on a line of its segment's header that only this thread writes.
     ///
@@ -318,6 +324,7 @@ pub(crate) unsafe fn free(slot: NonNull<u8>) {
     unsafe { release(NonNull::new_unchecked(segment_of(slot)), 1) };
 }
 
+#[cfg(test)]
 /// Calls `f` with every slot of the pool that holds, or held, a record written in full, in every
 /// segment not given back to the system. A reclaim after a context loss finds the pooled records of
 /// the lost context this way: they are not linked anywhere (see `pending.rs`).

@@ -96,7 +96,7 @@ pub(crate) fn call(
     base: &'static str,
     body: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    crate::hooks::run(export, base);
+    crate::hooks::run(export, base, false);
     if let Some(code) = count_and_fault(export, base) {
         return code;
     }
@@ -110,7 +110,9 @@ pub(crate) fn call(
         return code;
     }
     // A panic must not unwind into C (it would abort the process); report it as an unknown error.
-    catch_unwind(AssertUnwindSafe(body)).unwrap_or(UNKNOWN)
+    let code = catch_unwind(AssertUnwindSafe(body)).unwrap_or(UNKNOWN);
+    crate::hooks::run(export, base, true);
+    code
 }
 
 fn count_and_fault(export: &'static str, base: &'static str) -> Option<CUresult> {

@@ -55,7 +55,23 @@ pub unsafe extern "C" fn fake_cuda_set_hook(
 ) {
     // SAFETY: the caller passes a NUL-terminated name.
     if let Some(name) = unsafe { text(name) } {
-        crate::hooks::set(name, nth, hook, arg);
+        crate::hooks::set(name, false, nth, hook, arg);
+    }
+}
+
+/// As [`fake_cuda_set_hook`], but `hook(arg)` runs at the end of the call, once it has done
+/// everything but return (on the calling thread, with no lock of the fake held), whatever it
+/// returns; a call refused by an injected fault does not reach it.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_set_hook_after(
+    name: *const c_char,
+    nth: u64,
+    hook: extern "C" fn(*mut std::ffi::c_void),
+    arg: *mut std::ffi::c_void,
+) {
+    // SAFETY: the caller passes a NUL-terminated name.
+    if let Some(name) = unsafe { text(name) } {
+        crate::hooks::set(name, true, nth, hook, arg);
     }
 }
 

@@ -1,5 +1,6 @@
 //! Hooks: a test's function, run at the start of a chosen driver call, on the calling thread,
-//! before the call does anything (before an injected fault, too). A test uses one to make
+//! before the call does anything (before an injected fault, too), or at its end, after it did
+//! everything but return. A test uses one to make
 //! something happen exactly between two driver calls of the code under test: another thread's
 //! capture beginning between a capture query and a launch, a context reset during a launch.
 //!
@@ -19,14 +20,20 @@ struct Hook {
     arg: usize,
 }
 
-/// Per base (or export) name.
-static HOOKS: LazyLock<Mutex<BTreeMap<String, Hook>>> = LazyLock::new(Default::default);
+/// Per (base or export name, after the call).
+static HOOKS: LazyLock<Mutex<BTreeMap<(String, bool), Hook>>> = LazyLock::new(Default::default);
 
-/// Sets the hook of `name` (a base symbol: every variant; or an export name), replacing an
-/// earlier one.
-pub(crate) fn set(name: &str, nth: u64, f: extern "C" fn(*mut c_void), arg: *mut c_void) {
+/// Sets the hook of `name` (a base symbol: every variant; or an export name), run at the start of
+/// the call, or at its end (`after`), replacing an earlier one.
+pub(crate) fn set(
+    name: &str,
+    after: bool,
+    nth: u64,
+    f: extern "C" fn(*mut c_void),
+    arg: *mut c_void,
+) {
     relock(&HOOKS).insert(
-        name.to_owned(),
+        (name.to_owned(), after),
         Hook {
             nth,
             seen: 0,
@@ -41,9 +48,9 @@ pub(crate) fn clear() {
     relock(&HOOKS).clear();
 }
 
-/// Runs the hook due at this call of `export` (a variant of `base`), if any. A hook set for one
-/// call is removed once it is due.
-pub(crate) fn run(export: &str, base: &str) {
+/// Runs the hook due at the start (or, `after`, the end) of this call of `export` (a variant of
+/// `base`), if any. A hook set for one call is removed once it is due.
+pub(crate) fn run(export: &str, base: &str, after: bool) {
     let due = {
         let mut hooks = relock(&HOOKS);
         if hooks.is_empty() {
@@ -51,12 +58,13 @@ pub(crate) fn run(export: &str, base: &str) {
         }
         let mut due = None;
         for name in [base, export] {
-            if let Some(hook) = hooks.get_mut(name) {
+            let key = (name.to_owned(), after);
+            if let Some(hook) = hooks.get_mut(&key) {
                 hook.seen += 1;
                 if hook.nth == 0 || hook.seen == hook.nth {
                     due = Some((hook.f, hook.arg));
                     if hook.nth != 0 {
-                        hooks.remove(name);
+                        hooks.remove(&key);
                     }
                     break;
                 }

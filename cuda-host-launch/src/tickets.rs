@@ -1,0 +1,223 @@
+//! Tickets: what the driver is handed as a run-once launch's `userData`, instead of the record's
+//! address.
+//!
+//! A ticket is a slot of a table that is never freed: its [`LaunchState`] (generation and state),
+//! the record and the context of the launch that holds it. The `userData` is the ticket's index
+//! and the generation of that launch, packed into the pointer's 64 bits. So the trampoline can
+//! always look at the ticket, whatever happened to the record, and a call of an old generation (a
+//! replay of a graph that captured a launch long released) is recognised and does nothing.
+//!
+//! - Indices: 24 bits (up to 16,777,215 launches pending at once, index 0 unused so that no
+//!   `userData` is null), in chunks of 4,096 tickets allocated on first use, never freed.
+//! - Generations: 40 bits. A stale call is recognised unless its ticket was reused 2^40 times
+//!   since (about a trillion launches through that one ticket).
+//! - Each thread keeps a small cache of free indices; a releasing thread's cache spills to a
+//!   global list under a mutex, from which launching threads refill (once per [`BATCH`] launches).
+//!   Never touched on a driver thread.
+//! - A reclaim, and [`pending_launches`](crate::pending_launches), walk the tickets handed out so
+//!   far: atomics only, no lock.
+
+use std::cell::RefCell;
+use std::ffi::c_void;
+use std::num::NonZeroU64;
+use std::ptr::{self, NonNull};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+
+use cuda_sys::types::CUcontext;
+
+use crate::launch_state::{GENERATION_BITS, LaunchState};
+use crate::record::RecordHeader;
+
+const INDEX_BITS: u32 = 24;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+const _: () = assert!(INDEX_BITS + GENERATION_BITS <= 64);
+const CHUNK_BITS: u32 = 12;
+const CHUNK_LEN: usize = 1 << CHUNK_BITS;
+const CHUNKS: usize = 1 << (INDEX_BITS - CHUNK_BITS);
+/// How many free indices move between a thread's cache and the global list at a time.
+const BATCH: usize = 256;
+
+/// One launch's slot.
+pub(crate) struct Ticket {
+    /// The launch's generation and ownership state.
+    pub(crate) state: LaunchState,
+    /// Written by the launcher before its launch begins; read by whoever claims it.
+    record: AtomicPtr<RecordHeader>,
+    /// Written by the launcher before its launch begins; read by a reclaim and a count.
+    context: AtomicUsize,
+}
+
+impl Ticket {
+    /// The record of the launch whose generation the caller claimed (or holds).
+    pub(crate) fn record(&self) -> Option<NonNull<RecordHeader>> {
+        // Written before the launch began (Release), read after a claim (Acquire); never null for
+        // a launch that began.
+        NonNull::new(self.record.load(Ordering::Relaxed))
+    }
+
+    /// The context of the launch whose generation the caller saw pending.
+    pub(crate) fn context(&self) -> usize {
+        self.context.load(Ordering::Relaxed)
+    }
+}
+
+/// A ticket and the generation of one launch: what the driver gets as `userData`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TicketId(NonZeroU64);
+
+impl TicketId {
+    /// The id of `index` (never 0) at `generation`.
+    fn new(index: u32, generation: u64) -> Option<TicketId> {
+        NonZeroU64::new((generation << INDEX_BITS) | u64::from(index)).map(TicketId)
+    }
+
+    /// The ticket's index.
+    pub(crate) fn index(self) -> u32 {
+        (self.0.get() & INDEX_MASK) as u32
+    }
+
+    /// The launch's generation.
+    pub(crate) fn generation(self) -> u64 {
+        self.0.get() >> INDEX_BITS
+    }
+
+    /// The `userData` for the driver: the id itself, not an address (never null).
+    pub(crate) fn as_user_data(self) -> *mut c_void {
+        ptr::without_provenance_mut(self.0.get() as usize)
+    }
+
+    /// The id a trampoline was called with (`None` for a null `userData`, which no launch of
+    /// this crate passes).
+    pub(crate) fn from_user_data(user_data: *mut c_void) -> Option<TicketId> {
+        NonZeroU64::new(user_data.addr() as u64).map(TicketId)
+    }
+}
+
+/// The chunks; a chunk, once stored, is never freed or replaced.
+static DIRECTORY: [AtomicPtr<Ticket>; CHUNKS] = [const { AtomicPtr::new(ptr::null_mut()) }; CHUNKS];
+/// Indices handed out so far are `1..HIGH`; their chunks are allocated.
+static HIGH: AtomicU32 = AtomicU32::new(1);
+/// Guards growing (a new index, a new chunk).
+static GROW: Mutex<()> = Mutex::new(());
+/// Free indices not in any thread's cache.
+static FREE: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// A thread's free indices; given back to the global list when the thread exits.
+struct Cache(Vec<u32>);
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        lock(&FREE).append(&mut self.0);
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = const { RefCell::new(Cache(Vec::new())) };
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The ticket at `index`, if it was ever handed out.
+#[inline]
+pub(crate) fn ticket(index: u32) -> Option<&'static Ticket> {
+    let chunk = DIRECTORY
+        .get(index as usize >> CHUNK_BITS)?
+        .load(Ordering::Acquire);
+    if chunk.is_null() {
+        return None;
+    }
+    // SAFETY: a stored chunk holds CHUNK_LEN tickets and is never freed; the offset is below it.
+    Some(unsafe { &*chunk.add(index as usize & (CHUNK_LEN - 1)) })
+}
+
+/// A free index: from this thread's cache, else a batch from the global list, else a new one.
+/// `None` if every index is in use.
+fn take_index() -> Option<u32> {
+    let cached = CACHE
+        .try_with(|cache| {
+            let mut cache = cache.borrow_mut();
+            if cache.0.is_empty() {
+                let mut free = lock(&FREE);
+                let from = free.len().saturating_sub(BATCH);
+                cache.0.extend(free.drain(from..));
+            }
+            cache.0.pop()
+        })
+        .ok()
+        .flatten();
+    cached.or_else(|| lock(&FREE).pop()).or_else(new_index)
+}
+
+/// An index never handed out before, with its chunk allocated.
+#[cold]
+fn new_index() -> Option<u32> {
+    let _grow = lock(&GROW);
+    let index = HIGH.load(Ordering::Relaxed);
+    if u64::from(index) > INDEX_MASK {
+        return None;
+    }
+    let slot = &DIRECTORY[index as usize >> CHUNK_BITS];
+    if slot.load(Ordering::Relaxed).is_null() {
+        let chunk: Box<[Ticket]> = (0..CHUNK_LEN)
+            .map(|_| Ticket {
+                state: LaunchState::new(),
+                record: AtomicPtr::new(ptr::null_mut()),
+                context: AtomicUsize::new(0),
+            })
+            .collect();
+        // Leaked on purpose: tickets are never freed (a late call may look at one at any time).
+        slot.store(Box::leak(chunk).as_mut_ptr(), Ordering::Release);
+    }
+    HIGH.store(index + 1, Ordering::Release);
+    Some(index)
+}
+
+/// Takes a ticket for a launch of `record` into `context`, and holds it (LAUNCHING). `None` if
+/// every ticket is in use.
+pub(crate) fn take(record: NonNull<RecordHeader>, context: CUcontext) -> Option<TicketId> {
+    let index = take_index()?;
+    let ticket = ticket(index)?;
+    let generation = ticket.state.next_generation();
+    ticket.record.store(record.as_ptr(), Ordering::Relaxed);
+    ticket.context.store(context.addr(), Ordering::Relaxed);
+    // Release: the record and context above are seen by whoever sees this generation.
+    ticket.state.begin(generation);
+    TicketId::new(index, generation)
+}
+
+/// Gives a ticket back once the record of its launch is released (or about to be, by the
+/// caller): a later call of its generation does nothing.
+pub(crate) fn give_back(id: TicketId) {
+    let Some(ticket) = ticket(id.index()) else {
+        return;
+    };
+    ticket.state.retire(id.generation());
+    let index = id.index();
+    let kept = CACHE.try_with(|cache| {
+        let mut cache = cache.borrow_mut();
+        cache.0.push(index);
+        if cache.0.len() >= 2 * BATCH {
+            let from = cache.0.len() - BATCH;
+            lock(&FREE).extend(cache.0.drain(from..));
+        }
+    });
+    if kept.is_err() {
+        // This thread's cache is gone (the thread is exiting): straight to the global list.
+        lock(&FREE).push(index);
+    }
+}
+
+/// Calls `f` with every ticket handed out so far (some free, some in use).
+pub(crate) fn for_each(mut f: impl FnMut(&'static Ticket)) {
+    let high = HIGH.load(Ordering::Acquire);
+    for index in 1..high {
+        if let Some(ticket) = ticket(index) {
+            f(ticket);
+        }
+    }
+}
