@@ -54,7 +54,8 @@ pub struct ProfileSettings {
     pub timers: bool,
     /// Launch without asking whether the stream captures (ablation).
     pub skip_capture_query: bool,
-    /// Launch without tracking the record for a reclaim (ablation).
+    /// Formerly: launch without tracking the record for a reclaim. No longer honoured: the driver is
+    /// handed the launch's ticket, so every launch takes one.
     pub skip_tracking: bool,
 }
 
