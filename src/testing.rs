@@ -351,7 +351,13 @@ impl FakeCuda {
             let hook = unsafe { &mut *arg.cast::<Hook>() };
             hook();
         }
+        /// Every hook set, kept reachable (a hook removed by the fake once it ran is not freed, and
+        /// LeakSanitizer must not report it).
+        static SET: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
         let hook: *mut Hook = Box::into_raw(Box::new(Box::new(hook)));
+        SET.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(hook.expose_provenance());
         let name = c_name(name);
         type SetHook =
             unsafe extern "C" fn(*const c_char, u64, extern "C" fn(*mut c_void), *mut c_void);
