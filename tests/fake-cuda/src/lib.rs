@@ -58,6 +58,10 @@
 //! - Calls made on the fake's own threads (a context's worker, inside a host function, or the
 //!   user-object destructor thread), where the real driver forbids CUDA calls, are also counted
 //!   apart ([`control::fake_cuda_driver_thread_call_count`]), so tests can check nobody makes them.
+//! - Hooks ([`control::fake_cuda_set_hook`], [`control::fake_cuda_set_hook_after`]): a test's
+//!   function run at the start or the end of a chosen call, on the calling thread, to make
+//!   something happen exactly between two driver calls of the code under test (another thread's
+//!   capture beginning inside a launch, a reclaim during one).
 //! - Introspection for tests: every call counter at once ([`control::fake_cuda_call_counts`], to
 //!   learn which functions an operation calls), live objects per kind
 //!   ([`control::fake_cuda_live_objects`], for leak checks) and the calling thread's
