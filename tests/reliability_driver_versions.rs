@@ -655,7 +655,7 @@ const NEEDS: &[(&str, i32)] = &[
     ("add_host_node", 11030),
     ("add_host_node_raw", 11030),
     ("Graph::instantiate", 11040),
-    ("completion_with(LowLatency)", 11070),
+    ("completion_with(LowLatency)", 12000),
     ("cuStreamWriteValue32", 11070),
     ("cuStreamGetId", 12000),
     ("cuCtxCreate", 12050),

@@ -50,7 +50,7 @@ pub enum CompletionMode {
     #[default]
     HostFunction,
     /// A flag written by the stream into host memory and a polling thread: lower latency, no
-    /// host function, some CPU while futures wait.
+    /// host function, some CPU while futures wait. Needs CUDA 12.0 (`cuCtxGetId`).
     LowLatency,
 }
 
@@ -178,7 +178,8 @@ pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
 ///
 /// # Errors
 /// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue64`, of
-/// `cuCtxGetId` and of registering the flag memory (`cuMemHostRegister`). A capturing stream is
+/// `cuCtxGetId` (`DriverTooOld` before 12.0) and of registering the flag memory
+/// (`cuMemHostRegister`). A capturing stream is
 /// refused with [`Error::CaptureActive`] in both modes. In `LowLatency` mode the stream is looked
 /// at again after the flag write: a capture another thread began meanwhile took the write into its
 /// graph, and the completion is refused too (that flag slot is never used again, so replays of the

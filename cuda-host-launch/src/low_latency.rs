@@ -12,8 +12,9 @@
 //!   `cuCtxGetId` (CUDA 12.0+), which a context created later at a destroyed one's handle does not
 //!   share (the driver forgot the dead context's registrations). The first time a context is seen
 //!   at a handle that had pages under another id, those pages (of a destroyed context) are freed.
-//!   On drivers without `cuCtxGetId` (11.7, 11.8) the handle alone is the key: there a destroyed
-//!   context's pages are only forgotten by a reclaim ([`crate::reclaim_pending`]).
+//!   Drivers without `cuCtxGetId` (before 12.0) could not tell a new context from a destroyed one
+//!   at the same handle (its flag write would land in memory the new context never mapped), so the
+//!   mode needs 12.0 and returns `DriverTooOld` below it.
 //! - **Stream capture**: a completion on a capturing stream is refused with
 //!   [`Error::CaptureActive`] (its flag write would become a graph node, written on every replay
 //!   and never in stream order). The stream is looked at before the write and again after it: a
@@ -104,7 +105,7 @@ struct Entry {
     shared: Arc<Shared<()>>,
 }
 
-/// Which context a page belongs to: its handle and its `cuCtxGetId` (0 where the driver has none).
+/// Which context a page belongs to: its handle and its `cuCtxGetId`.
 type ContextKey = (usize, u64);
 
 struct Registry {
@@ -217,19 +218,14 @@ fn capture_active(stream: CUstream, capture_id: u64) -> Error {
     }
 }
 
-/// `context`'s key: its handle and, where the driver has `cuCtxGetId` (12.0+), its id.
+/// `context`'s key: its handle and its `cuCtxGetId` (12.0+; `DriverTooOld` before: see the
+/// module's docs).
 fn context_key(driver: &cuda_sys::Driver, context: CUcontext) -> Result<ContextKey, Error> {
-    let id = match driver.raw().cuCtxGetId() {
-        Ok(get_id) => {
-            let mut id = 0;
-            // SAFETY: a context handle from the driver (the stream's); a valid out-pointer.
-            let code = unsafe { get_id(context, &mut id) };
-            driver.check(code, "cuCtxGetId")?;
-            id
-        }
-        Err(cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }) => 0,
-        Err(e) => return Err(e.into()),
-    };
+    let get_id = driver.raw().cuCtxGetId()?;
+    let mut id = 0;
+    // SAFETY: a context handle from the driver (the stream's); a valid out-pointer.
+    let code = unsafe { get_id(context, &mut id) };
+    driver.check(code, "cuCtxGetId")?;
     Ok((context.addr(), id))
 }
 
