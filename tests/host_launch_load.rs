@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cuda_host_launch::{Stream, cleanup_stats, flush, launch_host_function};
+use cuda_host_launch::{Stream, cleanup_stats, flush, launch_host_function, launch_ticket_bytes};
 use cuda_workspace::gpu::heap_in_use;
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{DropCounts, fake, fake_primary_context};
@@ -48,15 +48,16 @@ fn launch_from_threads(drops: DropCounts, first: usize, per_thread: usize) {
 isolated_test! {
     /// 8 threads × 20 000 launches, each thread on its own stream, with counted owners: all ran,
     /// every owner was dropped exactly once, the cleanup queue's counters balance, and the heap
-    /// is where it was after a warm-up (within 1 MiB). The warm-up is as large as the run: the
-    /// launches' tickets, never freed, grow to the most launches pending at once.
+    /// is where it was after a warm-up (within 1 MiB, beside what the launch tickets grew by:
+    /// they grow to the most launches pending at once and are never freed).
     fn launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the_heap_flat() {
-        const WARM_UP: usize = PER_THREAD;
+        const WARM_UP: usize = 1_000;
         const TOTAL: usize = THREADS * PER_THREAD;
         let drops = DropCounts::new(THREADS * WARM_UP + TOTAL);
         // Warm up the allocator, the fake's queues and the reaper, the same way, then measure.
         launch_from_threads(drops, 0, WARM_UP);
         let heap_before = heap_in_use();
+        let tickets_before = launch_ticket_bytes();
         let stats_before = cleanup_stats();
         RAN.store(0, Ordering::SeqCst);
 
@@ -66,6 +67,10 @@ isolated_test! {
 
         let stats = cleanup_stats();
         let heap_after = heap_in_use();
+        // The launch tickets grow to the most launches pending at once (never freed: a graph may
+        // call a launch late); the fake driver, unlike the real one, never makes a launch wait for
+        // room in its queue, so that peak varies from run to run.
+        let tickets_grew = launch_ticket_bytes() - tickets_before;
         let (never, twice) = (drops.never(), drops.more_than_once());
         println!(
             "{TOTAL} launches from {THREADS} threads in {elapsed:?}; owners never dropped {never}, \
@@ -77,8 +82,8 @@ isolated_test! {
         assert_eq!(stats.queued, stats.released);
         assert_eq!(fake().pending_host_functions(std::ptr::null_mut()), 0);
         assert!(
-            heap_after <= heap_before + (1 << 20),
-            "the heap grew by {} bytes",
+            heap_after <= heap_before + tickets_grew + (1 << 20),
+            "the heap grew by {} bytes (the tickets by {tickets_grew})",
             heap_after.saturating_sub(heap_before)
         );
         // Every owner is gone: free the counters (LeakSanitizer would report them otherwise).

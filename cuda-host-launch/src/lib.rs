@@ -165,7 +165,7 @@ pub use options::{HostTaskSyncMode, LaunchOptions};
 #[cfg(not(loom))]
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 #[cfg(not(loom))]
-pub use pending::{pending_launches, reclaim_pending};
+pub use pending::{launch_ticket_bytes, pending_launches, reclaim_pending};
 #[cfg(all(cuda_host_launch_profile, not(loom)))]
 pub use profile::{
     Profile, ProfileSettings, profile_configure, profile_reset, profile_settings, profile_snapshot,

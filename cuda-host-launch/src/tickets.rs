@@ -221,3 +221,34 @@ pub(crate) fn for_each(mut f: impl FnMut(&'static Ticket)) {
         }
     }
 }
+
+/// The memory the tickets hold: every chunk allocated so far (never freed).
+pub(crate) fn memory_bytes() -> usize {
+    let handed_out = HIGH.load(Ordering::Acquire) as usize;
+    handed_out.div_ceil(CHUNK_LEN) * CHUNK_LEN * size_of::<Ticket>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tickets_given_back_are_reused_and_their_old_generation_is_stale() {
+        let record = NonNull::<RecordHeader>::dangling();
+        let first = take(record, ptr::null_mut()).unwrap();
+        give_back(first);
+        let before = memory_bytes();
+        // Many launches, one pending at a time: the table does not grow.
+        for _ in 0..3 * CHUNK_LEN {
+            let id = take(record, ptr::null_mut()).unwrap();
+            give_back(id);
+        }
+        assert_eq!(memory_bytes(), before, "tickets given back were not reused");
+        // A call of the first launch's generation finds its ticket retired.
+        let ticket = ticket(first.index()).unwrap();
+        assert_eq!(
+            ticket.state.claim_run(first.generation()),
+            crate::launch_state::Claim::Skip
+        );
+    }
+}
