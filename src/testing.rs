@@ -39,7 +39,7 @@ pub use owners::{
     DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, fake_primary_context,
     threads_named,
 };
-pub use probe::{Probe, bump};
+pub use probe::{Probe, address_bytes, bump, bump_from_bytes};
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, c_char, c_void};

@@ -10,13 +10,21 @@ use std::time::Duration;
 
 use cuda_host_launch::{
     CompletionMode, Error, Stream, completion, completion_with, flush, host_launch,
-    host_launch_async,
+    host_launch_async, launch_host_function_with_bytes, pending_launches,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::owners::{ThreadInfo, fake_primary_context};
-use cuda_workspace::testing::{fake, fake_driver_path};
+use cuda_workspace::testing::{address_bytes, bump_from_bytes, fake, fake_driver_path};
 
 const MODES: [CompletionMode; 2] = [CompletionMode::HostFunction, CompletionMode::LowLatency];
+
+/// Counts its drop.
+struct Counted(Arc<AtomicUsize>);
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
 
 /// The smallest executor: park the thread until woken.
 struct ThreadWaker(std::thread::Thread);
@@ -84,8 +92,20 @@ fn completions_resolve_in_stream_order_in_both_modes() {
     }
 }
 
+/// The panic the test below provokes on purpose prints nothing; others (a failed assertion) print
+/// as usual.
+fn quiet_expected_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info.payload().downcast_ref::<&str>() != Some(&"no answer") {
+            default(info);
+        }
+    }));
+}
+
 #[test]
 fn host_launch_async_returns_the_closures_result_and_reports_its_panic() {
+    quiet_expected_panic();
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
     let answer = host_launch_async(&stream, || 6 * 7).unwrap();
@@ -206,7 +226,7 @@ isolated_test! {
     }
 
     /// A sticky error: pending futures of both modes resolve to `ContextLost` once the context
-    /// is reset.
+    /// is reset, and every pending launch is reclaimed, pooled and boxed records alike.
     fn pending_futures_resolve_to_an_error_after_the_context_reset(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -216,15 +236,39 @@ isolated_test! {
         let host = completion(&stream).unwrap();
         let low = completion_with(&stream, CompletionMode::LowLatency).unwrap();
         let value = host_launch_async(&stream, || 1).unwrap();
+        // A closure too big for a pool slot: a boxed record, with a counted owner.
+        let (big, dropped) = ([3_u8; 256], Arc::new(AtomicUsize::new(0)));
+        let owner = Counted(Arc::clone(&dropped));
+        let f = move || {
+            let _keep = &owner;
+            usize::from(big[0]) + usize::from(big[255])
+        };
+        assert!(size_of_val(&f) > 128);
+        let big_value = host_launch_async(&stream, f).unwrap();
+        // A bytes launch (boxed too) beside the futures.
+        let ran = Arc::new(AtomicUsize::new(0));
+        // SAFETY: `bump_from_bytes` gets the address of `ran`, alive until the end of the test.
+        unsafe {
+            launch_host_function_with_bytes(&stream, Some(bump_from_bytes), &address_bytes::<200>(&ran))
+        }
+        .unwrap();
         fake().poison_context(context.raw());
         fake().release_hold(hold);
         drop(stream);
         // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
         let reclaimed = unsafe { context.reset() }.unwrap();
-        assert_eq!(reclaimed, 2, "the completion's and the closure's launches");
+        assert_eq!(
+            reclaimed, 4,
+            "the completion's launch, the two closures' (pooled and boxed), the bytes launch"
+        );
         assert!(matches!(block_on(host), Err(Error::ContextLost)));
         assert!(matches!(block_on(low), Err(Error::ContextLost)));
         assert!(matches!(block_on(value), Err(Error::ContextLost)));
+        assert!(matches!(block_on(big_value), Err(Error::ContextLost)));
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the boxed closure's owner");
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(pending_launches(None), 0);
     }
 }
 

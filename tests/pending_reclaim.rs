@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Device, PrimaryContext, RawStream, Stream, flush, host_launch, launch_host_function,
-    pending_launches, reclaim_pending,
+    AsRawStream, Device, PrimaryContext, RawStream, Stream, flush, host_launch,
+    launch_host_function, launch_host_function_with_bytes, pending_launches, reclaim_pending,
 };
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::bump;
+use cuda_workspace::testing::{address_bytes, bump, bump_from_bytes};
 use cuda_workspace::testing::{fake, fake_driver_path, load_fake_driver};
 
 const N: usize = 200;
@@ -24,22 +24,51 @@ impl Drop for Counted {
     }
 }
 
-/// Launches `N` host functions (half closures, half raw) on `stream`, each with a counted owner.
-fn launch_counted(stream: &Stream, ran: &Arc<AtomicUsize>, dropped: &Arc<AtomicUsize>) {
+/// How many of [`launch_counted`]'s `N` launches have an owner: all but the bytes launches.
+const OWNED: usize = N - N / 4;
+
+/// Launches `N` host functions on `stream`, of both record kinds: pooled (a small closure, a raw
+/// launch with a small owner) and boxed (a closure capturing 256 bytes, too big for a pool slot, and
+/// a bytes launch); each counts its run in `ran`, and each but the bytes launches holds a counted
+/// owner.
+fn launch_counted<S: AsRawStream + Copy>(
+    stream: S,
+    ran: &Arc<AtomicUsize>,
+    dropped: &Arc<AtomicUsize>,
+) {
+    let counted = || Counted(Arc::clone(dropped));
     for i in 0..N {
-        let owner = Counted(Arc::clone(dropped));
-        if i % 2 == 0 {
-            let ran = Arc::clone(ran);
-            host_launch(stream, move || {
-                let _keep = &owner;
-                ran.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
-        } else {
-            let data = Arc::as_ptr(ran).cast_mut().cast();
-            // SAFETY: `bump` only touches the counter kept alive by the owners.
-            unsafe { launch_host_function(stream, Some(bump), data, (owner, Arc::clone(ran))) }
+        match i % 4 {
+            0 => {
+                let (ran, owner) = (Arc::clone(ran), counted());
+                host_launch(stream, move || {
+                    let _keep = &owner;
+                    ran.fetch_add(1, Ordering::SeqCst);
+                })
                 .unwrap();
+            }
+            1 => {
+                let data = Arc::as_ptr(ran).cast_mut().cast();
+                let owners = (counted(), Arc::clone(ran));
+                // SAFETY: `bump` only touches the counter kept alive by the owners.
+                unsafe { launch_host_function(stream, Some(bump), data, owners) }.unwrap();
+            }
+            2 => {
+                let (ran, owner, big) = (Arc::clone(ran), counted(), [i as u8; 256]);
+                let f = move || {
+                    let _keep = &owner;
+                    ran.fetch_add(usize::from(big[0] == big[255]), Ordering::SeqCst);
+                };
+                assert!(size_of_val(&f) > 128, "a closure too big for a pool slot");
+                host_launch(stream, f).unwrap();
+            }
+            _ => {
+                let bytes = address_bytes::<64>(ran);
+                // SAFETY: `bump_from_bytes` gets the address of `ran`, which outlives the process's
+                // host functions (the tests keep it until the end).
+                unsafe { launch_host_function_with_bytes(stream, Some(bump_from_bytes), &bytes) }
+                    .unwrap();
+            }
         }
     }
 }
@@ -80,8 +109,8 @@ isolated_test! {
         // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
         let reclaimed = unsafe { context.reset() }.unwrap();
         flush(Duration::from_secs(5)).unwrap();
-        assert_eq!(reclaimed, N);
-        assert_eq!(dropped.load(Ordering::SeqCst), N);
+        assert_eq!(reclaimed, N, "pooled and boxed records reclaimed");
+        assert_eq!(dropped.load(Ordering::SeqCst), OWNED);
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         assert_eq!(pending_launches(None), 0);
         // The context works again.
@@ -105,7 +134,7 @@ isolated_test! {
         drop(stream);
         drop(context);
         flush(Duration::from_secs(5)).unwrap();
-        assert_eq!(dropped.load(Ordering::SeqCst), N);
+        assert_eq!(dropped.load(Ordering::SeqCst), OWNED);
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         assert_eq!(pending_launches(None), 0);
     }
@@ -128,15 +157,7 @@ isolated_test! {
         let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         // SAFETY: `raw` is live until the context is destroyed, after the launches.
         let stream = unsafe { RawStream::from_raw(raw) };
-        for _ in 0..N {
-            let owner = Counted(Arc::clone(&dropped));
-            let ran = Arc::clone(&ran);
-            host_launch(stream, move || {
-                let _keep = &owner;
-                ran.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
-        }
+        launch_counted(stream, &ran, &dropped);
         assert_eq!(pending_launches(Some(context)), N);
         fake().release_hold(hold);
         // SAFETY: our context, destroyed once; it runs the pending host functions first.
@@ -146,7 +167,7 @@ isolated_test! {
         flush(Duration::from_secs(5)).unwrap();
         assert_eq!(reclaimed, 0);
         assert_eq!(ran.load(Ordering::SeqCst), N);
-        assert_eq!(dropped.load(Ordering::SeqCst), N);
+        assert_eq!(dropped.load(Ordering::SeqCst), OWNED);
         assert_eq!(pending_launches(None), 0);
     }
 
@@ -206,34 +227,27 @@ isolated_test! {
             d.cuStreamCreate(&mut raw, 0).unwrap();
         }
         let holds = [fake().hold_stream(on_primary.raw()), fake().hold_stream(raw)];
-        let dropped = Arc::new(AtomicUsize::new(0));
+        let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         // SAFETY: `raw` is live until its context is destroyed.
         let on_other = unsafe { RawStream::from_raw(raw) };
-        for i in 0..30 {
-            let owner = Counted(Arc::clone(&dropped));
-            let f = move || {
-                let _keep = &owner;
-            };
-            if i < 10 {
-                host_launch(&on_primary, f).unwrap();
-            } else {
-                host_launch(on_other, f).unwrap();
-            }
-        }
-        assert_eq!(pending_launches(Some(primary.raw())), 10);
-        assert_eq!(pending_launches(Some(other)), 20);
-        assert_eq!(pending_launches(None), 30);
+        launch_counted(&on_primary, &ran, &dropped);
+        launch_counted(on_other, &ran, &dropped);
+        assert_eq!(pending_launches(Some(primary.raw())), N);
+        assert_eq!(pending_launches(Some(other)), N);
+        assert_eq!(pending_launches(None), 2 * N);
         fake().poison_context(other);
         fake().release_hold(holds[1]);
         // SAFETY: the second context, destroyed once (poisoned: its host functions never run).
-        let _ = unsafe { d.cuCtxDestroy(other) };
+        unsafe { d.cuCtxDestroy(other) }.expect("destroying a poisoned context of our own");
         // SAFETY: destroyed; nothing launches into it.
-        assert_eq!(unsafe { reclaim_pending(other) }, 20);
-        assert_eq!(pending_launches(Some(primary.raw())), 10);
+        assert_eq!(unsafe { reclaim_pending(other) }, N, "pooled and boxed records reclaimed");
+        assert_eq!(pending_launches(Some(primary.raw())), N);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
         fake().release_hold(holds[0]);
         on_primary.synchronize().unwrap();
         flush(Duration::from_secs(5)).unwrap();
-        assert_eq!(dropped.load(Ordering::SeqCst), 30);
+        assert_eq!(ran.load(Ordering::SeqCst), N, "the primary context's launches ran");
+        assert_eq!(dropped.load(Ordering::SeqCst), 2 * OWNED);
         assert_eq!(pending_launches(None), 0);
     }
 }

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    Device, PrimaryContext, Stream, flush, host_launch, launch_host_function, pending_launches,
+    Device, PrimaryContext, Stream, flush, host_launch, launch_host_function,
+    launch_host_function_with_bytes, pending_launches,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
@@ -57,7 +58,8 @@ unsafe extern "C" fn count_run(_: *mut c_void) {
     RAN.fetch_add(1, Ordering::Relaxed);
 }
 
-/// One round: launch from `THREADS` threads, poison the context once a third has run, reset.
+/// One round: launch from `THREADS` threads (of both record kinds: pooled, a small closure and a
+/// raw launch; boxed, a closure capturing 256 bytes and a bytes launch), poison the context once a third has run, reset.
 /// Returns (ran, reclaimed, pending before the reset).
 fn round(context: &std::sync::Arc<PrimaryContext>, drops: DropCounts) -> (u64, usize) {
     let total = THREADS * PER_THREAD;
@@ -73,18 +75,37 @@ fn round(context: &std::sync::Arc<PrimaryContext>, drops: DropCounts) -> (u64, u
             s.spawn(move || {
                 for i in 0..PER_THREAD {
                     let owner = Counted(drops.owner(t * PER_THREAD + i));
-                    if i % 2 == 0 {
-                        host_launch(stream, move || {
+                    match i % 4 {
+                        0 => host_launch(stream, move || {
                             let _keep = &owner;
                             RAN.fetch_add(1, Ordering::Relaxed);
                         })
-                        .unwrap();
-                    } else {
+                        .unwrap(),
                         // SAFETY: `count_run` ignores its argument and does not unwind.
-                        unsafe {
+                        1 => unsafe {
                             launch_host_function(stream, Some(count_run), ptr::null_mut(), owner)
                         }
-                        .unwrap();
+                        .unwrap(),
+                        2 => {
+                            // Too big for a pool slot: a boxed record.
+                            let big = [i as u8; 256];
+                            let f = move || {
+                                let _keep = &owner;
+                                RAN.fetch_add(u64::from(big[0] == big[255]), Ordering::Relaxed);
+                            };
+                            assert!(size_of_val(&f) > 128);
+                            host_launch(stream, f).unwrap();
+                        }
+                        _ => {
+                            // A bytes record (always boxed) owns nothing: its slot is marked here,
+                            // and it is accounted for by `ran + reclaimed == launched`.
+                            drop(owner);
+                            // SAFETY: `count_run` ignores its argument and does not unwind.
+                            unsafe {
+                                launch_host_function_with_bytes(stream, Some(count_run), &[7; 40])
+                            }
+                            .unwrap();
+                        }
                     }
                     launched.fetch_add(1, Ordering::Relaxed);
                 }

@@ -15,6 +15,31 @@ pub unsafe extern "C" fn bump(data: *mut c_void) {
     unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
 }
 
+/// A C host function for bytes launches (`launch_host_function_with_bytes`): its bytes start with
+/// the address of an `AtomicUsize` (as [`address_bytes`] makes them), to which it adds one.
+///
+/// # Safety
+/// `data` must point at bytes starting with the exposed address of an `AtomicUsize` that outlives
+/// the call.
+pub unsafe extern "C" fn bump_from_bytes(data: *mut c_void) {
+    // SAFETY: the copied bytes start with the exposed address of a live `AtomicUsize`.
+    let address = unsafe { data.cast::<usize>().read_unaligned() };
+    // SAFETY: as above: the address of a live `AtomicUsize`, exposed by `address_bytes`.
+    unsafe { &*std::ptr::with_exposed_provenance::<AtomicUsize>(address) }
+        .fetch_add(1, Ordering::SeqCst);
+}
+
+/// The bytes of a bytes launch of [`bump_from_bytes`] that bumps `counter`: its exposed address,
+/// then zeros up to `LEN` bytes (`LEN` at least the size of an address).
+pub fn address_bytes<const LEN: usize>(counter: &AtomicUsize) -> [u8; LEN] {
+    let address = std::ptr::from_ref(counter)
+        .expose_provenance()
+        .to_ne_bytes();
+    let mut bytes = [0; LEN];
+    bytes[..address.len()].copy_from_slice(&address);
+    bytes
+}
+
 /// A run counter and the counted owners of the host functions that bump it.
 pub struct Probe {
     runs: Arc<AtomicUsize>,
@@ -63,7 +88,7 @@ impl Probe {
 
     /// The counter's address, as the bytes a bytes launch of a host function hands over.
     pub fn address_bytes(&self) -> [u8; size_of::<usize>()] {
-        Arc::as_ptr(&self.runs).expose_provenance().to_ne_bytes()
+        address_bytes(&self.runs)
     }
 
     /// How many times it ran.
