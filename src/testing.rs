@@ -389,6 +389,24 @@ impl FakeCuda {
         unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_last_proc_address_flags")() }
     }
 
+    /// The `syncMode` the last `cuLaunchHostFunc_v2` call got (0 `CU_HOST_TASK_BLOCKING`, 1
+    /// `CU_HOST_TASK_SPINWAIT`); `None` before any.
+    pub fn last_launch_sync_mode(&self) -> Option<u32> {
+        self.last_sync_mode(0)
+    }
+
+    /// The `syncMode` of the last host node added through `cuGraphAddNode`; `None` before any.
+    pub fn last_host_node_sync_mode(&self) -> Option<u32> {
+        self.last_sync_mode(1)
+    }
+
+    fn last_sync_mode(&self, which: u32) -> Option<u32> {
+        // SAFETY: the signature of fake_cuda_last_sync_mode.
+        let mode =
+            unsafe { self.get::<extern "C" fn(u32) -> u32>(b"fake_cuda_last_sync_mode")(which) };
+        (mode != u32::MAX).then_some(mode)
+    }
+
     /// The `cudaVersion` of the last `cuGetProcAddress*` call.
     pub fn last_proc_address_version(&self) -> i32 {
         // SAFETY: the signature of fake_cuda_last_proc_address_version.

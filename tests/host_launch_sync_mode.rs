@@ -48,7 +48,9 @@ fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>) {
 
 /// With a sync mode, on a 13.1+ driver: launches (closure, raw, repeatable captured) call
 /// `cuLaunchHostFunc_v2` and nothing else; graph nodes are added with `cuGraphAddNode`; all run.
-/// Without a sync mode, `cuLaunchHostFunc` is still used.
+/// The driver gets the mode asked for: `SpinWait` as `CU_HOST_TASK_SPINWAIT` (1), `Blocking` as
+/// `CU_HOST_TASK_BLOCKING` (0), for launches and for host nodes. Without a sync mode,
+/// `cuLaunchHostFunc` is still used.
 fn sync_mode_launches_use_the_v2_calls(version: i32) {
     let context = fake_primary_context();
     assert_eq!(load_fake_driver().version(), DriverVersion(version));
@@ -58,25 +60,33 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
     let runs = Arc::new(AtomicUsize::new(0));
     let drops = Drops::new();
 
-    host_launch_with(&stream, &spin, counting(&runs, &drops)).unwrap();
-    let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
-    // SAFETY: `bump` only touches the counter, which the owner keeps alive; it does not unwind.
-    unsafe { launch_host_function_with(&stream, &blocking, Some(bump), data, Arc::clone(&runs)) }
+    assert_eq!(fake().last_launch_sync_mode(), None);
+    // Each mode reaches the driver as its own value, through both launch forms.
+    for (options, raw) in [(spin, 1), (blocking, 0)] {
+        host_launch_with(&stream, &options, counting(&runs, &drops)).unwrap();
+        assert_eq!(fake().last_launch_sync_mode(), Some(raw), "{options:?}");
+        let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
+        // SAFETY: `bump` only touches the counter, which the owner keeps alive; it does not unwind.
+        unsafe {
+            launch_host_function_with(&stream, &options, Some(bump), data, Arc::clone(&runs))
+        }
         .unwrap();
+        assert_eq!(fake().last_launch_sync_mode(), Some(raw), "{options:?}");
+    }
     stream.synchronize().unwrap();
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 2);
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 4);
     assert_eq!(
         fake().call_count("cuLaunchHostFunc"),
-        2,
+        4,
         "the v1 entry was called"
     );
 
     // Default options: the v1 entry, on any driver.
     host_launch_with(&stream, &LaunchOptions::default(), counting(&runs, &drops)).unwrap();
     stream.synchronize().unwrap();
-    assert_eq!(fake().call_count("cuLaunchHostFunc"), 3);
-    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 2);
+    assert_eq!(fake().call_count("cuLaunchHostFunc"), 5);
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 4);
 
     // A captured repeatable launch with a sync mode is captured through cuLaunchHostFunc_v2.
     let capturing = Stream::new_non_blocking(&context).unwrap();
@@ -84,19 +94,26 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
     // SAFETY: a live stream.
     unsafe { driver.cuStreamBeginCapture(capturing.raw(), RELAXED) }.unwrap();
     host_launch_repeatable(&capturing, &spin, counting(&runs, &drops)).unwrap();
+    assert_eq!(fake().last_launch_sync_mode(), Some(1));
     let mut raw: CUgraph = ptr::null_mut();
     // SAFETY: a live stream; a valid out-pointer.
     unsafe { driver.cuStreamEndCapture(capturing.raw(), &mut raw) }.unwrap();
-    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 3);
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 5);
     // SAFETY: the graph the capture made, owned by nobody else.
     let captured = unsafe { Graph::from_raw(raw) };
 
-    // A graph node with a sync mode goes through cuGraphAddNode (v2 host-node parameters).
+    // A graph node with a sync mode goes through cuGraphAddNode (v2 host-node parameters), with
+    // the mode's own value.
+    assert_eq!(fake().last_host_node_sync_mode(), None);
     let graph = Graph::new().unwrap();
     add_host_node_with(&graph, &[], &spin, counting(&runs, &drops)).unwrap();
-    assert_eq!(fake().call_count("cuGraphAddNode"), 1);
+    assert_eq!(fake().last_host_node_sync_mode(), Some(1));
+    let blocking_graph = Graph::new().unwrap();
+    add_host_node_with(&blocking_graph, &[], &blocking, counting(&runs, &drops)).unwrap();
+    assert_eq!(fake().last_host_node_sync_mode(), Some(0));
+    assert_eq!(fake().call_count("cuGraphAddNode"), 2);
     assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
-    for graph in [&captured, &graph] {
+    for graph in [&captured, &graph, &blocking_graph] {
         let types = graph.node_types().unwrap();
         assert_eq!(types.len(), 1);
         assert_eq!(types[0].1, CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST);
@@ -104,9 +121,9 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
         exec.launch(&stream).unwrap();
         stream.synchronize().unwrap();
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 5);
-    drop((captured, graph));
-    drops.wait_dropped(4);
+    assert_eq!(runs.load(Ordering::SeqCst), 8);
+    drop((captured, graph, blocking_graph));
+    drops.wait_dropped(6);
     assert_eq!(drops.live(), 0);
 }
 
@@ -157,19 +174,21 @@ isolated_test! {
         assert_eq!(fake().call_count("cuGraphAddNode"), 0);
         assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
         assert_eq!(fake().call_count("cuUserObjectCreate"), 0);
+        assert_eq!(fake().last_launch_sync_mode(), None);
+        assert_eq!(fake().last_host_node_sync_mode(), None);
         stream.synchronize().unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 0);
     }
 
     /// 13.1 is the first driver with `cuLaunchHostFunc_v2`.
-    fn a_sync_mode_on_a_13_1_driver_launches_through_cu_launch_host_func_v2(
+    fn a_sync_mode_on_a_13_1_driver_launches_through_cu_launch_host_func_v2_with_the_mode_asked_for(
         FAKE_CUDA_VERSION = "13010"
     ) {
         sync_mode_launches_use_the_v2_calls(13010);
     }
 
     /// ... and a newer driver has it too.
-    fn a_sync_mode_on_a_13_2_driver_launches_through_cu_launch_host_func_v2(
+    fn a_sync_mode_on_a_13_2_driver_launches_through_cu_launch_host_func_v2_with_the_mode_asked_for(
         FAKE_CUDA_VERSION = "13020"
     ) {
         sync_mode_launches_use_the_v2_calls(13020);

@@ -196,6 +196,18 @@ pub extern "C" fn fake_cuda_last_proc_address_version() -> i32 {
     LAST_VERSION.load(Ordering::SeqCst)
 }
 
+/// The `syncMode` of the last `cuLaunchHostFunc_v2` call (`which` 0) or of the last host node added
+/// through `cuGraphAddNode` (`which` 1); `u32::MAX` before any (and for another `which`).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_last_sync_mode(which: u32) -> u32 {
+    usize::try_from(which)
+        .ok()
+        .and_then(|which| crate::stream::LAST_SYNC_MODE.get(which))
+        .map_or(crate::stream::NO_SYNC_MODE, |mode| {
+            mode.load(Ordering::SeqCst)
+        })
+}
+
 /// Changes the version `cuDriverGetVersion` reports (and `cuGetProcAddress*` gates on).
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_set_version(version: i32) {

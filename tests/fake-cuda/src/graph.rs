@@ -202,6 +202,8 @@ unsafe fn add_node_v2(
             // SAFETY: for a host node the union holds the host parameters.
             let host = unsafe { params.__bindgen_anon_1.host };
             ensure(host.fn_.is_some() && host.syncMode <= 1, INVALID_VALUE)?;
+            crate::stream::LAST_SYNC_MODE[crate::stream::SYNC_MODE_OF_HOST_NODE]
+                .store(host.syncMode, std::sync::atomic::Ordering::SeqCst);
             NodeKind::Host {
                 f: host.fn_,
                 data: host.userData.expose_provenance(),

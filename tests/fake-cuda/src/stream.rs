@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use cuda_sys::types::{
     CUcontext, CUdevice, CUdeviceptr, CUgreenCtx, CUhostFn, CUresult, CUstream, CUstreamCallback,
@@ -246,6 +247,18 @@ unsafe fn launch_host_func(
     result(enqueue(&mut st, s, Op::HostFn { f, data }))
 }
 
+/// The `syncMode` of the last `cuLaunchHostFunc_v2` call that passed its check, and of the last host
+/// node added through `cuGraphAddNode`; [`NO_SYNC_MODE`] before any. Read by
+/// `fake_cuda_last_sync_mode`, so tests can see which mode reached the driver.
+pub(crate) static LAST_SYNC_MODE: [AtomicU32; 2] =
+    [AtomicU32::new(NO_SYNC_MODE), AtomicU32::new(NO_SYNC_MODE)];
+/// [`LAST_SYNC_MODE`]'s value before any call.
+pub(crate) const NO_SYNC_MODE: u32 = u32::MAX;
+/// [`LAST_SYNC_MODE`]'s index for `cuLaunchHostFunc_v2` calls.
+pub(crate) const SYNC_MODE_OF_LAUNCH: usize = 0;
+/// [`LAST_SYNC_MODE`]'s index for host nodes added through `cuGraphAddNode`.
+pub(crate) const SYNC_MODE_OF_HOST_NODE: usize = 1;
+
 stream_export!("cuLaunchHostFunc", cuLaunchHostFunc_v2 / cuLaunchHostFunc_v2_ptsz => launch_host_func_v2(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void, syncMode: c_uint));
 unsafe fn launch_host_func_v2(
     handle: CUstream,
@@ -254,8 +267,10 @@ unsafe fn launch_host_func_v2(
     sync_mode: c_uint,
     per_thread: bool,
 ) -> Res {
-    // CU_HOST_TASK_BLOCKING (0) or CU_HOST_TASK_SPINWAIT (1); both run the same way here.
+    // CU_HOST_TASK_BLOCKING (0) or CU_HOST_TASK_SPINWAIT (1); both run the same way here, but the
+    // mode is recorded for the tests.
     ensure(sync_mode <= 1, INVALID_VALUE)?;
+    LAST_SYNC_MODE[SYNC_MODE_OF_LAUNCH].store(sync_mode, Ordering::SeqCst);
     // SAFETY: the caller's contract for cuLaunchHostFunc_v2 includes cuLaunchHostFunc's.
     unsafe { launch_host_func(handle, f, data, per_thread) }
 }
