@@ -7,7 +7,8 @@
 //! - [`owners`]: for the `cuda-host-launch` tests: the process's primary context, owners that
 //!   record where and when they are dropped ([`Drops`]), and where a host function ran;
 //!   [`drop_counts`]: one counter per owner for load tests ([`DropCounts`]); [`probe`]: a counting
-//!   host function and its owners ([`Probe`]). The last two serve the GPU tests as well.
+//!   host function and its owners ([`Probe`]); [`thread_set`]: the threads that ran host functions
+//!   or dropped owners ([`ThreadSet`]). The last three serve the GPU tests as well.
 //! - [`in_own_process`] and [`isolated_test!`](crate::isolated_test) run a test in a process of its
 //!   own, with its own environment: the driver is loaded once per process and reads its
 //!   configuration (`CUDA_SYS_*`, `FAKE_CUDA_*`) once, so a test that needs a particular driver
@@ -33,6 +34,7 @@
 pub mod drop_counts;
 pub mod owners;
 pub mod probe;
+pub mod thread_set;
 
 pub use drop_counts::{CountedOwner, DropCounts};
 pub use owners::{
@@ -40,6 +42,7 @@ pub use owners::{
     threads_named,
 };
 pub use probe::{Probe, address_bytes, bump, bump_from_bytes};
+pub use thread_set::{ThreadSet, thread_id};
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, c_char, c_void};
