@@ -18,9 +18,13 @@ use cuda_host_launch::{
     launch_host_function_with_bytes,
 };
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{Drops, PATIENCE, RanOn, fake, fake_primary_context};
+use cuda_workspace::testing::{Drops, PATIENCE, RanOn, ThreadInfo, fake, fake_primary_context};
 
 unsafe extern "C" fn nothing(_: *mut c_void) {}
+
+/// What a closure saw right after dropping resources: its thread, and the destroy calls made on a
+/// driver thread so far.
+type During = (ThreadInfo, Vec<u64>);
 
 /// What one attempt inside the host function returned.
 type Outcomes = Arc<Mutex<Vec<(&'static str, Result<(), Error>)>>>;
@@ -132,9 +136,10 @@ isolated_test! {
     }
 
     /// A `Stream`, an `Event` and the last handle of a retained `PrimaryContext` dropped inside a
-    /// host closure are destroyed after the closure returned, by the reaper: `cuStreamDestroy`,
-    /// `cuEventDestroy` and `cuDevicePrimaryCtxRelease` are each called once, none of them on a
-    /// driver thread.
+    /// host closure are not destroyed by the drop but later, by the reaper: when the drop returns
+    /// no destroy call has been made on the driver's thread, and `cuStreamDestroy`,
+    /// `cuEventDestroy` and `cuDevicePrimaryCtxRelease` are each called once, by the reaper, none
+    /// of them on a driver thread.
     fn resources_dropped_inside_a_host_function_are_destroyed_off_the_driver_thread() {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -144,25 +149,42 @@ isolated_test! {
         let names = ["cuStreamDestroy", "cuEventDestroy", "cuDevicePrimaryCtxRelease"];
         let before: Vec<u64> = names.iter().map(|n| fake().call_count(n)).collect();
         assert_eq!(before, [0, 0, 0]);
-        let during: Arc<Mutex<Vec<u64>>> = Arc::default();
+        // Who destroys each: the fake runs a hook on the calling thread at the start of the call.
+        let destroyers: Arc<Mutex<Vec<(&str, ThreadInfo)>>> = Arc::default();
+        for name in names {
+            let destroyers = Arc::clone(&destroyers);
+            fake().set_hook(name, 1, move || {
+                destroyers.lock().unwrap().push((name, ThreadInfo::current()));
+            });
+        }
+        // What the closure saw right after its drop: its thread, and the destroy calls made on a
+        // driver thread so far.
+        let during: Arc<Mutex<Option<During>>> = Arc::default();
         {
             let during = Arc::clone(&during);
             let mut doomed = Some((doomed_stream, doomed_event, doomed_context));
             host_launch(&stream, move || {
                 drop(doomed.take());
-                // Nothing was destroyed on this, the driver's, thread.
-                *during.lock().unwrap() = names.iter().map(|n| fake().call_count(n)).collect();
+                let on_driver = names.iter().map(|n| fake().driver_thread_call_count(n)).collect();
+                *during.lock().unwrap() = Some((ThreadInfo::current(), on_driver));
             })
             .unwrap();
         }
         stream.synchronize().unwrap();
-        // `during` may already count the destructions: the reaper can take the deferred records
-        // while the closure is still running. What matters is the thread, checked below.
-        let _ = during;
+        let (closure_thread, on_driver) = during.lock().unwrap().take().expect("the closure ran");
+        // The drop returned without destroying anything on this, the driver's, thread. (The reaper
+        // may already have destroyed them meanwhile, on its own thread.)
+        assert_eq!(on_driver, [0, 0, 0], "destroyed by the drop, on the driver's thread");
         fake().wait_until("the deferred destructions", PATIENCE, || {
             flush(PATIENCE).unwrap();
             names.iter().all(|n| fake().call_count(n) == 1)
         });
+        let destroyers = destroyers.lock().unwrap().clone();
+        assert_eq!(destroyers.len(), names.len(), "{destroyers:?}");
+        for (name, thread) in &destroyers {
+            assert!(!thread.same_as(&closure_thread), "{name} on the closure's thread");
+            assert!(thread.is_reaper(), "{name} not by the reaper: {thread:?}");
+        }
         for name in names {
             assert_eq!(fake().driver_thread_call_count(name), 0, "{name} on a driver thread");
         }
