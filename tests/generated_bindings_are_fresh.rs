@@ -40,3 +40,38 @@ fn committed_generated_files_equal_a_fresh_regeneration() {
         stale.join("; ")
     );
 }
+
+/// The value of `#define NAME ((CUstream)0xN)` in `header`, if it has that form.
+fn stream_handle_define(header: &str, name: &str) -> Option<usize> {
+    header.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("#define") || words.next() != Some(name) {
+            return None;
+        }
+        let value: String = words.collect();
+        let hex = value.strip_prefix("((CUstream)0x")?.strip_suffix(')')?;
+        usize::from_str_radix(hex, 16).ok()
+    })
+}
+
+/// `cuda.h` defines the special stream handles as casts, which bindgen cannot translate, so
+/// `cuda-sys/src/streams.rs` writes them by hand: they must be the pinned header's values.
+#[test]
+fn special_stream_handles_have_the_values_the_pinned_cuda_h_defines() {
+    assert_eq!(
+        stream_handle_define("#define CU_STREAM_X     ((CUstream)0x1f)\n", "CU_STREAM_X"),
+        Some(0x1f),
+        "the parser reads the header's form"
+    );
+    let include = std::env::var("CUDA_SYS_INCLUDE_DIR")
+        .expect("CUDA_SYS_INCLUDE_DIR (scripts/regenerate-bindings sets it)");
+    let cuda_h = std::fs::read_to_string(Path::new(&include).join("cuda.h")).expect("cuda.h");
+    for (name, ours) in [
+        ("CU_STREAM_LEGACY", cuda_sys::CU_STREAM_LEGACY),
+        ("CU_STREAM_PER_THREAD", cuda_sys::CU_STREAM_PER_THREAD),
+    ] {
+        let theirs = stream_handle_define(&cuda_h, name)
+            .unwrap_or_else(|| panic!("cuda.h has no `#define {name} ((CUstream)0x..)`"));
+        assert_eq!(ours.addr(), theirs, "{name}");
+    }
+}
