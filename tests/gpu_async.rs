@@ -99,6 +99,9 @@ fn dropping_futures_early_leaks_nothing() {
     let gpu = Gpu::open();
     let stream = Stream::new(&gpu.context).unwrap();
     let flag = MappedU32s::new(gpu.driver, 1);
+    // A low-latency flag page registered before any stream is held below (a completion behind the
+    // gate then takes a free slot of it rather than registering host memory).
+    block_on(completion_with(&stream, CompletionMode::LowLatency).unwrap()).unwrap();
     let (mut before, mut midway) = (0, 0);
     for round in 0..30 {
         if round == 1 {
