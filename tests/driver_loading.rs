@@ -131,7 +131,9 @@ isolated_test! {
     }
 
     /// Without a path, the default names are tried in order. This machine may have no driver (an
-    /// error) or a real one (fine): either way the answer is not a panic.
+    /// error naming every default name), the toolkit's stub, a driver without a GPU (`cuInit`
+    /// fails), or a real driver: then `cuInit` succeeded, the version is a real one and the
+    /// driver is the process's.
     fn without_a_path_the_default_names_are_tried_in_order() {
         // SAFETY: no path: the default names, as `cuda_sys::driver()` searches them.
         match unsafe { Driver::load(LoadOptions::default()) } {
@@ -139,9 +141,33 @@ isolated_test! {
                 let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
                 assert_eq!(names, DEFAULT_NAMES);
                 assert!(tried.iter().all(|a| !a.message.is_empty()), "{tried:?}");
+                assert!(Driver::get().is_none());
             }
-            // A real driver (or the toolkit's stub, or a driver without a GPU) is installed here.
-            Ok(_) | Err(Error::StubLibrary { .. } | Error::Driver(_)) => {}
+            Ok(driver) => {
+                // Loading returns a driver only once `cuInit(0)` and `cuDriverGetVersion`
+                // succeeded; the version is the driver's own (CUDA 10.0 or newer).
+                let version = driver.version();
+                assert!(version.0 >= 10000, "implausible driver version {version:?}");
+                assert!(version.major() >= 10, "{version:?}");
+                if version.0 >= 12000 {
+                    assert_eq!(driver.resolution_path(), ResolutionPath::ProcAddressV2);
+                }
+                assert_eq!(driver.default_stream(), DefaultStream::Legacy);
+                assert!(!driver.path().as_os_str().is_empty());
+                assert!(std::ptr::eq(Driver::get().unwrap(), driver));
+            }
+            Err(Error::StubLibrary { path }) => {
+                assert!(!path.as_os_str().is_empty());
+                assert!(Driver::get().is_none());
+            }
+            // A driver without a usable GPU: the load stopped at `cuInit` (or the version query).
+            Err(Error::Driver(e)) => {
+                assert!(
+                    matches!(e.function(), Some("cuInit" | "cuDriverGetVersion")),
+                    "{e:?}"
+                );
+                assert!(Driver::get().is_none());
+            }
             Err(e) => panic!("unexpected error: {e:?}"),
         }
     }

@@ -2,13 +2,15 @@
 //! --test-threads=1`, or the bundle of `scripts/gpu-bundle`.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    CompletionMode, Error, Stream, completion_with, flush, host_launch_async, poller_cpu_time,
+    CompletionMode, Error, Stream, completion_with, flush, host_launch, host_launch_async,
+    poller_cpu_time,
 };
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 use cuda_workspace::isolated_test;
@@ -97,6 +99,9 @@ fn dropping_futures_early_leaks_nothing() {
     let gpu = Gpu::open();
     let stream = Stream::new(&gpu.context).unwrap();
     let flag = MappedU32s::new(gpu.driver, 1);
+    // A low-latency flag page registered before any stream is held below (a completion behind the
+    // gate then takes a free slot of it rather than registering host memory).
+    block_on(completion_with(&stream, CompletionMode::LowLatency).unwrap()).unwrap();
     let (mut before, mut midway) = (0, 0);
     for round in 0..30 {
         if round == 1 {
@@ -105,7 +110,45 @@ fn dropping_futures_early_leaks_nothing() {
         if round == 15 {
             midway = heap_in_use();
         }
-        // A short kernel ahead, so the futures are still pending when they are dropped.
+        // One future of each mode behind a host function that holds the stream until released:
+        // certainly pending when polled and when dropped, and its launch still pending after.
+        let (started, gate) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let (started_in, held) = (Arc::clone(&started), Arc::clone(&gate));
+        host_launch(&stream, move || {
+            started_in.store(true, Ordering::Release);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !held.load(Ordering::Acquire) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !started.load(Ordering::Acquire) {
+            assert!(Instant::now() < deadline, "the gate never started");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        for mode in MODES {
+            let mut future = completion_with(&stream, mode).unwrap();
+            let mut cx = Context::from_waker(Waker::noop());
+            assert!(
+                Pin::new(&mut future).poll(&mut cx).is_pending(),
+                "{mode:?}: pending while the stream is held"
+            );
+            drop(future);
+        }
+        // The gate has started (no longer pending): what is pending is the dropped host-function
+        // completion's launch.
+        let pending = gpu.context.pending_launches();
+        assert!(
+            pending >= 1,
+            "the dropped host-function completion is still a pending launch: {pending}"
+        );
+        gate.store(true, Ordering::Release);
+
+        // A short kernel ahead, so most of these futures are still pending when they are dropped.
         gpu.kernels
             .spin_then_write(stream.raw(), flag.device(0), 1, 2_000_000);
         for mode in MODES {
@@ -123,6 +166,11 @@ fn dropping_futures_early_leaks_nothing() {
     assert!(
         after <= midway + (16 << 10),
         "still growing: {midway} -> {after}"
+    );
+    assert!(
+        after <= before + (1 << 20),
+        "grew by {} bytes since the warm-up",
+        after.saturating_sub(before)
     );
 }
 

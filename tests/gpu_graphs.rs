@@ -13,6 +13,7 @@ use cuda_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::gpu::{Gpu, MappedU32s};
 use cuda_workspace::testing::Drops;
 
+const FLUSH: Duration = Duration::from_secs(30);
 const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
 
 fn capture(gpu: &Gpu, stream: &Stream, body: impl FnOnce()) -> Graph {
@@ -83,15 +84,27 @@ fn owners_outlive_clones_executables_and_the_source_graph_and_drop_after_the_las
     first.launch(&stream).unwrap();
     second.launch(&stream).unwrap();
     stream.synchronize().unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    flush(Duration::from_secs(1)).unwrap();
+    flush(FLUSH).unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each executable ran it");
     assert_eq!(drops.dropped(), 0, "alive while two executables exist");
     drop(first);
-    std::thread::sleep(Duration::from_millis(100));
-    flush(Duration::from_secs(1)).unwrap();
+    // The released executable's work is done and the cleanup queue empty: still alive.
+    stream.synchronize().unwrap();
+    flush(FLUSH).unwrap();
     assert_eq!(drops.dropped(), 0, "alive while one executable exists");
     second.launch(&stream).unwrap();
     stream.synchronize().unwrap();
+    flush(FLUSH).unwrap();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "the last executable still runs it"
+    );
+    assert_eq!(
+        drops.dropped(),
+        0,
+        "alive until the last executable is dropped"
+    );
     drop(second);
     // Dropped once the last executable is destroyed (the driver destroys user objects
     // asynchronously: wait_dropped flushes and waits).
@@ -146,11 +159,20 @@ fn a_host_launch_on_a_stream_forked_into_a_capture_is_captured_and_tied_to_that_
     let exec = graph.instantiate().unwrap();
     exec.launch(&origin).unwrap();
     origin.synchronize().unwrap();
+    flush(FLUSH).unwrap();
     assert!(ran.load(Ordering::SeqCst));
-    assert_eq!(drops.dropped(), 0);
+    assert_eq!(
+        drops.dropped(),
+        0,
+        "alive while the graph and its executable live"
+    );
     drop(exec);
     drop(graph);
-    drops.wait_dropped(1);
+    let dropped_on = drops.wait_dropped(1)[0].thread.clone();
+    assert!(
+        dropped_on.is_reaper(),
+        "dropped by the reaper: {dropped_on:?}"
+    );
     println!(
         "forked-stream launch captured as 1 host node; ran on replay; owner dropped with the graph"
     );
@@ -206,30 +228,77 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
     let stream = Stream::new(&gpu.context).unwrap();
     let options = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
     let drops = Drops::new();
-    let owner = drops.owner();
+    // How many times the launched closure and the node's closure ran.
+    let launch_runs = Arc::new(AtomicUsize::new(0));
+    let node_runs = Arc::new(AtomicUsize::new(0));
+    let (owner, counter) = (drops.owner(), Arc::clone(&launch_runs));
     let launched = host_launch_with(&stream, &options, move || {
         let _keep = &owner;
+        counter.fetch_add(1, Ordering::SeqCst);
     });
     let graph = Graph::new().unwrap();
-    let node = add_host_node_with(&graph, &[], &options, || {});
+    let (owner, counter) = (drops.owner(), Arc::clone(&node_runs));
+    let node = add_host_node_with(&graph, &[], &options, move || {
+        let _keep = &owner;
+        counter.fetch_add(1, Ordering::SeqCst);
+    })
+    .map(|_| ());
     let version = gpu.driver.version().0;
     println!("driver {version}: sync-mode launch -> {launched:?}; node -> {node:?}");
     if version < 13010 {
-        for result in [launched.map(|_| ()), node.map(|_| ())] {
+        // Below 13.1 (options.rs): a sync mode needs cuLaunchHostFunc_v2, so both are refused
+        // with DriverTooOld, before anything is enqueued or added, owners dropped on return.
+        for result in [launched, node] {
             match result {
                 Err(Error::Cuda(cuda_sys::Error::DriverTooOld {
-                    required, found, ..
+                    function,
+                    required,
+                    found,
                 })) => {
+                    assert_eq!(function, "cuLaunchHostFunc_v2");
                     assert_eq!(required, 13010);
                     assert_eq!(found.0, version);
                 }
                 other => panic!("expected DriverTooOld, got {other:?}"),
             }
         }
-        assert_eq!(drops.dropped(), 1, "the refused launch dropped its owner");
+        assert_eq!(
+            drops.dropped(),
+            2,
+            "the refused launch and node dropped their owners before returning"
+        );
+        assert_eq!(
+            graph.node_types().unwrap().len(),
+            0,
+            "the refused node was not added"
+        );
+        // The default options (no sync mode: cuLaunchHostFunc, cuGraphAddHostNode) work here.
+        let default = LaunchOptions::default();
+        let counter = Arc::clone(&launch_runs);
+        host_launch_with(&stream, &default, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        let counter = Arc::clone(&node_runs);
+        add_host_node_with(&graph, &[], &default, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
     } else {
         launched.unwrap();
         node.unwrap();
-        stream.synchronize().unwrap();
     }
+    let nodes = graph.node_types().unwrap();
+    assert_eq!(nodes.len(), 1);
+    assert_eq!(nodes[0].1, CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST);
+    let exec = graph.instantiate().unwrap();
+    exec.launch(&stream).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(launch_runs.load(Ordering::SeqCst), 1, "the launch ran once");
+    assert_eq!(node_runs.load(Ordering::SeqCst), 1, "the node ran once");
+    drop(exec);
+    drop(graph);
+    // Every owner is dropped: the refused ones at once (below 13.1), the others once their
+    // launch ran and the graph and its executable were destroyed.
+    drops.wait_dropped(2);
 }

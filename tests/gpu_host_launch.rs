@@ -211,11 +211,37 @@ fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refus
         status,
         CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
     );
-    let refused_forked = host_launch(&forked, || {});
+    let forked_owner = drops.owner();
+    let refused_forked = host_launch(&forked, move || {
+        let _keep = &forked_owner;
+    });
     assert!(
         matches!(refused_forked, Err(Error::CaptureActive { .. })),
         "{refused_forked:?}"
     );
+    assert_eq!(
+        drops.dropped(),
+        2,
+        "the forked launch's owners were dropped before its error returned"
+    );
+    assert_eq!(drops.live(), 0);
+    match (&refused, &refused_forked) {
+        (
+            Err(Error::CaptureActive {
+                stream: s0,
+                capture_id: c0,
+            }),
+            Err(Error::CaptureActive {
+                stream: s1,
+                capture_id: c1,
+            }),
+        ) => {
+            assert_eq!(*s0, origin.raw().addr(), "the origin stream is named");
+            assert_eq!(*s1, forked.raw().addr(), "the forked stream is named");
+            assert_eq!(c0, c1, "the forked stream is part of the origin's capture");
+        }
+        other => panic!("expected two CaptureActive errors, got {other:?}"),
+    }
 
     join.record(&forked).unwrap();
     join.make_wait(&origin).unwrap();
@@ -228,6 +254,10 @@ fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refus
     // SAFETY: live graph; a null node array asks for the count.
     unsafe { d.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes) }.unwrap();
     println!("capture ended valid: a graph of {nodes} node(s); both launches refused");
+    assert_eq!(
+        nodes, 0,
+        "neither refused launch left a node (nothing else was captured)"
+    );
     // SAFETY: live graph, destroyed once.
     unsafe { d.cuGraphDestroy(graph) }.unwrap();
 }
