@@ -512,20 +512,6 @@ impl Fault {
     }
 }
 
-/// Whether `fault` hits a launch's second capture query: after the driver accepted the launch,
-/// the launch asks again whether the stream is capturing (another thread may have begun a capture
-/// meanwhile). If that question fails, the launch has happened: it returns `Ok`, and the record is
-/// handed to the driver's thread as if the stream were not capturing (a stream whose queries fail
-/// cannot be capturing), so its owners are still dropped once, after the host function ran.
-fn second_capture_query(op: Op, fault: &Fault) -> bool {
-    op.family() == Family::Launch
-        && matches!(
-            fault.base.as_str(),
-            "cuStreamGetCaptureInfo" | "cuStreamIsCapturing"
-        )
-        && fault.nth >= 2
-}
-
 /// Begins a capture on `env.capture`.
 fn begin_capture(env: &Env) {
     // SAFETY: a live stream.
@@ -897,10 +883,9 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
     let failed = outcome.result.is_err();
     let tolerated = op.family() == Family::Drop
         || outcome.fault.is_some_and(|f| {
-            second_capture_query(op, f)
-                || TOLERATED
-                    .iter()
-                    .any(|(o, c, _)| *o == op.name() && *c == f.base)
+            TOLERATED
+                .iter()
+                .any(|(o, c, _)| *o == op.name() && *c == f.base)
         });
     match (outcome.fault, &outcome.result) {
         (None, Ok(())) => {}

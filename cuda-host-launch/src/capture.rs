@@ -18,6 +18,14 @@ pub(crate) enum Capture {
     Active { id: u64, graph: CUgraph },
 }
 
+/// The error of a run-once operation refused on `stream`, which capture `capture_id` is capturing.
+pub(crate) fn capture_active(stream: CUstream, capture_id: u64) -> Error {
+    Error::CaptureActive {
+        stream: stream.addr(),
+        capture_id,
+    }
+}
+
 /// The capture state of `stream`: `cuStreamGetCaptureInfo` (12.3+), which also sees a stream joined
 /// into another stream's capture through an event; on older drivers `cuStreamIsCapturing`.
 pub(crate) fn capture_of(driver: &cuda_sys::Driver, stream: CUstream) -> Result<Capture, Error> {

@@ -27,7 +27,6 @@
 //! **In a child forked** after the first launch, launches, completions and [`flush`] fail with
 //! [`Error::ForkedChild`] and [`drain`] releases nothing (see `forked_child`).
 
-use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::atomic::AtomicU8;
@@ -190,40 +189,12 @@ struct Scratch {
 /// The most entries a reused vector keeps between batches (a larger batch's capacity is let go).
 const SCRATCH_KEEP: usize = 4096;
 
-thread_local! {
-    /// How many `release_batch` calls the calling thread is inside (a drain inside an owner's
-    /// `Drop` nests). Non-zero on the reaper while it releases, and on a thread that drains.
-    static RELEASING: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Whether the calling thread is releasing a batch of records: running an owner's `Drop` or the
-/// panic handler for the cleanup queue.
-fn releasing_here() -> bool {
-    RELEASING.with(Cell::get) > 0
-}
-
-/// Marks the calling thread as releasing, until dropped.
-struct Releasing;
-
-impl Releasing {
-    fn begin() -> Releasing {
-        RELEASING.with(|r| r.set(r.get() + 1));
-        Releasing
-    }
-}
-
-impl Drop for Releasing {
-    fn drop(&mut self) {
-        RELEASING.with(|r| r.set(r.get().saturating_sub(1)));
-    }
-}
-
 fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
     // Once the process is exiting, nothing more is released (see `exit_gate`).
+    // The release also marks this thread as releasing (`flush` refuses to wait for itself).
     let Some(releasing) = crate::exit_gate::begin_releasing() else {
         return 0;
     };
-    let _releasing = Releasing::begin();
     let headers = &mut scratch.headers;
     headers.clear();
     headers.extend(batch);
@@ -287,10 +258,8 @@ pub fn drain() -> u64 {
 /// [`Error::FlushOnReleasingThread`] if called by the releasing thread; [`Error::ForkedChild`] in a
 /// child forked after the first launch.
 pub fn flush(timeout: Duration) -> Result<(), Error> {
-    if in_host_function() {
-        return Err(Error::InsideHostFunction { operation: "flush" });
-    }
-    if releasing_here() {
+    crate::host_thread::refuse_inside_host_function("flush")?;
+    if crate::exit_gate::releasing_here() {
         return Err(Error::FlushOnReleasingThread);
     }
     crate::forked_child::check()?;

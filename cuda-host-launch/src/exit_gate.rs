@@ -38,6 +38,12 @@ thread_local! {
     static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
+/// Whether the calling thread is releasing a batch of records (running an owner's `Drop` or the
+/// panic handler for the cleanup queue: the reaper, or a thread that drains).
+pub(crate) fn releasing_here() -> bool {
+    DEPTH.with(Cell::get) > 0
+}
+
 /// A release in progress: the exit handler waits for it to end.
 pub(crate) struct Releasing(());
 

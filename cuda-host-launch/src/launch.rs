@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use cuda_sys::types::{CUcontext, CUhostFn, CUresult, CUstream};
 
-use crate::capture::{Capture, capture_graph_legacy, capture_of};
+use crate::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
 use crate::cleanup::{self, CleanupMode};
 use crate::error::Error;
 use crate::launch_state::LaunchOver;
@@ -16,7 +16,6 @@ use crate::record::{
     ClosurePayload, OwnedRecord, RawPayload, RepeatableClosure, new_bytes_record, new_record,
     new_shared_record, trampoline, trampoline_repeatable,
 };
-use crate::tickets;
 use crate::user_object::GraphOwnedRecord;
 
 /// Enqueues `f(user_data)` on `stream`, keeping `owners` alive until `f` has returned; the owners
@@ -278,12 +277,8 @@ pub(crate) unsafe fn enqueue(
     let _timed = Timed(crate::profile::start());
     let hint = stream.context_hint();
     let stream = stream.as_raw_stream();
-    if crate::in_host_function() {
-        // `record` is dropped here, which defers its owners to the cleanup queue.
-        return Err(Error::InsideHostFunction {
-            operation: "launching a host function",
-        });
-    }
+    // On an error `record` is dropped here, which defers its owners to the cleanup queue.
+    crate::host_thread::refuse_inside_host_function("launching a host function")?;
     let mode = cleanup::prepare()?;
     let driver = cuda_sys::driver()?;
     let call = LaunchCall::resolve(driver, options)?;
@@ -321,7 +316,8 @@ pub(crate) unsafe fn enqueue(
             // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
             // queues it; the ticket is never freed, so any call (even a late one) is sound. The
             // stream's validity is the `AsRawStream` guarantee.
-            let (code, function) = unsafe { call.call(stream, trampoline, ticket.as_user_data()) };
+            let (code, function) =
+                unsafe { call.call(stream, trampoline, ticket.id.as_user_data()) };
             #[cfg(cuda_host_launch_profile)]
             crate::profile::driver_call(call_started);
             if code != CUresult::CUDA_SUCCESS {
@@ -332,19 +328,12 @@ pub(crate) unsafe fn enqueue(
                 return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
             }
             // The driver has it: hand it over (or, if its host function already ran, queue it).
-            if let Some(ticket_state) = tickets::ticket(ticket.index())
-                && ticket_state.state.launched(ticket.generation()) == LaunchOver::Push
-            {
+            if ticket.launched() == LaunchOver::Push {
                 // SAFETY: the host function has run and no one else holds the record.
                 unsafe { cleanup::push(header) };
             }
         }
-        (Capture::Active { id, .. }, Runs::Once) => {
-            return Err(Error::CaptureActive {
-                stream: stream.addr(),
-                capture_id: id,
-            });
-        }
+        (Capture::Active { id, .. }, Runs::Once) => return Err(capture_active(stream, id)),
         (Capture::Active { graph, .. }, Runs::Repeatable) => {
             // User objects (11.3) come first: below them a captured launch cannot be owned by its
             // graph, and the 11.3 capture query below would not exist either.

@@ -38,9 +38,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUcontext, CUdeviceptr, CUstream};
+use cuda_sys::types::{CUcontext, CUdeviceptr};
 
-use crate::capture::{Capture, capture_of};
+use crate::capture::{Capture, capture_active, capture_of};
 use crate::completion::Shared;
 use crate::error::Error;
 use crate::panic_report::{PanicOrigin, report_and_drop};
@@ -209,13 +209,6 @@ pub(crate) fn register(stream: &impl AsRawStream, shared: Arc<Shared<()>>) -> Re
         }
     }
     Ok(())
-}
-
-fn capture_active(stream: CUstream, capture_id: u64) -> Error {
-    Error::CaptureActive {
-        stream: stream.addr(),
-        capture_id,
-    }
 }
 
 /// `context`'s key: its handle and its `cuCtxGetId` (12.0+; `DriverTooOld` before: see the

@@ -18,7 +18,7 @@ use cuda_sys::types::CUcontext;
 
 use crate::error::Error;
 use crate::record::RecordHeader;
-use crate::tickets::{self, TicketId};
+use crate::tickets::{self, HeldTicket, TicketId};
 
 /// The tracking part of a record's header: the ticket of its launch, if it was launched.
 pub(crate) struct Tracking {
@@ -44,8 +44,8 @@ fn tracking(header: NonNull<RecordHeader>) -> &'static Tracking {
 
 /// Takes a ticket for a record about to be launched into `context`, holding the launch
 /// (LAUNCHING) until the caller reports how its launch call went
-/// ([`LaunchState::launched`](crate::launch_state::LaunchState::launched), or the record's
-/// release). Returns the ticket, whose id is the launch's `userData`.
+/// ([`HeldTicket::launched`], or the record's release). Returns the held ticket, whose id is the
+/// launch's `userData`.
 ///
 /// # Errors
 /// [`Error::TooManyPendingLaunches`] if every ticket is in use.
@@ -55,11 +55,11 @@ fn tracking(header: NonNull<RecordHeader>) -> &'static Tracking {
 pub(crate) unsafe fn track(
     header: NonNull<RecordHeader>,
     context: CUcontext,
-) -> Result<TicketId, Error> {
-    let id = tickets::take(header, context).ok_or(Error::TooManyPendingLaunches)?;
+) -> Result<HeldTicket, Error> {
+    let held = tickets::take(header, context).ok_or(Error::TooManyPendingLaunches)?;
     // SAFETY: the record is ours; nobody else reads this field before the launch.
-    unsafe { *tracking(header).ticket.get() = Some(id) };
-    Ok(id)
+    unsafe { *tracking(header).ticket.get() = Some(held.id) };
+    Ok(held)
 }
 
 /// Before a record is released: gives its launch's ticket back, if it was launched. Called by

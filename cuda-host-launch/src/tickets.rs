@@ -26,7 +26,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use cuda_sys::types::CUcontext;
 
-use crate::launch_state::{GENERATION_BITS, LaunchState};
+use crate::launch_state::{GENERATION_BITS, LaunchOver, LaunchState};
 use crate::record::RecordHeader;
 
 const INDEX_BITS: u32 = 24;
@@ -138,19 +138,22 @@ pub(crate) fn ticket(index: u32) -> Option<&'static Ticket> {
 /// A free index: from this thread's cache, else a batch from the global list, else a new one.
 /// `None` if every index is in use.
 fn take_index() -> Option<u32> {
-    let cached = CACHE
-        .try_with(|cache| {
-            let mut cache = cache.borrow_mut();
-            if cache.0.is_empty() {
-                let mut free = lock(&FREE);
-                let from = free.len().saturating_sub(BATCH);
-                cache.0.extend(free.drain(from..));
-            }
-            cache.0.pop()
-        })
-        .ok()
-        .flatten();
-    cached.or_else(|| lock(&FREE).pop()).or_else(new_index)
+    let cached = CACHE.try_with(|cache| {
+        let mut cache = cache.borrow_mut();
+        if cache.0.is_empty() {
+            let mut free = lock(&FREE);
+            let from = free.len().saturating_sub(BATCH);
+            cache.0.extend(free.drain(from..));
+        }
+        cache.0.pop()
+    });
+    match cached {
+        Ok(Some(index)) => Some(index),
+        // The global list was empty too.
+        Ok(None) => new_index(),
+        // This thread's cache is gone (the thread is exiting).
+        Err(_) => lock(&FREE).pop().or_else(new_index),
+    }
 }
 
 /// An index never handed out before, with its chunk allocated.
@@ -177,9 +180,24 @@ fn new_index() -> Option<u32> {
     Some(index)
 }
 
+/// A ticket its launcher holds (LAUNCHING) until its launch call returned.
+pub(crate) struct HeldTicket {
+    /// The id the driver gets as `userData`, and the record's to give back on release.
+    pub(crate) id: TicketId,
+    ticket: &'static Ticket,
+}
+
+impl HeldTicket {
+    /// The launch call returned success: hands the launch over to the driver's thread (or tells
+    /// the launcher to queue the record, if its host function already ran).
+    pub(crate) fn launched(self) -> LaunchOver {
+        self.ticket.state.launched(self.id.generation())
+    }
+}
+
 /// Takes a ticket for a launch of `record` into `context`, and holds it (LAUNCHING). `None` if
 /// every ticket is in use.
-pub(crate) fn take(record: NonNull<RecordHeader>, context: CUcontext) -> Option<TicketId> {
+pub(crate) fn take(record: NonNull<RecordHeader>, context: CUcontext) -> Option<HeldTicket> {
     let index = take_index()?;
     let ticket = ticket(index)?;
     let generation = ticket.state.next_generation();
@@ -187,7 +205,10 @@ pub(crate) fn take(record: NonNull<RecordHeader>, context: CUcontext) -> Option<
     ticket.context.store(context.addr(), Ordering::Relaxed);
     // Release: the record and context above are seen by whoever sees this generation.
     ticket.state.begin(generation);
-    TicketId::new(index, generation)
+    Some(HeldTicket {
+        id: TicketId::new(index, generation)?,
+        ticket,
+    })
 }
 
 /// Gives a ticket back once the record of its launch is released (or about to be, by the
@@ -235,12 +256,12 @@ mod tests {
     #[test]
     fn tickets_given_back_are_reused_and_their_old_generation_is_stale() {
         let record = NonNull::<RecordHeader>::dangling();
-        let first = take(record, ptr::null_mut()).unwrap();
+        let first = take(record, ptr::null_mut()).unwrap().id;
         give_back(first);
         let before = memory_bytes();
         // Many launches, one pending at a time: the table does not grow.
         for _ in 0..3 * CHUNK_LEN {
-            let id = take(record, ptr::null_mut()).unwrap();
+            let id = take(record, ptr::null_mut()).unwrap().id;
             give_back(id);
         }
         assert_eq!(memory_bytes(), before, "tickets given back were not reused");
