@@ -54,11 +54,11 @@ fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
             Ok(driver)
         }
         Err(e) => {
-            println!("No usable NVIDIA driver here: {e}");
             let fake = cuda_workspace::testing::fake_driver_path();
             println!(
-                "Running against the FAKE driver instead ({}): host functions run on its \
-                 stand-in driver thread; nothing runs on a GPU.",
+                "No NVIDIA driver on this machine, so this runs on the workspace's fake driver \
+                 ({}), a test double: host functions run on its stand-in driver thread; nothing \
+                 runs on a GPU.\n  (Why no driver: {e})",
                 fake.display()
             );
             // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures; it
