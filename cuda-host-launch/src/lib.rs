@@ -16,6 +16,8 @@
 //!   the owners are tied to the graph (a CUDA user object) until it and every executable graph made
 //!   from it are destroyed. [`add_host_node`] adds such a node to a graph directly.
 //! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+).
+//! - Feature `cudarc`: cudarc's `CudaStream` is a launch target like this crate's [`Stream`] (module
+//!   `cudarc_stream`).
 //! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic; with
 //!   [`CompletionMode::LowLatency`] the stream writes a flag that a poller thread watches, without
 //!   a host function.
@@ -85,6 +87,8 @@ mod capture;
 mod cleanup;
 #[cfg(not(loom))]
 mod completion;
+#[cfg(all(feature = "cudarc", not(loom)))]
+pub mod cudarc_stream;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
