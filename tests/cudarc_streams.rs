@@ -25,9 +25,16 @@ fn fake_libcuda_folder() -> PathBuf {
         .expect("the fake driver's folder")
         .join("fake-libcuda");
     std::fs::create_dir_all(&folder).expect("create the fake libcuda folder");
-    let link = folder.join("libcuda.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&fake, &link).expect("link libcuda.so to the fake driver");
+    // Tests run in parallel: each makes its own link and renames it into place (atomic).
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let own = folder.join(format!(
+        "libcuda.so.{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_file(&own);
+    std::os::unix::fs::symlink(&fake, &own).expect("link to the fake driver");
+    std::fs::rename(&own, folder.join("libcuda.so")).expect("put libcuda.so in place");
     folder
 }
 
