@@ -8,8 +8,11 @@
 //! let stream = context.new_stream()?;
 //! let buffer = stream.alloc_zeros::<f32>(1 << 20)?;
 //! // ... kernels on `stream` that use `buffer` ...
-//! // The buffer is freed once the work before this point has run, on this crate's thread.
-//! cuda_host_launch::host_launch(&stream, move || drop(buffer))?;
+//! // The buffer is the closure's owner: freed once the work before this point has run and the
+//! // closure returned, on this crate's thread.
+//! cuda_host_launch::host_launch(&stream, move || {
+//!     let _owner = &buffer;
+//! })?;
 //! # Ok(())
 //! # }
 //! ```
