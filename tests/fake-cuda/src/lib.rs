@@ -2,9 +2,13 @@
 //! crates use, for tests on machines without a GPU.
 //!
 //! Tests load it like the real driver, through `unsafe { cuda_sys::Driver::load(
-//! LoadOptions::with_library_path(path)) }` or `CUDA_SYS_LIBRARY=<path>`, and steer or inspect it
-//! through the exported `fake_cuda_*` functions (see [`control`]), which they reach by opening the
-//! same library again (the system loader hands back the already loaded copy).
+//! LoadOptions::with_library_path(path)) }` or `CUDA_SYS_LIBRARY=<path>` (or, for a binding that
+//! opens `libcuda.so.1` by name, a folder with that link first on `LD_LIBRARY_PATH`: see
+//! [`steer::libcuda_folder`]), and steer or inspect it through [`steer::FakeCuda`], the typed Rust
+//! API over the exported `fake_cuda_*` functions (see [`control`]), which it reaches by opening
+//! the same library again (the system loader hands back the already loaded copy). The crate is
+//! both the driver (`cdylib`) and, for tests, that API (`rlib`); `README.md` shows how another
+//! crate's tests use it, `tests/downstream.rs` is an example.
 //!
 //! # Configuration
 //!
@@ -171,6 +175,7 @@ mod memory;
 mod proc_address;
 mod scheduler;
 mod state;
+pub mod steer;
 mod stream;
 mod teardown;
 mod user_object;
