@@ -104,6 +104,28 @@ cases! {
         assert_eq!(count.load(Ordering::SeqCst), 1);
     }
 
+    /// The last release of a primary context with a sticky error clears it: retained again, the
+    /// context runs new work.
+    fn the_last_release_of_a_primary_context_clears_its_sticky_error(cx) {
+        let stream = cx.stream();
+        cx.sticky_error(stream);
+        // SAFETY: no arguments.
+        assert_eq!(code(unsafe { cx.driver.cuCtxSynchronize() }), Some(CUresult::CUDA_ERROR_LAUNCH_FAILED));
+        let count = leak(AtomicUsize::new(0));
+        let mut context: CUcontext = ptr::null_mut();
+        // SAFETY: the case's one retain is released, the stream not used again; valid
+        // out-pointers; `count` is leaked.
+        unsafe {
+            cx.driver.cuDevicePrimaryCtxRelease(cx.device).unwrap();
+            cx.driver.cuDevicePrimaryCtxRetain(&mut context, cx.device).unwrap();
+            cx.driver.cuCtxSetCurrent(context).unwrap();
+            let stream = cx.stream();
+            cx.driver.cuLaunchHostFunc(stream, Some(bump), data(count)).unwrap();
+            cx.driver.cuStreamSynchronize(stream).unwrap();
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
     /// Device 0's primary context keeps its handle when it is released to nothing and retained
     /// again.
     fn the_primary_context_keeps_its_handle_across_its_last_release(cx) {
