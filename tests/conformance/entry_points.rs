@@ -92,9 +92,10 @@ cases! {
     /// new for the version asked; otherwise success.
     fn cu_get_proc_address_v1_says_not_found(cx) {
         let mut pfn = ptr::null_mut();
+        let version = cx.driver.version().0;
         // SAFETY: NUL-terminated names and a valid out-pointer.
         unsafe {
-            assert_eq!(v1(cx)(c"cuNoSuchFunction".as_ptr(), &mut pfn, 13000, LEGACY), CUresult::CUDA_ERROR_NOT_FOUND);
+            assert_eq!(v1(cx)(c"cuNoSuchFunction".as_ptr(), &mut pfn, version, LEGACY), CUresult::CUDA_ERROR_NOT_FOUND);
             assert_eq!(v1(cx)(c"cuStreamGetCaptureInfo".as_ptr(), &mut pfn, 10000, LEGACY), CUresult::CUDA_ERROR_NOT_FOUND);
             assert_eq!(v1(cx)(c"cuMemAlloc".as_ptr(), &mut pfn, 11080, LEGACY), CUresult::CUDA_SUCCESS);
         }
