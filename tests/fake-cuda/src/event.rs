@@ -2,8 +2,7 @@
 //! record in a capture lets another stream join it).
 
 use std::ffi::c_uint;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use cuda_sys::types::{CUevent, CUresult, CUstream};
 
@@ -14,7 +13,7 @@ use crate::errors::{
     NOT_PERMITTED, NOT_READY, Res, ensure, result,
 };
 use crate::scheduler::{enqueue, on_worker_of};
-use crate::state::{Event, Op, State, as_ptr, lock, new_handle, wait};
+use crate::state::{Event, Op, Record, State, as_ptr, lock, new_handle, wait};
 use crate::stream::resolve;
 
 /// `CU_EVENT_DISABLE_TIMING`.
@@ -41,7 +40,6 @@ unsafe fn event_create(ph: *mut CUevent, flags: c_uint) -> Res {
         Event {
             ctx,
             last_record: None,
-            recorded_at: None,
             timing: flags & DISABLE_TIMING == 0,
             capture: None,
         },
@@ -79,14 +77,12 @@ unsafe fn event_record(event: CUevent, handle: CUstream, per_thread: bool) -> Re
         }
         return Ok(());
     }
-    let done = Arc::new(AtomicBool::new(false));
-    let at = Arc::new(OnceLock::new());
+    let record = Arc::new(Record::default());
     if let Some(e) = st.events.get_mut(&event.addr()) {
-        e.last_record = Some(done.clone());
-        e.recorded_at = Some(at.clone());
+        e.last_record = Some(Arc::clone(&record));
         e.capture = None;
     }
-    result(enqueue(&mut st, s, Op::Record { done, at }))
+    result(enqueue(&mut st, s, Op::Record { record }))
 }
 
 stream_export!("cuEventRecordWithFlags", cuEventRecordWithFlags / cuEventRecordWithFlags_ptsz => event_record_with_flags(hEvent: CUevent, hStream: CUstream, flags: c_uint));
@@ -129,10 +125,7 @@ unsafe fn event_query(event: CUevent) -> Res {
         };
     }
     ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
-    let done = e
-        .last_record
-        .as_ref()
-        .is_none_or(|d| d.load(Ordering::Acquire));
+    let done = e.last_record.as_ref().is_none_or(|r| r.done());
     ensure(done, NOT_READY)
 }
 
@@ -147,7 +140,7 @@ unsafe fn event_synchronize(event: CUevent) -> Res {
         let Some(done) = e.last_record.clone() else {
             return Ok(());
         };
-        if done.load(Ordering::Acquire) {
+        if done.done() {
             return Ok(());
         }
         ensure(!on_worker_of(e.ctx), NOT_PERMITTED)?;
@@ -182,9 +175,7 @@ unsafe fn stream_wait_event(
         return Err(CAPTURE_ISOLATION);
     }
     match done {
-        Some(done) if !done.load(Ordering::Acquire) => {
-            result(enqueue(&mut st, s, Op::Wait { done }))
-        }
+        Some(record) if !record.done() => result(enqueue(&mut st, s, Op::Wait { record })),
         _ => Ok(()),
     }
 }
@@ -202,8 +193,8 @@ unsafe fn event_elapsed_time(ms: *mut f32, start: CUevent, end: CUevent) -> Res 
         let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
         ensure(e.timing, INVALID_HANDLE)?;
         ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
-        let recorded = e.recorded_at.as_ref().ok_or(INVALID_HANDLE)?;
-        *slot = Some(*recorded.get().ok_or(NOT_READY)?);
+        let recorded = e.last_record.as_ref().ok_or(INVALID_HANDLE)?;
+        *slot = Some(recorded.completed_at().ok_or(NOT_READY)?);
     }
     let [Some(start), Some(end)] = at else {
         return Err(INVALID_HANDLE);

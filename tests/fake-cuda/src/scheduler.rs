@@ -5,7 +5,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cuda_sys::types::CUresult;
 
@@ -127,7 +127,7 @@ pub(crate) fn context_idle(st: &State, ctx: usize) -> bool {
 fn runnable(st: &State, ctx: usize, op: &Op) -> bool {
     match op {
         Op::Hold { token } => st.holds.get(token).is_none_or(|released| *released),
-        Op::Wait { done } => done.load(Ordering::Acquire),
+        Op::Wait { record } => record.done(),
         &Op::WaitValue {
             addr,
             value,
@@ -241,10 +241,7 @@ fn run(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool) -> Guard {
         Op::Hold { token } => {
             st.holds.remove(&token);
         }
-        Op::Record { done, at } => {
-            let _ = at.set(Instant::now());
-            done.store(true, Ordering::Release);
-        }
+        Op::Record { record } => record.complete(),
         Op::Wait { .. } => {}
         Op::WaitValue { addr, wide, .. } if mapped(&st, ctx, addr, if wide { 8 } else { 4 }) => {}
         Op::WaitValue { .. } => unmapped_write(poisoned),

@@ -219,8 +219,7 @@ pub(crate) enum Op {
         token: u64,
     },
     Record {
-        done: Arc<AtomicBool>,
-        at: Arc<OnceLock<Instant>>,
+        record: Arc<Record>,
     },
     /// `cuStreamWaitValue32/64`: the stream waits until the word at `addr` meets the condition.
     WaitValue {
@@ -231,7 +230,7 @@ pub(crate) enum Op {
         wide: bool,
     },
     Wait {
-        done: Arc<AtomicBool>,
+        record: Arc<Record>,
     },
     Write32 {
         addr: usize,
@@ -262,12 +261,33 @@ impl Op {
     }
 }
 
+/// One `cuEventRecord` outside a capture: whether the stream reached it, and when.
+#[derive(Default)]
+pub(crate) struct Record {
+    at: OnceLock<Instant>,
+}
+
+impl Record {
+    /// Whether the driver thread has completed it.
+    pub(crate) fn done(&self) -> bool {
+        self.at.get().is_some()
+    }
+
+    /// When it completed, if it has.
+    pub(crate) fn completed_at(&self) -> Option<Instant> {
+        self.at.get().copied()
+    }
+
+    /// Marks it completed, now (the driver thread, in stream order).
+    pub(crate) fn complete(&self) {
+        let _ = self.at.set(Instant::now());
+    }
+}
+
 pub(crate) struct Event {
     pub(crate) ctx: usize,
-    /// The completion flag of the most recent record, if it was ever recorded outside a capture.
-    pub(crate) last_record: Option<Arc<AtomicBool>>,
-    /// When the most recent record completed (set by the driver thread as it completes).
-    pub(crate) recorded_at: Option<Arc<OnceLock<Instant>>>,
+    /// The most recent record, if it was ever recorded outside a capture.
+    pub(crate) last_record: Option<Arc<Record>>,
     /// Whether it keeps timestamps (not created with `CU_EVENT_DISABLE_TIMING`).
     pub(crate) timing: bool,
     /// Recorded in a capture: the capture and the recording stream's dependencies then.
