@@ -4,11 +4,18 @@
 //!
 //! Each call must return `Ok` or a typed error (`DriverTooOld`, `SymbolMissing`, `Driver`, the
 //! stub's `StubLibrary`, or `CaptureActive` for a run-once launch on a capturing stream); none may
-//! panic; and the owners of every launch that returned an error are dropped exactly once (those
-//! of launches that worked too, once their graph is gone). On the version runs, the features
-//! appear exactly where the driver has them (host functions from 10.0, user objects from 11.3,
-//! `cuGraphInstantiateWithFlags` from 11.4, stream memory operations from 11.7, `cuCtxCreate_v4`
-//! from 12.5, the sync mode from 13.1).
+//! panic; the owners of every launch are dropped exactly once (with a graph-destroying symbol
+//! hidden, those in graphs at most once); a launch that worked ran exactly once per run of what it
+//! went into (its stream, or each launch of its graph), and one that failed never ran.
+//!
+//! On the version runs every call must work except where `cuda-sys`'s generated table gates a
+//! function it needs above the driver's version: the only errors allowed are `DriverTooOld` for
+//! such a function (stating the table's gate and the driver's version), and the `CaptureActive`
+//! of the run-once launch on a capturing stream. At the end nothing is left in the driver (no
+//! pending launch, user object, graph, executable graph, event, stream, created context or hold).
+//! The features also appear exactly where the crate says (host functions from 10.0, user
+//! objects from 11.3, `cuGraphInstantiateWithFlags` from 11.4, stream memory operations from
+//! 11.7, `cuCtxCreate_v4` from 12.5, the sync mode from 13.1).
 //!
 //! The driver reads its version and symbol list once per process: each version, each missing
 //! symbol and the stub run in a process of their own, every call in one process.
@@ -64,13 +71,41 @@ enum Outcome {
 
 fn classify(e: &Error) -> Outcome {
     match e {
-        Error::Cuda(cuda_sys::Error::DriverTooOld { function, .. }) => Outcome::TooOld(function),
+        Error::Cuda(cuda_sys::Error::DriverTooOld {
+            function,
+            required,
+            found,
+        }) => {
+            // The error must state the table's gate and the driver's version.
+            assert_eq!(Some(*required), gate(function), "{e}");
+            assert_eq!(found.0, driver_version(), "{e}");
+            Outcome::TooOld(function)
+        }
         Error::Cuda(cuda_sys::Error::SymbolMissing { function, .. }) => Outcome::Missing(function),
         Error::Cuda(cuda_sys::Error::Driver(d)) => Outcome::Driver(d.to_string()),
         Error::Cuda(cuda_sys::Error::StubLibrary { .. }) => Outcome::Stub,
         Error::CaptureActive { .. } => Outcome::Refused,
         other => Outcome::Untyped(format!("{other:?}")),
     }
+}
+
+/// The version gate of the table entry named `function` in `cuda-sys`'s generated table.
+fn gate(function: &str) -> Option<u32> {
+    Function::ALL
+        .iter()
+        .map(|f| f.info())
+        .find(|info| info.name == function)
+        .map(|info| info.version)
+}
+
+/// Whether a driver of `version` lacks the table entry `function` (its gate is above it).
+fn too_old_on(function: &str, version: i32) -> bool {
+    gate(function).is_some_and(|gate| gate as i32 > version)
+}
+
+/// The loaded driver's version.
+fn driver_version() -> i32 {
+    Driver::get().map_or(0, |d| d.version().0)
 }
 
 fn panic_text(payload: &(dyn Any + Send)) -> String {
@@ -87,6 +122,9 @@ struct Probe {
     runs: Arc<AtomicUsize>,
     drops: Arc<Drops>,
     failed: bool,
+    /// The graph a repeatable launch or node went into (an index into `Tally::graph_launches`);
+    /// `None` for a launch on a stream, which runs once.
+    graph: Option<usize>,
 }
 
 /// Every call made, with how it ended, and the probes of every launch.
@@ -94,6 +132,8 @@ struct Probe {
 struct Tally {
     rows: Vec<(&'static str, Outcome)>,
     probes: Vec<Probe>,
+    /// Successful launches of each graph made so far (see [`Tally::new_graph`]).
+    graph_launches: Vec<usize>,
 }
 
 impl Tally {
@@ -125,6 +165,17 @@ impl Tally {
         self.rows.push((name, Outcome::Skipped));
     }
 
+    /// A new graph: the repeatable launches and nodes made until the next one go into it, and
+    /// run once per successful launch of it ([`Tally::graph_launched`]).
+    fn new_graph(&mut self) -> usize {
+        self.graph_launches.push(0);
+        self.graph_launches.len() - 1
+    }
+
+    fn graph_launched(&mut self, graph: usize) {
+        self.graph_launches[graph] += 1;
+    }
+
     /// A launch: `f` gets a counter and an owner. If it fails, its owners must already be gone,
     /// on this thread (a run-once launch) or through the cleanup queue (a repeatable one tied to
     /// a graph: checked at the end).
@@ -143,11 +194,17 @@ impl Tally {
             assert_eq!(records.len(), 1, "{name}: the owner outlived the error");
             assert!(records[0].thread.same_as(&me), "{name}: {records:?}");
         }
+        let graph = if run_once {
+            None
+        } else {
+            Some(self.graph_launches.len().checked_sub(1).expect("a graph"))
+        };
         self.probes.push(Probe {
             name,
             runs,
             drops,
             failed: !ok,
+            graph,
         });
         ok
     }
@@ -171,11 +228,14 @@ impl Tally {
         assert!(bad.is_empty(), "untyped errors or panics: {bad:?}");
     }
 
-    /// Waits until every launch's owners are dropped exactly once (`strict`), or at most once
-    /// (where the driver cannot destroy what holds them).
-    fn assert_owners_dropped_once(&self, strict: bool) {
+    /// Waits until every launch's owners are dropped exactly once; with `graphs_kept` (where the
+    /// driver cannot destroy a graph or an executable graph), the owners of a launch or node that
+    /// went into a graph only at most once. Then every launch that worked must have
+    /// run exactly once per run of what it went into (once for a stream, once per launch of its
+    /// graph), and every launch that failed never.
+    fn assert_owners_dropped_once(&self, graphs_kept: bool) {
         for probe in &self.probes {
-            if probe.failed || strict {
+            if probe.failed || !graphs_kept || probe.graph.is_none() {
                 probe.drops.wait_dropped(probe.drops.made());
             } else {
                 flush(PATIENCE).expect("flush");
@@ -185,17 +245,44 @@ impl Tally {
                     probe.name
                 );
             }
-            if probe.failed {
-                assert_eq!(
-                    probe.runs.load(Ordering::SeqCst),
-                    0,
-                    "{}: a refused launch ran",
-                    probe.name
-                );
-            }
+            let expected = match (probe.failed, probe.graph) {
+                (true, _) => 0,
+                (false, None) => 1,
+                (false, Some(graph)) => self.graph_launches[graph],
+            };
+            assert_eq!(
+                probe.runs.load(Ordering::SeqCst),
+                expected,
+                "{}: runs (failed: {}, graph: {:?})",
+                probe.name,
+                probe.failed,
+                probe.graph
+            );
         }
     }
 
+    /// On a driver of `version`: every call worked, except those that report `DriverTooOld` for
+    /// a function whose version gate in `cuda-sys`'s generated table is above `version` (with the
+    /// table's version and this driver's), the run-once launch on a capturing stream
+    /// (`CaptureActive`), and calls skipped because such a call failed before them.
+    #[track_caller]
+    fn assert_supported_calls_work(&self, version: i32) {
+        let bad: Vec<String> = self
+            .rows
+            .iter()
+            .filter(|(name, outcome)| match outcome {
+                Outcome::Ok | Outcome::Skipped => false,
+                Outcome::Refused => *name != "host_launch (capturing)",
+                Outcome::TooOld(function) => !too_old_on(function, version),
+                _ => true,
+            })
+            .map(|(name, outcome)| format!("{name}: {outcome:?}"))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "calls that failed on a {version} driver though it supports what they need: {bad:#?}"
+        );
+    }
     fn summary(&self) -> String {
         let count = |f: fn(&Outcome) -> bool| self.rows.iter().filter(|(_, o)| f(o)).count();
         let names = |f: fn(&Outcome) -> bool| {
@@ -398,6 +485,7 @@ fn exercise(t: &mut Tally) {
 
     // Graphs built with host nodes.
     if let Some(graph) = t.call("Graph::new", Graph::new) {
+        let index = t.new_graph();
         let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
         let node = |r: Arc<AtomicUsize>, o: Owner| {
             move || {
@@ -424,7 +512,7 @@ fn exercise(t: &mut Tally) {
             )
             .map(drop)
         });
-        graph_ops(t, &graph, stream.as_ref());
+        graph_ops(t, index, &graph, stream.as_ref());
     }
 
     // Own contexts (cuda-sys) and reclaim_pending.
@@ -482,6 +570,7 @@ fn capture(t: &mut Tally, driver: &'static Driver, side: &Stream) {
         }
         return;
     }
+    let index = t.new_graph();
     let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
     let default = LaunchOptions::default();
     let closure = |r: Arc<AtomicUsize>, o: Owner| {
@@ -520,12 +609,14 @@ fn capture(t: &mut Tally, driver: &'static Driver, side: &Stream) {
     }) {
         // SAFETY: the graph the capture made, owned by nobody else.
         let graph = unsafe { Graph::from_raw(raw) };
-        graph_ops(t, &graph, Some(side));
+        graph_ops(t, index, &graph, Some(side));
     }
 }
 
 /// The graph and executable-graph calls; the graph is dropped by the caller.
-fn graph_ops(t: &mut Tally, graph: &Graph, stream: Option<&Stream>) {
+///
+/// `index` is the graph's [`Tally::new_graph`]: a successful launch counts as a run of its nodes.
+fn graph_ops(t: &mut Tally, index: usize, graph: &Graph, stream: Option<&Stream>) {
     t.call("Graph::nodes", || graph.nodes());
     t.call("Graph::node_types", || graph.node_types());
     if let Some(copy) = t.call("Graph::try_clone", || graph.try_clone()) {
@@ -535,7 +626,11 @@ fn graph_ops(t: &mut Tally, graph: &Graph, stream: Option<&Stream>) {
         let _ = exec.raw();
         match stream {
             Some(stream) => {
-                t.call("GraphExec::launch", || exec.launch(stream));
+                if t.call("GraphExec::launch", || exec.launch(stream))
+                    .is_some()
+                {
+                    t.graph_launched(index);
+                }
                 t.call("Stream::synchronize (graph)", || stream.synchronize());
             }
             None => t.skip("GraphExec::launch"),
@@ -641,9 +736,17 @@ fn sys_sample(t: &mut Tally, d: &'static Driver, stream: Option<&Stream>) {
     }
 }
 
-/// The minimum driver version of each feature, as the version runs check it.
+/// The first driver version of each feature, as the crate documents it: from there on the call
+/// must work, before it must fail as too old (or not be reached). Which calls may fail at all is
+/// derived from `cuda-sys`'s table ([`Tally::assert_supported_calls_work`]); this list adds where
+/// each feature must appear, so that a launch asking for a newer function than it needs (the sync
+/// mode's `cuLaunchHostFunc_v2` for default options, say) fails here.
 const NEEDS: &[(&str, i32)] = &[
     ("host_launch", 10000),
+    ("host_launch_with(default)", 10000),
+    ("host_launch_repeatable", 10000),
+    ("launch_host_function_repeatable", 10000),
+    ("launch_host_function_with_bytes", 10000),
     ("launch_host_function", 10000),
     ("host_launch_async", 10000),
     ("completion", 10000),
@@ -665,6 +768,27 @@ const NEEDS: &[(&str, i32)] = &[
     ("host_launch_repeatable(sync mode, capturing)", 13010),
 ];
 
+/// After [`exercise`]: no launch pending, no user object, graph, executable graph, event or
+/// stream left in the driver, nothing queued for cleanup.
+#[track_caller]
+fn assert_nothing_left(version: i32) {
+    flush(PATIENCE).expect("flush");
+    assert_eq!(pending_launches(None), 0, "launches pending on {version}");
+    fake().wait_until("user objects destroyed", PATIENCE, || {
+        fake().live_user_objects() == 0
+    });
+    for kind in [
+        "graphs",
+        "graph_execs",
+        "events",
+        "streams",
+        "contexts",
+        "holds",
+    ] {
+        assert_eq!(fake().live_objects(kind), 0, "{kind} left on {version}");
+    }
+}
+
 /// Runs everything on a driver reporting `version` and checks where each feature appears.
 fn on_version(version: i32) {
     let started = Instant::now();
@@ -674,7 +798,9 @@ fn on_version(version: i32) {
     let driver = cuda_sys::driver().expect("the fake driver");
     assert_eq!(driver.version().0, version);
     t.assert_typed();
-    t.assert_owners_dropped_once(true);
+    t.assert_supported_calls_work(version);
+    t.assert_owners_dropped_once(false);
+    assert_nothing_left(version);
     for (name, needs) in NEEDS {
         let outcome = t.outcome(name);
         if version >= *needs {
@@ -793,14 +919,20 @@ const SYMBOLS: &[(&str, i32, bool)] = &[
     ("cuMemHostGetDevicePointer", 13020, true),
 ];
 
+/// The symbols without which a graph (or an executable graph) cannot be destroyed, so the owners
+/// of what went into it are never dropped: right, since the driver may still run it.
+const KEEP_GRAPHS: &[&str] = &["cuGraphDestroy", "cuGraphExecDestroy"];
+
 /// In the child: everything with `symbol` hidden. Every call typed, nothing panics, every owner
-/// dropped at most once (exactly once where its launch failed).
+/// dropped exactly once (at most once for what went into a graph, without [`KEEP_GRAPHS`]), every
+/// launch that worked ran once per run.
 fn without(symbol: &str, surfaces: bool) {
     let _ = fake();
     let mut t = Tally::default();
     exercise(&mut t);
     t.assert_typed();
-    t.assert_owners_dropped_once(false);
+    // Without a way to destroy graphs, what they hold stays; everything else goes exactly once.
+    t.assert_owners_dropped_once(KEEP_GRAPHS.contains(&symbol));
     let missing: Vec<&str> = t
         .rows
         .iter()
@@ -862,7 +994,7 @@ isolated_test! {
         let mut t = Tally::default();
         exercise(&mut t);
         t.assert_typed();
-        t.assert_owners_dropped_once(true);
+        t.assert_owners_dropped_once(false);
         let ok: Vec<&str> = t
             .rows
             .iter()

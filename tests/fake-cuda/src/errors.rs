@@ -1,6 +1,8 @@
-//! Result codes, and `cuGetErrorName`/`cuGetErrorString` for the subset the fake returns.
+//! Result codes, and `cuGetErrorName`/`cuGetErrorString`: the driver's own texts for the codes the
+//! fake returns, the pinned header's names (and documentation) for the others.
 
-use std::ffi::c_char;
+use std::ffi::{CString, c_char};
+use std::sync::LazyLock;
 
 use cuda_sys::types::CUresult;
 
@@ -138,17 +140,44 @@ const KNOWN: &[(u32, &str, &str)] = &[
         "CUDA_ERROR_STREAM_CAPTURE_ISOLATION\0",
         "dependency created on uncaptured work in another stream\0",
     ),
+    (
+        907,
+        "CUDA_ERROR_CAPTURED_EVENT\0",
+        "operation not permitted on an event last recorded in a capturing stream\0",
+    ),
     (999, "CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
 ];
 
-fn lookup(
-    code: CUresult,
-    pick: fn(&(u32, &'static str, &'static str)) -> &'static str,
-) -> *const c_char {
-    KNOWN
+/// The codes of `cuda-sys`'s header table that [`KNOWN`] lacks, with the header's name and
+/// description (a real driver knows every code of its own header; the fake's strings for these
+/// are the header's documentation, not the driver's short texts).
+static FROM_HEADER: LazyLock<Vec<(u32, CString, CString)>> = LazyLock::new(|| {
+    (0..=1000)
+        .filter(|code| !KNOWN.iter().any(|entry| entry.0 == *code))
+        .filter_map(|code| {
+            let error = cuda_sys::DriverError::from_code(CUresult(code));
+            let known = error.name() != "CUDA_ERROR_UNRECOGNIZED";
+            let text = |s: &str| CString::new(s).ok();
+            known.then(|| Some((code, text(error.name())?, text(error.description())?)))?
+        })
+        .collect()
+});
+
+fn lookup(code: CUresult, name: bool) -> *const c_char {
+    if let Some(entry) = KNOWN.iter().find(|entry| entry.0 == code.0) {
+        let text = if name { entry.1 } else { entry.2 };
+        return text.as_ptr().cast();
+    }
+    FROM_HEADER
         .iter()
         .find(|entry| entry.0 == code.0)
-        .map_or(std::ptr::null(), |entry| pick(entry).as_ptr().cast())
+        .map_or(std::ptr::null(), |entry| {
+            if name {
+                entry.1.as_ptr()
+            } else {
+                entry.2.as_ptr()
+            }
+        })
 }
 
 /// Writes the static text for `code`, or null and `CUDA_ERROR_INVALID_VALUE` for a code the fake
@@ -173,7 +202,7 @@ unsafe fn describe(out: *mut *const c_char, text: *const c_char) -> CUresult {
 pub unsafe extern "C" fn cuGetErrorName(error: CUresult, pStr: *mut *const c_char) -> CUresult {
     call("cuGetErrorName", "cuGetErrorName", || {
         // SAFETY: the caller passes a valid place for a pointer, or null (checked).
-        unsafe { describe(pStr, lookup(error, |e| e.1)) }
+        unsafe { describe(pStr, lookup(error, true)) }
     })
 }
 
@@ -181,6 +210,6 @@ pub unsafe extern "C" fn cuGetErrorName(error: CUresult, pStr: *mut *const c_cha
 pub unsafe extern "C" fn cuGetErrorString(error: CUresult, pStr: *mut *const c_char) -> CUresult {
     call("cuGetErrorString", "cuGetErrorString", || {
         // SAFETY: the caller passes a valid place for a pointer, or null (checked).
-        unsafe { describe(pStr, lookup(error, |e| e.2)) }
+        unsafe { describe(pStr, lookup(error, false)) }
     })
 }

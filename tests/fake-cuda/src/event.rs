@@ -3,9 +3,8 @@
 
 use std::ffi::c_uint;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use cuda_sys::types::{CUevent, CUstream};
+use cuda_sys::types::{CUevent, CUresult, CUstream};
 
 use crate::capture;
 use crate::context::current;
@@ -14,8 +13,14 @@ use crate::errors::{
     NOT_PERMITTED, NOT_READY, Res, ensure, result,
 };
 use crate::scheduler::{enqueue, on_worker_of};
-use crate::state::{Event, Op, State, as_ptr, lock, new_handle, wait};
+use crate::state::{Event, Op, Record, State, as_ptr, lock, new_handle, wait};
 use crate::stream::resolve;
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const DISABLE_TIMING: c_uint = 2;
+
+/// `CUDA_ERROR_CAPTURED_EVENT`.
+const CAPTURED_EVENT: CUresult = CUresult(907);
 
 /// `CU_EVENT_WAIT_EXTERNAL`, the one wait flag.
 const WAIT_EXTERNAL: c_uint = 1;
@@ -25,7 +30,7 @@ fn event_ctx_poisoned(st: &State, event: &Event) -> bool {
 }
 
 export!("cuEventCreate", cuEventCreate => event_create(phEvent: *mut CUevent, Flags: c_uint));
-unsafe fn event_create(ph: *mut CUevent, _flags: c_uint) -> Res {
+unsafe fn event_create(ph: *mut CUevent, flags: c_uint) -> Res {
     ensure(!ph.is_null(), INVALID_VALUE)?;
     let mut st = lock();
     let ctx = current(&st)?;
@@ -35,6 +40,7 @@ unsafe fn event_create(ph: *mut CUevent, _flags: c_uint) -> Res {
         Event {
             ctx,
             last_record: None,
+            timing: flags & DISABLE_TIMING == 0,
             capture: None,
         },
     );
@@ -71,12 +77,12 @@ unsafe fn event_record(event: CUevent, handle: CUstream, per_thread: bool) -> Re
         }
         return Ok(());
     }
-    let done = Arc::new(AtomicBool::new(false));
+    let record = Arc::new(Record::default());
     if let Some(e) = st.events.get_mut(&event.addr()) {
-        e.last_record = Some(done.clone());
+        e.last_record = Some(Arc::clone(&record));
         e.capture = None;
     }
-    result(enqueue(&mut st, s, Op::Record { done }))
+    result(enqueue(&mut st, s, Op::Record { record }))
 }
 
 stream_export!("cuEventRecordWithFlags", cuEventRecordWithFlags / cuEventRecordWithFlags_ptsz => event_record_with_flags(hEvent: CUevent, hStream: CUstream, flags: c_uint));
@@ -92,13 +98,34 @@ unsafe fn event_record_with_flags(
 
 export!("cuEventQuery", cuEventQuery => event_query(hEvent: CUevent));
 unsafe fn event_query(event: CUevent) -> Res {
-    let st = lock();
+    let captured = lock()
+        .events
+        .get(&event.addr())
+        .is_some_and(|e| e.capture.is_some());
+    if !captured {
+        crate::capture_mode::check("cuEventQuery")?;
+    }
+    let mut st = lock();
     let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
+    if let Some((id, _)) = e.capture {
+        // Recorded in a capture, the event is a marker, not work (measured: probes/event_facts.c):
+        // queried while the capture lasts, it invalidates it; after, it is an invalid value.
+        let stream = st
+            .captures
+            .get(&id)
+            .filter(|c| !c.invalidated)
+            .map(|c| c.origin);
+        return match stream {
+            Some(stream) => {
+                capture::invalidate(&mut st, stream);
+                Err(CAPTURED_EVENT)
+            }
+            None if st.captures.contains_key(&id) => Err(CAPTURED_EVENT),
+            None => Err(INVALID_VALUE),
+        };
+    }
     ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
-    let done = e
-        .last_record
-        .as_ref()
-        .is_none_or(|d| d.load(Ordering::Acquire));
+    let done = e.last_record.as_ref().is_none_or(|r| r.done());
     ensure(done, NOT_READY)
 }
 
@@ -113,7 +140,7 @@ unsafe fn event_synchronize(event: CUevent) -> Res {
         let Some(done) = e.last_record.clone() else {
             return Ok(());
         };
-        if done.load(Ordering::Acquire) {
+        if done.done() {
             return Ok(());
         }
         ensure(!on_worker_of(e.ctx), NOT_PERMITTED)?;
@@ -148,9 +175,36 @@ unsafe fn stream_wait_event(
         return Err(CAPTURE_ISOLATION);
     }
     match done {
-        Some(done) if !done.load(Ordering::Acquire) => {
-            result(enqueue(&mut st, s, Op::Wait { done }))
-        }
+        Some(record) if !record.done() => result(enqueue(&mut st, s, Op::Wait { record })),
         _ => Ok(()),
     }
+}
+
+export!("cuEventElapsedTime", cuEventElapsedTime => event_elapsed_time(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent));
+export!("cuEventElapsedTime", cuEventElapsedTime_v2 => event_elapsed_time(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent));
+/// The milliseconds between the completions of the two events' last records (measured on the
+/// host when the driver thread completes them): `CUDA_ERROR_INVALID_HANDLE` if either keeps no
+/// timestamps or was never recorded, `CUDA_ERROR_NOT_READY` if either has not completed.
+unsafe fn event_elapsed_time(ms: *mut f32, start: CUevent, end: CUevent) -> Res {
+    ensure(!ms.is_null(), INVALID_VALUE)?;
+    let st = lock();
+    let mut at = [None, None];
+    for (slot, event) in at.iter_mut().zip([start, end]) {
+        let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
+        ensure(e.timing, INVALID_HANDLE)?;
+        ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
+        let recorded = e.last_record.as_ref().ok_or(INVALID_HANDLE)?;
+        *slot = Some(recorded.completed_at().ok_or(NOT_READY)?);
+    }
+    let [Some(start), Some(end)] = at else {
+        return Err(INVALID_HANDLE);
+    };
+    let elapsed = if end >= start {
+        end.duration_since(start).as_secs_f64() * 1000.0
+    } else {
+        -(start.duration_since(end).as_secs_f64() * 1000.0)
+    };
+    // SAFETY: non-null, and the caller passes a valid place for a float.
+    unsafe { ms.write(elapsed as f32) };
+    Ok(())
 }

@@ -2,9 +2,13 @@
 //! crates use, for tests on machines without a GPU.
 //!
 //! Tests load it like the real driver, through `unsafe { cuda_sys::Driver::load(
-//! LoadOptions::with_library_path(path)) }` or `CUDA_SYS_LIBRARY=<path>`, and steer or inspect it
-//! through the exported `fake_cuda_*` functions (see [`control`]), which they reach by opening the
-//! same library again (the system loader hands back the already loaded copy).
+//! LoadOptions::with_library_path(path)) }` or `CUDA_SYS_LIBRARY=<path>` (or, for a binding that
+//! opens `libcuda.so.1` by name, a folder with that link first on `LD_LIBRARY_PATH`: see
+//! [`steer::libcuda_folder`]), and steer or inspect it through [`steer::FakeCuda`], the typed Rust
+//! API over the exported `fake_cuda_*` functions (see [`control`]), which it reaches by opening
+//! the same library again (the system loader hands back the already loaded copy). The crate is
+//! both the driver (`cdylib`) and, for tests, that API (`rlib`); `README.md` shows how another
+//! crate's tests use it, `tests/downstream.rs` is an example.
 //!
 //! # Configuration
 //!
@@ -35,16 +39,23 @@
 //!   otherwise), never dereferenced.
 //! - **One driver-owned thread per context** (`fake-cuda-driver-<n>`), started at the context's first
 //!   enqueued operation, that runs every stream-ordered operation of that context: host functions,
-//!   stream callbacks, event records and waits, value writes, graph launches, and "holds" (the
-//!   stand-in for a long-running kernel, see [`control::fake_cuda_hold_stream`]). Each stream is a
+//!   stream callbacks, event records and waits, value writes and waits (`cuStreamWriteValue32/64`,
+//!   `cuStreamWaitValue32/64` on mapped host memory, with the four wait conditions), graph
+//!   launches, and "holds" (the stand-in for a long-running kernel, see
+//!   [`control::fake_cuda_hold_stream`]; a `cuStreamWaitValue32` on a word the test writes later
+//!   is the same on both drivers). Each stream is a
 //!   FIFO; the thread runs the first runnable head of any stream of its context, round robin.
 //! - `cuStreamDestroy` returns at once and the stream's pending work still runs; destroying a
 //!   context (or the last release/reset of a primary one) first runs all its pending work, then
 //!   joins its thread.
 //! - Sticky errors ([`control::fake_cuda_poison_context`]): pending and later host functions of the
 //!   context never run, `cuLaunchHostFunc` still returns 0, and synchronize/query calls return 719.
-//! - Stream capture into graphs (host functions become host nodes, events fork other streams into
-//!   a capture, `cuStreamAddCallback` invalidates it), graphs, instantiation and replay, and user
+//! - Events: record, query, synchronize, `cuEventElapsedTime` (host time between the driver thread
+//!   completing the two records; `CU_EVENT_DISABLE_TIMING` honoured), and an event recorded in a
+//!   capture is a marker: querying it gives `CUDA_ERROR_CAPTURED_EVENT` and invalidates the
+//!   capture, after the capture `CUDA_ERROR_INVALID_VALUE` (measured: `probes/event_facts.c`).
+//! - Stream capture into graphs (host functions become host nodes, value writes memory-operation
+//!   nodes, events fork other streams into a capture, `cuStreamAddCallback` invalidates it), graphs, instantiation and replay, and user
 //!   objects whose destructors run on a fake-internal thread once the last reference (including an
 //!   in-flight launch's) is gone.
 //! - Capture-interaction modes (`capture_mode.rs`): per-thread modes
@@ -71,13 +82,26 @@
 //!   registered with `cuMemHostRegister` belongs to the context current at the registration and is
 //!   dropped with it (destroyed, or a primary context's last release or reset).
 //!
+//! # The proof: the conformance suite
+//!
+//! `tests/driver_conformance.rs` in the workspace states each of these behaviours as a case written
+//! once against the driver API through `cuda-sys`; `cargo test` runs it against the fake, the GPU
+//! bundle (`scripts/gpu-bundle`) against the real driver. Where the real driver differs, the case
+//! is listed with its reason in `tests/conformance/differences.txt`, and the suite checks that
+//! the listed cases still differ there.
+//!
 //! # What it simplifies
 //!
 //! - No kernels: `cuModuleLoadData` returns 801, kernel graph nodes are empty nodes.
+//! - Only part of the driver API: the functions the workspace uses and their kin (about a
+//!   hundred); `cuGetProcAddress` says "not found" for the rest, which are not exported either.
+//! - `cuGetErrorString` gives the real driver's text for the codes the fake returns, the pinned
+//!   header's documentation for the others.
 //! - The legacy default stream's implicit synchronization with other blocking streams is not
 //!   modelled; neither is the ordering of synchronous copies after pending stream work.
-//! - Capture: no check that forked streams rejoin before `cuStreamEndCapture`, no graph launches or holds inside a
-//!   capture (900), and a wait on an event recorded outside the capture fails with 905.
+//! - Capture: no check that forked streams rejoin before `cuStreamEndCapture`, no graph launches,
+//!   holds or value waits inside a capture (900, invalidating it), and a wait on an event recorded
+//!   outside the capture fails with 905.
 //! - A host function may call back into the fake (enqueue work, use the control functions), but
 //!   synchronizing its own context from its driver thread returns 800 (`CUDA_ERROR_NOT_PERMITTED`)
 //!   instead of deadlocking.
@@ -151,6 +175,7 @@ mod memory;
 mod proc_address;
 mod scheduler;
 mod state;
+pub mod steer;
 mod stream;
 mod teardown;
 mod user_object;

@@ -128,12 +128,18 @@ variants! {
     "cuEventRecord" => [(2000, crate::event::cuEventRecord, crate::event::cuEventRecord_ptsz)],
     "cuEventRecordWithFlags" => [(11010, crate::event::cuEventRecordWithFlags, crate::event::cuEventRecordWithFlags_ptsz)],
     "cuEventQuery" => [(2000, crate::event::cuEventQuery)],
+    "cuEventElapsedTime" => [
+        (2000, crate::event::cuEventElapsedTime),
+        (12080, crate::event::cuEventElapsedTime_v2),
+    ],
     "cuEventSynchronize" => [(2000, crate::event::cuEventSynchronize)],
     "cuEventDestroy" => [
         (2000, crate::event::cuEventDestroy),
         (4000, crate::event::cuEventDestroy_v2),
     ],
     "cuStreamWriteValue32" => [(11070, crate::stream::cuStreamWriteValue32_v2, crate::stream::cuStreamWriteValue32_v2_ptsz)],
+    "cuStreamWaitValue32" => [(11070, crate::stream::cuStreamWaitValue32_v2, crate::stream::cuStreamWaitValue32_v2_ptsz)],
+    "cuStreamWaitValue64" => [(11070, crate::stream::cuStreamWaitValue64_v2, crate::stream::cuStreamWaitValue64_v2_ptsz)],
     "cuStreamWriteValue64" => [(11070, crate::stream::cuStreamWriteValue64_v2, crate::stream::cuStreamWriteValue64_v2_ptsz)],
     "cuLaunchHostFunc" => [
         (10000, crate::stream::cuLaunchHostFunc, crate::stream::cuLaunchHostFunc_ptsz),

@@ -5,11 +5,12 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use cuda_sys::types::CUresult;
 
 use crate::errors::{LAUNCH_FAILED, NOT_PERMITTED, SUCCESS, UNKNOWN};
-use crate::state::{Action, Op, State, as_ptr, lock, notify, wait};
+use crate::state::{Action, Op, State, as_ptr, lock, notify, wait, wait_timeout};
 use crate::user_object;
 
 type Guard = MutexGuard<'static, State>;
@@ -123,12 +124,60 @@ pub(crate) fn context_idle(st: &State, ctx: usize) -> bool {
     })
 }
 
-fn runnable(st: &State, op: &Op) -> bool {
+fn runnable(st: &State, ctx: usize, op: &Op) -> bool {
     match op {
         Op::Hold { token } => st.holds.get(token).is_none_or(|released| *released),
-        Op::Wait { done } => done.load(Ordering::Acquire),
+        Op::Wait { record } => record.done(),
+        &Op::WaitValue {
+            addr,
+            value,
+            condition,
+            wide,
+        } => {
+            let len = if wide { 8 } else { 4 };
+            // An unmapped address is "runnable": running it poisons the context, as the device's
+            // illegal-address fault would.
+            !mapped(st, ctx, addr, len) || wait_value_met(addr, value, condition, wide)
+        }
         _ => true,
     }
+}
+
+/// Whether the word at `addr` (mapped, aligned: checked at enqueue and above) meets the
+/// condition of `cuStreamWaitValue32/64`.
+fn wait_value_met(addr: usize, value: u64, condition: u32, wide: bool) -> bool {
+    let current = if wide {
+        // SAFETY: mapped host memory of the context, 8-aligned (checked at enqueue); the host and
+        // the fake's value writes access it atomically.
+        unsafe { AtomicU64::from_ptr(as_ptr::<u64>(addr)) }.load(Ordering::Acquire)
+    } else {
+        // SAFETY: as above, 4-aligned.
+        u64::from(unsafe { AtomicU32::from_ptr(as_ptr::<u32>(addr)) }.load(Ordering::Acquire))
+    };
+    let value = if wide { value } else { value & 0xffff_ffff };
+    let mask = if wide { u64::MAX } else { 0xffff_ffff };
+    match condition {
+        // GEQ: a wrapping comparison, as the device makes it.
+        0 if wide => (current.wrapping_sub(value) as i64) >= 0,
+        0 => (current.wrapping_sub(value) as u32 as i32) >= 0,
+        1 => current == value,
+        2 => current & value != 0,
+        3 => !(current | value) & mask != 0,
+        _ => true,
+    }
+}
+
+/// Whether a stream of `ctx` waits (at its head) on a memory word the host may change without
+/// telling the fake: its driver thread then polls instead of sleeping until notified.
+fn waits_on_memory(st: &State, ctx: usize) -> bool {
+    st.contexts.get(&ctx).is_some_and(|c| {
+        c.streams.iter().any(|s| {
+            st.streams
+                .get(s)
+                .and_then(|s| s.queue.front())
+                .is_some_and(|op| matches!(op, Op::WaitValue { .. }))
+        })
+    })
 }
 
 /// Pops the first runnable head operation of the streams of `ctx`, round robin.
@@ -140,7 +189,7 @@ fn take_runnable(st: &mut State, ctx: usize) -> Option<(usize, Op)> {
         let stream = c.streams[index];
         let s = st.streams.get(&stream)?;
         let head = s.queue.front()?;
-        (s.running.is_none() && runnable(st, head)).then_some((index, stream))
+        (s.running.is_none() && runnable(st, ctx, head)).then_some((index, stream))
     });
     let (index, stream) = found?;
     if let Some(c) = st.contexts.get_mut(&ctx) {
@@ -175,6 +224,9 @@ fn worker_main(ctx: usize) {
                 notify();
             }
             None if stop => break,
+            None if waits_on_memory(&st, ctx) => {
+                st = wait_timeout(st, Duration::from_micros(200));
+            }
             None => st = wait(st),
         }
     }
@@ -189,8 +241,10 @@ fn run(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool) -> Guard {
         Op::Hold { token } => {
             st.holds.remove(&token);
         }
-        Op::Record { done } => done.store(true, Ordering::Release),
+        Op::Record { record } => record.complete(),
         Op::Wait { .. } => {}
+        Op::WaitValue { addr, wide, .. } if mapped(&st, ctx, addr, if wide { 8 } else { 4 }) => {}
+        Op::WaitValue { .. } => unmapped_write(poisoned),
         Op::Write32 { addr, value } if mapped(&st, ctx, addr, 4) => write32(addr, value),
         Op::Write64 { addr, value } if mapped(&st, ctx, addr, 8) => write64(addr, value),
         Op::Write32 { .. } | Op::Write64 { .. } => unmapped_write(poisoned),

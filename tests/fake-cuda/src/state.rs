@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 use cuda_sys::types::{CUgraphEdgeData, CUhostFn, CUresult, CUstream, CUstreamCaptureMode};
 
@@ -74,6 +75,17 @@ pub(crate) fn wait(guard: MutexGuard<'static, State>) -> MutexGuard<'static, Sta
     CHANGED
         .wait(guard)
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// As [`wait`], but for at most `timeout` (for waits on memory that the host writes without
+/// telling the fake).
+pub(crate) fn wait_timeout(
+    guard: MutexGuard<'static, State>,
+    timeout: Duration,
+) -> MutexGuard<'static, State> {
+    CHANGED
+        .wait_timeout(guard, timeout)
+        .map_or_else(|poisoned| poisoned.into_inner().0, |(guard, _)| guard)
 }
 
 /// Wakes every waiter.
@@ -207,10 +219,18 @@ pub(crate) enum Op {
         token: u64,
     },
     Record {
-        done: Arc<AtomicBool>,
+        record: Arc<Record>,
+    },
+    /// `cuStreamWaitValue32/64`: the stream waits until the word at `addr` meets the condition.
+    WaitValue {
+        addr: usize,
+        value: u64,
+        /// `CU_STREAM_WAIT_VALUE_GEQ` 0, `EQ` 1, `AND` 2, `NOR` 3 (the flush bit removed).
+        condition: u32,
+        wide: bool,
     },
     Wait {
-        done: Arc<AtomicBool>,
+        record: Arc<Record>,
     },
     Write32 {
         addr: usize,
@@ -241,10 +261,35 @@ impl Op {
     }
 }
 
+/// One `cuEventRecord` outside a capture: whether the stream reached it, and when.
+#[derive(Default)]
+pub(crate) struct Record {
+    at: OnceLock<Instant>,
+}
+
+impl Record {
+    /// Whether the driver thread has completed it.
+    pub(crate) fn done(&self) -> bool {
+        self.at.get().is_some()
+    }
+
+    /// When it completed, if it has.
+    pub(crate) fn completed_at(&self) -> Option<Instant> {
+        self.at.get().copied()
+    }
+
+    /// Marks it completed, now (the driver thread, in stream order).
+    pub(crate) fn complete(&self) {
+        let _ = self.at.set(Instant::now());
+    }
+}
+
 pub(crate) struct Event {
     pub(crate) ctx: usize,
-    /// The completion flag of the most recent record, if it was ever recorded outside a capture.
-    pub(crate) last_record: Option<Arc<AtomicBool>>,
+    /// The most recent record, if it was ever recorded outside a capture.
+    pub(crate) last_record: Option<Arc<Record>>,
+    /// Whether it keeps timestamps (not created with `CU_EVENT_DISABLE_TIMING`).
+    pub(crate) timing: bool,
     /// Recorded in a capture: the capture and the recording stream's dependencies then.
     pub(crate) capture: Option<(u64, Vec<usize>)>,
 }

@@ -335,3 +335,61 @@ unsafe fn stream_write_value64(
     }
     result(enqueue(&mut st, s, Op::Write64 { addr, value }))
 }
+
+/// `CU_STREAM_WAIT_VALUE_FLUSH`: a memory-model flag with nothing to do in the fake.
+const WAIT_VALUE_FLUSH: c_uint = 1 << 30;
+
+stream_export!("cuStreamWaitValue32", cuStreamWaitValue32_v2 / cuStreamWaitValue32_v2_ptsz => stream_wait_value32(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint));
+unsafe fn stream_wait_value32(
+    handle: CUstream,
+    addr: CUdeviceptr,
+    value: cuuint32_t,
+    flags: c_uint,
+    per_thread: bool,
+) -> Res {
+    wait_value(handle, addr, u64::from(value), flags, false, per_thread)
+}
+
+stream_export!("cuStreamWaitValue64", cuStreamWaitValue64_v2 / cuStreamWaitValue64_v2_ptsz => stream_wait_value64(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint));
+unsafe fn stream_wait_value64(
+    handle: CUstream,
+    addr: CUdeviceptr,
+    value: cuuint64_t,
+    flags: c_uint,
+    per_thread: bool,
+) -> Res {
+    wait_value(handle, addr, value, flags, true, per_thread)
+}
+
+/// Enqueues a wait until the word at `addr` meets the condition in `flags`. Inside a capture the
+/// real driver adds a memory-operation node; the fake does not model that (900).
+fn wait_value(
+    handle: CUstream,
+    addr: CUdeviceptr,
+    value: u64,
+    flags: c_uint,
+    wide: bool,
+    per_thread: bool,
+) -> Res {
+    let addr = addr as usize;
+    let align = if wide { 8 } else { 4 };
+    let condition = flags & !WAIT_VALUE_FLUSH;
+    ensure(addr != 0 && addr.is_multiple_of(align), INVALID_VALUE)?;
+    ensure(condition <= 3, INVALID_VALUE)?;
+    let mut st = lock();
+    let s = resolve(&mut st, handle, per_thread)?;
+    if capture::is_capturing(&st, s) {
+        capture::invalidate(&mut st, s);
+        return Err(CAPTURE_UNSUPPORTED);
+    }
+    result(enqueue(
+        &mut st,
+        s,
+        Op::WaitValue {
+            addr,
+            value,
+            condition,
+            wide,
+        },
+    ))
+}

@@ -1,0 +1,148 @@
+//! Contexts: their destruction with work pending, one host-function thread each, sticky errors.
+
+use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use cuda_sys::types::{CUcontext, CUresult};
+use cuda_workspace::testing::bump;
+
+use super::harness::{Log, SETTLE, Tagged, cases, code, data, leak, log_tag};
+
+cases! {
+    /// `cuCtxDestroy` with host functions pending runs them first, then returns success; the
+    /// destroyed context is popped from the thread's stack (the primary one is current again).
+    fn context_destroy_runs_pending_host_functions_first(cx) {
+        let mut context: CUcontext = ptr::null_mut();
+        // SAFETY: a valid out-pointer; the new context becomes current.
+        unsafe { cx.driver.cuCtxCreate(&mut context, ptr::null_mut(), 0, cx.device) }.unwrap();
+        let stream = cx.stream();
+        let count = leak(AtomicUsize::new(0));
+        let hold = cx.hold(stream);
+        // SAFETY: `count` is leaked.
+        unsafe { cx.driver.cuLaunchHostFunc(stream, Some(bump), data(count)) }.unwrap();
+        let release = hold.releaser();
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            release();
+        });
+        // SAFETY: a live context, not used afterwards.
+        unsafe { cx.driver.cuCtxDestroy(context) }.unwrap();
+        assert_eq!(count.load(Ordering::SeqCst), 1, "destroyed before its pending work ran");
+        releaser.join().unwrap();
+        let mut current: CUcontext = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { cx.driver.cuCtxGetCurrent(&mut current) }.unwrap();
+        assert_eq!(current, cx.context, "the destroyed context was not popped");
+    }
+
+    /// Each context's host functions run on one thread of its own: two contexts, two threads.
+    fn each_context_has_its_own_host_function_thread(cx) {
+        let log = leak(Log::default());
+        let mut contexts = Vec::new();
+        for tag in 0..2u8 {
+            let mut context: CUcontext = ptr::null_mut();
+            // SAFETY: a valid out-pointer; the new context becomes current.
+            unsafe { cx.driver.cuCtxCreate(&mut context, ptr::null_mut(), 0, cx.device) }.unwrap();
+            let stream = cx.stream();
+            // SAFETY: the tags are leaked; a live stream.
+            unsafe {
+                cx.driver.cuLaunchHostFunc(stream, Some(log_tag), Tagged::data(log, tag)).unwrap();
+                cx.driver.cuLaunchHostFunc(stream, Some(log_tag), Tagged::data(log, tag)).unwrap();
+                cx.driver.cuStreamSynchronize(stream).unwrap();
+            }
+            contexts.push(context);
+        }
+        for context in contexts {
+            // SAFETY: live contexts, not used afterwards.
+            unsafe { cx.driver.cuCtxDestroy(context) }.unwrap();
+        }
+        let entries = log.entries();
+        assert_eq!(entries.len(), 4);
+        assert_eq!(entries[0].1, entries[1].1, "one context, two threads: {entries:?}");
+        assert_eq!(entries[2].1, entries[3].1, "one context, two threads: {entries:?}");
+        assert_ne!(entries[0].1, entries[2].1, "two contexts, one thread: {entries:?}");
+    }
+
+    /// After a sticky error (a trapping kernel), host functions pending in the context never run,
+    /// later launches still return success but never run, and synchronize and query calls return
+    /// `CUDA_ERROR_LAUNCH_FAILED`. `cuDevicePrimaryCtxReset` clears it: new work runs.
+    fn a_sticky_error_stops_host_functions_until_the_context_is_reset(cx) {
+        let (held, other) = (cx.stream(), cx.stream());
+        let count = leak(AtomicUsize::new(0));
+        let hold = cx.hold(held);
+        // SAFETY: `count` is leaked (the functions never run anyway).
+        unsafe { cx.driver.cuLaunchHostFunc(held, Some(bump), data(count)) }.unwrap();
+        cx.sticky_error(other);
+        // Released (by the drop) now: its word's memory goes with the context's reset below.
+        drop(hold);
+        // SAFETY: live streams; `count` is leaked.
+        unsafe {
+            cx.driver.cuLaunchHostFunc(held, Some(bump), data(count)).unwrap();
+            let failed = Some(CUresult::CUDA_ERROR_LAUNCH_FAILED);
+            assert_eq!(code(cx.driver.cuStreamSynchronize(held)), failed);
+            assert_eq!(code(cx.driver.cuStreamQuery(held)), failed);
+            assert_eq!(code(cx.driver.cuCtxSynchronize()), failed);
+        }
+        std::thread::sleep(SETTLE);
+        assert_eq!(count.load(Ordering::SeqCst), 0, "a host function ran after the sticky error");
+
+        // SAFETY: the streams are not used after the reset.
+        unsafe { cx.driver.cuDevicePrimaryCtxReset(cx.device) }.unwrap();
+        let mut context: CUcontext = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe {
+            cx.driver.cuDevicePrimaryCtxRetain(&mut context, cx.device).unwrap();
+            cx.driver.cuCtxSetCurrent(context).unwrap();
+        }
+        let stream = cx.stream();
+        // SAFETY: `count` is leaked.
+        unsafe {
+            cx.driver.cuLaunchHostFunc(stream, Some(bump), data(count)).unwrap();
+            cx.driver.cuStreamSynchronize(stream).unwrap();
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    /// The last release of a primary context with a sticky error clears it: retained again, the
+    /// context runs new work.
+    fn the_last_release_of_a_primary_context_clears_its_sticky_error(cx) {
+        let stream = cx.stream();
+        cx.sticky_error(stream);
+        // SAFETY: no arguments.
+        assert_eq!(code(unsafe { cx.driver.cuCtxSynchronize() }), Some(CUresult::CUDA_ERROR_LAUNCH_FAILED));
+        let count = leak(AtomicUsize::new(0));
+        let mut context: CUcontext = ptr::null_mut();
+        // SAFETY: the case's one retain is released, the stream not used again; valid
+        // out-pointers; `count` is leaked.
+        unsafe {
+            cx.driver.cuDevicePrimaryCtxRelease(cx.device).unwrap();
+            cx.driver.cuDevicePrimaryCtxRetain(&mut context, cx.device).unwrap();
+            cx.driver.cuCtxSetCurrent(context).unwrap();
+            let stream = cx.stream();
+            cx.driver.cuLaunchHostFunc(stream, Some(bump), data(count)).unwrap();
+            cx.driver.cuStreamSynchronize(stream).unwrap();
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    /// Device 0's primary context keeps its handle when it is released to nothing and retained
+    /// again.
+    fn the_primary_context_keeps_its_handle_across_its_last_release(cx) {
+        let mut again: CUcontext = ptr::null_mut();
+        // SAFETY: the case's one retain is released; a valid out-pointer.
+        unsafe {
+            cx.driver.cuDevicePrimaryCtxRelease(cx.device).unwrap();
+            cx.driver.cuDevicePrimaryCtxRetain(&mut again, cx.device).unwrap();
+        }
+        assert_eq!(again, cx.context);
+    }
+
+    /// `cuDevicePrimaryCtxGetState` reports the primary context active while retained.
+    fn the_primary_context_is_active_while_retained(cx) {
+        let (mut flags, mut active) = (0, 0);
+        // SAFETY: valid out-pointers.
+        unsafe { cx.driver.cuDevicePrimaryCtxGetState(cx.device, &mut flags, &mut active) }.unwrap();
+        assert_eq!(active, 1);
+    }
+}

@@ -1,0 +1,106 @@
+//! What the fake guarantees beyond the real driver (so not in the conformance suite, where the
+//! real driver's answer is undefined or unobservable): stale handles are reported, never used, and
+//! a context's driver thread ends with the context. These were `fake_driver_model.rs`'s checks.
+
+use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use cuda_sys::types::{CUcontext, CUresult, CUstream};
+use cuda_sys::{Driver, LoadOptions};
+use fake_cuda::steer::{self, FakeCuda};
+
+fn setup() -> (&'static Driver, &'static FakeCuda, MutexGuard<'static, ()>) {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    static LOADED: OnceLock<(&'static Driver, FakeCuda)> = OnceLock::new();
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (driver, fake) = LOADED.get_or_init(|| {
+        let library = steer::locate().expect("the fake driver");
+        // SAFETY: the fake implements the driver's C ABI.
+        let driver = unsafe { Driver::load(LoadOptions::with_library_path(&library)) }.unwrap();
+        (driver, FakeCuda::open(&library).unwrap())
+    });
+    (driver, fake, guard)
+}
+
+fn code(result: Result<(), cuda_sys::Error>) -> Option<CUresult> {
+    result.err().and_then(|e| e.code())
+}
+
+unsafe extern "C" fn bump(data: *mut std::ffi::c_void) {
+    // SAFETY: every launch passes a live `AtomicUsize`.
+    unsafe { &*data.cast::<AtomicUsize>() }.fetch_add(1, Ordering::SeqCst);
+}
+
+#[test]
+fn stale_stream_and_context_handles_are_reported_not_used() {
+    let (driver, fake, _one) = setup();
+    let mut context: CUcontext = ptr::null_mut();
+    let mut stream: CUstream = ptr::null_mut();
+    let count = AtomicUsize::new(0);
+    let data = ptr::from_ref(&count).cast_mut().cast();
+    // Other contexts' threads (the other test's primary context) stay.
+    let before = fake.driver_thread_count();
+    // SAFETY: valid out-pointers; `count` outlives the destroy, which runs the host function.
+    unsafe {
+        driver
+            .cuCtxCreate(&mut context, ptr::null_mut(), 0, 0)
+            .unwrap();
+        driver.cuStreamCreate(&mut stream, 0).unwrap();
+        driver.cuLaunchHostFunc(stream, Some(bump), data).unwrap();
+        assert_eq!(
+            fake.driver_thread_count(),
+            before + 1,
+            "one driver thread for the context"
+        );
+        driver.cuCtxDestroy(context).unwrap();
+    }
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        fake.driver_thread_count(),
+        before,
+        "the context's thread outlived it"
+    );
+    // SAFETY: stale handles: the fake reports them without touching anything.
+    unsafe {
+        assert_eq!(
+            code(driver.cuCtxDestroy(context)),
+            Some(CUresult::CUDA_ERROR_INVALID_CONTEXT)
+        );
+        assert_eq!(
+            code(driver.cuStreamQuery(stream)),
+            Some(CUresult::CUDA_ERROR_INVALID_HANDLE)
+        );
+    }
+}
+
+#[test]
+fn a_destroyed_streams_handle_is_reported_while_its_work_still_runs() {
+    let (driver, fake, _one) = setup();
+    let mut context: CUcontext = ptr::null_mut();
+    let mut stream: CUstream = ptr::null_mut();
+    let count = AtomicUsize::new(0);
+    let data = ptr::from_ref(&count).cast_mut().cast();
+    // SAFETY: valid out-pointers; `count` outlives the synchronize below.
+    unsafe {
+        driver.cuDevicePrimaryCtxRetain(&mut context, 0).unwrap();
+        driver.cuCtxSetCurrent(context).unwrap();
+        driver.cuStreamCreate(&mut stream, 0).unwrap();
+    }
+    let hold = fake.hold_stream(stream).expect("a live stream");
+    // SAFETY: as above; the destroyed handle is only queried.
+    unsafe {
+        driver.cuLaunchHostFunc(stream, Some(bump), data).unwrap();
+        driver.cuStreamDestroy(stream).unwrap();
+        assert_eq!(fake.pending_host_functions(context), 1);
+        assert_eq!(
+            code(driver.cuStreamQuery(stream)),
+            Some(CUresult::CUDA_ERROR_INVALID_HANDLE)
+        );
+    }
+    hold.release();
+    // SAFETY: no arguments.
+    unsafe { driver.cuCtxSynchronize() }.unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(fake.pending_host_functions(context), 0);
+}
