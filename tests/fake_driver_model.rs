@@ -45,8 +45,10 @@ fn new_stream(driver: &Driver) -> CUstream {
     stream
 }
 
-fn code(result: Result<(), Error>) -> Option<CUresult> {
-    result.err().map(|e| e.code().expect("a driver error"))
+fn code(result: Result<(), impl Into<Error>>) -> Option<CUresult> {
+    result
+        .err()
+        .map(|e| e.into().code().expect("a driver error"))
 }
 
 fn capture_status(driver: &Driver, stream: CUstream) -> CUstreamCaptureStatus {

@@ -50,8 +50,11 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+// The modules, lowest layer first: each imports only from those above it in this list (and from the
+// generated `types`/`generated_result_codes`). DESIGN.md draws the order; scripts check it.
 mod driver;
 mod error;
+pub mod functions;
 mod library;
 mod resolve;
 mod streams;
@@ -76,10 +79,11 @@ mod generated_result_codes {
     include!("generated/result_codes.rs");
 }
 
-pub use driver::{DefaultStream, Driver, LoadOptions, PER_THREAD_ENV, driver};
-pub use error::{DriverError, Error, LoadAttempt, MissingReason};
-pub use library::{DEFAULT_NAMES, LIBRARY_ENV};
+pub use driver::{Driver, LoadOptions, PER_THREAD_ENV, driver};
+pub use error::{CallError, CallErrorKind, DriverError, Error, MissingReason};
+pub use functions::RawFunctions;
+pub use library::{DEFAULT_NAMES, LIBRARY_ENV, LoadAttempt};
 pub use resolve::ResolutionPath;
-pub use streams::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
-pub use table::{FUNCTION_COUNT, Function, FunctionInfo, RawFunctions};
+pub use streams::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, DefaultStream};
+pub use table::{FUNCTION_COUNT, Function, FunctionInfo};
 pub use version::DriverVersion;

@@ -4,7 +4,6 @@ use std::ffi::{CStr, OsString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-use crate::error::LoadAttempt;
 use crate::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
 /// The environment variable that names the driver library's path explicitly. Setting it makes the
@@ -18,6 +17,29 @@ pub const DEFAULT_NAMES: &[&str] = &["nvcuda.dll"];
 /// then the development link name (which may be the toolkit's stub, reported as such).
 #[cfg(not(windows))]
 pub const DEFAULT_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
+
+/// One library name or path the loader tried, and why it did not open.
+#[derive(Debug, Clone)]
+pub struct LoadAttempt {
+    /// The name or path passed to the system loader.
+    pub candidate: String,
+    /// The loader's message.
+    pub message: String,
+}
+
+impl LoadAttempt {
+    /// The attempts as one line: `name (message), name (message)`, or `nothing`.
+    pub(crate) fn list(tried: &[LoadAttempt]) -> String {
+        if tried.is_empty() {
+            return "nothing".to_string();
+        }
+        tried
+            .iter()
+            .map(|a| format!("{} ({})", a.candidate, a.message))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
 
 /// The candidates to try: the explicit path alone, or the default names.
 pub(crate) fn candidates(explicit: Option<&Path>) -> Vec<OsString> {
@@ -113,6 +135,14 @@ pub(crate) fn address(library: &libloading::Library, name: &CStr) -> Option<NonN
     // only returned, never called here.
     let p = unsafe { library.get::<*mut c_void>(name).ok().map(|s| *s) }?;
     NonNull::new(p)
+}
+
+/// The file the loader mapped for `library` (found through its `cuInit`), or `name`.
+pub(crate) fn loaded_path(library: &libloading::Library, name: &OsString) -> PathBuf {
+    match address(library, c"cuInit") {
+        Some(p) => mapped_path(p.as_ptr(), name),
+        None => PathBuf::from(name),
+    }
 }
 
 /// The file the loader actually mapped for the function at `address` (following symlinks such as
