@@ -8,10 +8,11 @@
 //! variants with one signature that the driver has:
 //!
 //! ```no_run
-//! use cuda_sys::functions::cuEventElapsedTime;
+//! use cuda_sys::functions::{cuEventElapsedTime, cuEventElapsedTime_v2000};
 //! # fn main() -> Result<(), cuda_sys::Error> {
 //! let driver = cuda_sys::driver()?;
-//! let (elapsed, which) = driver.newest(&[cuEventElapsedTime])?;
+//! // 12.8's ABI where the driver has it, else the 2.0 one (same signature, older semantics).
+//! let (elapsed, which) = driver.newest(&[cuEventElapsedTime, cuEventElapsedTime_v2000])?;
 //! println!("using {which}");
 //! # let _ = elapsed; Ok(()) }
 //! ```

@@ -989,4 +989,278 @@ driver_function_table! {
     cuCheckpointOperationComplete(handle: CUcheckpointOperationHandle) = 13040, "cuCheckpointOperationComplete", "cuCheckpointOperationComplete", "", 0, PFN_cuCheckpointOperationComplete_v13040;
     /// Unlock a CUDA process to allow CUDA API calls
     cuCheckpointProcessUnlock(pid: ::std::os::raw::c_int, args: *mut CUcheckpointUnlockArgs) = 12080, "cuCheckpointProcessUnlock", "cuCheckpointProcessUnlock", "", 0, PFN_cuCheckpointProcessUnlock_v12080;
+    /// `cuDeviceGetUuid` under its export's name: Return an UUID for the device
+    cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) = 11040, "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "", 0, PFN_cuDeviceGetUuid_v11040;
+    /// `cuDeviceTotalMem` under its export's name: Returns the total amount of memory on the device
+    cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) = 3020, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "", 0, PFN_cuDeviceTotalMem_v3020;
+    /// `cuDevicePrimaryCtxRelease` under its export's name: Release the primary context on the GPU
+    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = 11000, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "", 0, PFN_cuDevicePrimaryCtxRelease_v11000;
+    /// `cuDevicePrimaryCtxSetFlags` under its export's name: Set flags for the primary context
+    cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: ::std::os::raw::c_uint) = 11000, "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "", 0, PFN_cuDevicePrimaryCtxSetFlags_v11000;
+    /// `cuDevicePrimaryCtxReset` under its export's name: Destroy all allocations and reset all state on the primary context
+    cuDevicePrimaryCtxReset_v2(dev: CUdevice) = 11000, "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "", 0, PFN_cuDevicePrimaryCtxReset_v11000;
+    /// `cuCtxCreate` under its export's name: Create a CUDA context
+    cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: ::std::os::raw::c_uint, dev: CUdevice) = 12050, "cuCtxCreate", "cuCtxCreate_v4", "", 0, PFN_cuCtxCreate_v12050;
+    /// `cuCtxDestroy` under its export's name: Destroy a CUDA context
+    cuCtxDestroy_v2(ctx: CUcontext) = 4000, "cuCtxDestroy", "cuCtxDestroy_v2", "", 0, PFN_cuCtxDestroy_v4000;
+    /// `cuCtxPushCurrent` under its export's name: Pushes a context on the current CPU thread
+    cuCtxPushCurrent_v2(ctx: CUcontext) = 4000, "cuCtxPushCurrent", "cuCtxPushCurrent_v2", "", 0, PFN_cuCtxPushCurrent_v4000;
+    /// `cuCtxPopCurrent` under its export's name: Pops the current CUDA context from the current CPU thread.
+    cuCtxPopCurrent_v2(pctx: *mut CUcontext) = 4000, "cuCtxPopCurrent", "cuCtxPopCurrent_v2", "", 0, PFN_cuCtxPopCurrent_v4000;
+    /// `cuModuleGetGlobal` under its export's name: Returns a global pointer from a module
+    cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 3020, "cuModuleGetGlobal", "cuModuleGetGlobal_v2", "", 0, PFN_cuModuleGetGlobal_v3020;
+    /// `cuLinkCreate` under its export's name: Creates a pending JIT linker invocation.
+    cuLinkCreate_v2(numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void, stateOut: *mut CUlinkState) = 6050, "cuLinkCreate", "cuLinkCreate_v2", "", 0, PFN_cuLinkCreate_v6050;
+    /// `cuLinkAddData` under its export's name: Add an input to a pending linker invocation
+    cuLinkAddData_v2(state: CUlinkState, type_: CUjitInputType, data: *mut ::std::os::raw::c_void, size: usize, name: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddData", "cuLinkAddData_v2", "", 0, PFN_cuLinkAddData_v6050;
+    /// `cuLinkAddFile` under its export's name: Add a file input to a pending linker invocation
+    cuLinkAddFile_v2(state: CUlinkState, type_: CUjitInputType, path: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddFile", "cuLinkAddFile_v2", "", 0, PFN_cuLinkAddFile_v6050;
+    /// `cuMemGetInfo` under its export's name: Gets free and total memory
+    cuMemGetInfo_v2(free: *mut usize, total: *mut usize) = 3020, "cuMemGetInfo", "cuMemGetInfo_v2", "", 0, PFN_cuMemGetInfo_v3020;
+    /// `cuMemAlloc` under its export's name: Allocates device memory
+    cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) = 3020, "cuMemAlloc", "cuMemAlloc_v2", "", 0, PFN_cuMemAlloc_v3020;
+    /// `cuMemAllocPitch` under its export's name: Allocates pitched device memory
+    cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: ::std::os::raw::c_uint) = 3020, "cuMemAllocPitch", "cuMemAllocPitch_v2", "", 0, PFN_cuMemAllocPitch_v3020;
+    /// `cuMemFree` under its export's name: Frees device memory
+    cuMemFree_v2(dptr: CUdeviceptr) = 3020, "cuMemFree", "cuMemFree_v2", "", 0, PFN_cuMemFree_v3020;
+    /// `cuMemGetAddressRange` under its export's name: Get information on memory allocations
+    cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) = 3020, "cuMemGetAddressRange", "cuMemGetAddressRange_v2", "", 0, PFN_cuMemGetAddressRange_v3020;
+    /// `cuMemAllocHost` under its export's name: Allocates page-locked host memory
+    cuMemAllocHost_v2(pp: *mut *mut ::std::os::raw::c_void, bytesize: usize) = 3020, "cuMemAllocHost", "cuMemAllocHost_v2", "", 0, PFN_cuMemAllocHost_v3020;
+    /// `cuMemHostGetDevicePointer` under its export's name: Passes back device pointer of mapped pinned memory
+    cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, p: *mut ::std::os::raw::c_void, Flags: ::std::os::raw::c_uint) = 3020, "cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2", "", 0, PFN_cuMemHostGetDevicePointer_v3020;
+    /// `cuIpcOpenMemHandle` under its export's name: Opens an interprocess memory handle exported from another process and returns a device pointer usable in the local process.
+    cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: ::std::os::raw::c_uint) = 11000, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "", 0, PFN_cuIpcOpenMemHandle_v11000;
+    /// `cuMemHostRegister` under its export's name: Registers an existing host memory range for use by CUDA
+    cuMemHostRegister_v2(p: *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 6050, "cuMemHostRegister", "cuMemHostRegister_v2", "", 0, PFN_cuMemHostRegister_v6050;
+    /// `cuMemcpyHtoD` under its export's name: Copies memory from Host to Device
+    cuMemcpyHtoD_v2(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", 7000, PFN_cuMemcpyHtoD_v3020;
+    /// `cuMemcpyDtoH` under its export's name: Copies memory from Device to Host
+    cuMemcpyDtoH_v2(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", 7000, PFN_cuMemcpyDtoH_v3020;
+    /// `cuMemcpyDtoD` under its export's name: Copies memory from Device to Device
+    cuMemcpyDtoD_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", 7000, PFN_cuMemcpyDtoD_v3020;
+    /// `cuMemcpyDtoA` under its export's name: Copies memory from Device to Array
+    cuMemcpyDtoA_v2(dstArray: CUarray, dstOffset: usize, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoA", "cuMemcpyDtoA_v2", "cuMemcpyDtoA_v2_ptds", 7000, PFN_cuMemcpyDtoA_v3020;
+    /// `cuMemcpyAtoD` under its export's name: Copies memory from Array to Device
+    cuMemcpyAtoD_v2(dstDevice: CUdeviceptr, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoD", "cuMemcpyAtoD_v2", "cuMemcpyAtoD_v2_ptds", 7000, PFN_cuMemcpyAtoD_v3020;
+    /// `cuMemcpyHtoA` under its export's name: Copies memory from Host to Array
+    cuMemcpyHtoA_v2(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoA", "cuMemcpyHtoA_v2", "cuMemcpyHtoA_v2_ptds", 7000, PFN_cuMemcpyHtoA_v3020;
+    /// `cuMemcpyAtoH` under its export's name: Copies memory from Array to Host
+    cuMemcpyAtoH_v2(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoH", "cuMemcpyAtoH_v2", "cuMemcpyAtoH_v2_ptds", 7000, PFN_cuMemcpyAtoH_v3020;
+    /// `cuMemcpyAtoA` under its export's name: Copies memory from Array to Array
+    cuMemcpyAtoA_v2(dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoA", "cuMemcpyAtoA_v2", "cuMemcpyAtoA_v2_ptds", 7000, PFN_cuMemcpyAtoA_v3020;
+    /// `cuMemcpy2D` under its export's name: Copies memory for 2D arrays
+    cuMemcpy2D_v2(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2D", "cuMemcpy2D_v2", "cuMemcpy2D_v2_ptds", 7000, PFN_cuMemcpy2D_v3020;
+    /// `cuMemcpy2DUnaligned` under its export's name: Copies memory for 2D arrays
+    cuMemcpy2DUnaligned_v2(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2DUnaligned", "cuMemcpy2DUnaligned_v2", "cuMemcpy2DUnaligned_v2_ptds", 7000, PFN_cuMemcpy2DUnaligned_v3020;
+    /// `cuMemcpy3D` under its export's name: Copies memory for 3D arrays
+    cuMemcpy3D_v2(pCopy: *const CUDA_MEMCPY3D) = 3020, "cuMemcpy3D", "cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds", 7000, PFN_cuMemcpy3D_v3020;
+    /// `cuMemcpyHtoDAsync` under its export's name: Copies memory from Host to Device
+    cuMemcpyHtoDAsync_v2(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoDAsync_v3020;
+    /// `cuMemcpyDtoHAsync` under its export's name: Copies memory from Device to Host
+    cuMemcpyDtoHAsync_v2(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoHAsync_v3020;
+    /// `cuMemcpyDtoDAsync` under its export's name: Copies memory from Device to Device
+    cuMemcpyDtoDAsync_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoDAsync_v3020;
+    /// `cuMemcpyHtoAAsync` under its export's name: Copies memory from Host to Array
+    cuMemcpyHtoAAsync_v2(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoAAsync", "cuMemcpyHtoAAsync_v2", "cuMemcpyHtoAAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoAAsync_v3020;
+    /// `cuMemcpyAtoHAsync` under its export's name: Copies memory from Array to Host
+    cuMemcpyAtoHAsync_v2(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyAtoHAsync", "cuMemcpyAtoHAsync_v2", "cuMemcpyAtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyAtoHAsync_v3020;
+    /// `cuMemcpy2DAsync` under its export's name: Copies memory for 2D arrays
+    cuMemcpy2DAsync_v2(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream) = 3020, "cuMemcpy2DAsync", "cuMemcpy2DAsync_v2", "cuMemcpy2DAsync_v2_ptsz", 7000, PFN_cuMemcpy2DAsync_v3020;
+    /// `cuMemcpy3DAsync` under its export's name: Copies memory for 3D arrays
+    cuMemcpy3DAsync_v2(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream) = 3020, "cuMemcpy3DAsync", "cuMemcpy3DAsync_v2", "cuMemcpy3DAsync_v2_ptsz", 7000, PFN_cuMemcpy3DAsync_v3020;
+    /// `cuMemcpyBatchAsync` under its export's name: Performs a batch of memory copies asynchronously.
+    cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, hStream: CUstream) = 13000, "cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync_v2_ptsz", 13000, PFN_cuMemcpyBatchAsync_v13000;
+    /// `cuMemcpy3DBatchAsync` under its export's name: Performs a batch of 3D memory copies asynchronously.
+    cuMemcpy3DBatchAsync_v2(numOps: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync_v2", "cuMemcpy3DBatchAsync_v2_ptsz", 13000, PFN_cuMemcpy3DBatchAsync_v13000;
+    /// `cuMemsetD8` under its export's name: Initializes device memory
+    cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: ::std::os::raw::c_uchar, N: usize) = 3020, "cuMemsetD8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds", 7000, PFN_cuMemsetD8_v3020;
+    /// `cuMemsetD16` under its export's name: Initializes device memory
+    cuMemsetD16_v2(dstDevice: CUdeviceptr, us: ::std::os::raw::c_ushort, N: usize) = 3020, "cuMemsetD16", "cuMemsetD16_v2", "cuMemsetD16_v2_ptds", 7000, PFN_cuMemsetD16_v3020;
+    /// `cuMemsetD32` under its export's name: Initializes device memory
+    cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: ::std::os::raw::c_uint, N: usize) = 3020, "cuMemsetD32", "cuMemsetD32_v2", "cuMemsetD32_v2_ptds", 7000, PFN_cuMemsetD32_v3020;
+    /// `cuMemsetD2D8` under its export's name: Initializes device memory
+    cuMemsetD2D8_v2(dstDevice: CUdeviceptr, dstPitch: usize, uc: ::std::os::raw::c_uchar, Width: usize, Height: usize) = 3020, "cuMemsetD2D8", "cuMemsetD2D8_v2", "cuMemsetD2D8_v2_ptds", 7000, PFN_cuMemsetD2D8_v3020;
+    /// `cuMemsetD2D16` under its export's name: Initializes device memory
+    cuMemsetD2D16_v2(dstDevice: CUdeviceptr, dstPitch: usize, us: ::std::os::raw::c_ushort, Width: usize, Height: usize) = 3020, "cuMemsetD2D16", "cuMemsetD2D16_v2", "cuMemsetD2D16_v2_ptds", 7000, PFN_cuMemsetD2D16_v3020;
+    /// `cuMemsetD2D32` under its export's name: Initializes device memory
+    cuMemsetD2D32_v2(dstDevice: CUdeviceptr, dstPitch: usize, ui: ::std::os::raw::c_uint, Width: usize, Height: usize) = 3020, "cuMemsetD2D32", "cuMemsetD2D32_v2", "cuMemsetD2D32_v2_ptds", 7000, PFN_cuMemsetD2D32_v3020;
+    /// `cuArrayCreate` under its export's name: Creates a 1D or 2D CUDA array
+    cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) = 3020, "cuArrayCreate", "cuArrayCreate_v2", "", 0, PFN_cuArrayCreate_v3020;
+    /// `cuArrayGetDescriptor` under its export's name: Get a 1D or 2D CUDA array descriptor
+    cuArrayGetDescriptor_v2(pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR, hArray: CUarray) = 3020, "cuArrayGetDescriptor", "cuArrayGetDescriptor_v2", "", 0, PFN_cuArrayGetDescriptor_v3020;
+    /// `cuArray3DCreate` under its export's name: Creates a 3D CUDA array
+    cuArray3DCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR) = 3020, "cuArray3DCreate", "cuArray3DCreate_v2", "", 0, PFN_cuArray3DCreate_v3020;
+    /// `cuArray3DGetDescriptor` under its export's name: Get a 3D CUDA array descriptor
+    cuArray3DGetDescriptor_v2(pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR, hArray: CUarray) = 3020, "cuArray3DGetDescriptor", "cuArray3DGetDescriptor_v2", "", 0, PFN_cuArray3DGetDescriptor_v3020;
+    /// `cuMemPrefetchAsync` under its export's name: Prefetches memory to the specified destination location
+    cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: ::std::os::raw::c_uint, hStream: CUstream) = 12020, "cuMemPrefetchAsync", "cuMemPrefetchAsync_v2", "cuMemPrefetchAsync_v2_ptsz", 12020, PFN_cuMemPrefetchAsync_v12020;
+    /// `cuMemAdvise` under its export's name: Advise about the usage of a given memory range
+    cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: CUmem_advise, location: CUmemLocation) = 12020, "cuMemAdvise", "cuMemAdvise_v2", "", 0, PFN_cuMemAdvise_v12020;
+    /// `cuStreamBeginCapture` under its export's name: Begins graph capture on a stream
+    cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode) = 10010, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", 10010, PFN_cuStreamBeginCapture_v10010;
+    /// `cuStreamGetCaptureInfo` under its export's name: Query a stream's capture state
+    cuStreamGetCaptureInfo_v3(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) = 12030, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v3_ptsz", 12030, PFN_cuStreamGetCaptureInfo_v12030;
+    /// `cuStreamUpdateCaptureDependencies` under its export's name: Update the set of dependencies in a capturing stream
+    cuStreamUpdateCaptureDependencies_v2(hStream: CUstream, dependencies: *mut CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, flags: ::std::os::raw::c_uint) = 12030, "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies_v2", "cuStreamUpdateCaptureDependencies_v2_ptsz", 12030, PFN_cuStreamUpdateCaptureDependencies_v12030;
+    /// `cuStreamDestroy` under its export's name: Destroys a stream
+    cuStreamDestroy_v2(hStream: CUstream) = 4000, "cuStreamDestroy", "cuStreamDestroy_v2", "", 0, PFN_cuStreamDestroy_v4000;
+    /// `cuEventDestroy` under its export's name: Destroys an event
+    cuEventDestroy_v2(hEvent: CUevent) = 4000, "cuEventDestroy", "cuEventDestroy_v2", "", 0, PFN_cuEventDestroy_v4000;
+    /// `cuEventElapsedTime` under its export's name: Computes the elapsed time between two events
+    cuEventElapsedTime_v2(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) = 12080, "cuEventElapsedTime", "cuEventElapsedTime_v2", "", 0, PFN_cuEventElapsedTime_v12080;
+    /// `cuStreamWaitValue32` under its export's name: Wait on a memory location
+    cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue32", "cuStreamWaitValue32_v2", "cuStreamWaitValue32_v2_ptsz", 11070, PFN_cuStreamWaitValue32_v11070;
+    /// `cuStreamWaitValue64` under its export's name: Wait on a memory location
+    cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue64", "cuStreamWaitValue64_v2", "cuStreamWaitValue64_v2_ptsz", 11070, PFN_cuStreamWaitValue64_v11070;
+    /// `cuStreamWriteValue32` under its export's name: Write a value to memory
+    cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue32", "cuStreamWriteValue32_v2", "cuStreamWriteValue32_v2_ptsz", 11070, PFN_cuStreamWriteValue32_v11070;
+    /// `cuStreamWriteValue64` under its export's name: Write a value to memory
+    cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue64", "cuStreamWriteValue64_v2", "cuStreamWriteValue64_v2_ptsz", 11070, PFN_cuStreamWriteValue64_v11070;
+    /// `cuStreamBatchMemOp` under its export's name: Batch operations to synchronize the stream via memory operations
+    cuStreamBatchMemOp_v2(stream: CUstream, count: ::std::os::raw::c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: ::std::os::raw::c_uint) = 11070, "cuStreamBatchMemOp", "cuStreamBatchMemOp_v2", "cuStreamBatchMemOp_v2_ptsz", 11070, PFN_cuStreamBatchMemOp_v11070;
+    /// `cuGraphAddKernelNode` under its export's name: Creates a kernel execution node and adds it to a graph
+    cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "", 0, PFN_cuGraphAddKernelNode_v12000;
+    /// `cuGraphKernelNodeGetParams` under its export's name: Returns a kernel node's parameters
+    cuGraphKernelNodeGetParams_v2(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeGetParams", "cuGraphKernelNodeGetParams_v2", "", 0, PFN_cuGraphKernelNodeGetParams_v12000;
+    /// `cuGraphKernelNodeSetParams` under its export's name: Sets a kernel node's parameters
+    cuGraphKernelNodeSetParams_v2(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "", 0, PFN_cuGraphKernelNodeSetParams_v12000;
+    /// `cuGraphGetEdges` under its export's name: Returns a graph's dependency edges
+    cuGraphGetEdges_v2(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numEdges: *mut usize) = 12030, "cuGraphGetEdges", "cuGraphGetEdges_v2", "", 0, PFN_cuGraphGetEdges_v12030;
+    /// `cuGraphNodeGetDependencies` under its export's name: Returns a node's dependencies
+    cuGraphNodeGetDependencies_v2(hNode: CUgraphNode, dependencies: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependencies: *mut usize) = 12030, "cuGraphNodeGetDependencies", "cuGraphNodeGetDependencies_v2", "", 0, PFN_cuGraphNodeGetDependencies_v12030;
+    /// `cuGraphNodeGetDependentNodes` under its export's name: Returns a node's dependent nodes
+    cuGraphNodeGetDependentNodes_v2(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependentNodes: *mut usize) = 12030, "cuGraphNodeGetDependentNodes", "cuGraphNodeGetDependentNodes_v2", "", 0, PFN_cuGraphNodeGetDependentNodes_v12030;
+    /// `cuGraphAddDependencies` under its export's name: Adds dependency edges to a graph
+    cuGraphAddDependencies_v2(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphAddDependencies", "cuGraphAddDependencies_v2", "", 0, PFN_cuGraphAddDependencies_v12030;
+    /// `cuGraphRemoveDependencies` under its export's name: Removes dependency edges from a graph
+    cuGraphRemoveDependencies_v2(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphRemoveDependencies", "cuGraphRemoveDependencies_v2", "", 0, PFN_cuGraphRemoveDependencies_v12030;
+    /// `cuGraphExecKernelNodeSetParams` under its export's name: Sets the parameters for a kernel node in the given graphExec
+    cuGraphExecKernelNodeSetParams_v2(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2", "", 0, PFN_cuGraphExecKernelNodeSetParams_v12000;
+    /// `cuGraphExecUpdate` under its export's name: Check whether an executable graph can be updated with a graph and perform the update if possible
+    cuGraphExecUpdate_v2(hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo) = 12000, "cuGraphExecUpdate", "cuGraphExecUpdate_v2", "", 0, PFN_cuGraphExecUpdate_v12000;
+    /// `cuGraphAddNode` under its export's name: Adds a node of arbitrary type to a graph
+    cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 12030, "cuGraphAddNode", "cuGraphAddNode_v2", "", 0, PFN_cuGraphAddNode_v12030;
+    /// `cuTexRefSetAddress` under its export's name: Binds an address as a texture reference
+    cuTexRefSetAddress_v2(ByteOffset: *mut usize, hTexRef: CUtexref, dptr: CUdeviceptr, bytes: usize) = 3020, "cuTexRefSetAddress", "cuTexRefSetAddress_v2", "", 0, PFN_cuTexRefSetAddress_v3020;
+    /// `cuTexRefSetAddress2D` under its export's name: Binds an address as a 2D texture reference
+    cuTexRefSetAddress2D_v3(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR, dptr: CUdeviceptr, Pitch: usize) = 4010, "cuTexRefSetAddress2D", "cuTexRefSetAddress2D_v3", "", 0, PFN_cuTexRefSetAddress2D_v4010;
+    /// `cuTexRefGetAddress` under its export's name: Gets the address associated with a texture reference
+    cuTexRefGetAddress_v2(pdptr: *mut CUdeviceptr, hTexRef: CUtexref) = 3020, "cuTexRefGetAddress", "cuTexRefGetAddress_v2", "", 0, PFN_cuTexRefGetAddress_v3020;
+    /// `cuGraphicsResourceGetMappedPointer` under its export's name: Get a device pointer through which to access a mapped graphics resource.
+    cuGraphicsResourceGetMappedPointer_v2(pDevPtr: *mut CUdeviceptr, pSize: *mut usize, resource: CUgraphicsResource) = 3020, "cuGraphicsResourceGetMappedPointer", "cuGraphicsResourceGetMappedPointer_v2", "", 0, PFN_cuGraphicsResourceGetMappedPointer_v3020;
+    /// `cuGraphicsResourceSetMapFlags` under its export's name: Set usage flags for mapping a graphics resource
+    cuGraphicsResourceSetMapFlags_v2(resource: CUgraphicsResource, flags: ::std::os::raw::c_uint) = 6050, "cuGraphicsResourceSetMapFlags", "cuGraphicsResourceSetMapFlags_v2", "", 0, PFN_cuGraphicsResourceSetMapFlags_v6050;
+    /// `cuGetProcAddress` under its export's name: Returns the requested driver API function pointer
+    cuGetProcAddress_v2(symbol: *const ::std::os::raw::c_char, pfn: *mut *mut ::std::os::raw::c_void, cudaVersion: ::std::os::raw::c_int, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult) = 12000, "cuGetProcAddress", "cuGetProcAddress_v2", "", 0, PFN_cuGetProcAddress_v12000;
+    /// The ABI variant 2000 of `cuCtxCreate`, with `PFN_cuCtxCreate_v2000`'s signature (`cuCtxCreate` is bound at 12050).
+    cuCtxCreate_v2000(pctx: *mut CUcontext, flags: ::std::os::raw::c_uint, dev: CUdevice_v1) = 2000, "cuCtxCreate", "cuCtxCreate", "", 0, PFN_cuCtxCreate_v2000;
+    /// The ABI variant 3020 of `cuCtxCreate`, with `PFN_cuCtxCreate_v3020`'s signature (`cuCtxCreate` is bound at 12050).
+    cuCtxCreate_v2(pctx: *mut CUcontext, flags: ::std::os::raw::c_uint, dev: CUdevice_v1) = 3020, "cuCtxCreate", "cuCtxCreate_v2", "", 0, PFN_cuCtxCreate_v3020;
+    /// The ABI variant 11040 of `cuCtxCreate`, with `PFN_cuCtxCreate_v11040`'s signature (`cuCtxCreate` is bound at 12050).
+    cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut CUexecAffinityParam, numParams: ::std::os::raw::c_int, flags: ::std::os::raw::c_uint, dev: CUdevice_v1) = 11040, "cuCtxCreate", "cuCtxCreate_v3", "", 0, PFN_cuCtxCreate_v11040;
+    /// The ABI variant 2000 of `cuCtxDestroy`, with `PFN_cuCtxDestroy_v2000`'s signature (`cuCtxDestroy` is bound at 4000).
+    cuCtxDestroy_v2000(ctx: CUcontext) = 2000, "cuCtxDestroy", "cuCtxDestroy", "", 0, PFN_cuCtxDestroy_v2000;
+    /// The ABI variant 2000 of `cuCtxPopCurrent`, with `PFN_cuCtxPopCurrent_v2000`'s signature (`cuCtxPopCurrent` is bound at 4000).
+    cuCtxPopCurrent_v2000(pctx: *mut CUcontext) = 2000, "cuCtxPopCurrent", "cuCtxPopCurrent", "", 0, PFN_cuCtxPopCurrent_v2000;
+    /// The ABI variant 2000 of `cuCtxPushCurrent`, with `PFN_cuCtxPushCurrent_v2000`'s signature (`cuCtxPushCurrent` is bound at 4000).
+    cuCtxPushCurrent_v2000(ctx: CUcontext) = 2000, "cuCtxPushCurrent", "cuCtxPushCurrent", "", 0, PFN_cuCtxPushCurrent_v2000;
+    /// The ABI variant 9020 of `cuDeviceGetUuid`, with `PFN_cuDeviceGetUuid_v9020`'s signature (`cuDeviceGetUuid` is bound at 11040).
+    cuDeviceGetUuid_v9020(uuid: *mut CUuuid, dev: CUdevice_v1) = 9020, "cuDeviceGetUuid", "cuDeviceGetUuid", "", 0, PFN_cuDeviceGetUuid_v9020;
+    /// The ABI variant 7000 of `cuDevicePrimaryCtxRelease`, with `PFN_cuDevicePrimaryCtxRelease_v7000`'s signature (`cuDevicePrimaryCtxRelease` is bound at 11000).
+    cuDevicePrimaryCtxRelease_v7000(dev: CUdevice_v1) = 7000, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease", "", 0, PFN_cuDevicePrimaryCtxRelease_v7000;
+    /// The ABI variant 7000 of `cuDevicePrimaryCtxReset`, with `PFN_cuDevicePrimaryCtxReset_v7000`'s signature (`cuDevicePrimaryCtxReset` is bound at 11000).
+    cuDevicePrimaryCtxReset_v7000(dev: CUdevice_v1) = 7000, "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset", "", 0, PFN_cuDevicePrimaryCtxReset_v7000;
+    /// The ABI variant 7000 of `cuDevicePrimaryCtxSetFlags`, with `PFN_cuDevicePrimaryCtxSetFlags_v7000`'s signature (`cuDevicePrimaryCtxSetFlags` is bound at 11000).
+    cuDevicePrimaryCtxSetFlags_v7000(dev: CUdevice_v1, flags: ::std::os::raw::c_uint) = 7000, "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags", "", 0, PFN_cuDevicePrimaryCtxSetFlags_v7000;
+    /// The ABI variant 2000 of `cuDeviceTotalMem`, with `PFN_cuDeviceTotalMem_v2000`'s signature (`cuDeviceTotalMem` is bound at 3020).
+    cuDeviceTotalMem_v2000(bytes: *mut ::std::os::raw::c_uint, dev: CUdevice_v1) = 2000, "cuDeviceTotalMem", "cuDeviceTotalMem", "", 0, PFN_cuDeviceTotalMem_v2000;
+    /// The ABI variant 2000 of `cuEventDestroy`, with `PFN_cuEventDestroy_v2000`'s signature (`cuEventDestroy` is bound at 4000).
+    cuEventDestroy_v2000(hEvent: CUevent) = 2000, "cuEventDestroy", "cuEventDestroy", "", 0, PFN_cuEventDestroy_v2000;
+    /// The ABI variant 2000 of `cuEventElapsedTime`, with `PFN_cuEventElapsedTime_v2000`'s signature (`cuEventElapsedTime` is bound at 12080).
+    cuEventElapsedTime_v2000(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) = 2000, "cuEventElapsedTime", "cuEventElapsedTime", "", 0, PFN_cuEventElapsedTime_v2000;
+    /// The ABI variant 11030 of `cuGetProcAddress`, with `PFN_cuGetProcAddress_v11030`'s signature (`cuGetProcAddress` is bound at 12000).
+    cuGetProcAddress_v11030(symbol: *const ::std::os::raw::c_char, pfn: *mut *mut ::std::os::raw::c_void, driverVersion: ::std::os::raw::c_int, flags: cuuint64_t) = 11030, "cuGetProcAddress", "cuGetProcAddress", "", 0, PFN_cuGetProcAddress_v11030;
+    /// The ABI variant 10000 of `cuGraphAddDependencies`, with `PFN_cuGraphAddDependencies_v10000`'s signature (`cuGraphAddDependencies` is bound at 12030).
+    cuGraphAddDependencies_v10000(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize) = 10000, "cuGraphAddDependencies", "cuGraphAddDependencies", "", 0, PFN_cuGraphAddDependencies_v10000;
+    /// The ABI variant 10000 of `cuGraphAddKernelNode`, with `PFN_cuGraphAddKernelNode_v10000`'s signature (`cuGraphAddKernelNode` is bound at 12000).
+    cuGraphAddKernelNode_v10000(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) = 10000, "cuGraphAddKernelNode", "cuGraphAddKernelNode", "", 0, PFN_cuGraphAddKernelNode_v10000;
+    /// The ABI variant 12020 of `cuGraphAddNode`, with `PFN_cuGraphAddNode_v12020`'s signature (`cuGraphAddNode_v3` is bound at 13040).
+    cuGraphAddNode_v12020(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 12020, "cuGraphAddNode", "cuGraphAddNode", "", 0, PFN_cuGraphAddNode_v12020;
+    /// The ABI variant 10010 of `cuGraphExecKernelNodeSetParams`, with `PFN_cuGraphExecKernelNodeSetParams_v10010`'s signature (`cuGraphExecKernelNodeSetParams` is bound at 12000).
+    cuGraphExecKernelNodeSetParams_v10010(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) = 10010, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams", "", 0, PFN_cuGraphExecKernelNodeSetParams_v10010;
+    /// The ABI variant 10020 of `cuGraphExecUpdate`, with `PFN_cuGraphExecUpdate_v10020`'s signature (`cuGraphExecUpdate` is bound at 12000).
+    cuGraphExecUpdate_v10020(hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult) = 10020, "cuGraphExecUpdate", "cuGraphExecUpdate", "", 0, PFN_cuGraphExecUpdate_v10020;
+    /// The ABI variant 10000 of `cuGraphGetEdges`, with `PFN_cuGraphGetEdges_v10000`'s signature (`cuGraphGetEdges` is bound at 12030).
+    cuGraphGetEdges_v10000(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, numEdges: *mut usize) = 10000, "cuGraphGetEdges", "cuGraphGetEdges", "", 0, PFN_cuGraphGetEdges_v10000;
+    /// The ABI variant 10000 of `cuGraphInstantiate`, with `PFN_cuGraphInstantiate_v10000`'s signature.
+    cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut ::std::os::raw::c_char, bufferSize: usize) = 10000, "cuGraphInstantiate", "cuGraphInstantiate", "", 0, PFN_cuGraphInstantiate_v10000;
+    /// The ABI variant 11000 of `cuGraphInstantiate`, with `PFN_cuGraphInstantiate_v11000`'s signature.
+    cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut ::std::os::raw::c_char, bufferSize: usize) = 11000, "cuGraphInstantiate", "cuGraphInstantiate_v2", "", 0, PFN_cuGraphInstantiate_v11000;
+    /// The ABI variant 10000 of `cuGraphKernelNodeGetParams`, with `PFN_cuGraphKernelNodeGetParams_v10000`'s signature (`cuGraphKernelNodeGetParams` is bound at 12000).
+    cuGraphKernelNodeGetParams_v10000(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1) = 10000, "cuGraphKernelNodeGetParams", "cuGraphKernelNodeGetParams", "", 0, PFN_cuGraphKernelNodeGetParams_v10000;
+    /// The ABI variant 10000 of `cuGraphKernelNodeSetParams`, with `PFN_cuGraphKernelNodeSetParams_v10000`'s signature (`cuGraphKernelNodeSetParams` is bound at 12000).
+    cuGraphKernelNodeSetParams_v10000(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) = 10000, "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams", "", 0, PFN_cuGraphKernelNodeSetParams_v10000;
+    /// The ABI variant 10000 of `cuGraphNodeGetDependencies`, with `PFN_cuGraphNodeGetDependencies_v10000`'s signature (`cuGraphNodeGetDependencies` is bound at 12030).
+    cuGraphNodeGetDependencies_v10000(hNode: CUgraphNode, dependencies: *mut CUgraphNode, numDependencies: *mut usize) = 10000, "cuGraphNodeGetDependencies", "cuGraphNodeGetDependencies", "", 0, PFN_cuGraphNodeGetDependencies_v10000;
+    /// The ABI variant 10000 of `cuGraphNodeGetDependentNodes`, with `PFN_cuGraphNodeGetDependentNodes_v10000`'s signature (`cuGraphNodeGetDependentNodes` is bound at 12030).
+    cuGraphNodeGetDependentNodes_v10000(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, numDependentNodes: *mut usize) = 10000, "cuGraphNodeGetDependentNodes", "cuGraphNodeGetDependentNodes", "", 0, PFN_cuGraphNodeGetDependentNodes_v10000;
+    /// The ABI variant 10000 of `cuGraphRemoveDependencies`, with `PFN_cuGraphRemoveDependencies_v10000`'s signature (`cuGraphRemoveDependencies` is bound at 12030).
+    cuGraphRemoveDependencies_v10000(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize) = 10000, "cuGraphRemoveDependencies", "cuGraphRemoveDependencies", "", 0, PFN_cuGraphRemoveDependencies_v10000;
+    /// The ABI variant 3000 of `cuGraphicsResourceSetMapFlags`, with `PFN_cuGraphicsResourceSetMapFlags_v3000`'s signature (`cuGraphicsResourceSetMapFlags` is bound at 6050).
+    cuGraphicsResourceSetMapFlags_v3000(resource: CUgraphicsResource, flags: ::std::os::raw::c_uint) = 3000, "cuGraphicsResourceSetMapFlags", "cuGraphicsResourceSetMapFlags", "", 0, PFN_cuGraphicsResourceSetMapFlags_v3000;
+    /// The ABI variant 4010 of `cuIpcOpenMemHandle`, with `PFN_cuIpcOpenMemHandle_v4010`'s signature (`cuIpcOpenMemHandle` is bound at 11000).
+    cuIpcOpenMemHandle_v4010(pdptr: *mut CUdeviceptr_v2, handle: CUipcMemHandle_v1, Flags: ::std::os::raw::c_uint) = 4010, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle", "", 0, PFN_cuIpcOpenMemHandle_v4010;
+    /// The ABI variant 5050 of `cuLinkAddData`, with `PFN_cuLinkAddData_v5050`'s signature (`cuLinkAddData` is bound at 6050).
+    cuLinkAddData_v5050(state: CUlinkState, type_: CUjitInputType, data: *mut ::std::os::raw::c_void, size: usize, name: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 5050, "cuLinkAddData", "cuLinkAddData", "", 0, PFN_cuLinkAddData_v5050;
+    /// The ABI variant 5050 of `cuLinkAddFile`, with `PFN_cuLinkAddFile_v5050`'s signature (`cuLinkAddFile` is bound at 6050).
+    cuLinkAddFile_v5050(state: CUlinkState, type_: CUjitInputType, path: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 5050, "cuLinkAddFile", "cuLinkAddFile", "", 0, PFN_cuLinkAddFile_v5050;
+    /// The ABI variant 5050 of `cuLinkCreate`, with `PFN_cuLinkCreate_v5050`'s signature (`cuLinkCreate` is bound at 6050).
+    cuLinkCreate_v5050(numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void, stateOut: *mut CUlinkState) = 5050, "cuLinkCreate", "cuLinkCreate", "", 0, PFN_cuLinkCreate_v5050;
+    /// The ABI variant 8000 of `cuMemAdvise`, with `PFN_cuMemAdvise_v8000`'s signature (`cuMemAdvise` is bound at 12020).
+    cuMemAdvise_v8000(devPtr: CUdeviceptr_v2, count: usize, advice: CUmem_advise, device: CUdevice_v1) = 8000, "cuMemAdvise", "cuMemAdvise", "", 0, PFN_cuMemAdvise_v8000;
+    /// The ABI variant 2000 of `cuMemAllocHost`, with `PFN_cuMemAllocHost_v2000`'s signature (`cuMemAllocHost` is bound at 3020).
+    cuMemAllocHost_v2000(pp: *mut *mut ::std::os::raw::c_void, bytesize: ::std::os::raw::c_uint) = 2000, "cuMemAllocHost", "cuMemAllocHost", "", 0, PFN_cuMemAllocHost_v2000;
+    /// The ABI variant 2000 of `cuMemGetInfo`, with `PFN_cuMemGetInfo_v2000`'s signature (`cuMemGetInfo` is bound at 3020).
+    cuMemGetInfo_v2000(free: *mut ::std::os::raw::c_uint, total: *mut ::std::os::raw::c_uint) = 2000, "cuMemGetInfo", "cuMemGetInfo", "", 0, PFN_cuMemGetInfo_v2000;
+    /// The ABI variant 4000 of `cuMemHostRegister`, with `PFN_cuMemHostRegister_v4000`'s signature (`cuMemHostRegister` is bound at 6050).
+    cuMemHostRegister_v4000(p: *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 4000, "cuMemHostRegister", "cuMemHostRegister", "", 0, PFN_cuMemHostRegister_v4000;
+    /// The ABI variant 8000 of `cuMemPrefetchAsync`, with `PFN_cuMemPrefetchAsync_v8000`'s signature (`cuMemPrefetchAsync` is bound at 12020).
+    cuMemPrefetchAsync_v8000(devPtr: CUdeviceptr_v2, count: usize, dstDevice: CUdevice_v1, hStream: CUstream) = 8000, "cuMemPrefetchAsync", "cuMemPrefetchAsync", "cuMemPrefetchAsync_ptsz", 8000, PFN_cuMemPrefetchAsync_v8000;
+    /// The ABI variant 12080 of `cuMemcpy3DBatchAsync`, with `PFN_cuMemcpy3DBatchAsync_v12080`'s signature (`cuMemcpy3DBatchAsync` is bound at 13000).
+    cuMemcpy3DBatchAsync_v12080(numParams: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP_v1, failIdx: *mut usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 12080, "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync_ptsz", 12080, PFN_cuMemcpy3DBatchAsync_v12080;
+    /// The ABI variant 2000 of `cuMemcpyAtoA`, with `PFN_cuMemcpyAtoA_v2000`'s signature (`cuMemcpyAtoA` is bound at 3020).
+    cuMemcpyAtoA_v2000(dstArray: CUarray, dstOffset: ::std::os::raw::c_uint, srcArray: CUarray, srcOffset: ::std::os::raw::c_uint, ByteCount: ::std::os::raw::c_uint) = 2000, "cuMemcpyAtoA", "cuMemcpyAtoA", "", 0, PFN_cuMemcpyAtoA_v2000;
+    /// The ABI variant 2000 of `cuMemcpyAtoH`, with `PFN_cuMemcpyAtoH_v2000`'s signature (`cuMemcpyAtoH` is bound at 3020).
+    cuMemcpyAtoH_v2000(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: ::std::os::raw::c_uint, ByteCount: ::std::os::raw::c_uint) = 2000, "cuMemcpyAtoH", "cuMemcpyAtoH", "", 0, PFN_cuMemcpyAtoH_v2000;
+    /// The ABI variant 2000 of `cuMemcpyAtoHAsync`, with `PFN_cuMemcpyAtoHAsync_v2000`'s signature (`cuMemcpyAtoHAsync` is bound at 3020).
+    cuMemcpyAtoHAsync_v2000(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: ::std::os::raw::c_uint, ByteCount: ::std::os::raw::c_uint, hStream: CUstream) = 2000, "cuMemcpyAtoHAsync", "cuMemcpyAtoHAsync", "", 0, PFN_cuMemcpyAtoHAsync_v2000;
+    /// The ABI variant 12080 of `cuMemcpyBatchAsync`, with `PFN_cuMemcpyBatchAsync_v12080`'s signature (`cuMemcpyBatchAsync` is bound at 13000).
+    cuMemcpyBatchAsync_v12080(dsts: *mut CUdeviceptr_v2, srcs: *mut CUdeviceptr_v2, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes_v1, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) = 12080, "cuMemcpyBatchAsync", "cuMemcpyBatchAsync", "cuMemcpyBatchAsync_ptsz", 12080, PFN_cuMemcpyBatchAsync_v12080;
+    /// The ABI variant 2000 of `cuMemcpyHtoA`, with `PFN_cuMemcpyHtoA_v2000`'s signature (`cuMemcpyHtoA` is bound at 3020).
+    cuMemcpyHtoA_v2000(dstArray: CUarray, dstOffset: ::std::os::raw::c_uint, srcHost: *const ::std::os::raw::c_void, ByteCount: ::std::os::raw::c_uint) = 2000, "cuMemcpyHtoA", "cuMemcpyHtoA", "", 0, PFN_cuMemcpyHtoA_v2000;
+    /// The ABI variant 2000 of `cuMemcpyHtoAAsync`, with `PFN_cuMemcpyHtoAAsync_v2000`'s signature (`cuMemcpyHtoAAsync` is bound at 3020).
+    cuMemcpyHtoAAsync_v2000(dstArray: CUarray, dstOffset: ::std::os::raw::c_uint, srcHost: *const ::std::os::raw::c_void, ByteCount: ::std::os::raw::c_uint, hStream: CUstream) = 2000, "cuMemcpyHtoAAsync", "cuMemcpyHtoAAsync", "", 0, PFN_cuMemcpyHtoAAsync_v2000;
+    /// The ABI variant 8000 of `cuStreamBatchMemOp`, with `PFN_cuStreamBatchMemOp_v8000`'s signature (`cuStreamBatchMemOp` is bound at 11070).
+    cuStreamBatchMemOp_v8000(stream: CUstream, count: ::std::os::raw::c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: ::std::os::raw::c_uint) = 8000, "cuStreamBatchMemOp", "cuStreamBatchMemOp", "cuStreamBatchMemOp_ptsz", 8000, PFN_cuStreamBatchMemOp_v8000;
+    /// The ABI variant 10000 of `cuStreamBeginCapture`, with `PFN_cuStreamBeginCapture_v10000`'s signature (`cuStreamBeginCapture` is bound at 10010).
+    cuStreamBeginCapture_v10000(hStream: CUstream) = 10000, "cuStreamBeginCapture", "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", 10000, PFN_cuStreamBeginCapture_v10000;
+    /// The ABI variant 2000 of `cuStreamDestroy`, with `PFN_cuStreamDestroy_v2000`'s signature (`cuStreamDestroy` is bound at 4000).
+    cuStreamDestroy_v2000(hStream: CUstream) = 2000, "cuStreamDestroy", "cuStreamDestroy", "", 0, PFN_cuStreamDestroy_v2000;
+    /// The ABI variant 10010 of `cuStreamGetCaptureInfo`, with `PFN_cuStreamGetCaptureInfo_v10010`'s signature (`cuStreamGetCaptureInfo` is bound at 12030).
+    cuStreamGetCaptureInfo_v10010(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t) = 10010, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_ptsz", 10010, PFN_cuStreamGetCaptureInfo_v10010;
+    /// The ABI variant 11030 of `cuStreamGetCaptureInfo`, with `PFN_cuStreamGetCaptureInfo_v11030`'s signature (`cuStreamGetCaptureInfo` is bound at 12030).
+    cuStreamGetCaptureInfo_v2(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize) = 11030, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v2_ptsz", 11030, PFN_cuStreamGetCaptureInfo_v11030;
+    /// The ABI variant 11030 of `cuStreamUpdateCaptureDependencies`, with `PFN_cuStreamUpdateCaptureDependencies_v11030`'s signature (`cuStreamUpdateCaptureDependencies` is bound at 12030).
+    cuStreamUpdateCaptureDependencies_v11030(hStream: CUstream, dependencies: *mut CUgraphNode, numDependencies: usize, flags: ::std::os::raw::c_uint) = 11030, "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies_ptsz", 11030, PFN_cuStreamUpdateCaptureDependencies_v11030;
+    /// The ABI variant 8000 of `cuStreamWaitValue32`, with `PFN_cuStreamWaitValue32_v8000`'s signature (`cuStreamWaitValue32` is bound at 11070).
+    cuStreamWaitValue32_v8000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 8000, "cuStreamWaitValue32", "cuStreamWaitValue32", "cuStreamWaitValue32_ptsz", 8000, PFN_cuStreamWaitValue32_v8000;
+    /// The ABI variant 9000 of `cuStreamWaitValue64`, with `PFN_cuStreamWaitValue64_v9000`'s signature (`cuStreamWaitValue64` is bound at 11070).
+    cuStreamWaitValue64_v9000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 9000, "cuStreamWaitValue64", "cuStreamWaitValue64", "cuStreamWaitValue64_ptsz", 9000, PFN_cuStreamWaitValue64_v9000;
+    /// The ABI variant 8000 of `cuStreamWriteValue32`, with `PFN_cuStreamWriteValue32_v8000`'s signature (`cuStreamWriteValue32` is bound at 11070).
+    cuStreamWriteValue32_v8000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 8000, "cuStreamWriteValue32", "cuStreamWriteValue32", "cuStreamWriteValue32_ptsz", 8000, PFN_cuStreamWriteValue32_v8000;
+    /// The ABI variant 9000 of `cuStreamWriteValue64`, with `PFN_cuStreamWriteValue64_v9000`'s signature (`cuStreamWriteValue64` is bound at 11070).
+    cuStreamWriteValue64_v9000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 9000, "cuStreamWriteValue64", "cuStreamWriteValue64", "cuStreamWriteValue64_ptsz", 9000, PFN_cuStreamWriteValue64_v9000;
+    /// The ABI variant 3020 of `cuTexRefSetAddress2D`, with `PFN_cuTexRefSetAddress2D_v3020`'s signature (`cuTexRefSetAddress2D` is bound at 4010).
+    cuTexRefSetAddress2D_v2(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR_v2, dptr: CUdeviceptr_v2, Pitch: usize) = 3020, "cuTexRefSetAddress2D", "cuTexRefSetAddress2D_v2", "", 0, PFN_cuTexRefSetAddress2D_v3020;
 }
