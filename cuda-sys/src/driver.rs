@@ -491,7 +491,7 @@ fn open(source: Source) -> Result<Loaded, Error> {
             Source::Search(explicit) => Box::new(
                 library::candidates(explicit.as_deref())
                     .into_iter()
-                    .map(|c| (library::open(&c), c)),
+                    .map(|c| (library::open(&c), c.name)),
             ),
             Source::Adopted(library, name) => Box::new(std::iter::once((Ok(library), name))),
         };
