@@ -7,7 +7,7 @@ use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crate::error::{CallError, DriverError, Error};
+use crate::error::{CallError, DriverError, Error, MissingReason};
 use crate::library::{self, Bootstrap, LoadAttempt};
 use crate::resolve::{self, Loaded, Lookup, ResolutionPath, SLOT_LAST_SENTINEL};
 use crate::streams::DefaultStream;
@@ -424,7 +424,7 @@ impl Driver {
         NonNull::new(p).ok_or_else(|| {
             let (required, _) = resolve::variant(function.info(), self.mode);
             self.loaded.lookup_error(
-                Lookup::Missing(crate::MissingReason::NotFound),
+                Lookup::Missing(MissingReason::NotFound),
                 function.name(),
                 required,
             )
@@ -438,7 +438,7 @@ impl Driver {
     /// version, else the export named `symbol` itself (which must then be an export's full name).
     ///
     /// For binding authors who need a symbol the table does not have; for one it has, the typed
-    /// entries ([`functions`](crate::functions), [`Driver::get`](Driver::function)) are safer.
+    /// entries ([`functions`](crate::functions), [`Driver::function`]) are safer.
     ///
     /// # Errors
     /// [`Error::InvalidSymbolName`] for a name with a NUL byte; [`Error::SymbolMissing`] (with
