@@ -90,6 +90,25 @@ fn typed_variants_and_newest(version: i32) {
         Function::cuDevicePrimaryCtxRelease_v7000
     };
     assert_eq!(which, expected, "on {version}");
+    // The same without listing them: the table knows the variants of one signature.
+    let release = cuda_sys::functions::cuDevicePrimaryCtxRelease;
+    assert_eq!(
+        release.variants(),
+        [
+            Function::cuDevicePrimaryCtxRelease,
+            Function::cuDevicePrimaryCtxRelease_v7000
+        ]
+    );
+    assert_eq!(
+        driver.newest_variant(release).unwrap().1,
+        expected,
+        "on {version}"
+    );
+    // cuStreamGetCaptureInfo's three ABIs have three signatures: each is its own only variant.
+    assert_eq!(
+        cuStreamGetCaptureInfo_v2.variants(),
+        [Function::cuStreamGetCaptureInfo_v2]
+    );
     // None available: the oldest's error.
     let err = driver.newest(&[cuStreamGetCaptureInfo]).map(|_| ());
     if version < 12030 {

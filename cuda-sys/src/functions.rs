@@ -4,16 +4,21 @@
 //!
 //! The same functions are methods of [`Driver`] (checked: `driver.cuCtxCreate(..)`) and of
 //! [`RawFunctions`] (`driver.raw().cuCtxCreate()`, the C pointer). An entry is for code that picks a
-//! function at run time: [`Driver::function`] resolves one, [`Driver::newest`] the newest of several
-//! variants with one signature that the driver has:
+//! function at run time: [`Driver::function`] resolves one, [`Driver::newest_variant`] the newest
+//! variant of its function with its signature that the driver has, [`Driver::newest`] the newest
+//! of a list:
 //!
 //! ```no_run
 //! use cuda_sys::functions::{cuEventElapsedTime, cuEventElapsedTime_v2000};
 //! # fn main() -> Result<(), cuda_sys::Error> {
 //! let driver = cuda_sys::driver()?;
 //! // 12.8's ABI where the driver has it, else the 2.0 one (same signature, older semantics).
-//! let (elapsed, which) = driver.newest(&[cuEventElapsedTime, cuEventElapsedTime_v2000])?;
+//! let (elapsed, which) = driver.newest_variant(cuEventElapsedTime)?;
 //! println!("using {which}");
+//! assert_eq!(cuEventElapsedTime.variants().len(), 2);
+//! // The same, with the list written out.
+//! let (_, same) = driver.newest(&[cuEventElapsedTime, cuEventElapsedTime_v2000])?;
+//! assert_eq!(which, same);
 //! # let _ = elapsed; Ok(()) }
 //! ```
 //!
@@ -36,15 +41,24 @@ use crate::types::*;
 /// Only this module makes entries, one per function, so `F` is always the function's own signature.
 pub struct Entry<F> {
     function: Function,
+    /// The entries of the same symbol with this signature `F`, newest first (this one among them).
+    family: &'static [Function],
     signature: PhantomData<F>,
 }
 
 impl<F> Entry<F> {
-    const fn new(function: Function) -> Self {
+    const fn new(function: Function, family: &'static [Function]) -> Self {
         Entry {
             function,
+            family,
             signature: PhantomData,
         }
+    }
+
+    /// The functions of the same symbol whose signature is `F` too (this one among them), newest ABI
+    /// version first: what [`Driver::newest_variant`] chooses among.
+    pub fn variants(self) -> &'static [Function] {
+        self.family
     }
 
     /// The table's function.
@@ -146,6 +160,36 @@ impl Driver {
     }
 }
 
+impl Driver {
+    /// The newest ABI variant of `entry`'s function with `entry`'s signature that this driver has,
+    /// and which one it is: `driver.newest_variant(cuEventElapsedTime)` is 12.8's
+    /// `cuEventElapsedTime` where the driver has it, else 2.0's `cuEventElapsedTime_v2000`. The
+    /// variants come from the table ([`Entry::variants`]); no version is written by hand.
+    ///
+    /// # Errors
+    /// If none is available, the error of the oldest ([`Error::DriverTooOld`] or
+    /// [`Error::SymbolMissing`]); [`Error::Driver`] at once if a lookup itself failed.
+    pub fn newest_variant<F: Copy>(&self, entry: Entry<F>) -> Result<(F, Function), Error> {
+        let mut last = None;
+        for &function in entry.family {
+            match self.entry(function) {
+                // SAFETY: every function of an entry's family has the entry's signature `F` (the
+                // generator groups them by signature; checked at compile time below).
+                Ok(p) => return Ok((unsafe { cast::<F>(p) }, function)),
+                Err(error) if error.kind() == CallErrorKind::LookupFailed => {
+                    return Err(error.into());
+                }
+                Err(error) => last = Some(error),
+            }
+        }
+        match last {
+            Some(error) => Err(error.into()),
+            // A family holds its own entry, so it is never empty: this only restates that.
+            None => self.function(entry).map(|f| (f, entry.function)),
+        }
+    }
+}
+
 /// `p` as the function pointer type `F`.
 ///
 /// # Safety
@@ -164,14 +208,15 @@ macro_rules! driver_function_table {
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
             $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
-            $per_thread_version:literal, $pfn:ident;
+            $per_thread_version:literal, $pfn:ident, [$($family:ident),* $(,)?];
     )*) => {
         $(
             $(#[doc = $doc])*
             ///
             #[doc = concat!("`", stringify!($name), "`, ABI version ", stringify!($version), " (`", stringify!($pfn), "`).")]
             #[allow(non_upper_case_globals)]
-            pub const $name: Entry<unsafe extern "C" fn($($ty),*) -> CUresult> = Entry::new(Function::$name);
+            pub const $name: Entry<unsafe extern "C" fn($($ty),*) -> CUresult> =
+                Entry::new(Function::$name, &[$(Function::$family),*]);
         )*
 
         #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::broken_intra_doc_links)]
@@ -223,9 +268,11 @@ macro_rules! driver_function_table {
             )*
         }
 
-        // Each signature above is exactly its PFN typedef from cudaTypedefs.h.
+        // Each signature above is exactly its PFN typedef from cudaTypedefs.h, and an entry's
+        // family all have its signature (an array's elements have one type).
         const _: () = {
             $( let _: $pfn = None::<unsafe extern "C" fn($($ty),*) -> CUresult>; )*
+            $( let _ = [$name, $($family),*]; )*
         };
     };
 }

@@ -70,7 +70,7 @@ macro_rules! driver_function_table {
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
             $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
-            $per_thread_version:literal, $pfn:ident;
+            $per_thread_version:literal, $pfn:ident, [$($family:ident),* $(,)?];
     )*) => {
         /// Every function of the table, in `cuda.h`'s order.
         #[allow(non_camel_case_types)]

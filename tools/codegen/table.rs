@@ -26,6 +26,11 @@ pub struct Entry {
     pub brief: String,
     /// What the entry is: a `cuda.h` declaration, an export name of one, or an older ABI variant.
     pub kind: EntryKind,
+    /// The canonical C signature (aliases resolved), to find the variants that share it.
+    pub signature: String,
+    /// The entries of the same symbol with this signature, newest version first, one per version:
+    /// what `Driver::newest_variant` chooses among.
+    pub family: Vec<String>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -178,6 +183,8 @@ pub fn build(
                 pfn: pfn.typedef.clone(),
                 brief: brief(f),
                 kind: EntryKind::Declared,
+                signature: internal.canonical_signature(f.params.iter().map(|(_, t)| t), &f.output),
+                family: Vec::new(),
             });
         }
         if !produced {
@@ -189,6 +196,23 @@ pub fn build(
     }
     let (typedefs_left_out, internal_typedefs) =
         add_variants(&mut entries, &mut keys, normal, internal, all_versions);
+    // Each entry's family: the entries of its symbol and signature, newest first, one per version
+    // (a declaration before the export name or variant of the same version).
+    let families: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            let mut members: Vec<&Entry> = entries
+                .iter()
+                .filter(|o| o.symbol == e.symbol && o.signature == e.signature)
+                .collect();
+            members.sort_by_key(|o| (std::cmp::Reverse(o.version), o.kind != EntryKind::Declared));
+            members.dedup_by_key(|o| o.version);
+            members.iter().map(|o| o.name.clone()).collect()
+        })
+        .collect();
+    for (e, family) in entries.iter_mut().zip(families) {
+        e.family = family;
+    }
     Table {
         entries,
         left_out,
@@ -333,6 +357,8 @@ fn add_variants(
                 pfn.version, pfn.base, pfn.typedef
             ),
             kind: EntryKind::Variant,
+            signature,
+            family: Vec::new(),
         });
     }
     internal_used.sort();
@@ -418,7 +444,8 @@ impl Table {
         s.push_str(
             "// One line per driver function: `name(params) = ABI version, cuGetProcAddress symbol,\n\
              // library export, per-thread export (\"\" if none), its ABI version (0 if none), PFN\n\
-             // typedef;`. See cuda-sys/src/table.rs.\n",
+             // typedef, [the entries of its symbol with its signature, newest first];`. See\n\
+             // cuda-sys/src/table.rs and functions.rs.\n",
         );
         s.push_str("driver_function_table! {\n");
         for e in &self.entries {
@@ -426,7 +453,7 @@ impl Table {
             let params: Vec<String> = e.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
             let _ = writeln!(
                 s,
-                "    {}({}) = {}, {:?}, {:?}, {:?}, {}, {};",
+                "    {}({}) = {}, {:?}, {:?}, {:?}, {}, {}, [{}];",
                 e.name,
                 params.join(", "),
                 e.version,
@@ -434,7 +461,8 @@ impl Table {
                 e.export,
                 e.per_thread_export.as_deref().unwrap_or(""),
                 e.per_thread_version.unwrap_or(0),
-                e.pfn
+                e.pfn,
+                e.family.join(", ")
             );
         }
         s.push_str("}\n");

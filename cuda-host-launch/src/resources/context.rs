@@ -196,17 +196,15 @@ type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
 /// `cuDevicePrimaryCtxRelease`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
 /// 7.0 variant, which has the same signature: the newest the driver has.
 fn primary_release(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    use cuda_sys::functions::{cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v7000};
     Ok(driver
-        .newest(&[cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v7000])?
+        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)?
         .0)
 }
 
 /// `cuDevicePrimaryCtxReset`, with the same fallback.
 fn primary_reset(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    use cuda_sys::functions::{cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v7000};
     Ok(driver
-        .newest(&[cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v7000])?
+        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)?
         .0)
 }
 
