@@ -551,10 +551,25 @@ impl Table {
         if !self.alias_only.is_empty() {
             let _ = writeln!(s, "\n## `cuda.h` macro names served by another entry\n");
             for (alias, target) in &self.alias_only {
-                let _ = writeln!(
-                    s,
-                    "- `{alias}` is `#define`d to `{target}` and has no typedef of its own: call `{target}`."
-                );
+                match self.entries.iter().find(|e| &e.name == alias) {
+                    // An older ABI's export has the macro's name (cuGraphInstantiate, 10.0).
+                    Some(e) => {
+                        let _ = writeln!(
+                            s,
+                            "- `{alias}` is `#define`d to `{target}`: for what the macro means, call \
+                             `{target}`. The table's `{alias}` is the export of that name, the ABI \
+                             variant {} (`{}`), with that older signature.",
+                            e.version, e.pfn
+                        );
+                    }
+                    None => {
+                        let _ = writeln!(
+                            s,
+                            "- `{alias}` is `#define`d to `{target}` and has no typedef of its own: \
+                             call `{target}`."
+                        );
+                    }
+                }
             }
         }
         let variants: Vec<&Entry> = self
