@@ -8,8 +8,8 @@ use cuda_sys::{Driver, DriverError, Error};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};
 
-fn driver_error(err: &Error) -> &DriverError {
-    match err {
+fn driver_error(err: impl Into<Error>) -> DriverError {
+    match err.into() {
         Error::Driver(e) => e,
         other => panic!("expected a driver error, got {other:?}"),
     }
@@ -31,7 +31,7 @@ isolated_test! {
         // SAFETY: `stream` is live.
         let err = unsafe { driver.cuStreamSynchronize(stream) }.unwrap_err();
         assert_eq!(err.code(), Some(CUresult::CUDA_ERROR_ILLEGAL_ADDRESS));
-        let e = driver_error(&err);
+        let e = driver_error(err);
         assert_eq!(e.function(), Some("cuStreamSynchronize"));
         assert_eq!(e.name(), "CUDA_ERROR_ILLEGAL_ADDRESS");
         assert_eq!(e.description(), "an illegal memory access was encountered");
@@ -70,14 +70,14 @@ isolated_test! {
         };
 
         let err = fail_with(222);
-        let e = driver_error(&err);
+        let e = driver_error(err);
         assert_eq!(e.code(), CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION);
         assert_eq!(e.name(), "CUDA_ERROR_UNSUPPORTED_PTX_VERSION");
         assert_eq!(e.description(), DriverError::from_code(CUresult(222)).description());
         assert_eq!(driver.describe(CUresult(222), None).name(), e.name());
 
         let err = fail_with(12345);
-        let e = driver_error(&err);
+        let e = driver_error(err);
         assert_eq!(e.code(), CUresult(12345));
         assert_eq!(e.name(), "CUDA_ERROR_UNRECOGNIZED");
         assert!(err.to_string().contains("(12345)"), "{err}");
@@ -93,7 +93,7 @@ isolated_test! {
         let driver = load_fake_driver();
         fake().set_fault("cuGetProcAddress_v2", 1, 999);
         let err = expect_error(driver.raw().cuStreamQuery());
-        let e = driver_error(&err);
+        let e = driver_error(err);
         assert_eq!(e.code(), CUresult::CUDA_ERROR_UNKNOWN);
         assert_eq!(e.function(), Some("cuGetProcAddress_v2"));
         assert_eq!(e.name(), "CUDA_ERROR_UNKNOWN");

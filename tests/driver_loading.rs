@@ -60,9 +60,13 @@ isolated_test! {
             library_path: Some(path.clone()),
             default_stream: DefaultStream::PerThread,
         };
+        // The same library in the other default-stream mode is its other table, not an error;
+        // the process's default stays the first load's.
         // SAFETY: as above.
-        let err = expect_error(unsafe { Driver::load(per_thread) });
-        assert!(matches!(err, Error::AlreadyLoaded { .. }), "{err}");
+        let other = unsafe { Driver::load(per_thread) }.unwrap();
+        assert_eq!(other.default_stream(), DefaultStream::PerThread);
+        assert!(std::ptr::eq(other, driver.per_thread()));
+        assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
         // SAFETY: as above.
         let err = expect_error(unsafe {
             Driver::load(LoadOptions::with_library_path("/elsewhere/libcuda.so.1"))

@@ -48,7 +48,10 @@ fn missing_symbol_is_reported_and_cached(path: ResolutionPath) {
     let after_first = lookups();
     assert_missing(&expect_error(driver.raw().cuStreamQuery()), path);
     // SAFETY: `stream` is live; the call is refused before the driver is reached anyway.
-    assert_missing(&unsafe { driver.cuStreamQuery(stream) }.unwrap_err(), path);
+    assert_missing(
+        &unsafe { driver.cuStreamQuery(stream) }.unwrap_err().into(),
+        path,
+    );
     assert_eq!(
         lookups(),
         after_first,

@@ -72,7 +72,7 @@ isolated_test! {
         assert_too_old(&expect_error(driver.raw().cuLaunchHostFunc_v2()), 13000);
         // SAFETY: never called: the entry is refused before the driver is reached.
         let result = unsafe { driver.cuLaunchHostFunc_v2(ptr::null_mut(), Some(bump), ptr::null_mut(), 0) };
-        assert_too_old(&result.unwrap_err(), 13000);
+        assert_too_old(&result.unwrap_err().into(), 13000);
         assert_too_old(&expect_error(driver.raw().cuLaunchHostFunc_v2()), 13000);
 
         assert_eq!(fake().proc_address_calls(2), lookups, "the gate looked the symbol up");

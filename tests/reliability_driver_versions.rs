@@ -157,8 +157,13 @@ impl Tally {
     }
 
     /// A `cuda-sys` call.
-    fn sys(&mut self, name: &'static str, f: impl FnOnce() -> Result<(), cuda_sys::Error>) -> bool {
-        self.call(name, || f().map_err(Error::from)).is_some()
+    fn sys<E: Into<cuda_sys::Error>>(
+        &mut self,
+        name: &'static str,
+        f: impl FnOnce() -> Result<(), E>,
+    ) -> bool {
+        self.call(name, || f().map_err(|e| Error::from(e.into())))
+            .is_some()
     }
 
     fn skip(&mut self, name: &'static str) {

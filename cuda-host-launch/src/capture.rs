@@ -1,11 +1,8 @@
 //! Whether a stream is capturing a graph, and which graph.
 
-use std::ffi::c_void;
 use std::ptr;
 
-use cuda_sys::types::{
-    CUgraph, CUresult, CUstream, CUstreamCaptureStatus, PFN_cuStreamGetCaptureInfo_v11030,
-};
+use cuda_sys::types::{CUgraph, CUstream, CUstreamCaptureStatus};
 
 use crate::error::Error;
 
@@ -64,30 +61,13 @@ pub(crate) fn capture_of(driver: &cuda_sys::Driver, stream: CUstream) -> Result<
 }
 
 /// The graph `stream` captures into, on drivers 11.3–12.2 where the table's (12.3) signature of
-/// `cuStreamGetCaptureInfo` is not available: asks for the 11.3 variant directly.
+/// `cuStreamGetCaptureInfo` is not available: the table's 11.3 variant, `cuStreamGetCaptureInfo_v2`
+/// (gated: `DriverTooOld` below 11.3, where only the 10.1 signature exists).
 pub(crate) fn capture_graph_legacy(
     driver: &cuda_sys::Driver,
     stream: CUstream,
 ) -> Result<CUgraph, Error> {
-    // Below 11.3 the lookup would fall back to the 10.1 export, which has another signature.
-    if driver.version().0 < 11030 {
-        return Err(Error::Cuda(cuda_sys::Error::DriverTooOld {
-            function: "cuStreamGetCaptureInfo (11.3 signature)",
-            required: 11030,
-            found: driver.version(),
-        }));
-    }
-    let p: *mut c_void = driver
-        .get_proc_address("cuStreamGetCaptureInfo", 11030, driver.default_stream())?
-        .as_ptr();
-    // SAFETY: the driver returned the address of `cuStreamGetCaptureInfo` at ABI 11030, whose C
-    // signature is PFN_cuStreamGetCaptureInfo_v11030; an Option of a fn pointer has its layout.
-    let info: PFN_cuStreamGetCaptureInfo_v11030 = unsafe { std::mem::transmute(p) };
-    let Some(info) = info else {
-        return Err(Error::Cuda(cuda_sys::Error::Driver(
-            cuda_sys::DriverError::from_code(CUresult::CUDA_ERROR_NOT_FOUND),
-        )));
-    };
+    let info = driver.raw().cuStreamGetCaptureInfo_v2()?;
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut graph: CUgraph = ptr::null_mut();
     // SAFETY: valid stream; `status` and `graph` are valid places to write; the rest optional.
@@ -101,6 +81,6 @@ pub(crate) fn capture_graph_legacy(
             ptr::null_mut(),
         )
     };
-    driver.check(code, "cuStreamGetCaptureInfo (11.3)")?;
+    driver.check(code, "cuStreamGetCaptureInfo_v2")?;
     Ok(graph)
 }

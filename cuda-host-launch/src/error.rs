@@ -2,6 +2,13 @@
 
 use std::time::Duration;
 
+/// A checked driver call's small error, made rich ([`cuda_sys::Error`]) on the way up.
+impl From<cuda_sys::CallError> for Error {
+    fn from(error: cuda_sys::CallError) -> Error {
+        Error::Cuda(error.into())
+    }
+}
+
 /// Why a launch, a flush or a resource call failed. Each says what happened and what to do.
 ///
 /// Whenever a launch returns an error, its owners have already been dropped (on the calling thread,

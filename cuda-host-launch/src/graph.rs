@@ -206,7 +206,7 @@ fn raw_dependencies(
 /// `GraphExec` hand to `defer_drop`, so that a drop inside a host function waits for the reaper.
 struct DestroyLater<H: Copy> {
     handle: H,
-    destroy: unsafe fn(&cuda_sys::Driver, H) -> Result<(), cuda_sys::Error>,
+    destroy: unsafe fn(&cuda_sys::Driver, H) -> Result<(), cuda_sys::CallError>,
 }
 
 // SAFETY: a graph or executable-graph handle, which the driver lets any thread destroy; used by one

@@ -290,7 +290,7 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
         let mut popped = std::ptr::null_mut();
         // SAFETY: we pushed a context above.
         let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
-        result
+        result.map_err(cuda_sys::Error::from)
     })();
     if let Err(e) = result {
         if !registered {

@@ -1,37 +1,23 @@
-//! The loaded driver: opened once per process, never unloaded, shared by every thread.
+//! The loaded driver: opened once per process, never unloaded, shared by every thread, with one
+//! table of functions per default-stream mode.
 
-use std::ffi::{CStr, OsString, c_char, c_void};
+use std::ffi::{CString, OsString, c_void};
 use std::path::{Path, PathBuf};
-use std::ptr;
-use std::sync::atomic::AtomicPtr;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crate::error::{DriverError, Error, LoadAttempt, builtin_description};
-use crate::library::{self, Bootstrap};
-use crate::resolve::ResolutionPath;
-use crate::table::FUNCTION_COUNT;
+use crate::error::{CallError, DriverError, Error, MissingReason};
+use crate::library::{self, Bootstrap, LoadAttempt};
+use crate::resolve::{self, Loaded, Lookup, ResolutionPath, SLOT_LAST_SENTINEL};
+use crate::streams::DefaultStream;
+use crate::table::{FUNCTION_COUNT, Function, FunctionInfo};
 use crate::types::CUresult;
 use crate::version::DriverVersion;
 
 /// The environment variable that selects per-thread default-stream semantics: `1`, `true`, `yes` or
 /// `on` select them; `0`, `false`, `no`, `off` or unset keep the legacy default stream.
 pub const PER_THREAD_ENV: &str = "CUDA_SYS_PER_THREAD_DEFAULT_STREAM";
-
-/// Which default stream the handle `0` (the "null stream") means in stream-ordered calls.
-///
-/// The choice picks which variant of every stream-ordered function the table resolves (through
-/// `cuGetProcAddress`'s `CU_GET_PROC_ADDRESS_LEGACY_STREAM` or `..._PER_THREAD_DEFAULT_STREAM` flag,
-/// or the `_ptsz`/`_ptds` export on old drivers), exactly as `nvcc --default-stream` does for C++.
-/// The explicit handles [`CU_STREAM_LEGACY`](crate::CU_STREAM_LEGACY) and
-/// [`CU_STREAM_PER_THREAD`](crate::CU_STREAM_PER_THREAD) mean the same in either mode.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum DefaultStream {
-    /// The legacy default stream, which synchronizes with other blocking streams (the default).
-    #[default]
-    Legacy,
-    /// A default stream per host thread, which does not synchronize with other streams.
-    PerThread,
-}
 
 /// How to load the driver: [`Driver::load`] takes these (a library path is a promise about that
 /// library, hence `unsafe`), [`driver`] reads them from the environment.
@@ -88,58 +74,78 @@ fn invalid_env(value: String) -> Error {
     }
 }
 
-/// The CUDA driver, loaded: its library, its version and the table of its functions.
+/// The CUDA driver, loaded: its library, its version and a table of its functions for one
+/// default-stream mode.
 ///
-/// There is one per process ([`driver`] or [`Driver::load`] returns it); it lives until the process
-/// exits and the library is never unloaded, so every function pointer it hands out stays valid.
-/// Each function of the table is resolved the first time it is called and cached; later calls cost
-/// one atomic load and a branch. A function the driver lacks or is too old for returns an error and
-/// affects no other function.
+/// There is one library per process ([`driver`] or [`Driver::load`] opens it); it lives until the
+/// process exits and is never unloaded, so every function pointer handed out stays valid. It has two
+/// tables side by side, one per [`DefaultStream`] mode: [`Driver::legacy`] and
+/// [`Driver::per_thread`] reach either from the other, and [`driver`] returns the process's default
+/// (the mode of the first load: `CUDA_SYS_PER_THREAD_DEFAULT_STREAM`, or [`LoadOptions`]).
+/// Each function of a table is resolved the first time it is called there and cached; later calls
+/// cost one atomic load and a branch. A function the driver lacks or is too old for returns an error
+/// and affects no other function.
 ///
-/// Every driver function is a method, in two forms:
-/// - `driver.cuStreamSynchronize(stream)`: `unsafe`, returns `Result<(), Error>`;
+/// Every driver function (and every older ABI variant of one, such as `cuCtxCreate_v2`) is a
+/// method, in two forms:
+/// - `driver.cuStreamSynchronize(stream)`: `unsafe`, returns `Result<(), CallError>` (12 bytes,
+///   `Copy`; `?` turns it into [`Error`] where the caller returns that);
 /// - `driver.raw().cuStreamSynchronize()`: the resolved C function pointer, with its exact signature,
 ///   for binding authors who want the raw `CUresult`.
+///
+/// The [`functions`](crate::functions) module lists them all, one typed entry per function with its
+/// ABI version, and [`Driver::newest`] picks the newest variant a driver has among several.
 pub struct Driver {
-    /// Kept open for the life of the process; `Driver` lives in a `static`, which is never dropped.
-    library: libloading::Library,
-    pub(crate) opened_as: OsString,
-    pub(crate) path: PathBuf,
-    pub(crate) version: DriverVersion,
-    pub(crate) default_stream: DefaultStream,
-    pub(crate) resolution: ResolutionPath,
-    pub(crate) bootstrap: Bootstrap,
+    loaded: &'static Loaded,
+    mode: DefaultStream,
     /// One slot per table entry: null (not yet resolved), a small sentinel (resolved to an error) or
     /// the function's address.
-    pub(crate) slots: [AtomicPtr<c_void>; FUNCTION_COUNT],
+    slots: [AtomicPtr<c_void>; FUNCTION_COUNT],
 }
 
 impl std::fmt::Debug for Driver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Driver")
-            .field("path", &self.path)
-            .field("version", &self.version)
-            .field("default_stream", &self.default_stream)
-            .field("resolution", &self.resolution)
+            .field("path", &self.loaded.path)
+            .field("version", &self.loaded.version)
+            .field("default_stream", &self.mode)
+            .field("resolution", &self.loaded.resolution)
             .finish_non_exhaustive()
     }
 }
 
-static DRIVER: OnceLock<Driver> = OnceLock::new();
+/// The process's driver: one table per default-stream mode over one library.
+struct Tables {
+    legacy: Driver,
+    per_thread: Driver,
+    /// The mode of the first load, which [`driver`] returns.
+    default: DefaultStream,
+}
+
+impl Tables {
+    fn get(&self, mode: DefaultStream) -> &Driver {
+        match mode {
+            DefaultStream::Legacy => &self.legacy,
+            DefaultStream::PerThread => &self.per_thread,
+        }
+    }
+}
+
+static TABLES: OnceLock<Tables> = OnceLock::new();
 static LOADING: Mutex<()> = Mutex::new(());
 
 /// The process's driver, loaded on first use with the options the environment gives
-/// ([`LoadOptions::from_env`]).
+/// ([`LoadOptions::from_env`]); once loaded, the table of the first load's default-stream mode.
 ///
 /// # Safety
 /// A safe function, but one that trusts the process's environment: the library it opens is
 /// trusted to be the CUDA driver (see [`Driver::load`]'s Safety section for what that covers).
 /// Setting [`LIBRARY_ENV`](crate::LIBRARY_ENV) (`CUDA_SYS_LIBRARY`) to a path makes the process
 /// trust the library at that path, exactly as an `unsafe` [`Driver::load`] of it would; unset, the
-/// system loader's search for [`DEFAULT_NAMES`](crate::DEFAULT_NAMES) (`LD_LIBRARY_PATH`, ...) is
-/// trusted, as for any library the program links. Whoever sets a process's environment (its
-/// launcher, a test harness; inside the program `std::env::set_var`, which is `unsafe` itself) is
-/// responsible for it.
+/// system loader's search for [`DEFAULT_NAMES`](crate::DEFAULT_NAMES) is trusted, as for any library
+/// the program links (on Windows only the system folder is searched, as a driver install places
+/// `nvcuda.dll` there). Whoever sets a process's environment (its launcher, a test harness; inside
+/// the program `std::env::set_var`, which is `unsafe` itself) is responsible for it.
 ///
 /// # Errors
 /// [`Error::LibraryNotFound`], [`Error::StubLibrary`], [`Error::Driver`] (from `cuInit`),
@@ -158,8 +164,8 @@ static LOADING: Mutex<()> = Mutex::new(());
 /// ```
 #[inline]
 pub fn driver() -> Result<&'static Driver, Error> {
-    match DRIVER.get() {
-        Some(driver) => Ok(driver),
+    match TABLES.get() {
+        Some(tables) => Ok(tables.get(tables.default)),
         None => load_from_env(),
     }
 }
@@ -172,9 +178,17 @@ fn load_from_env() -> Result<&'static Driver, Error> {
     unsafe { Driver::load(options) }
 }
 
+/// Where a library to load comes from.
+enum Source {
+    /// A path, or the default names.
+    Search(Option<PathBuf>),
+    /// A library the caller opened, with the name to report for it.
+    Adopted(libloading::Library, OsString),
+}
+
 impl Driver {
-    /// Loads the driver with these options, or returns the one already loaded if it is compatible
-    /// (the same default-stream mode, and the same path where one is named).
+    /// Loads the driver with these options, or returns the one already loaded if it is the same
+    /// library (no path named, or the same path), as the table of `options.default_stream`.
     ///
     /// Many threads may call this at once: one of them loads, the others wait for it.
     ///
@@ -194,10 +208,10 @@ impl Driver {
     /// The library stays loaded for the life of the process.
     ///
     /// With no path (`library_path: None`) this searches [`DEFAULT_NAMES`](crate::DEFAULT_NAMES),
-    /// as [`driver`] does: no more is asked of the caller than of [`driver`]'s.
+    /// as [`driver`] does, and [`Driver::load_default`] is its safe form.
     ///
     /// # Errors
-    /// As for [`driver`]; [`Error::AlreadyLoaded`] if the driver was loaded with other options.
+    /// As for [`driver`]; [`Error::AlreadyLoaded`] if another library was loaded first.
     ///
     /// # Examples
     /// Loading a library by path is a promise about that library, so it takes `unsafe`:
@@ -213,144 +227,164 @@ impl Driver {
     /// # let _ = driver; Ok(()) }
     /// ```
     pub unsafe fn load(options: LoadOptions) -> Result<&'static Driver, Error> {
-        if let Some(driver) = DRIVER.get() {
-            return driver.compatible(&options);
+        Driver::load_from(Source::Search(options.library_path), options.default_stream)
+    }
+
+    /// Loads the driver from the standard search ([`DEFAULT_NAMES`](crate::DEFAULT_NAMES): the
+    /// system loader's search on Linux, the system folder on Windows), with `default_stream` as the
+    /// process's default mode, or returns the one already loaded as the table of that mode.
+    ///
+    /// # Errors
+    /// As for [`driver`].
+    pub fn load_default(default_stream: DefaultStream) -> Result<&'static Driver, Error> {
+        // SAFETY: no path is named: only the standard names are searched, which is what a safe
+        // `driver()` does (see its Safety section).
+        unsafe {
+            Driver::load(LoadOptions {
+                library_path: None,
+                default_stream,
+            })
+        }
+    }
+
+    /// Adopts a library the caller has already opened as the process's driver (for a driver loaded
+    /// with flags or from a place of the caller's choosing), or returns the one already loaded if
+    /// `library` is the same file.
+    ///
+    /// `name` is what errors and [`Driver::path`] call it where the platform cannot say.
+    ///
+    /// # Safety
+    /// As for [`Driver::load`] with a path: `library` must be a CUDA driver library (or a faithful
+    /// implementation of its C ABI); every function of it that this crate calls is trusted to have
+    /// `cuda.h`'s signature and behaviour. It stays loaded for the life of the process.
+    ///
+    /// # Errors
+    /// As for [`Driver::load`]; [`Error::LibraryNotFound`] (naming `name`) if it lacks `cuInit` or
+    /// `cuDriverGetVersion`.
+    pub unsafe fn adopt(
+        library: libloading::Library,
+        name: impl Into<OsString>,
+        default_stream: DefaultStream,
+    ) -> Result<&'static Driver, Error> {
+        Driver::load_from(Source::Adopted(library, name.into()), default_stream)
+    }
+
+    fn load_from(source: Source, mode: DefaultStream) -> Result<&'static Driver, Error> {
+        if let Some(tables) = TABLES.get() {
+            return Driver::compatible(tables, &source, mode);
         }
         // A panic while holding this lock cannot leave anything half-done (the driver is published
         // whole or not at all), so a poisoned lock is still usable.
         let _guard = LOADING
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(driver) = DRIVER.get() {
-            return driver.compatible(&options);
+        if let Some(tables) = TABLES.get() {
+            return Driver::compatible(tables, &source, mode);
         }
-        let driver = Driver::open(&options)?;
-        // We hold LOADING and saw DRIVER empty, so this stores `driver`.
-        Ok(DRIVER.get_or_init(move || driver))
-    }
-
-    /// The driver if it is already loaded, without loading it.
-    pub fn get() -> Option<&'static Driver> {
-        DRIVER.get()
-    }
-
-    fn compatible(&'static self, options: &LoadOptions) -> Result<&'static Driver, Error> {
-        let path_ok = match &options.library_path {
-            None => true,
-            Some(p) => p.as_os_str() == self.opened_as || p == &self.path,
+        // Leaked: the library is never unloaded, and both tables point at it for ever.
+        let loaded: &'static Loaded = Box::leak(Box::new(open(source)?));
+        let table = |mode| Driver {
+            loaded,
+            mode,
+            slots: [const { AtomicPtr::new(ptr::null_mut()) }; FUNCTION_COUNT],
         };
-        if path_ok && options.default_stream == self.default_stream {
-            Ok(self)
+        let tables = Tables {
+            legacy: table(DefaultStream::Legacy),
+            per_thread: table(DefaultStream::PerThread),
+            default: mode,
+        };
+        // We hold LOADING and saw TABLES empty, so this stores `tables`.
+        Ok(TABLES.get_or_init(move || tables).get(mode))
+    }
+
+    /// The driver if it is already loaded, without loading it: the process's default table.
+    pub fn get() -> Option<&'static Driver> {
+        TABLES.get().map(|tables| tables.get(tables.default))
+    }
+
+    fn compatible(
+        tables: &'static Tables,
+        source: &Source,
+        mode: DefaultStream,
+    ) -> Result<&'static Driver, Error> {
+        let loaded = tables.legacy.loaded;
+        let (same, requested) = match source {
+            Source::Search(None) => (true, String::new()),
+            Source::Search(Some(p)) => (
+                p.as_os_str() == loaded.opened_as || p == &loaded.path,
+                p.display().to_string(),
+            ),
+            Source::Adopted(library, name) => {
+                let path = library::loaded_path(library, name);
+                (path == loaded.path, path.display().to_string())
+            }
+        };
+        if same {
+            Ok(tables.get(mode))
         } else {
             Err(Error::AlreadyLoaded {
-                loaded: self.path.display().to_string(),
-                loaded_mode: self.default_stream,
-                requested: format!(
-                    "{} with {:?}",
-                    options
-                        .library_path
-                        .as_deref()
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_else(|| "the default library".into()),
-                    options.default_stream
-                ),
+                loaded: loaded.path.display().to_string(),
+                requested,
             })
         }
     }
 
-    fn open(options: &LoadOptions) -> Result<Driver, Error> {
-        let mut tried = Vec::new();
-        let mut stub = None;
-        for candidate in library::candidates(options.library_path.as_deref()) {
-            let lib = match library::open(&candidate) {
-                Ok(lib) => lib,
-                Err(attempt) => {
-                    tried.push(attempt);
-                    continue;
-                }
-            };
-            let bootstrap = match Bootstrap::read(&lib) {
-                Ok(b) => b,
-                Err(missing) => {
-                    tried.push(LoadAttempt {
-                        candidate: candidate.to_string_lossy().into_owned(),
-                        message: format!(
-                            "opened, but it is not a CUDA driver: no {missing} export"
-                        ),
-                    });
-                    continue;
-                }
-            };
-            let path = library::mapped_path(bootstrap.cu_init as *const c_void, &candidate);
-            // SAFETY: cuInit(0) has no preconditions; 0 is the only valid flag value.
-            let rc = unsafe { (bootstrap.cu_init)(0) };
-            if rc == CUresult::CUDA_ERROR_STUB_LIBRARY {
-                stub.get_or_insert(path);
-                continue;
-            }
-            if rc != CUresult::CUDA_SUCCESS {
-                let error = describe_with(&bootstrap, rc, Some("cuInit"));
-                // The error's name and description point into the library's static strings: keep
-                // it mapped (a driver is never unloaded anyway).
-                std::mem::forget(lib);
-                return Err(error.into());
-            }
-            let mut version = 0;
-            // SAFETY: `version` is a valid place for an int.
-            let rc = unsafe { (bootstrap.cu_driver_get_version)(&mut version) };
-            if rc != CUresult::CUDA_SUCCESS {
-                let error = describe_with(&bootstrap, rc, Some("cuDriverGetVersion"));
-                // As above: the error points into the library.
-                std::mem::forget(lib);
-                return Err(error.into());
-            }
-            let version = DriverVersion(version);
-            return Ok(Driver {
-                resolution: ResolutionPath::for_driver(version, &bootstrap),
-                opened_as: candidate,
-                path,
-                version,
-                default_stream: options.default_stream,
-                bootstrap,
-                slots: [const { AtomicPtr::new(ptr::null_mut()) }; FUNCTION_COUNT],
-                library: lib,
-            });
-        }
-        match stub {
-            Some(path) => Err(Error::StubLibrary { path }),
-            None => Err(Error::LibraryNotFound { tried }),
+    /// The table of the legacy default stream (`CU_GET_PROC_ADDRESS_LEGACY_STREAM`) over the same
+    /// library, whatever this one's mode.
+    pub fn legacy(&self) -> &Driver {
+        self.with_default_stream(DefaultStream::Legacy)
+    }
+
+    /// The table of the per-thread default stream (`CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`,
+    /// the `_ptsz`/`_ptds` variants) over the same library, whatever this one's mode: a library
+    /// can call per-thread variants while the application uses the legacy default stream.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cuda_sys::Error> {
+    /// let driver = cuda_sys::driver()?;
+    /// // SAFETY: the per-thread default stream (null) of the calling thread, with a current context.
+    /// unsafe { driver.per_thread().cuStreamSynchronize(std::ptr::null_mut())? };
+    /// # Ok(()) }
+    /// ```
+    pub fn per_thread(&self) -> &Driver {
+        self.with_default_stream(DefaultStream::PerThread)
+    }
+
+    /// The table of `mode` over the same library.
+    pub fn with_default_stream(&self, mode: DefaultStream) -> &Driver {
+        match TABLES.get() {
+            Some(tables) => tables.get(mode),
+            // Unreachable: every `Driver` lives in `TABLES`. Answering with this table keeps it
+            // a non-panicking function.
+            None => self,
         }
     }
 
     /// The driver's version, as `cuDriverGetVersion` reported it at load.
     pub fn version(&self) -> DriverVersion {
-        self.version
+        self.loaded.version
     }
 
     /// The file the loader mapped (symlinks such as `libcuda.so.1` followed, where the platform can).
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.loaded.path
     }
 
-    /// The default-stream mode the table resolves stream-ordered functions for.
+    /// The default-stream mode this table resolves stream-ordered functions for.
     pub fn default_stream(&self) -> DefaultStream {
-        self.default_stream
+        self.mode
     }
 
     /// How this driver's functions are looked up: `cuGetProcAddress_v2` (12.0+),
     /// `cuGetProcAddress` (11.3–11.8) or the versioned exports (older drivers).
     pub fn resolution_path(&self) -> ResolutionPath {
-        self.resolution
-    }
-
-    pub(crate) fn library(&self) -> &libloading::Library {
-        &self.library
+        self.loaded.resolution
     }
 
     /// A [`DriverError`] for `code`, named and described by the driver where it can, else from the
     /// pinned header.
     pub fn describe(&self, code: CUresult, function: Option<&'static str>) -> DriverError {
-        describe_with(&self.bootstrap, code, function)
+        self.loaded.describe(code, function)
     }
 
     /// `Ok(())` for `CUDA_SUCCESS`, else the described error.
@@ -365,35 +399,173 @@ impl Driver {
             Err(self.describe(code, Some(function)).into())
         }
     }
-}
 
-fn describe_with(
-    bootstrap: &Bootstrap,
-    code: CUresult,
-    function: Option<&'static str>,
-) -> DriverError {
-    let (fallback_name, fallback_description) = builtin_description(code);
-    let name = driver_text(bootstrap.cu_get_error_name, code).unwrap_or(fallback_name);
-    let description =
-        driver_text(bootstrap.cu_get_error_string, code).unwrap_or(fallback_description);
-    DriverError::new(code, function, name, description)
-}
-
-/// `cuGetErrorName`/`cuGetErrorString` of `code`, when the driver knows it.
-fn driver_text(
-    f: Option<unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult>,
-    code: CUresult,
-) -> Option<&'static str> {
-    let f = f?;
-    let mut text: *const c_char = ptr::null();
-    // SAFETY: `text` is a valid place for a pointer; the driver writes a pointer to a static string
-    // or leaves it null.
-    let rc = unsafe { f(code, &mut text) };
-    if rc != CUresult::CUDA_SUCCESS || text.is_null() {
-        return None;
+    /// The address of `function`, resolved now if this is its first use in this table.
+    ///
+    /// The fast path is one atomic load and a branch.
+    #[inline(always)]
+    pub(crate) fn entry(&self, function: Function) -> Result<*mut c_void, CallError> {
+        let slot = &self.slots[function as usize];
+        let p = slot.load(Ordering::Acquire);
+        if p.addr() > SLOT_LAST_SENTINEL {
+            Ok(p)
+        } else {
+            self.loaded.resolve_slot(slot, function, self.mode)
+        }
     }
-    // SAFETY: on success the driver points `text` at a NUL-terminated string in its own read-only
-    // data, which stays mapped for the life of the process because the library is never unloaded.
-    let text: &'static CStr = unsafe { CStr::from_ptr(text) };
-    text.to_str().ok()
+
+    /// Resolves `function` in this table (or returns why it cannot be), caching the outcome.
+    ///
+    /// # Errors
+    /// [`Error::DriverTooOld`] if its ABI version is newer than the driver; [`Error::SymbolMissing`]
+    /// if the driver does not provide it; [`Error::Driver`] if the lookup itself failed.
+    pub fn resolve(&self, function: Function) -> Result<NonNull<c_void>, Error> {
+        let p = self.entry(function)?;
+        NonNull::new(p).ok_or_else(|| {
+            let (required, _) = resolve::variant(function.info(), self.mode);
+            self.loaded.lookup_error(
+                Lookup::Missing(MissingReason::NotFound),
+                function.name(),
+                required,
+            )
+        })
+    }
+
+    /// Looks a driver symbol up directly, uncached and ungated: through `cuGetProcAddress_v2` or
+    /// `cuGetProcAddress` with `version` and the flag for `mode`. On drivers older than 11.3, which
+    /// have no `cuGetProcAddress`, the export of that ABI version is looked up: the table's own
+    /// (`cuMemAlloc` at 3020 is the export `cuMemAlloc_v2`) where the table has the symbol at that
+    /// version, else the export named `symbol` itself (which must then be an export's full name).
+    ///
+    /// For binding authors who need a symbol the table does not have; for one it has, the typed
+    /// entries ([`functions`](crate::functions), [`Driver::function`]) are safer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSymbolName`] for a name with a NUL byte; [`Error::SymbolMissing`] (with
+    /// `function` `"(lookup)"`) if nothing is found; [`Error::Driver`] if the lookup call failed.
+    pub fn get_proc_address(
+        &self,
+        symbol: &str,
+        version: u32,
+        mode: DefaultStream,
+    ) -> Result<NonNull<c_void>, Error> {
+        let name =
+            CString::new(symbol).map_err(|_| Error::InvalidSymbolName(symbol.to_string()))?;
+        let export = export_of(&name, version, mode).unwrap_or(&name);
+        match self.loaded.lookup(&name, version, export, mode) {
+            Lookup::Found(p) => Ok(p),
+            other => Err(self.loaded.lookup_error(other, "(lookup)", version)),
+        }
+    }
+}
+
+/// The table's export for `symbol` at ABI `version` in `mode`, if the table has that variant.
+fn export_of(
+    symbol: &CString,
+    version: u32,
+    mode: DefaultStream,
+) -> Option<&'static std::ffi::CStr> {
+    Function::ALL
+        .iter()
+        .map(|f| f.info())
+        .find_map(|info: &FunctionInfo| {
+            if info.symbol != symbol.as_c_str() {
+                return None;
+            }
+            match (mode, info.per_thread_export, info.per_thread_version) {
+                (DefaultStream::PerThread, Some(export), Some(v)) if v == version => Some(export),
+                (DefaultStream::PerThread, Some(_), Some(_)) => None,
+                _ if info.version == version => Some(info.export),
+                _ => None,
+            }
+        })
+}
+
+/// Opens the library (the first candidate that is a driver) and initialises it.
+fn open(source: Source) -> Result<Loaded, Error> {
+    let mut tried = Vec::new();
+    let mut stub = None;
+    // Lazily: a later candidate is opened only if the ones before it failed.
+    let candidates: Box<dyn Iterator<Item = (Result<libloading::Library, LoadAttempt>, OsString)>> =
+        match source {
+            Source::Search(explicit) => Box::new(
+                library::candidates(explicit.as_deref())
+                    .into_iter()
+                    .map(|c| (library::open(&c), c.name)),
+            ),
+            Source::Adopted(library, name) => Box::new(std::iter::once((Ok(library), name))),
+        };
+    for (lib, candidate) in candidates {
+        let lib = match lib {
+            Ok(lib) => lib,
+            Err(attempt) => {
+                tried.push(attempt);
+                continue;
+            }
+        };
+        let bootstrap = match Bootstrap::read(&lib) {
+            Ok(b) => b,
+            Err(missing) => {
+                tried.push(LoadAttempt {
+                    candidate: candidate.to_string_lossy().into_owned(),
+                    message: format!("opened, but it is not a CUDA driver: no {missing} export"),
+                });
+                continue;
+            }
+        };
+        let path = library::mapped_path(bootstrap.cu_init as *const c_void, &candidate);
+        // SAFETY: cuInit(0) has no preconditions; 0 is the only valid flag value.
+        let rc = unsafe { (bootstrap.cu_init)(0) };
+        if rc == CUresult::CUDA_ERROR_STUB_LIBRARY {
+            stub.get_or_insert(path);
+            continue;
+        }
+        if rc != CUresult::CUDA_SUCCESS {
+            let error = resolve::describe_with(&bootstrap, rc, Some("cuInit"));
+            // The error's name and description point into the library's static strings: keep
+            // it mapped (a driver is never unloaded anyway).
+            std::mem::forget(lib);
+            return Err(error.into());
+        }
+        let mut version = 0;
+        // SAFETY: `version` is a valid place for an int.
+        let rc = unsafe { (bootstrap.cu_driver_get_version)(&mut version) };
+        if rc != CUresult::CUDA_SUCCESS {
+            let error = resolve::describe_with(&bootstrap, rc, Some("cuDriverGetVersion"));
+            // As above: the error points into the library.
+            std::mem::forget(lib);
+            return Err(error.into());
+        }
+        let version = DriverVersion(version);
+        return Ok(Loaded {
+            resolution: ResolutionPath::for_driver(version, &bootstrap),
+            opened_as: candidate,
+            path,
+            version,
+            bootstrap,
+            library: lib,
+        });
+    }
+    match stub {
+        Some(path) => Err(Error::StubLibrary { path }),
+        None => Err(Error::LibraryNotFound { tried }),
+    }
+}
+
+impl From<CallError> for Error {
+    /// The rich error: the code's name and description from the loaded driver where it answers,
+    /// else from the pinned header.
+    fn from(error: CallError) -> Error {
+        let via = match TABLES.get().map(|tables| tables.legacy.resolution_path()) {
+            Some(ResolutionPath::ProcAddressV2) => "cuGetProcAddress_v2",
+            _ => "cuGetProcAddress",
+        };
+        error.to_error_with(via, |code, function| match TABLES.get() {
+            Some(tables) => tables.legacy.describe(code, Some(function)),
+            None => {
+                let (name, description) = crate::error::builtin_description(code);
+                DriverError::new(code, Some(function), name, description)
+            }
+        })
+    }
 }

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::library::LoadAttempt;
+use crate::table::Function;
 use crate::types::CUresult;
 use crate::version::DriverVersion;
 
@@ -76,17 +78,15 @@ pub enum Error {
     #[error(transparent)]
     Driver(#[from] DriverError),
 
-    /// The driver is already loaded with other options; it is loaded once per process.
+    /// The driver is already loaded from another library; it is loaded once per process.
     #[error(
-        "the CUDA driver is already loaded from {loaded} with {loaded_mode:?}; it is loaded once per \
-         process and never unloaded, so {requested} cannot be opened now. Load with the first \
-         options everywhere, or set them before the first call"
+        "the CUDA driver is already loaded from {loaded}; it is loaded once per process and never \
+         unloaded, so {requested} cannot be opened now. Load the same library everywhere, or name \
+         it before the first call"
     )]
     AlreadyLoaded {
         /// What was loaded first.
         loaded: String,
-        /// The default-stream mode it was loaded with.
-        loaded_mode: crate::DefaultStream,
         /// What was asked for now.
         requested: String,
     },
@@ -118,30 +118,8 @@ impl Error {
     }
 }
 
-/// One library name or path the loader tried, and why it did not open.
-#[derive(Debug, Clone)]
-pub struct LoadAttempt {
-    /// The name or path passed to the system loader.
-    pub candidate: String,
-    /// The loader's message.
-    pub message: String,
-}
-
-impl LoadAttempt {
-    fn list(tried: &[LoadAttempt]) -> String {
-        if tried.is_empty() {
-            return "nothing".to_string();
-        }
-        tried
-            .iter()
-            .map(|a| format!("{} ({})", a.candidate, a.message))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-}
-
 /// Why a lookup found no function.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MissingReason {
     /// `cuGetProcAddress` returned no pointer: `CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND` or, on
@@ -261,5 +239,200 @@ pub(crate) fn builtin_description(code: CUresult) -> (&'static str, &'static str
             "CUDA_ERROR_UNRECOGNIZED",
             "a result code that neither the driver nor this crate's header knows",
         ),
+    }
+}
+
+/// Why a checked call failed, in 12 bytes and `Copy`: the error of the call layer
+/// (`driver.cuStreamSynchronize(stream)` and every other function's method).
+///
+/// It names the function and holds the driver's `CUresult` (or why the function could not be
+/// called); [`Error::from`] turns it into the rich [`Error`], with the code's name and description,
+/// when someone wants to read it. `?` does that conversion where the caller returns [`Error`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct CallError {
+    /// The `CUresult` for [`CallErrorKind::Driver`] and [`CallErrorKind::LookupFailed`]; the driver's
+    /// version otherwise.
+    value: i32,
+    /// The ABI version the function was looked up at (0 for a driver result).
+    required: u32,
+    function: Function,
+    kind: CallErrorKind,
+}
+
+/// What kind of failure a [`CallError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CallErrorKind {
+    /// The driver ran the function and returned a code other than `CUDA_SUCCESS`.
+    Driver,
+    /// The function's ABI version is newer than the driver ([`Error::DriverTooOld`]).
+    DriverTooOld,
+    /// The driver does not provide the function ([`Error::SymbolMissing`]).
+    SymbolMissing(MissingReason),
+    /// Looking the function up failed with a `CUresult` that may pass (`CUDA_ERROR_NOT_INITIALIZED`,
+    /// say); nothing was cached.
+    LookupFailed,
+}
+
+impl CallError {
+    /// The function returned `code`.
+    pub(crate) fn driver(function: Function, code: CUresult) -> CallError {
+        CallError {
+            value: code.0 as i32,
+            required: 0,
+            function,
+            kind: CallErrorKind::Driver,
+        }
+    }
+
+    /// The function could not be called: `kind` is not [`CallErrorKind::Driver`].
+    pub(crate) fn unavailable(
+        function: Function,
+        kind: CallErrorKind,
+        required: u32,
+        found: DriverVersion,
+    ) -> CallError {
+        CallError {
+            value: found.0,
+            required,
+            function,
+            kind,
+        }
+    }
+
+    /// Looking the function up failed with `code`.
+    pub(crate) fn lookup_failed(function: Function, code: CUresult) -> CallError {
+        CallError {
+            value: code.0 as i32,
+            required: 0,
+            function,
+            kind: CallErrorKind::LookupFailed,
+        }
+    }
+
+    /// The function that failed or could not be called.
+    pub fn function(&self) -> Function {
+        self.function
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> CallErrorKind {
+        self.kind
+    }
+
+    /// The driver's result code, when the function ran (or its lookup failed) with one.
+    pub fn code(&self) -> Option<CUresult> {
+        match self.kind {
+            CallErrorKind::Driver | CallErrorKind::LookupFailed => Some(CUresult(self.value as _)),
+            _ => None,
+        }
+    }
+
+    /// The rich error, with the code's name and description from `describe`; a failed lookup is
+    /// reported as `lookup_via`'s (`cuGetProcAddress_v2`, say).
+    pub(crate) fn to_error_with(
+        self,
+        lookup_via: &'static str,
+        describe: impl FnOnce(CUresult, &'static str) -> DriverError,
+    ) -> Error {
+        let function = self.function.name();
+        match self.kind {
+            CallErrorKind::Driver => Error::Driver(describe(CUresult(self.value as _), function)),
+            CallErrorKind::LookupFailed => {
+                Error::Driver(describe(CUresult(self.value as _), lookup_via))
+            }
+            CallErrorKind::DriverTooOld => Error::DriverTooOld {
+                function,
+                required: self.required,
+                found: DriverVersion(self.value),
+            },
+            CallErrorKind::SymbolMissing(reason) => Error::SymbolMissing {
+                function,
+                required: self.required,
+                found: DriverVersion(self.value),
+                reason,
+            },
+        }
+    }
+}
+
+impl fmt::Debug for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallError")
+            .field("function", &self.function)
+            .field("kind", &self.kind)
+            .field("code", &self.code().map(|c| c.0))
+            .finish()
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&Error::from(*self), f)
+    }
+}
+
+impl std::error::Error for CallError {}
+
+#[cfg(test)]
+mod tests {
+    use super::{CallError, CallErrorKind, Error, MissingReason};
+    use crate::table::Function;
+    use crate::types::CUresult;
+    use crate::version::DriverVersion;
+
+    #[test]
+    fn a_checked_calls_error_is_at_most_16_bytes_and_so_is_its_result() {
+        assert!(size_of::<CallError>() <= 16, "{}", size_of::<CallError>());
+        assert!(size_of::<Result<(), CallError>>() <= 16);
+        assert_eq!(size_of::<CallError>(), 12);
+    }
+
+    #[test]
+    fn a_call_error_becomes_the_rich_error_with_the_same_function_code_and_versions() {
+        let e = CallError::driver(
+            Function::cuStreamSynchronize,
+            CUresult::CUDA_ERROR_INVALID_HANDLE,
+        );
+        assert_eq!(e.code(), Some(CUresult::CUDA_ERROR_INVALID_HANDLE));
+        match Error::from(e) {
+            Error::Driver(d) => {
+                assert_eq!(d.code(), CUresult::CUDA_ERROR_INVALID_HANDLE);
+                assert_eq!(d.function(), Some("cuStreamSynchronize"));
+                assert_eq!(d.name(), "CUDA_ERROR_INVALID_HANDLE");
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = CallError::unavailable(
+            Function::cuLaunchHostFunc_v2,
+            CallErrorKind::DriverTooOld,
+            13010,
+            DriverVersion(12040),
+        );
+        assert_eq!(e.code(), None);
+        assert!(matches!(
+            Error::from(e),
+            Error::DriverTooOld {
+                function: "cuLaunchHostFunc_v2",
+                required: 13010,
+                found: DriverVersion(12040)
+            }
+        ));
+        let e = CallError::unavailable(
+            Function::cuInit,
+            CallErrorKind::SymbolMissing(MissingReason::NotExported),
+            2000,
+            DriverVersion(10020),
+        );
+        assert!(matches!(
+            Error::from(e),
+            Error::SymbolMissing {
+                function: "cuInit",
+                required: 2000,
+                reason: MissingReason::NotExported,
+                ..
+            }
+        ));
+        assert!(e.to_string().contains("cuInit"), "{e}");
     }
 }

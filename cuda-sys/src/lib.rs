@@ -1,13 +1,18 @@
 //! The NVIDIA CUDA driver API, loaded at run time.
 //!
-//! - **No link-time dependency.** The driver library (`libcuda.so.1`, then `libcuda.so`; `nvcuda.dll`
-//!   on Windows; or the path in `CUDA_SYS_LIBRARY`, which the process then trusts to be the driver:
-//!   see [`driver`]'s Safety section) is opened on first use, once per process, and never unloaded.
-//!   [`Driver::load`] opens a path of the caller's choosing, and is `unsafe` for that reason. This
-//!   crate builds with no CUDA toolkit and no GPU.
-//! - **Every function of `cuda.h`, in one declarative table.** Each entry carries the ABI version its
-//!   signature binds (`cuLaunchHostFunc` 10000, `cuStreamGetCaptureInfo` 12030, ...), derived from
-//!   `cudaTypedefs.h` by the generator, not by hand. See [`Function`] and `src/generated/REPORT.md`.
+//! - **No link-time dependency.** The driver library (`libcuda.so.1`, then `libcuda.so`;
+//!   `nvcuda.dll` from the Windows system folder; or the path in `CUDA_SYS_LIBRARY`, which the
+//!   process then trusts to be the driver: see [`driver`]'s Safety section) is opened on first use,
+//!   once per process, and never unloaded. [`Driver::load`] opens a path of the caller's choosing
+//!   and [`Driver::adopt`] takes a library the caller opened: both are `unsafe` for that reason;
+//!   [`Driver::load_default`] is the safe standard search. This crate builds with no CUDA toolkit
+//!   and no GPU.
+//! - **Every function of `cuda.h`, and every older ABI variant, in one declarative table.** Each
+//!   entry carries the ABI version its signature binds (`cuLaunchHostFunc` 10000,
+//!   `cuStreamGetCaptureInfo` 12030, `cuStreamGetCaptureInfo_v2` 11030, `cuCtxCreate_v2` 3020, ...),
+//!   derived from `cudaTypedefs.h` by the generator, not by hand. The [`functions`] module is the
+//!   index: one typed entry per function, and [`Driver::newest`] picks the newest variant a driver
+//!   has.
 //! - **Lazy, per-function, version-gated resolution.** The first call of a function resolves it
 //!   through `cuGetProcAddress_v2` (or the older ways on older drivers) and caches the pointer; later
 //!   calls cost one atomic load and a branch. A function newer than the driver returns
@@ -15,8 +20,9 @@
 //!   [`Error::SymbolMissing`]; neither affects any other function. Nothing here panics.
 //!
 //! Two levels:
-//! - `driver()?.cuStreamSynchronize(stream)`: `unsafe`, returns `Result<(), Error>` with the driver's
-//!   own name and description of a failing code;
+//! - `driver()?.cuStreamSynchronize(stream)`: `unsafe`, returns `Result<(), CallError>`, 12 bytes
+//!   and `Copy`, which `?` or [`Error::from`] turns into the rich [`Error`] with the driver's own
+//!   name and description of a failing code;
 //! - `driver()?.raw().cuStreamSynchronize()?`: the C function pointer with its exact signature.
 //!
 //! ```no_run
@@ -41,7 +47,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Per-thread default-stream semantics (`nvcc --default-stream per-thread`) are chosen at load:
+//! Both default-stream semantics are available at once: [`Driver::legacy`] and
+//! [`Driver::per_thread`] (`nvcc --default-stream per-thread`) are two tables over one library. The
+//! process's default, which [`driver`] returns, is chosen at the first load:
 //! [`LoadOptions::default_stream`], or `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1`.
 
 #![warn(
@@ -50,8 +58,11 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+// The modules, lowest layer first: each imports only from those above it in this list (and from the
+// generated `types`/`generated_result_codes`). DESIGN.md draws the order; scripts check it.
 mod driver;
 mod error;
+pub mod functions;
 mod library;
 mod resolve;
 mod streams;
@@ -76,10 +87,11 @@ mod generated_result_codes {
     include!("generated/result_codes.rs");
 }
 
-pub use driver::{DefaultStream, Driver, LoadOptions, PER_THREAD_ENV, driver};
-pub use error::{DriverError, Error, LoadAttempt, MissingReason};
-pub use library::{DEFAULT_NAMES, LIBRARY_ENV};
+pub use driver::{Driver, LoadOptions, PER_THREAD_ENV, driver};
+pub use error::{CallError, CallErrorKind, DriverError, Error, MissingReason};
+pub use functions::RawFunctions;
+pub use library::{DEFAULT_NAMES, LIBRARY_ENV, LoadAttempt};
 pub use resolve::ResolutionPath;
-pub use streams::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
-pub use table::{FUNCTION_COUNT, Function, FunctionInfo, RawFunctions};
+pub use streams::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, DefaultStream};
+pub use table::{FUNCTION_COUNT, Function, FunctionInfo};
 pub use version::DriverVersion;

@@ -4,7 +4,6 @@ use std::ffi::{CStr, OsString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
-use crate::error::LoadAttempt;
 use crate::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
 /// The environment variable that names the driver library's path explicitly. Setting it makes the
@@ -19,24 +18,86 @@ pub const DEFAULT_NAMES: &[&str] = &["nvcuda.dll"];
 #[cfg(not(windows))]
 pub const DEFAULT_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
 
-/// The candidates to try: the explicit path alone, or the default names.
-pub(crate) fn candidates(explicit: Option<&Path>) -> Vec<OsString> {
-    match explicit {
-        Some(path) => vec![path.as_os_str().to_owned()],
-        None => DEFAULT_NAMES.iter().map(OsString::from).collect(),
+/// One library name or path the loader tried, and why it did not open.
+#[derive(Debug, Clone)]
+pub struct LoadAttempt {
+    /// The name or path passed to the system loader.
+    pub candidate: String,
+    /// The loader's message.
+    pub message: String,
+}
+
+impl LoadAttempt {
+    /// The attempts as one line: `name (message), name (message)`, or `nothing`.
+    pub(crate) fn list(tried: &[LoadAttempt]) -> String {
+        if tried.is_empty() {
+            return "nothing".to_string();
+        }
+        tried
+            .iter()
+            .map(|a| format!("{} ({})", a.candidate, a.message))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
-/// Opens one candidate with the system loader.
-pub(crate) fn open(candidate: &OsString) -> Result<libloading::Library, LoadAttempt> {
-    // SAFETY: opening a library runs its initialisers. The candidates are the NVIDIA driver's own
-    // names or a path vouched for as a CUDA driver (`Driver::load`'s contract; for
-    // `CUDA_SYS_LIBRARY`, `driver`'s Safety section); the driver's initialisers have no
-    // preconditions that this process could violate.
-    unsafe { libloading::Library::new(candidate) }.map_err(|e| LoadAttempt {
-        candidate: candidate.to_string_lossy().into_owned(),
+/// One library to try: a path the caller named, or one of the standard names.
+pub(crate) struct Candidate {
+    pub(crate) name: OsString,
+    /// A standard name, searched where the driver installs it.
+    pub(crate) standard: bool,
+}
+
+/// The candidates to try: the explicit path alone, or the default names.
+pub(crate) fn candidates(explicit: Option<&Path>) -> Vec<Candidate> {
+    match explicit {
+        Some(path) => vec![Candidate {
+            name: path.as_os_str().to_owned(),
+            standard: false,
+        }],
+        None => DEFAULT_NAMES
+            .iter()
+            .map(|name| Candidate {
+                name: OsString::from(name),
+                standard: true,
+            })
+            .collect(),
+    }
+}
+
+/// Opens one candidate with the system loader: a standard name by the search a driver install
+/// serves (on Windows, the system folder only: `nvcuda.dll` is installed in System32, and neither
+/// the program's folder nor the current one nor `PATH` is searched, so no `CUDA_PATH` is needed and
+/// no other `nvcuda.dll` can be planted), a named path as given.
+pub(crate) fn open(candidate: &Candidate) -> Result<libloading::Library, LoadAttempt> {
+    let result = if candidate.standard {
+        open_standard(&candidate.name)
+    } else {
+        // SAFETY: opening a library runs its initialisers. The path is vouched for as a CUDA driver
+        // (`Driver::load`'s contract; for `CUDA_SYS_LIBRARY`, `driver`'s Safety section); the
+        // driver's initialisers have no preconditions that this process could violate.
+        unsafe { libloading::Library::new(&candidate.name) }
+    };
+    result.map_err(|e| LoadAttempt {
+        candidate: candidate.name.to_string_lossy().into_owned(),
         message: with_sources(&e),
     })
+}
+
+#[cfg(windows)]
+fn open_standard(name: &OsString) -> Result<libloading::Library, libloading::Error> {
+    use libloading::os::windows::{LOAD_LIBRARY_SEARCH_SYSTEM32, Library};
+    // SAFETY: opening the NVIDIA driver's own DLL from the system folder runs its initialisers,
+    // which have no preconditions that this process could violate.
+    unsafe { Library::load_with_flags(name, LOAD_LIBRARY_SEARCH_SYSTEM32) }.map(Into::into)
+}
+
+#[cfg(not(windows))]
+fn open_standard(name: &OsString) -> Result<libloading::Library, libloading::Error> {
+    // SAFETY: opening the NVIDIA driver's own library by the name it installs (the system
+    // loader's search, as for any library the program links) runs its initialisers, which have no
+    // preconditions that this process could violate.
+    unsafe { libloading::Library::new(name) }
 }
 
 /// An error's message followed by those of its sources (libloading keeps `dlerror`'s text there).
@@ -113,6 +174,14 @@ pub(crate) fn address(library: &libloading::Library, name: &CStr) -> Option<NonN
     // only returned, never called here.
     let p = unsafe { library.get::<*mut c_void>(name).ok().map(|s| *s) }?;
     NonNull::new(p)
+}
+
+/// The file the loader mapped for `library` (found through its `cuInit`), or `name`.
+pub(crate) fn loaded_path(library: &libloading::Library, name: &OsString) -> PathBuf {
+    match address(library, c"cuInit") {
+        Some(p) => mapped_path(p.as_ptr(), name),
+        None => PathBuf::from(name),
+    }
 }
 
 /// The file the loader actually mapped for the function at `address` (following symlinks such as

@@ -1,21 +1,19 @@
 //! Resolving one table entry: the version gate, the lookup through `cuGetProcAddress_v2`,
 //! `cuGetProcAddress` or the versioned export, and the per-entry cache.
 
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CStr, OsString, c_char, c_void};
+use std::path::PathBuf;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicPtr, Ordering};
 
-use crate::driver::{DefaultStream, Driver};
-use crate::error::{Error, MissingReason};
+use crate::error::{
+    CallError, CallErrorKind, DriverError, Error, MissingReason, builtin_description,
+};
 use crate::library::{self, Bootstrap};
+use crate::streams::DefaultStream;
 use crate::table::{Function, FunctionInfo};
-use crate::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+use crate::types::{CUdriverProcAddressQueryResult, CUresult};
 use crate::version::DriverVersion;
-
-/// `CU_GET_PROC_ADDRESS_LEGACY_STREAM`.
-const LEGACY_STREAM: cuuint64_t = 1;
-/// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
-const PER_THREAD_DEFAULT_STREAM: cuuint64_t = 2;
 
 /// How a driver's functions are looked up, chosen once from its version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,6 +38,17 @@ impl ResolutionPath {
     }
 }
 
+/// The opened driver library and what was learnt at load: shared by both default-stream tables.
+pub(crate) struct Loaded {
+    /// Kept open for the life of the process: a `Loaded` is leaked at load, never dropped.
+    pub(crate) library: libloading::Library,
+    pub(crate) opened_as: OsString,
+    pub(crate) path: PathBuf,
+    pub(crate) version: DriverVersion,
+    pub(crate) resolution: ResolutionPath,
+    pub(crate) bootstrap: Bootstrap,
+}
+
 /// A slot's value once its entry resolved to an error; any larger value is the function's address.
 /// No function lives in the first page of the address space, so these never collide with one.
 const SLOT_TOO_OLD: usize = 1;
@@ -51,53 +60,61 @@ const SLOT_MISSING_NOT_EXPORTED: usize = 5;
 pub(crate) const SLOT_LAST_SENTINEL: usize = 15;
 
 /// What one lookup found.
-enum Lookup {
+pub(crate) enum Lookup {
     Found(NonNull<c_void>),
     Missing(MissingReason),
-    /// The lookup itself failed in a way that may pass (`CUDA_ERROR_NOT_INITIALIZED`, say): reported,
-    /// not cached.
-    Failed(Error),
+    /// The lookup itself failed with this code, in a way that may pass (`CUDA_ERROR_NOT_INITIALIZED`,
+    /// say): reported, not cached.
+    Failed(CUresult, &'static str),
 }
 
-impl Driver {
-    /// The address of `function`, resolved now if this is its first use.
-    ///
-    /// The fast path is one atomic load and a branch.
-    #[inline(always)]
-    pub(crate) fn entry(&self, function: Function) -> Result<*mut c_void, Error> {
-        let p = self.slots[function as usize].load(Ordering::Acquire);
-        if p.addr() > SLOT_LAST_SENTINEL {
-            Ok(p)
-        } else {
-            self.resolve_slow(function)
-        }
+/// The ABI version to ask for and the export to look up, for a default-stream mode.
+pub(crate) fn variant(info: &FunctionInfo, mode: DefaultStream) -> (u32, &'static CStr) {
+    match (mode, info.per_thread_export, info.per_thread_version) {
+        (DefaultStream::PerThread, Some(export), Some(version)) => (version, export),
+        _ => (info.version, info.export),
     }
+}
 
-    /// Resolves `function` (or returns why it cannot be), caching the outcome.
-    ///
-    /// # Errors
-    /// [`Error::DriverTooOld`] if its ABI version is newer than the driver; [`Error::SymbolMissing`]
-    /// if the driver does not provide it; [`Error::Driver`] if the lookup itself failed.
-    pub fn resolve(&self, function: Function) -> Result<NonNull<c_void>, Error> {
-        let p = self.entry(function)?;
-        NonNull::new(p).ok_or_else(|| self.missing(function.info(), MissingReason::NotFound))
-    }
-
+impl Loaded {
+    /// Resolves `function` into `slot` (or returns why it cannot be), caching the outcome. The
+    /// caller's fast path has already seen the slot hold no address.
     #[cold]
     #[inline(never)]
-    fn resolve_slow(&self, function: Function) -> Result<*mut c_void, Error> {
+    pub(crate) fn resolve_slot(
+        &self,
+        slot: &AtomicPtr<c_void>,
+        function: Function,
+        mode: DefaultStream,
+    ) -> Result<*mut c_void, CallError> {
         let info = function.info();
-        let slot = &self.slots[function as usize];
-        let cached = slot.load(Ordering::Acquire).addr();
-        if let Some(error) = self.cached_error(info, cached) {
-            return Err(error);
+        let (version, export) = variant(info, mode);
+        let unavailable = |kind| CallError::unavailable(function, kind, version, self.version);
+        let cached = slot.load(Ordering::Acquire);
+        if cached.addr() > SLOT_LAST_SENTINEL {
+            // Another thread resolved it since the caller looked.
+            return Ok(cached);
         }
-        let (version, export) = self.variant(info);
+        let cached_kind = match cached.addr() {
+            SLOT_TOO_OLD => Some(CallErrorKind::DriverTooOld),
+            SLOT_MISSING_NOT_FOUND => Some(CallErrorKind::SymbolMissing(MissingReason::NotFound)),
+            SLOT_MISSING_VERSION => Some(CallErrorKind::SymbolMissing(
+                MissingReason::VersionNotSufficient,
+            )),
+            SLOT_MISSING_REJECTED => Some(CallErrorKind::SymbolMissing(MissingReason::Rejected)),
+            SLOT_MISSING_NOT_EXPORTED => {
+                Some(CallErrorKind::SymbolMissing(MissingReason::NotExported))
+            }
+            _ => None,
+        };
+        if let Some(kind) = cached_kind {
+            return Err(unavailable(kind));
+        }
         if version > self.version.0 as u32 {
             slot.store(ptr::without_provenance_mut(SLOT_TOO_OLD), Ordering::Release);
-            return Err(self.too_old(info));
+            return Err(unavailable(CallErrorKind::DriverTooOld));
         }
-        match self.lookup(info.symbol, version, export, self.default_stream) {
+        match self.lookup(info.symbol, version, export, mode) {
             Lookup::Found(p) => {
                 // Racing threads store the same address; the first store wins nothing over the rest.
                 slot.store(p.as_ptr(), Ordering::Release);
@@ -111,89 +128,22 @@ impl Driver {
                     MissingReason::NotExported => SLOT_MISSING_NOT_EXPORTED,
                 };
                 slot.store(ptr::without_provenance_mut(sentinel), Ordering::Release);
-                Err(self.missing(info, reason))
+                Err(unavailable(CallErrorKind::SymbolMissing(reason)))
             }
-            Lookup::Failed(error) => Err(error),
+            Lookup::Failed(code, _) => Err(CallError::lookup_failed(function, code)),
         }
     }
 
-    /// The ABI version to ask for and the export to look up, for this driver's default-stream mode.
-    fn variant(&self, info: &FunctionInfo) -> (u32, &'static CStr) {
-        match (
-            self.default_stream,
-            info.per_thread_export,
-            info.per_thread_version,
-        ) {
-            (DefaultStream::PerThread, Some(export), Some(version)) => (version, export),
-            _ => (info.version, info.export),
-        }
-    }
-
-    fn cached_error(&self, info: &FunctionInfo, slot: usize) -> Option<Error> {
-        let reason = match slot {
-            SLOT_TOO_OLD => return Some(self.too_old(info)),
-            SLOT_MISSING_NOT_FOUND => MissingReason::NotFound,
-            SLOT_MISSING_VERSION => MissingReason::VersionNotSufficient,
-            SLOT_MISSING_REJECTED => MissingReason::Rejected,
-            SLOT_MISSING_NOT_EXPORTED => MissingReason::NotExported,
-            _ => return None,
-        };
-        Some(self.missing(info, reason))
-    }
-
-    fn too_old(&self, info: &FunctionInfo) -> Error {
-        Error::DriverTooOld {
-            function: info.name,
-            required: info.version,
-            found: self.version,
-        }
-    }
-
-    fn missing(&self, info: &FunctionInfo, reason: MissingReason) -> Error {
-        Error::SymbolMissing {
-            function: info.name,
-            required: self.variant(info).0,
-            found: self.version,
-            reason,
-        }
-    }
-
-    /// Looks a driver symbol up directly, uncached and ungated, the way the table does: through
-    /// `cuGetProcAddress_v2` or `cuGetProcAddress` with `version` and the flag for `mode`; on drivers
-    /// older than 11.3, as the export named `symbol` (which must then be the export's full name, such
-    /// as `cuMemAlloc_v2` or `cuStreamSynchronize_ptsz`).
-    ///
-    /// For binding authors who need a symbol at another version than the table's, or one the table
-    /// does not have.
-    ///
-    /// # Errors
-    /// [`Error::InvalidSymbolName`] for a name with a NUL byte; [`Error::SymbolMissing`] (with
-    /// `function` `"(lookup)"`) if nothing is found; [`Error::Driver`] if the lookup call failed.
-    pub fn get_proc_address(
+    /// One lookup of `symbol` at `version` with `mode`'s flag; on drivers older than 11.3, of the
+    /// export `export`.
+    pub(crate) fn lookup(
         &self,
-        symbol: &str,
+        symbol: &CStr,
         version: u32,
+        export: &CStr,
         mode: DefaultStream,
-    ) -> Result<NonNull<c_void>, Error> {
-        let name =
-            CString::new(symbol).map_err(|_| Error::InvalidSymbolName(symbol.to_string()))?;
-        match self.lookup(&name, version, &name, mode) {
-            Lookup::Found(p) => Ok(p),
-            Lookup::Missing(reason) => Err(Error::SymbolMissing {
-                function: "(lookup)",
-                required: version,
-                found: self.version,
-                reason,
-            }),
-            Lookup::Failed(e) => Err(e),
-        }
-    }
-
-    fn lookup(&self, symbol: &CStr, version: u32, export: &CStr, mode: DefaultStream) -> Lookup {
-        let flags = match mode {
-            DefaultStream::Legacy => LEGACY_STREAM,
-            DefaultStream::PerThread => PER_THREAD_DEFAULT_STREAM,
-        };
+    ) -> Lookup {
+        let flags = mode.proc_address_flag();
         let version = version as i32;
         match self.resolution {
             ResolutionPath::ProcAddressV2 => {
@@ -207,7 +157,7 @@ impl Driver {
                     CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
                 // SAFETY: `symbol` is NUL-terminated; `pfn` and `status` are valid places to write.
                 let rc = unsafe { get(symbol.as_ptr(), &mut pfn, version, flags, &mut status) };
-                self.interpret(rc, pfn, Some(status), "cuGetProcAddress_v2")
+                interpret(rc, pfn, Some(status), "cuGetProcAddress_v2")
             }
             ResolutionPath::ProcAddress => {
                 let Some(get) = self.bootstrap.cu_get_proc_address else {
@@ -216,41 +166,103 @@ impl Driver {
                 let mut pfn: *mut c_void = ptr::null_mut();
                 // SAFETY: `symbol` is NUL-terminated; `pfn` is a valid place to write.
                 let rc = unsafe { get(symbol.as_ptr(), &mut pfn, version, flags) };
-                self.interpret(rc, pfn, None, "cuGetProcAddress")
+                interpret(rc, pfn, None, "cuGetProcAddress")
             }
-            ResolutionPath::Exports => match library::address(self.library(), export) {
+            ResolutionPath::Exports => match library::address(&self.library, export) {
                 Some(p) => Lookup::Found(p),
                 None => Lookup::Missing(MissingReason::NotExported),
             },
         }
     }
 
-    fn interpret(
+    /// A [`DriverError`] for `code`, named and described by the driver where it can, else from the
+    /// pinned header.
+    pub(crate) fn describe(&self, code: CUresult, function: Option<&'static str>) -> DriverError {
+        describe_with(&self.bootstrap, code, function)
+    }
+
+    /// The rich error for a lookup outcome that is not `Found`.
+    pub(crate) fn lookup_error(
         &self,
-        rc: CUresult,
-        pfn: *mut c_void,
-        status: Option<CUdriverProcAddressQueryResult>,
-        via: &'static str,
-    ) -> Lookup {
-        if rc == CUresult::CUDA_SUCCESS {
-            match status {
-                Some(
-                    CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
-                ) => Lookup::Missing(MissingReason::VersionNotSufficient),
-                Some(s) if s != CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS => {
-                    Lookup::Missing(MissingReason::NotFound)
-                }
-                _ => match NonNull::new(pfn) {
-                    Some(p) => Lookup::Found(p),
-                    None => Lookup::Missing(MissingReason::NotFound),
-                },
-            }
-        } else if rc == CUresult::CUDA_ERROR_NOT_FOUND {
-            Lookup::Missing(MissingReason::NotFound)
-        } else if rc == CUresult::CUDA_ERROR_INVALID_VALUE {
-            Lookup::Missing(MissingReason::Rejected)
-        } else {
-            Lookup::Failed(self.describe(rc, Some(via)).into())
+        lookup: Lookup,
+        function: &'static str,
+        required: u32,
+    ) -> Error {
+        match lookup {
+            Lookup::Found(_) => Error::SymbolMissing {
+                function,
+                required,
+                found: self.version,
+                reason: MissingReason::NotFound,
+            },
+            Lookup::Missing(reason) => Error::SymbolMissing {
+                function,
+                required,
+                found: self.version,
+                reason,
+            },
+            Lookup::Failed(code, via) => self.describe(code, Some(via)).into(),
         }
     }
+}
+
+fn interpret(
+    rc: CUresult,
+    pfn: *mut c_void,
+    status: Option<CUdriverProcAddressQueryResult>,
+    via: &'static str,
+) -> Lookup {
+    if rc == CUresult::CUDA_SUCCESS {
+        match status {
+            Some(CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT) => {
+                Lookup::Missing(MissingReason::VersionNotSufficient)
+            }
+            Some(s) if s != CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS => {
+                Lookup::Missing(MissingReason::NotFound)
+            }
+            _ => match NonNull::new(pfn) {
+                Some(p) => Lookup::Found(p),
+                None => Lookup::Missing(MissingReason::NotFound),
+            },
+        }
+    } else if rc == CUresult::CUDA_ERROR_NOT_FOUND {
+        Lookup::Missing(MissingReason::NotFound)
+    } else if rc == CUresult::CUDA_ERROR_INVALID_VALUE {
+        Lookup::Missing(MissingReason::Rejected)
+    } else {
+        Lookup::Failed(rc, via)
+    }
+}
+
+/// A [`DriverError`] for `code`: `cuGetErrorName`/`cuGetErrorString` where the driver answers, else
+/// the pinned header's table.
+pub(crate) fn describe_with(
+    bootstrap: &Bootstrap,
+    code: CUresult,
+    function: Option<&'static str>,
+) -> DriverError {
+    let (fallback_name, fallback_description) = builtin_description(code);
+    let name = driver_text(bootstrap.cu_get_error_name, code).unwrap_or(fallback_name);
+    let description =
+        driver_text(bootstrap.cu_get_error_string, code).unwrap_or(fallback_description);
+    DriverError::new(code, function, name, description)
+}
+
+/// `cuGetErrorName`/`cuGetErrorString` of `code`, when the driver knows it.
+fn driver_text(
+    f: Option<unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult>,
+    code: CUresult,
+) -> Option<&'static str> {
+    let f = f?;
+    let mut text: *const c_char = ptr::null();
+    // SAFETY: `text` is a valid place for a pointer; the driver writes a pointer to a static string
+    // or leaves it null.
+    let rc = unsafe { f(code, &mut text) };
+    if rc != CUresult::CUDA_SUCCESS || text.is_null() {
+        return None;
+    }
+    // SAFETY: on success the driver points `text` at a NUL-terminated string in its own read-only
+    // data, which stays mapped for the life of the process because the library is never unloaded.
+    let text: &'static CStr = unsafe { CStr::from_ptr(text) };
+    text.to_str().ok()
 }

@@ -1,23 +1,15 @@
 //! The declarative table of every driver function, in the manner of cuda.core's
-//! `X(cuLaunchHostFunc, 10000)` list.
+//! `X(cuLaunchHostFunc, 10000)` list: what each function is (this module), not how it is called.
 //!
 //! `generated/functions.rs` (written by `tools/codegen` from `cudaTypedefs.h`, never by hand) holds one
 //! line per function: its name, its exact C parameters, the ABI version that signature binds, the
 //! symbol `cuGetProcAddress` takes, the library exports for old drivers, and the `PFN_` typedef it
-//! was matched to. [`driver_function_table!`] turns that list into:
-//!
-//! - [`Function`], one variant per entry, and its [`FunctionInfo`];
-//! - [`RawFunctions`], a method per entry returning the resolved C function pointer;
-//! - a method per entry on [`Driver`] that calls the function and returns `Result<(), Error>`;
-//! - a compile-time check that each signature is its `PFN_` typedef.
+//! was matched to. It is read twice, by two macros of the same name: here into the data
+//! ([`Function`], its [`FunctionInfo`], [`FUNCTION_COUNT`]), and in `functions.rs`, at the top of
+//! the crate, into the methods that call each function.
 
-use std::ffi::{CStr, c_void};
+use std::ffi::CStr;
 use std::fmt;
-
-use crate::driver::Driver;
-use crate::error::Error;
-#[allow(unused_imports)]
-use crate::types::*;
 
 /// What the table knows of one driver function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,33 +49,6 @@ impl fmt::Display for Function {
     }
 }
 
-/// The resolved C function pointers of the table, with their exact signatures: `driver.raw()`.
-///
-/// Each method resolves its entry on first use (gated on the driver's version) and returns the
-/// pointer, which stays valid for the life of the process. Calling it is `unsafe`: the C function's
-/// contract (valid handles, pointers valid for what it reads and writes) is the caller's to uphold.
-#[derive(Clone, Copy)]
-pub struct RawFunctions<'d> {
-    driver: &'d Driver,
-}
-
-impl Driver {
-    /// The table as raw C function pointers, for binding authors who want the `CUresult` itself.
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), cuda_sys::Error> {
-    /// let driver = cuda_sys::driver()?;
-    /// let synchronize = driver.raw().cuStreamSynchronize()?;
-    /// // SAFETY: CU_STREAM_LEGACY is always a valid stream handle once a context is current.
-    /// let code = unsafe { synchronize(cuda_sys::CU_STREAM_LEGACY) };
-    /// # let _ = code; Ok(()) }
-    /// ```
-    #[inline]
-    pub fn raw(&self) -> RawFunctions<'_> {
-        RawFunctions { driver: self }
-    }
-}
-
 const fn cstr(s: &'static str) -> &'static CStr {
     match CStr::from_bytes_with_nul(s.as_bytes()) {
         Ok(c) => c,
@@ -105,7 +70,7 @@ macro_rules! driver_function_table {
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
             $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
-            $per_thread_version:literal, $pfn:ident;
+            $per_thread_version:literal, $pfn:ident, [$($family:ident),* $(,)?];
     )*) => {
         /// Every function of the table, in `cuda.h`'s order.
         #[allow(non_camel_case_types)]
@@ -135,58 +100,6 @@ macro_rules! driver_function_table {
             },
         )*];
 
-        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::broken_intra_doc_links)]
-        impl RawFunctions<'_> {
-            $(
-                $(#[doc = $doc])*
-                ///
-                #[doc = concat!("The resolved `", stringify!($name), "` (ABI version ", stringify!($version), ").")]
-                ///
-                /// # Errors
-                /// [`Error::DriverTooOld`] if the driver's version is older than the ABI version;
-                /// [`Error::SymbolMissing`] if the driver does not provide it.
-                #[inline]
-                pub fn $name(&self) -> Result<unsafe extern "C" fn($($ty),*) -> CUresult, Error> {
-                    let p: *mut c_void = self.driver.entry(Function::$name)?;
-                    // SAFETY: `entry` returns the address the driver gave for this symbol at this
-                    // ABI version (or the matching export), non-null; that version's C signature is
-                    // this type (checked against the PFN typedef at compile time below).
-                    Ok(unsafe {
-                        std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) -> CUresult>(p)
-                    })
-                }
-            )*
-        }
-
-        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::broken_intra_doc_links)]
-        impl Driver {
-            $(
-                $(#[doc = $doc])*
-                ///
-                #[doc = concat!("Calls `", stringify!($name), "` (ABI version ", stringify!($version), ").")]
-                ///
-                /// # Safety
-                /// The arguments must meet the C function's contract in the CUDA Driver API
-                /// reference: valid handles, and pointers valid for every read and write it makes
-                /// for as long as it makes them.
-                ///
-                /// # Errors
-                /// [`Error::Driver`] with the function's result code if it is not `CUDA_SUCCESS`;
-                /// [`Error::DriverTooOld`] or [`Error::SymbolMissing`] if it cannot be called.
-                #[inline]
-                pub unsafe fn $name(&self, $($arg: $ty),*) -> Result<(), Error> {
-                    let f = self.raw().$name()?;
-                    // SAFETY: the caller meets the function's contract (see # Safety).
-                    let code = unsafe { f($($arg),*) };
-                    self.check(code, stringify!($name))
-                }
-            )*
-        }
-
-        // Each signature above is exactly its PFN typedef from cudaTypedefs.h.
-        const _: () = {
-            $( let _: $pfn = None::<unsafe extern "C" fn($($ty),*) -> CUresult>; )*
-        };
     };
 }
 

@@ -108,12 +108,20 @@ fn ask(
 
 fn name(driver: &cuda_sys::Driver, error: u32) -> (Option<CUresult>, Option<String>) {
     // SAFETY: forwards the caller's out-pointer.
-    ask(driver, |d, c, p| unsafe { d.cuGetErrorName(c, p) }, error)
+    ask(
+        driver,
+        |d, c, p| unsafe { Ok(d.cuGetErrorName(c, p)?) },
+        error,
+    )
 }
 
 fn string(driver: &cuda_sys::Driver, error: u32) -> (Option<CUresult>, Option<String>) {
     // SAFETY: forwards the caller's out-pointer.
-    ask(driver, |d, c, p| unsafe { d.cuGetErrorString(c, p) }, error)
+    ask(
+        driver,
+        |d, c, p| unsafe { Ok(d.cuGetErrorString(c, p)?) },
+        error,
+    )
 }
 
 cases! {

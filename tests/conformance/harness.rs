@@ -325,8 +325,9 @@ impl Drop for Hold {
 ///
 /// # Panics
 /// On an error that is not a driver result code.
-pub fn code(result: Result<(), cuda_sys::Error>) -> Option<CUresult> {
+pub fn code(result: Result<(), impl Into<cuda_sys::Error>>) -> Option<CUresult> {
     result.err().map(|e| {
+        let e = e.into();
         e.code()
             .unwrap_or_else(|| panic!("not a driver error: {e}"))
     })

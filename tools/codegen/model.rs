@@ -23,7 +23,11 @@ pub struct Pfn {
     pub base: String,
     pub version: u32,
     pub per_thread: bool,
+    /// `_ptsz` or `_ptds` for a per-thread typedef.
+    pub per_thread_suffix: Option<String>,
     pub params: Vec<syn::Type>,
+    /// The parameter names the typedef gives (bindgen keeps them), where it gives one.
+    pub param_names: Vec<Option<String>>,
     pub output: Option<syn::Type>,
 }
 
@@ -99,6 +103,26 @@ impl Model {
         format!("({}) -> {}", params.join(", "), output)
     }
 
+    /// Whether this output defines a type (struct, union, alias, enum) of this name.
+    pub fn defines_type(&self, name: &str) -> bool {
+        self.file.items.iter().any(|item| match item {
+            syn::Item::Struct(i) => i.ident == name,
+            syn::Item::Union(i) => i.ident == name,
+            syn::Item::Type(i) => i.ident == name,
+            syn::Item::Enum(i) => i.ident == name,
+            syn::Item::Use(u) => use_names(&u.tree, name),
+            _ => false,
+        })
+    }
+
+    /// The `type NAME = ...;` item of this output.
+    pub fn type_item(&self, name: &str) -> Option<&syn::ItemType> {
+        self.file.items.iter().find_map(|item| match item {
+            syn::Item::Type(t) if t.ident == name => Some(t),
+            _ => None,
+        })
+    }
+
     /// bindgen's output less the `extern "C"` blocks: the types, constants and `PFN_` typedefs. The
     /// functions are reached only through the table, never by linking.
     pub fn bindings_without_functions(&self) -> String {
@@ -140,12 +164,12 @@ fn read_function(f: &syn::ForeignItemFn) -> Function {
 /// `Option<unsafe extern "C" fn(..) -> R>` named `PFN_<base>_v<digits>[_ptsz|_ptds]`.
 fn read_pfn(name: &str, ty: &syn::Type) -> Option<Pfn> {
     let rest = name.strip_prefix("PFN_")?;
-    let (rest, per_thread) = match rest
-        .strip_suffix("_ptsz")
-        .or_else(|| rest.strip_suffix("_ptds"))
+    let (rest, per_thread_suffix) = match ["_ptsz", "_ptds"]
+        .iter()
+        .find_map(|suffix| Some((rest.strip_suffix(suffix)?, suffix.to_string())))
     {
-        Some(r) => (r, true),
-        None => (rest, false),
+        Some((r, suffix)) => (r, Some(suffix)),
+        None => (rest, None),
     };
     let at = rest.rfind("_v")?;
     let (base, version) = (&rest[..at], &rest[at + 2..]);
@@ -157,8 +181,14 @@ fn read_pfn(name: &str, ty: &syn::Type) -> Option<Pfn> {
         typedef: name.to_string(),
         base: base.to_string(),
         version: version.parse().ok()?,
-        per_thread,
+        per_thread: per_thread_suffix.is_some(),
+        per_thread_suffix,
         params: bare.inputs.iter().map(|a| a.ty.clone()).collect(),
+        param_names: bare
+            .inputs
+            .iter()
+            .map(|a| a.name.as_ref().map(|(n, _)| n.to_string()))
+            .collect(),
         output: match &bare.output {
             syn::ReturnType::Default => None,
             syn::ReturnType::Type(_, t) => Some((**t).clone()),
@@ -233,6 +263,57 @@ impl VisitMut for Canonicalize<'_> {
         arg.attrs.clear();
         syn::visit_mut::visit_named_arg_mut(self, arg);
     }
+}
+
+/// Whether a `use` tree brings `name` into scope (`pub use self::cudaError_enum as CUresult;`).
+fn use_names(tree: &syn::UseTree, name: &str) -> bool {
+    match tree {
+        syn::UseTree::Path(p) => use_names(&p.tree, name),
+        syn::UseTree::Name(n) => n.ident == name,
+        syn::UseTree::Rename(r) => r.rename == name,
+        syn::UseTree::Group(g) => g.items.iter().any(|t| use_names(t, name)),
+        syn::UseTree::Glob(_) => false,
+    }
+}
+
+/// The single-segment type names a type mentions (`CUdevice`, `CUDA_MEMCPY2D_v1`), less `Option`.
+pub fn named_types(ty: &syn::Type) -> Vec<String> {
+    struct Names(Vec<String>);
+    impl<'ast> syn::visit::Visit<'ast> for Names {
+        fn visit_type_path(&mut self, p: &'ast syn::TypePath) {
+            if p.qself.is_none() && p.path.leading_colon.is_none() && p.path.segments.len() == 1 {
+                let name = p.path.segments[0].ident.to_string();
+                if name != "Option" && !is_primitive(&name) {
+                    self.0.push(name);
+                }
+            }
+            syn::visit::visit_type_path(self, p);
+        }
+    }
+    let mut names = Names(Vec::new());
+    syn::visit::Visit::visit_type(&mut names, ty);
+    names.0
+}
+
+fn is_primitive(name: &str) -> bool {
+    matches!(
+        name,
+        "u8" | "u16"
+            | "u32"
+            | "u64"
+            | "u128"
+            | "usize"
+            | "i8"
+            | "i16"
+            | "i32"
+            | "i64"
+            | "i128"
+            | "isize"
+            | "f32"
+            | "f64"
+            | "bool"
+            | "char"
+    )
 }
 
 /// `#define PUBLIC EXPORT` and `#define PUBLIC __CUDA_API_PTDS(EXPORT)` lines of `cuda.h`: which public

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use super::model::{Function, Model, Pfn};
 
+#[derive(Clone)]
 pub struct Entry {
     /// The name users write (`cuMemAlloc`, `cuLaunchHostFunc_v2`).
     pub name: String,
@@ -23,6 +24,20 @@ pub struct Entry {
     pub params: Vec<(String, String)>,
     pub pfn: String,
     pub brief: String,
+    /// What the entry is: a `cuda.h` declaration, an export name of one, or an older ABI variant.
+    pub kind: EntryKind,
+    /// The canonical C signature (aliases resolved), to find the variants that share it.
+    pub signature: String,
+    /// The entries of the same symbol with this signature, newest version first, one per version:
+    /// what `Driver::newest_variant` chooses among.
+    pub family: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    Declared,
+    ExportName,
+    Variant,
 }
 
 pub struct LeftOut {
@@ -36,11 +51,17 @@ pub struct Table {
     pub ambiguous: Vec<String>,
     /// `cuda.h` macro names with no typedef of their own, served by their target's entry.
     pub alias_only: Vec<(String, String)>,
+    /// `PFN_` typedefs with no entry, and why.
+    pub typedefs_left_out: Vec<(String, String)>,
+    /// The typedefs of `cudaTypedefs.h`'s `__CUDA_API_VERSION_INTERNAL` part that entries use: their
+    /// items go into bindings.rs beside the public ones.
+    pub internal_typedefs: Vec<String>,
 }
 
 pub fn build(
     normal: &Model,
     per_thread: &Model,
+    internal: &Model,
     aliases: &BTreeMap<String, Vec<String>>,
     all_versions: &BTreeMap<String, Vec<u32>>,
 ) -> Table {
@@ -161,6 +182,9 @@ pub fn build(
                     .collect(),
                 pfn: pfn.typedef.clone(),
                 brief: brief(f),
+                kind: EntryKind::Declared,
+                signature: internal.canonical_signature(f.params.iter().map(|(_, t)| t), &f.output),
+                family: Vec::new(),
             });
         }
         if !produced {
@@ -170,12 +194,176 @@ pub fn build(
             });
         }
     }
+    let (typedefs_left_out, internal_typedefs) =
+        add_variants(&mut entries, &mut keys, normal, internal, all_versions);
+    // Each entry's family: the entries of its symbol and signature, newest first, one per version
+    // (a declaration before the export name or variant of the same version).
+    let families: Vec<Vec<String>> = entries
+        .iter()
+        .map(|e| {
+            let mut members: Vec<&Entry> = entries
+                .iter()
+                .filter(|o| o.symbol == e.symbol && o.signature == e.signature)
+                .collect();
+            members.sort_by_key(|o| (std::cmp::Reverse(o.version), o.kind != EntryKind::Declared));
+            members.dedup_by_key(|o| o.version);
+            members.iter().map(|o| o.name.clone()).collect()
+        })
+        .collect();
+    for (e, family) in entries.iter_mut().zip(families) {
+        e.family = family;
+    }
     Table {
         entries,
         left_out,
         ambiguous,
         alias_only,
+        typedefs_left_out,
+        internal_typedefs,
     }
+}
+
+/// Issue 23: every `PFN_<base>_v<version>` of `cudaTypedefs.h` is an entry of its own. Adds
+/// (1) for each declared entry whose export is not its name (`cuCtxCreate` is the export
+/// `cuCtxCreate_v4`), an entry under the export's name; (2) for every typedef whose (base, version)
+/// no entry has yet, an entry with the typedef's signature, named by its export (`X` is the first
+/// version of `X`, `X_v2` the second, ..., counting every typedef, the internal ones too), or
+/// `<base>_v<version>` where that export's name is taken by a newer variant (`cuEventElapsedTime`
+/// is 12.8's, so 2.0's is `cuEventElapsedTime_v2000`). The `__CUDA_API_VERSION_INTERNAL` typedefs
+/// are read from `internal` and kept where every type they name is public.
+fn add_variants(
+    entries: &mut Vec<Entry>,
+    keys: &mut BTreeSet<(String, u32)>,
+    normal: &Model,
+    internal: &Model,
+    all_versions: &BTreeMap<String, Vec<u32>>,
+) -> (Vec<(String, String)>, Vec<String>) {
+    let mut names: BTreeSet<String> = entries.iter().map(|e| e.name.clone()).collect();
+    let declared: Vec<Entry> = entries.clone();
+    for e in &declared {
+        if e.export != e.name && names.insert(e.export.clone()) {
+            entries.push(Entry {
+                name: e.export.clone(),
+                brief: format!("`{}` under its export's name: {}", e.name, e.brief),
+                kind: EntryKind::ExportName,
+                ..e.clone()
+            });
+        }
+    }
+
+    // Every typedef: the public ones as a normal program sees them, then the internal ones.
+    let mut pfns: Vec<(&Pfn, bool)> = normal.pfns.iter().map(|p| (p, false)).collect();
+    for p in &internal.pfns {
+        if !normal.pfns.iter().any(|n| n.typedef == p.typedef) {
+            pfns.push((p, true));
+        }
+    }
+    let available = |p: &Pfn| -> Result<(), String> {
+        let missing: BTreeSet<String> = p
+            .params
+            .iter()
+            .chain(p.output.iter())
+            .flat_map(super::model::named_types)
+            .filter(|n| !normal.defines_type(n))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "names types only `__CUDA_API_VERSION_INTERNAL` defines: {}",
+                missing.into_iter().collect::<Vec<_>>().join(", ")
+            ))
+        }
+    };
+    let mut left_out = Vec::new();
+    let mut internal_used = Vec::new();
+    let mut legacy: Vec<&(&Pfn, bool)> = pfns.iter().filter(|(p, _)| !p.per_thread).collect();
+    legacy.sort_by(|a, b| (&a.0.base, a.0.version).cmp(&(&b.0.base, b.0.version)));
+    for &&(pfn, is_internal) in &legacy {
+        if keys.contains(&(pfn.base.clone(), pfn.version)) {
+            continue;
+        }
+        if let Err(reason) = available(pfn) {
+            left_out.push((pfn.typedef.clone(), reason));
+            continue;
+        }
+        let ordinal = all_versions
+            .get(&pfn.base)
+            .and_then(|v| v.iter().position(|&x| x == pfn.version))
+            .map(|i| i + 1)
+            .unwrap_or_else(|| panic!("{} is not among cudaTypedefs.h's versions", pfn.typedef));
+        let export = if ordinal == 1 {
+            pfn.base.clone()
+        } else {
+            format!("{}_v{ordinal}", pfn.base)
+        };
+        let name = if names.contains(&export) {
+            format!("{}_v{}", pfn.base, pfn.version)
+        } else {
+            export.clone()
+        };
+        if names.contains(&name) {
+            left_out.push((pfn.typedef.clone(), format!("the name `{name}` is taken")));
+            continue;
+        }
+        let signature = internal.canonical_signature(pfn.params.iter(), &pfn.output);
+        let per_thread = pfns
+            .iter()
+            .filter(|(p, _)| p.per_thread && p.base == pfn.base && p.version >= pfn.version)
+            .filter(|(p, _)| internal.canonical_signature(p.params.iter(), &p.output) == signature)
+            .filter(|(p, _)| available(p).is_ok())
+            .min_by_key(|(p, _)| p.version);
+        if let Some((p, true)) = per_thread {
+            internal_used.push(p.typedef.clone());
+        }
+        let newest = entries
+            .iter()
+            .filter(|e| e.symbol == pfn.base && e.kind == EntryKind::Declared)
+            .max_by_key(|e| e.version)
+            .map(|e| format!(" (`{}` is bound at {})", e.name, e.version))
+            .unwrap_or_default();
+        if is_internal {
+            internal_used.push(pfn.typedef.clone());
+        }
+        keys.insert((pfn.base.clone(), pfn.version));
+        names.insert(name.clone());
+        entries.push(Entry {
+            name,
+            symbol: pfn.base.clone(),
+            version: pfn.version,
+            per_thread_export: per_thread.map(|(p, _)| {
+                format!(
+                    "{export}{}",
+                    p.per_thread_suffix.as_deref().unwrap_or("_ptsz")
+                )
+            }),
+            per_thread_version: per_thread.map(|(p, _)| p.version),
+            export,
+            params: pfn
+                .params
+                .iter()
+                .zip(&pfn.param_names)
+                .enumerate()
+                .map(|(i, (t, n))| {
+                    (
+                        n.clone().unwrap_or_else(|| format!("arg{i}")),
+                        print_type(t),
+                    )
+                })
+                .collect(),
+            pfn: pfn.typedef.clone(),
+            brief: format!(
+                "The ABI variant {} of `{}`, with `{}`'s signature{newest}.",
+                pfn.version, pfn.base, pfn.typedef
+            ),
+            kind: EntryKind::Variant,
+            signature,
+            family: Vec::new(),
+        });
+    }
+    internal_used.sort();
+    internal_used.dedup();
+    (left_out, internal_used)
 }
 
 /// The `PFN_` typedefs for `name`, or for `name` less a `_v<digits>` suffix (`cuLaunchHostFunc_v2` is
@@ -256,7 +444,8 @@ impl Table {
         s.push_str(
             "// One line per driver function: `name(params) = ABI version, cuGetProcAddress symbol,\n\
              // library export, per-thread export (\"\" if none), its ABI version (0 if none), PFN\n\
-             // typedef;`. See cuda-sys/src/table.rs.\n",
+             // typedef, [the entries of its symbol with its signature, newest first];`. See\n\
+             // cuda-sys/src/table.rs and functions.rs.\n",
         );
         s.push_str("driver_function_table! {\n");
         for e in &self.entries {
@@ -264,7 +453,7 @@ impl Table {
             let params: Vec<String> = e.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
             let _ = writeln!(
                 s,
-                "    {}({}) = {}, {:?}, {:?}, {:?}, {}, {};",
+                "    {}({}) = {}, {:?}, {:?}, {:?}, {}, {}, [{}];",
                 e.name,
                 params.join(", "),
                 e.version,
@@ -272,7 +461,8 @@ impl Table {
                 e.export,
                 e.per_thread_export.as_deref().unwrap_or(""),
                 e.per_thread_version.unwrap_or(0),
-                e.pfn
+                e.pfn,
+                e.family.join(", ")
             );
         }
         s.push_str("}\n");
@@ -292,7 +482,25 @@ impl Table {
             .iter()
             .filter(|e| e.per_thread_export.is_some())
             .count();
-        let _ = writeln!(s, "- functions in the table: **{}**", self.entries.len());
+        let declared = self
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::Declared)
+            .count();
+        let _ = writeln!(
+            s,
+            "- entries in the table: **{}** ({declared} `cuda.h` declarations, {} export names, {} \
+             older ABI variants)",
+            self.entries.len(),
+            self.entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::ExportName)
+                .count(),
+            self.entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::Variant)
+                .count()
+        );
         let _ = writeln!(
             s,
             "- with a per-thread default-stream variant: {per_thread}"
@@ -303,7 +511,11 @@ impl Table {
             self.left_out.len()
         );
         let mut by_major: BTreeMap<u32, usize> = BTreeMap::new();
-        for e in &self.entries {
+        for e in self
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::Declared)
+        {
             *by_major.entry(e.version / 1000).or_default() += 1;
         }
         let _ = writeln!(s, "| ABI version | functions |\n| --- | --- |");
@@ -325,7 +537,11 @@ impl Table {
             s,
             "| name | symbol | version | export |\n| --- | --- | --- | --- |"
         );
-        for e in self.entries.iter().filter(|e| e.name != e.symbol) {
+        for e in self
+            .entries
+            .iter()
+            .filter(|e| e.name != e.symbol && e.kind == EntryKind::Declared)
+        {
             let _ = writeln!(
                 s,
                 "| `{}` | `{}` | {} | `{}` |",
@@ -335,11 +551,77 @@ impl Table {
         if !self.alias_only.is_empty() {
             let _ = writeln!(s, "\n## `cuda.h` macro names served by another entry\n");
             for (alias, target) in &self.alias_only {
-                let _ = writeln!(
-                    s,
-                    "- `{alias}` is `#define`d to `{target}` and has no typedef of its own: call `{target}`."
-                );
+                match self.entries.iter().find(|e| &e.name == alias) {
+                    // An older ABI's export has the macro's name (cuGraphInstantiate, 10.0).
+                    Some(e) => {
+                        let _ = writeln!(
+                            s,
+                            "- `{alias}` is `#define`d to `{target}`: for what the macro means, call \
+                             `{target}`. The table's `{alias}` is the export of that name, the ABI \
+                             variant {} (`{}`), with that older signature.",
+                            e.version, e.pfn
+                        );
+                    }
+                    None => {
+                        let _ = writeln!(
+                            s,
+                            "- `{alias}` is `#define`d to `{target}` and has no typedef of its own: \
+                             call `{target}`."
+                        );
+                    }
+                }
             }
+        }
+        let variants: Vec<&Entry> = self
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::Variant)
+            .collect();
+        let _ = writeln!(
+            s,
+            "\n## ABI variants\n\nEvery `PFN_<name>_v<version>` of `cudaTypedefs.h` that no declaration \
+             of `cuda.h` binds is an entry of its own: {} variants, each with its typedef's \
+             signature, gated on its version and resolved lazily (`cuGetProcAddress` at that \
+             version; before 11.3, the export).\n",
+            variants.len()
+        );
+        let _ = writeln!(
+            s,
+            "| name | symbol | version | export | per-thread export |\n| --- | --- | --- | --- | --- |"
+        );
+        for e in &variants {
+            let _ = writeln!(
+                s,
+                "| `{}` | `{}` | {} | `{}` | {} |",
+                e.name,
+                e.symbol,
+                e.version,
+                e.export,
+                e.per_thread_export
+                    .as_deref()
+                    .map(|p| format!("`{p}` ({})", e.per_thread_version.unwrap_or(0)))
+                    .unwrap_or_default()
+            );
+        }
+        let exports: Vec<String> = self
+            .entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::ExportName)
+            .map(|e| format!("`{}`", e.name))
+            .collect();
+        let _ = writeln!(
+            s,
+            "\n## Export names\n\n{} entries repeat a declaration under its export's name (the \
+             name cudarc and the headers' exports use): {}.",
+            exports.len(),
+            exports.join(", ")
+        );
+        let _ = writeln!(s, "\n## Typedefs without an entry\n");
+        if self.typedefs_left_out.is_empty() {
+            let _ = writeln!(s, "None.");
+        }
+        for (typedef, reason) in &self.typedefs_left_out {
+            let _ = writeln!(s, "- `{typedef}`: {reason}");
         }
         if !self.ambiguous.is_empty() {
             let _ = writeln!(

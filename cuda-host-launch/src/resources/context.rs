@@ -194,39 +194,18 @@ unsafe impl Send for Release {}
 type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
 
 /// `cuDevicePrimaryCtxRelease`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
-/// 7.0 variant, which has the same signature.
+/// 7.0 variant, which has the same signature: the newest the driver has.
 fn primary_release(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    primary_call(
-        driver,
-        "cuDevicePrimaryCtxRelease",
-        driver.raw().cuDevicePrimaryCtxRelease(),
-    )
+    Ok(driver
+        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)?
+        .0)
 }
 
 /// `cuDevicePrimaryCtxReset`, with the same fallback.
 fn primary_reset(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    primary_call(
-        driver,
-        "cuDevicePrimaryCtxReset",
-        driver.raw().cuDevicePrimaryCtxReset(),
-    )
-}
-
-fn primary_call(
-    driver: &cuda_sys::Driver,
-    symbol: &str,
-    table: Result<PrimaryCall, cuda_sys::Error>,
-) -> Result<PrimaryCall, cuda_sys::Error> {
-    match table {
-        Err(cuda_sys::Error::DriverTooOld { .. }) => {
-            // Before 11.3 the lookup is by export name: the plain name is the 7.0 variant.
-            let p = driver.get_proc_address(symbol, 7000, driver.default_stream())?;
-            // SAFETY: the 7.0 variants of both functions take a CUdevice and return a CUresult
-            // (PFN_cuDevicePrimaryCtxRelease_v7000, PFN_cuDevicePrimaryCtxReset_v7000).
-            Ok(unsafe { std::mem::transmute::<*mut std::ffi::c_void, PrimaryCall>(p.as_ptr()) })
-        }
-        other => other,
-    }
+    Ok(driver
+        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)?
+        .0)
 }
 
 impl Drop for Release {

@@ -20029,3 +20029,180 @@ pub type PFN_cuCheckpointProcessUnlock_v12080 = ::std::option::Option<
 pub type PFN_cuCheckpointOperationComplete_v13040 = ::std::option::Option<
     unsafe extern "C" fn(handle: CUcheckpointOperationHandle) -> CUresult,
 >;
+
+// The older ABIs' typedefs that cudaTypedefs.h declares only under
+// __CUDA_API_VERSION_INTERNAL and that name only public types: the table's variants use them.
+pub type PFN_cuCtxCreate_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        pctx: *mut CUcontext,
+        flags: ::std::os::raw::c_uint,
+        dev: CUdevice_v1,
+    ) -> CUresult,
+>;
+pub type PFN_cuCtxDestroy_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(ctx: CUcontext) -> CUresult,
+>;
+pub type PFN_cuCtxPopCurrent_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult,
+>;
+pub type PFN_cuCtxPushCurrent_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(ctx: CUcontext) -> CUresult,
+>;
+pub type PFN_cuDevicePrimaryCtxRelease_v7000 = ::std::option::Option<
+    unsafe extern "C" fn(dev: CUdevice_v1) -> CUresult,
+>;
+pub type PFN_cuDevicePrimaryCtxReset_v7000 = ::std::option::Option<
+    unsafe extern "C" fn(dev: CUdevice_v1) -> CUresult,
+>;
+pub type PFN_cuDevicePrimaryCtxSetFlags_v7000 = ::std::option::Option<
+    unsafe extern "C" fn(dev: CUdevice_v1, flags: ::std::os::raw::c_uint) -> CUresult,
+>;
+pub type PFN_cuDeviceTotalMem_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        bytes: *mut ::std::os::raw::c_uint,
+        dev: CUdevice_v1,
+    ) -> CUresult,
+>;
+pub type PFN_cuEventDestroy_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(hEvent: CUevent) -> CUresult,
+>;
+pub type PFN_cuGraphInstantiate_v10000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        phGraphExec: *mut CUgraphExec,
+        hGraph: CUgraph,
+        phErrorNode: *mut CUgraphNode,
+        logBuffer: *mut ::std::os::raw::c_char,
+        bufferSize: usize,
+    ) -> CUresult,
+>;
+pub type PFN_cuGraphInstantiate_v11000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        phGraphExec: *mut CUgraphExec,
+        hGraph: CUgraph,
+        phErrorNode: *mut CUgraphNode,
+        logBuffer: *mut ::std::os::raw::c_char,
+        bufferSize: usize,
+    ) -> CUresult,
+>;
+pub type PFN_cuGraphicsResourceSetMapFlags_v3000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        resource: CUgraphicsResource,
+        flags: ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuIpcOpenMemHandle_v4010 = ::std::option::Option<
+    unsafe extern "C" fn(
+        pdptr: *mut CUdeviceptr_v2,
+        handle: CUipcMemHandle_v1,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuLinkAddData_v5050 = ::std::option::Option<
+    unsafe extern "C" fn(
+        state: CUlinkState,
+        type_: CUjitInputType,
+        data: *mut ::std::os::raw::c_void,
+        size: usize,
+        name: *const ::std::os::raw::c_char,
+        numOptions: ::std::os::raw::c_uint,
+        options: *mut CUjit_option,
+        optionValues: *mut *mut ::std::os::raw::c_void,
+    ) -> CUresult,
+>;
+pub type PFN_cuLinkAddFile_v5050 = ::std::option::Option<
+    unsafe extern "C" fn(
+        state: CUlinkState,
+        type_: CUjitInputType,
+        path: *const ::std::os::raw::c_char,
+        numOptions: ::std::os::raw::c_uint,
+        options: *mut CUjit_option,
+        optionValues: *mut *mut ::std::os::raw::c_void,
+    ) -> CUresult,
+>;
+pub type PFN_cuLinkCreate_v5050 = ::std::option::Option<
+    unsafe extern "C" fn(
+        numOptions: ::std::os::raw::c_uint,
+        options: *mut CUjit_option,
+        optionValues: *mut *mut ::std::os::raw::c_void,
+        stateOut: *mut CUlinkState,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemAllocHost_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        pp: *mut *mut ::std::os::raw::c_void,
+        bytesize: ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemGetInfo_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        free: *mut ::std::os::raw::c_uint,
+        total: *mut ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemHostRegister_v4000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        p: *mut ::std::os::raw::c_void,
+        bytesize: usize,
+        Flags: ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemcpyAtoA_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        dstArray: CUarray,
+        dstOffset: ::std::os::raw::c_uint,
+        srcArray: CUarray,
+        srcOffset: ::std::os::raw::c_uint,
+        ByteCount: ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemcpyAtoHAsync_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        dstHost: *mut ::std::os::raw::c_void,
+        srcArray: CUarray,
+        srcOffset: ::std::os::raw::c_uint,
+        ByteCount: ::std::os::raw::c_uint,
+        hStream: CUstream,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemcpyAtoH_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        dstHost: *mut ::std::os::raw::c_void,
+        srcArray: CUarray,
+        srcOffset: ::std::os::raw::c_uint,
+        ByteCount: ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemcpyHtoAAsync_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        dstArray: CUarray,
+        dstOffset: ::std::os::raw::c_uint,
+        srcHost: *const ::std::os::raw::c_void,
+        ByteCount: ::std::os::raw::c_uint,
+        hStream: CUstream,
+    ) -> CUresult,
+>;
+pub type PFN_cuMemcpyHtoA_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(
+        dstArray: CUarray,
+        dstOffset: ::std::os::raw::c_uint,
+        srcHost: *const ::std::os::raw::c_void,
+        ByteCount: ::std::os::raw::c_uint,
+    ) -> CUresult,
+>;
+pub type PFN_cuStreamBeginCapture_v10000 = ::std::option::Option<
+    unsafe extern "C" fn(hStream: CUstream) -> CUresult,
+>;
+pub type PFN_cuStreamBeginCapture_v10000_ptsz = ::std::option::Option<
+    unsafe extern "C" fn(hStream: CUstream) -> CUresult,
+>;
+pub type PFN_cuStreamDestroy_v2000 = ::std::option::Option<
+    unsafe extern "C" fn(hStream: CUstream) -> CUresult,
+>;
+pub type PFN_cuTexRefSetAddress2D_v3020 = ::std::option::Option<
+    unsafe extern "C" fn(
+        hTexRef: CUtexref,
+        desc: *const CUDA_ARRAY_DESCRIPTOR_v2,
+        dptr: CUdeviceptr_v2,
+        Pitch: usize,
+    ) -> CUresult,
+>;

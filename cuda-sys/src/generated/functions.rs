@@ -3,990 +3,1265 @@
 
 // One line per driver function: `name(params) = ABI version, cuGetProcAddress symbol,
 // library export, per-thread export ("" if none), its ABI version (0 if none), PFN
-// typedef;`. See cuda-sys/src/table.rs.
+// typedef, [the entries of its symbol with its signature, newest first];`. See
+// cuda-sys/src/table.rs and functions.rs.
 driver_function_table! {
     /// Gets the string description of an error code
-    cuGetErrorString(error: CUresult, pStr: *mut *const ::std::os::raw::c_char) = 6000, "cuGetErrorString", "cuGetErrorString", "", 0, PFN_cuGetErrorString_v6000;
+    cuGetErrorString(error: CUresult, pStr: *mut *const ::std::os::raw::c_char) = 6000, "cuGetErrorString", "cuGetErrorString", "", 0, PFN_cuGetErrorString_v6000, [cuGetErrorString];
     /// Gets the string representation of an error code enum name
-    cuGetErrorName(error: CUresult, pStr: *mut *const ::std::os::raw::c_char) = 6000, "cuGetErrorName", "cuGetErrorName", "", 0, PFN_cuGetErrorName_v6000;
+    cuGetErrorName(error: CUresult, pStr: *mut *const ::std::os::raw::c_char) = 6000, "cuGetErrorName", "cuGetErrorName", "", 0, PFN_cuGetErrorName_v6000, [cuGetErrorName];
     /// Initialize the CUDA driver API Initializes the driver API and must be called before any other function from the driver API in the current process. Currently, the \p Flags parameter must be 0. If ::cuInit() has not been called, any function from the driver API will return ::CUDA_ERROR_NOT_INITIALIZED. Repeated calls to ::cuInit() have no additional effect.
-    cuInit(Flags: ::std::os::raw::c_uint) = 2000, "cuInit", "cuInit", "", 0, PFN_cuInit_v2000;
+    cuInit(Flags: ::std::os::raw::c_uint) = 2000, "cuInit", "cuInit", "", 0, PFN_cuInit_v2000, [cuInit];
     /// Returns the latest CUDA version supported by driver
-    cuDriverGetVersion(driverVersion: *mut ::std::os::raw::c_int) = 2020, "cuDriverGetVersion", "cuDriverGetVersion", "", 0, PFN_cuDriverGetVersion_v2020;
+    cuDriverGetVersion(driverVersion: *mut ::std::os::raw::c_int) = 2020, "cuDriverGetVersion", "cuDriverGetVersion", "", 0, PFN_cuDriverGetVersion_v2020, [cuDriverGetVersion];
     /// Returns a handle to a compute device
-    cuDeviceGet(device: *mut CUdevice, ordinal: ::std::os::raw::c_int) = 2000, "cuDeviceGet", "cuDeviceGet", "", 0, PFN_cuDeviceGet_v2000;
+    cuDeviceGet(device: *mut CUdevice, ordinal: ::std::os::raw::c_int) = 2000, "cuDeviceGet", "cuDeviceGet", "", 0, PFN_cuDeviceGet_v2000, [cuDeviceGet];
     /// Returns the number of compute-capable devices
-    cuDeviceGetCount(count: *mut ::std::os::raw::c_int) = 2000, "cuDeviceGetCount", "cuDeviceGetCount", "", 0, PFN_cuDeviceGetCount_v2000;
+    cuDeviceGetCount(count: *mut ::std::os::raw::c_int) = 2000, "cuDeviceGetCount", "cuDeviceGetCount", "", 0, PFN_cuDeviceGetCount_v2000, [cuDeviceGetCount];
     /// Returns an identifier string for the device
-    cuDeviceGetName(name: *mut ::std::os::raw::c_char, len: ::std::os::raw::c_int, dev: CUdevice) = 2000, "cuDeviceGetName", "cuDeviceGetName", "", 0, PFN_cuDeviceGetName_v2000;
+    cuDeviceGetName(name: *mut ::std::os::raw::c_char, len: ::std::os::raw::c_int, dev: CUdevice) = 2000, "cuDeviceGetName", "cuDeviceGetName", "", 0, PFN_cuDeviceGetName_v2000, [cuDeviceGetName];
     /// Return an UUID for the device
-    cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) = 11040, "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "", 0, PFN_cuDeviceGetUuid_v11040;
+    cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) = 11040, "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "", 0, PFN_cuDeviceGetUuid_v11040, [cuDeviceGetUuid, cuDeviceGetUuid_v9020];
     /// Return an LUID and device node mask for the device
-    cuDeviceGetLuid(luid: *mut ::std::os::raw::c_char, deviceNodeMask: *mut ::std::os::raw::c_uint, dev: CUdevice) = 10000, "cuDeviceGetLuid", "cuDeviceGetLuid", "", 0, PFN_cuDeviceGetLuid_v10000;
+    cuDeviceGetLuid(luid: *mut ::std::os::raw::c_char, deviceNodeMask: *mut ::std::os::raw::c_uint, dev: CUdevice) = 10000, "cuDeviceGetLuid", "cuDeviceGetLuid", "", 0, PFN_cuDeviceGetLuid_v10000, [cuDeviceGetLuid];
     /// Returns the total amount of memory on the device
-    cuDeviceTotalMem(bytes: *mut usize, dev: CUdevice) = 3020, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "", 0, PFN_cuDeviceTotalMem_v3020;
+    cuDeviceTotalMem(bytes: *mut usize, dev: CUdevice) = 3020, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "", 0, PFN_cuDeviceTotalMem_v3020, [cuDeviceTotalMem];
     /// Returns the maximum number of elements allocatable in a 1D linear texture for a given texture element size.
-    cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: CUarray_format, numChannels: ::std::os::raw::c_uint, dev: CUdevice) = 11010, "cuDeviceGetTexture1DLinearMaxWidth", "cuDeviceGetTexture1DLinearMaxWidth", "", 0, PFN_cuDeviceGetTexture1DLinearMaxWidth_v11010;
+    cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: CUarray_format, numChannels: ::std::os::raw::c_uint, dev: CUdevice) = 11010, "cuDeviceGetTexture1DLinearMaxWidth", "cuDeviceGetTexture1DLinearMaxWidth", "", 0, PFN_cuDeviceGetTexture1DLinearMaxWidth_v11010, [cuDeviceGetTexture1DLinearMaxWidth];
     /// Returns information about the device
-    cuDeviceGetAttribute(pi: *mut ::std::os::raw::c_int, attrib: CUdevice_attribute, dev: CUdevice) = 2000, "cuDeviceGetAttribute", "cuDeviceGetAttribute", "", 0, PFN_cuDeviceGetAttribute_v2000;
+    cuDeviceGetAttribute(pi: *mut ::std::os::raw::c_int, attrib: CUdevice_attribute, dev: CUdevice) = 2000, "cuDeviceGetAttribute", "cuDeviceGetAttribute", "", 0, PFN_cuDeviceGetAttribute_v2000, [cuDeviceGetAttribute];
     /// Queries details about atomic operations supported between the device and host.
-    cuDeviceGetHostAtomicCapabilities(capabilities: *mut ::std::os::raw::c_uint, operations: *const CUatomicOperation, count: ::std::os::raw::c_uint, dev: CUdevice) = 13000, "cuDeviceGetHostAtomicCapabilities", "cuDeviceGetHostAtomicCapabilities", "", 0, PFN_cuDeviceGetHostAtomicCapabilities_v13000;
+    cuDeviceGetHostAtomicCapabilities(capabilities: *mut ::std::os::raw::c_uint, operations: *const CUatomicOperation, count: ::std::os::raw::c_uint, dev: CUdevice) = 13000, "cuDeviceGetHostAtomicCapabilities", "cuDeviceGetHostAtomicCapabilities", "", 0, PFN_cuDeviceGetHostAtomicCapabilities_v13000, [cuDeviceGetHostAtomicCapabilities];
     /// Return NvSciSync attributes that this device can support.
-    cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut ::std::os::raw::c_void, dev: CUdevice, flags: ::std::os::raw::c_int) = 10020, "cuDeviceGetNvSciSyncAttributes", "cuDeviceGetNvSciSyncAttributes", "", 0, PFN_cuDeviceGetNvSciSyncAttributes_v10020;
+    cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut ::std::os::raw::c_void, dev: CUdevice, flags: ::std::os::raw::c_int) = 10020, "cuDeviceGetNvSciSyncAttributes", "cuDeviceGetNvSciSyncAttributes", "", 0, PFN_cuDeviceGetNvSciSyncAttributes_v10020, [cuDeviceGetNvSciSyncAttributes];
     /// Sets the current memory pool of a device
-    cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) = 11020, "cuDeviceSetMemPool", "cuDeviceSetMemPool", "", 0, PFN_cuDeviceSetMemPool_v11020;
+    cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) = 11020, "cuDeviceSetMemPool", "cuDeviceSetMemPool", "", 0, PFN_cuDeviceSetMemPool_v11020, [cuDeviceSetMemPool];
     /// Gets the current mempool for a device
-    cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) = 11020, "cuDeviceGetMemPool", "cuDeviceGetMemPool", "", 0, PFN_cuDeviceGetMemPool_v11020;
+    cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) = 11020, "cuDeviceGetMemPool", "cuDeviceGetMemPool", "", 0, PFN_cuDeviceGetMemPool_v11020, [cuDeviceGetMemPool];
     /// Returns the default mempool of a device
-    cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) = 11020, "cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool", "", 0, PFN_cuDeviceGetDefaultMemPool_v11020;
+    cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice) = 11020, "cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool", "", 0, PFN_cuDeviceGetDefaultMemPool_v11020, [cuDeviceGetDefaultMemPool];
     /// Returns information about the execution affinity support of the device.
-    cuDeviceGetExecAffinitySupport(pi: *mut ::std::os::raw::c_int, type_: CUexecAffinityType, dev: CUdevice) = 11040, "cuDeviceGetExecAffinitySupport", "cuDeviceGetExecAffinitySupport", "", 0, PFN_cuDeviceGetExecAffinitySupport_v11040;
+    cuDeviceGetExecAffinitySupport(pi: *mut ::std::os::raw::c_int, type_: CUexecAffinityType, dev: CUdevice) = 11040, "cuDeviceGetExecAffinitySupport", "cuDeviceGetExecAffinitySupport", "", 0, PFN_cuDeviceGetExecAffinitySupport_v11040, [cuDeviceGetExecAffinitySupport];
     /// Blocks until remote writes are visible to the specified scope
-    cuFlushGPUDirectRDMAWrites(target: CUflushGPUDirectRDMAWritesTarget, scope: CUflushGPUDirectRDMAWritesScope) = 11030, "cuFlushGPUDirectRDMAWrites", "cuFlushGPUDirectRDMAWrites", "", 0, PFN_cuFlushGPUDirectRDMAWrites_v11030;
+    cuFlushGPUDirectRDMAWrites(target: CUflushGPUDirectRDMAWritesTarget, scope: CUflushGPUDirectRDMAWritesScope) = 11030, "cuFlushGPUDirectRDMAWrites", "cuFlushGPUDirectRDMAWrites", "", 0, PFN_cuFlushGPUDirectRDMAWrites_v11030, [cuFlushGPUDirectRDMAWrites];
     /// Returns properties for a selected device
-    cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) = 2000, "cuDeviceGetProperties", "cuDeviceGetProperties", "", 0, PFN_cuDeviceGetProperties_v2000;
+    cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice) = 2000, "cuDeviceGetProperties", "cuDeviceGetProperties", "", 0, PFN_cuDeviceGetProperties_v2000, [cuDeviceGetProperties];
     /// Returns the compute capability of the device
-    cuDeviceComputeCapability(major: *mut ::std::os::raw::c_int, minor: *mut ::std::os::raw::c_int, dev: CUdevice) = 2000, "cuDeviceComputeCapability", "cuDeviceComputeCapability", "", 0, PFN_cuDeviceComputeCapability_v2000;
+    cuDeviceComputeCapability(major: *mut ::std::os::raw::c_int, minor: *mut ::std::os::raw::c_int, dev: CUdevice) = 2000, "cuDeviceComputeCapability", "cuDeviceComputeCapability", "", 0, PFN_cuDeviceComputeCapability_v2000, [cuDeviceComputeCapability];
     /// Retain the primary context on the GPU
-    cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) = 7000, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", "", 0, PFN_cuDevicePrimaryCtxRetain_v7000;
+    cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) = 7000, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", "", 0, PFN_cuDevicePrimaryCtxRetain_v7000, [cuDevicePrimaryCtxRetain];
     /// Release the primary context on the GPU
-    cuDevicePrimaryCtxRelease(dev: CUdevice) = 11000, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "", 0, PFN_cuDevicePrimaryCtxRelease_v11000;
+    cuDevicePrimaryCtxRelease(dev: CUdevice) = 11000, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "", 0, PFN_cuDevicePrimaryCtxRelease_v11000, [cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v7000];
     /// Set flags for the primary context
-    cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: ::std::os::raw::c_uint) = 11000, "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "", 0, PFN_cuDevicePrimaryCtxSetFlags_v11000;
+    cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: ::std::os::raw::c_uint) = 11000, "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "", 0, PFN_cuDevicePrimaryCtxSetFlags_v11000, [cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v7000];
     /// Get the state of the primary context
-    cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut ::std::os::raw::c_uint, active: *mut ::std::os::raw::c_int) = 7000, "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxGetState", "", 0, PFN_cuDevicePrimaryCtxGetState_v7000;
+    cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut ::std::os::raw::c_uint, active: *mut ::std::os::raw::c_int) = 7000, "cuDevicePrimaryCtxGetState", "cuDevicePrimaryCtxGetState", "", 0, PFN_cuDevicePrimaryCtxGetState_v7000, [cuDevicePrimaryCtxGetState];
     /// Destroy all allocations and reset all state on the primary context
-    cuDevicePrimaryCtxReset(dev: CUdevice) = 11000, "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "", 0, PFN_cuDevicePrimaryCtxReset_v11000;
+    cuDevicePrimaryCtxReset(dev: CUdevice) = 11000, "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "", 0, PFN_cuDevicePrimaryCtxReset_v11000, [cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v7000];
     /// Create a CUDA context
-    cuCtxCreate(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: ::std::os::raw::c_uint, dev: CUdevice) = 12050, "cuCtxCreate", "cuCtxCreate_v4", "", 0, PFN_cuCtxCreate_v12050;
+    cuCtxCreate(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: ::std::os::raw::c_uint, dev: CUdevice) = 12050, "cuCtxCreate", "cuCtxCreate_v4", "", 0, PFN_cuCtxCreate_v12050, [cuCtxCreate];
     /// Destroy a CUDA context
-    cuCtxDestroy(ctx: CUcontext) = 4000, "cuCtxDestroy", "cuCtxDestroy_v2", "", 0, PFN_cuCtxDestroy_v4000;
+    cuCtxDestroy(ctx: CUcontext) = 4000, "cuCtxDestroy", "cuCtxDestroy_v2", "", 0, PFN_cuCtxDestroy_v4000, [cuCtxDestroy, cuCtxDestroy_v2000];
     /// Pushes a context on the current CPU thread
-    cuCtxPushCurrent(ctx: CUcontext) = 4000, "cuCtxPushCurrent", "cuCtxPushCurrent_v2", "", 0, PFN_cuCtxPushCurrent_v4000;
+    cuCtxPushCurrent(ctx: CUcontext) = 4000, "cuCtxPushCurrent", "cuCtxPushCurrent_v2", "", 0, PFN_cuCtxPushCurrent_v4000, [cuCtxPushCurrent, cuCtxPushCurrent_v2000];
     /// Pops the current CUDA context from the current CPU thread.
-    cuCtxPopCurrent(pctx: *mut CUcontext) = 4000, "cuCtxPopCurrent", "cuCtxPopCurrent_v2", "", 0, PFN_cuCtxPopCurrent_v4000;
+    cuCtxPopCurrent(pctx: *mut CUcontext) = 4000, "cuCtxPopCurrent", "cuCtxPopCurrent_v2", "", 0, PFN_cuCtxPopCurrent_v4000, [cuCtxPopCurrent, cuCtxPopCurrent_v2000];
     /// Binds the specified CUDA context to the calling CPU thread
-    cuCtxSetCurrent(ctx: CUcontext) = 4000, "cuCtxSetCurrent", "cuCtxSetCurrent", "", 0, PFN_cuCtxSetCurrent_v4000;
+    cuCtxSetCurrent(ctx: CUcontext) = 4000, "cuCtxSetCurrent", "cuCtxSetCurrent", "", 0, PFN_cuCtxSetCurrent_v4000, [cuCtxSetCurrent];
     /// Returns the CUDA context bound to the calling CPU thread.
-    cuCtxGetCurrent(pctx: *mut CUcontext) = 4000, "cuCtxGetCurrent", "cuCtxGetCurrent", "", 0, PFN_cuCtxGetCurrent_v4000;
+    cuCtxGetCurrent(pctx: *mut CUcontext) = 4000, "cuCtxGetCurrent", "cuCtxGetCurrent", "", 0, PFN_cuCtxGetCurrent_v4000, [cuCtxGetCurrent];
     /// Returns the device handle for the current context
-    cuCtxGetDevice(device: *mut CUdevice) = 2000, "cuCtxGetDevice", "cuCtxGetDevice", "", 0, PFN_cuCtxGetDevice_v2000;
+    cuCtxGetDevice(device: *mut CUdevice) = 2000, "cuCtxGetDevice", "cuCtxGetDevice", "", 0, PFN_cuCtxGetDevice_v2000, [cuCtxGetDevice];
     /// Returns the device handle for the specified context
-    cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) = 13000, "cuCtxGetDevice", "cuCtxGetDevice_v2", "", 0, PFN_cuCtxGetDevice_v13000;
+    cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) = 13000, "cuCtxGetDevice", "cuCtxGetDevice_v2", "", 0, PFN_cuCtxGetDevice_v13000, [cuCtxGetDevice_v2];
     /// Returns the flags for the current context
-    cuCtxGetFlags(flags: *mut ::std::os::raw::c_uint) = 7000, "cuCtxGetFlags", "cuCtxGetFlags", "", 0, PFN_cuCtxGetFlags_v7000;
+    cuCtxGetFlags(flags: *mut ::std::os::raw::c_uint) = 7000, "cuCtxGetFlags", "cuCtxGetFlags", "", 0, PFN_cuCtxGetFlags_v7000, [cuCtxGetFlags];
     /// Sets the flags for the current context
-    cuCtxSetFlags(flags: ::std::os::raw::c_uint) = 12010, "cuCtxSetFlags", "cuCtxSetFlags", "", 0, PFN_cuCtxSetFlags_v12010;
+    cuCtxSetFlags(flags: ::std::os::raw::c_uint) = 12010, "cuCtxSetFlags", "cuCtxSetFlags", "", 0, PFN_cuCtxSetFlags_v12010, [cuCtxSetFlags];
     /// Returns the unique Id associated with the context supplied
-    cuCtxGetId(ctx: CUcontext, ctxId: *mut ::std::os::raw::c_ulonglong) = 12000, "cuCtxGetId", "cuCtxGetId", "", 0, PFN_cuCtxGetId_v12000;
+    cuCtxGetId(ctx: CUcontext, ctxId: *mut ::std::os::raw::c_ulonglong) = 12000, "cuCtxGetId", "cuCtxGetId", "", 0, PFN_cuCtxGetId_v12000, [cuCtxGetId];
     /// Block for the current context's tasks to complete
-    cuCtxSynchronize() = 2000, "cuCtxSynchronize", "cuCtxSynchronize", "", 0, PFN_cuCtxSynchronize_v2000;
+    cuCtxSynchronize() = 2000, "cuCtxSynchronize", "cuCtxSynchronize", "", 0, PFN_cuCtxSynchronize_v2000, [cuCtxSynchronize];
     /// Block for the specified context's tasks to complete
-    cuCtxSynchronize_v2(ctx: CUcontext) = 13000, "cuCtxSynchronize", "cuCtxSynchronize_v2", "", 0, PFN_cuCtxSynchronize_v13000;
+    cuCtxSynchronize_v2(ctx: CUcontext) = 13000, "cuCtxSynchronize", "cuCtxSynchronize_v2", "", 0, PFN_cuCtxSynchronize_v13000, [cuCtxSynchronize_v2];
     /// Set resource limits
-    cuCtxSetLimit(limit: CUlimit, value: usize) = 3010, "cuCtxSetLimit", "cuCtxSetLimit", "", 0, PFN_cuCtxSetLimit_v3010;
+    cuCtxSetLimit(limit: CUlimit, value: usize) = 3010, "cuCtxSetLimit", "cuCtxSetLimit", "", 0, PFN_cuCtxSetLimit_v3010, [cuCtxSetLimit];
     /// Returns resource limits
-    cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit) = 3010, "cuCtxGetLimit", "cuCtxGetLimit", "", 0, PFN_cuCtxGetLimit_v3010;
+    cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit) = 3010, "cuCtxGetLimit", "cuCtxGetLimit", "", 0, PFN_cuCtxGetLimit_v3010, [cuCtxGetLimit];
     /// Returns the preferred cache configuration for the current context.
-    cuCtxGetCacheConfig(pconfig: *mut CUfunc_cache) = 3020, "cuCtxGetCacheConfig", "cuCtxGetCacheConfig", "", 0, PFN_cuCtxGetCacheConfig_v3020;
+    cuCtxGetCacheConfig(pconfig: *mut CUfunc_cache) = 3020, "cuCtxGetCacheConfig", "cuCtxGetCacheConfig", "", 0, PFN_cuCtxGetCacheConfig_v3020, [cuCtxGetCacheConfig];
     /// Sets the preferred cache configuration for the current context.
-    cuCtxSetCacheConfig(config: CUfunc_cache) = 3020, "cuCtxSetCacheConfig", "cuCtxSetCacheConfig", "", 0, PFN_cuCtxSetCacheConfig_v3020;
+    cuCtxSetCacheConfig(config: CUfunc_cache) = 3020, "cuCtxSetCacheConfig", "cuCtxSetCacheConfig", "", 0, PFN_cuCtxSetCacheConfig_v3020, [cuCtxSetCacheConfig];
     /// Gets the context's API version.
-    cuCtxGetApiVersion(ctx: CUcontext, version: *mut ::std::os::raw::c_uint) = 3020, "cuCtxGetApiVersion", "cuCtxGetApiVersion", "", 0, PFN_cuCtxGetApiVersion_v3020;
+    cuCtxGetApiVersion(ctx: CUcontext, version: *mut ::std::os::raw::c_uint) = 3020, "cuCtxGetApiVersion", "cuCtxGetApiVersion", "", 0, PFN_cuCtxGetApiVersion_v3020, [cuCtxGetApiVersion];
     /// Returns numerical values that correspond to the least and greatest stream priorities.
-    cuCtxGetStreamPriorityRange(leastPriority: *mut ::std::os::raw::c_int, greatestPriority: *mut ::std::os::raw::c_int) = 5050, "cuCtxGetStreamPriorityRange", "cuCtxGetStreamPriorityRange", "", 0, PFN_cuCtxGetStreamPriorityRange_v5050;
+    cuCtxGetStreamPriorityRange(leastPriority: *mut ::std::os::raw::c_int, greatestPriority: *mut ::std::os::raw::c_int) = 5050, "cuCtxGetStreamPriorityRange", "cuCtxGetStreamPriorityRange", "", 0, PFN_cuCtxGetStreamPriorityRange_v5050, [cuCtxGetStreamPriorityRange];
     /// Resets all persisting lines in cache to normal status.
-    cuCtxResetPersistingL2Cache() = 11000, "cuCtxResetPersistingL2Cache", "cuCtxResetPersistingL2Cache", "", 0, PFN_cuCtxResetPersistingL2Cache_v11000;
+    cuCtxResetPersistingL2Cache() = 11000, "cuCtxResetPersistingL2Cache", "cuCtxResetPersistingL2Cache", "", 0, PFN_cuCtxResetPersistingL2Cache_v11000, [cuCtxResetPersistingL2Cache];
     /// Returns the execution affinity setting for the current context.
-    cuCtxGetExecAffinity(pExecAffinity: *mut CUexecAffinityParam, type_: CUexecAffinityType) = 11040, "cuCtxGetExecAffinity", "cuCtxGetExecAffinity", "", 0, PFN_cuCtxGetExecAffinity_v11040;
+    cuCtxGetExecAffinity(pExecAffinity: *mut CUexecAffinityParam, type_: CUexecAffinityType) = 11040, "cuCtxGetExecAffinity", "cuCtxGetExecAffinity", "", 0, PFN_cuCtxGetExecAffinity_v11040, [cuCtxGetExecAffinity];
     /// Records an event.
-    cuCtxRecordEvent(hCtx: CUcontext, hEvent: CUevent) = 12050, "cuCtxRecordEvent", "cuCtxRecordEvent", "", 0, PFN_cuCtxRecordEvent_v12050;
+    cuCtxRecordEvent(hCtx: CUcontext, hEvent: CUevent) = 12050, "cuCtxRecordEvent", "cuCtxRecordEvent", "", 0, PFN_cuCtxRecordEvent_v12050, [cuCtxRecordEvent];
     /// Make a context wait on an event
-    cuCtxWaitEvent(hCtx: CUcontext, hEvent: CUevent) = 12050, "cuCtxWaitEvent", "cuCtxWaitEvent", "", 0, PFN_cuCtxWaitEvent_v12050;
+    cuCtxWaitEvent(hCtx: CUcontext, hEvent: CUevent) = 12050, "cuCtxWaitEvent", "cuCtxWaitEvent", "", 0, PFN_cuCtxWaitEvent_v12050, [cuCtxWaitEvent];
     /// Increment a context's usage-count
-    cuCtxAttach(pctx: *mut CUcontext, flags: ::std::os::raw::c_uint) = 2000, "cuCtxAttach", "cuCtxAttach", "", 0, PFN_cuCtxAttach_v2000;
+    cuCtxAttach(pctx: *mut CUcontext, flags: ::std::os::raw::c_uint) = 2000, "cuCtxAttach", "cuCtxAttach", "", 0, PFN_cuCtxAttach_v2000, [cuCtxAttach];
     /// Decrement a context's usage-count
-    cuCtxDetach(ctx: CUcontext) = 2000, "cuCtxDetach", "cuCtxDetach", "", 0, PFN_cuCtxDetach_v2000;
+    cuCtxDetach(ctx: CUcontext) = 2000, "cuCtxDetach", "cuCtxDetach", "", 0, PFN_cuCtxDetach_v2000, [cuCtxDetach];
     /// Returns the current shared memory configuration for the current context.
-    cuCtxGetSharedMemConfig(pConfig: *mut CUsharedconfig) = 4020, "cuCtxGetSharedMemConfig", "cuCtxGetSharedMemConfig", "", 0, PFN_cuCtxGetSharedMemConfig_v4020;
+    cuCtxGetSharedMemConfig(pConfig: *mut CUsharedconfig) = 4020, "cuCtxGetSharedMemConfig", "cuCtxGetSharedMemConfig", "", 0, PFN_cuCtxGetSharedMemConfig_v4020, [cuCtxGetSharedMemConfig];
     /// Sets the shared memory configuration for the current context.
-    cuCtxSetSharedMemConfig(config: CUsharedconfig) = 4020, "cuCtxSetSharedMemConfig", "cuCtxSetSharedMemConfig", "", 0, PFN_cuCtxSetSharedMemConfig_v4020;
+    cuCtxSetSharedMemConfig(config: CUsharedconfig) = 4020, "cuCtxSetSharedMemConfig", "cuCtxSetSharedMemConfig", "", 0, PFN_cuCtxSetSharedMemConfig_v4020, [cuCtxSetSharedMemConfig];
     /// Loads a compute module
-    cuModuleLoad(module: *mut CUmodule, fname: *const ::std::os::raw::c_char) = 2000, "cuModuleLoad", "cuModuleLoad", "", 0, PFN_cuModuleLoad_v2000;
+    cuModuleLoad(module: *mut CUmodule, fname: *const ::std::os::raw::c_char) = 2000, "cuModuleLoad", "cuModuleLoad", "", 0, PFN_cuModuleLoad_v2000, [cuModuleLoad];
     /// Load a module's data
-    cuModuleLoadData(module: *mut CUmodule, image: *const ::std::os::raw::c_void) = 2000, "cuModuleLoadData", "cuModuleLoadData", "", 0, PFN_cuModuleLoadData_v2000;
+    cuModuleLoadData(module: *mut CUmodule, image: *const ::std::os::raw::c_void) = 2000, "cuModuleLoadData", "cuModuleLoadData", "", 0, PFN_cuModuleLoadData_v2000, [cuModuleLoadData];
     /// Load a module's data with options
-    cuModuleLoadDataEx(module: *mut CUmodule, image: *const ::std::os::raw::c_void, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 2010, "cuModuleLoadDataEx", "cuModuleLoadDataEx", "", 0, PFN_cuModuleLoadDataEx_v2010;
+    cuModuleLoadDataEx(module: *mut CUmodule, image: *const ::std::os::raw::c_void, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 2010, "cuModuleLoadDataEx", "cuModuleLoadDataEx", "", 0, PFN_cuModuleLoadDataEx_v2010, [cuModuleLoadDataEx];
     /// Load a module's data
-    cuModuleLoadFatBinary(module: *mut CUmodule, fatCubin: *const ::std::os::raw::c_void) = 2000, "cuModuleLoadFatBinary", "cuModuleLoadFatBinary", "", 0, PFN_cuModuleLoadFatBinary_v2000;
+    cuModuleLoadFatBinary(module: *mut CUmodule, fatCubin: *const ::std::os::raw::c_void) = 2000, "cuModuleLoadFatBinary", "cuModuleLoadFatBinary", "", 0, PFN_cuModuleLoadFatBinary_v2000, [cuModuleLoadFatBinary];
     /// Unloads a module
-    cuModuleUnload(hmod: CUmodule) = 2000, "cuModuleUnload", "cuModuleUnload", "", 0, PFN_cuModuleUnload_v2000;
+    cuModuleUnload(hmod: CUmodule) = 2000, "cuModuleUnload", "cuModuleUnload", "", 0, PFN_cuModuleUnload_v2000, [cuModuleUnload];
     /// Query lazy loading mode
-    cuModuleGetLoadingMode(mode: *mut CUmoduleLoadingMode) = 11070, "cuModuleGetLoadingMode", "cuModuleGetLoadingMode", "", 0, PFN_cuModuleGetLoadingMode_v11070;
+    cuModuleGetLoadingMode(mode: *mut CUmoduleLoadingMode) = 11070, "cuModuleGetLoadingMode", "cuModuleGetLoadingMode", "", 0, PFN_cuModuleGetLoadingMode_v11070, [cuModuleGetLoadingMode];
     /// Returns a function handle
-    cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 2000, "cuModuleGetFunction", "cuModuleGetFunction", "", 0, PFN_cuModuleGetFunction_v2000;
+    cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 2000, "cuModuleGetFunction", "cuModuleGetFunction", "", 0, PFN_cuModuleGetFunction_v2000, [cuModuleGetFunction];
     /// Returns the number of functions within a module
-    cuModuleGetFunctionCount(count: *mut ::std::os::raw::c_uint, mod_: CUmodule) = 12040, "cuModuleGetFunctionCount", "cuModuleGetFunctionCount", "", 0, PFN_cuModuleGetFunctionCount_v12040;
+    cuModuleGetFunctionCount(count: *mut ::std::os::raw::c_uint, mod_: CUmodule) = 12040, "cuModuleGetFunctionCount", "cuModuleGetFunctionCount", "", 0, PFN_cuModuleGetFunctionCount_v12040, [cuModuleGetFunctionCount];
     /// Returns the function handles within a module.
-    cuModuleEnumerateFunctions(functions: *mut CUfunction, numFunctions: ::std::os::raw::c_uint, mod_: CUmodule) = 12040, "cuModuleEnumerateFunctions", "cuModuleEnumerateFunctions", "", 0, PFN_cuModuleEnumerateFunctions_v12040;
+    cuModuleEnumerateFunctions(functions: *mut CUfunction, numFunctions: ::std::os::raw::c_uint, mod_: CUmodule) = 12040, "cuModuleEnumerateFunctions", "cuModuleEnumerateFunctions", "", 0, PFN_cuModuleEnumerateFunctions_v12040, [cuModuleEnumerateFunctions];
     /// Returns a global pointer from a module
-    cuModuleGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 3020, "cuModuleGetGlobal", "cuModuleGetGlobal_v2", "", 0, PFN_cuModuleGetGlobal_v3020;
+    cuModuleGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 3020, "cuModuleGetGlobal", "cuModuleGetGlobal_v2", "", 0, PFN_cuModuleGetGlobal_v3020, [cuModuleGetGlobal];
     /// Creates a pending JIT linker invocation.
-    cuLinkCreate(numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void, stateOut: *mut CUlinkState) = 6050, "cuLinkCreate", "cuLinkCreate_v2", "", 0, PFN_cuLinkCreate_v6050;
+    cuLinkCreate(numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void, stateOut: *mut CUlinkState) = 6050, "cuLinkCreate", "cuLinkCreate_v2", "", 0, PFN_cuLinkCreate_v6050, [cuLinkCreate, cuLinkCreate_v5050];
     /// Add an input to a pending linker invocation
-    cuLinkAddData(state: CUlinkState, type_: CUjitInputType, data: *mut ::std::os::raw::c_void, size: usize, name: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddData", "cuLinkAddData_v2", "", 0, PFN_cuLinkAddData_v6050;
+    cuLinkAddData(state: CUlinkState, type_: CUjitInputType, data: *mut ::std::os::raw::c_void, size: usize, name: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddData", "cuLinkAddData_v2", "", 0, PFN_cuLinkAddData_v6050, [cuLinkAddData, cuLinkAddData_v5050];
     /// Add a file input to a pending linker invocation
-    cuLinkAddFile(state: CUlinkState, type_: CUjitInputType, path: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddFile", "cuLinkAddFile_v2", "", 0, PFN_cuLinkAddFile_v6050;
+    cuLinkAddFile(state: CUlinkState, type_: CUjitInputType, path: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddFile", "cuLinkAddFile_v2", "", 0, PFN_cuLinkAddFile_v6050, [cuLinkAddFile, cuLinkAddFile_v5050];
     /// Complete a pending linker invocation
-    cuLinkComplete(state: CUlinkState, cubinOut: *mut *mut ::std::os::raw::c_void, sizeOut: *mut usize) = 5050, "cuLinkComplete", "cuLinkComplete", "", 0, PFN_cuLinkComplete_v5050;
+    cuLinkComplete(state: CUlinkState, cubinOut: *mut *mut ::std::os::raw::c_void, sizeOut: *mut usize) = 5050, "cuLinkComplete", "cuLinkComplete", "", 0, PFN_cuLinkComplete_v5050, [cuLinkComplete];
     /// Destroys state for a JIT linker invocation.
-    cuLinkDestroy(state: CUlinkState) = 5050, "cuLinkDestroy", "cuLinkDestroy", "", 0, PFN_cuLinkDestroy_v5050;
+    cuLinkDestroy(state: CUlinkState) = 5050, "cuLinkDestroy", "cuLinkDestroy", "", 0, PFN_cuLinkDestroy_v5050, [cuLinkDestroy];
     /// Returns a handle to a texture reference
-    cuModuleGetTexRef(pTexRef: *mut CUtexref, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 2000, "cuModuleGetTexRef", "cuModuleGetTexRef", "", 0, PFN_cuModuleGetTexRef_v2000;
+    cuModuleGetTexRef(pTexRef: *mut CUtexref, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 2000, "cuModuleGetTexRef", "cuModuleGetTexRef", "", 0, PFN_cuModuleGetTexRef_v2000, [cuModuleGetTexRef];
     /// Returns a handle to a surface reference
-    cuModuleGetSurfRef(pSurfRef: *mut CUsurfref, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 3000, "cuModuleGetSurfRef", "cuModuleGetSurfRef", "", 0, PFN_cuModuleGetSurfRef_v3000;
+    cuModuleGetSurfRef(pSurfRef: *mut CUsurfref, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 3000, "cuModuleGetSurfRef", "cuModuleGetSurfRef", "", 0, PFN_cuModuleGetSurfRef_v3000, [cuModuleGetSurfRef];
     /// Load a library with specified code and options
-    cuLibraryLoadData(library: *mut CUlibrary, code: *const ::std::os::raw::c_void, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut ::std::os::raw::c_void, numJitOptions: ::std::os::raw::c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut ::std::os::raw::c_void, numLibraryOptions: ::std::os::raw::c_uint) = 12000, "cuLibraryLoadData", "cuLibraryLoadData", "", 0, PFN_cuLibraryLoadData_v12000;
+    cuLibraryLoadData(library: *mut CUlibrary, code: *const ::std::os::raw::c_void, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut ::std::os::raw::c_void, numJitOptions: ::std::os::raw::c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut ::std::os::raw::c_void, numLibraryOptions: ::std::os::raw::c_uint) = 12000, "cuLibraryLoadData", "cuLibraryLoadData", "", 0, PFN_cuLibraryLoadData_v12000, [cuLibraryLoadData];
     /// Load a library with specified file and options
-    cuLibraryLoadFromFile(library: *mut CUlibrary, fileName: *const ::std::os::raw::c_char, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut ::std::os::raw::c_void, numJitOptions: ::std::os::raw::c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut ::std::os::raw::c_void, numLibraryOptions: ::std::os::raw::c_uint) = 12000, "cuLibraryLoadFromFile", "cuLibraryLoadFromFile", "", 0, PFN_cuLibraryLoadFromFile_v12000;
+    cuLibraryLoadFromFile(library: *mut CUlibrary, fileName: *const ::std::os::raw::c_char, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut ::std::os::raw::c_void, numJitOptions: ::std::os::raw::c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut ::std::os::raw::c_void, numLibraryOptions: ::std::os::raw::c_uint) = 12000, "cuLibraryLoadFromFile", "cuLibraryLoadFromFile", "", 0, PFN_cuLibraryLoadFromFile_v12000, [cuLibraryLoadFromFile];
     /// Unloads a library
-    cuLibraryUnload(library: CUlibrary) = 12000, "cuLibraryUnload", "cuLibraryUnload", "", 0, PFN_cuLibraryUnload_v12000;
+    cuLibraryUnload(library: CUlibrary) = 12000, "cuLibraryUnload", "cuLibraryUnload", "", 0, PFN_cuLibraryUnload_v12000, [cuLibraryUnload];
     /// Returns a kernel handle
-    cuLibraryGetKernel(pKernel: *mut CUkernel, library: CUlibrary, name: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetKernel", "cuLibraryGetKernel", "", 0, PFN_cuLibraryGetKernel_v12000;
+    cuLibraryGetKernel(pKernel: *mut CUkernel, library: CUlibrary, name: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetKernel", "cuLibraryGetKernel", "", 0, PFN_cuLibraryGetKernel_v12000, [cuLibraryGetKernel];
     /// Returns the number of kernels within a library
-    cuLibraryGetKernelCount(count: *mut ::std::os::raw::c_uint, lib: CUlibrary) = 12040, "cuLibraryGetKernelCount", "cuLibraryGetKernelCount", "", 0, PFN_cuLibraryGetKernelCount_v12040;
+    cuLibraryGetKernelCount(count: *mut ::std::os::raw::c_uint, lib: CUlibrary) = 12040, "cuLibraryGetKernelCount", "cuLibraryGetKernelCount", "", 0, PFN_cuLibraryGetKernelCount_v12040, [cuLibraryGetKernelCount];
     /// Retrieve the kernel handles within a library.
-    cuLibraryEnumerateKernels(kernels: *mut CUkernel, numKernels: ::std::os::raw::c_uint, lib: CUlibrary) = 12040, "cuLibraryEnumerateKernels", "cuLibraryEnumerateKernels", "", 0, PFN_cuLibraryEnumerateKernels_v12040;
+    cuLibraryEnumerateKernels(kernels: *mut CUkernel, numKernels: ::std::os::raw::c_uint, lib: CUlibrary) = 12040, "cuLibraryEnumerateKernels", "cuLibraryEnumerateKernels", "", 0, PFN_cuLibraryEnumerateKernels_v12040, [cuLibraryEnumerateKernels];
     /// Returns a module handle
-    cuLibraryGetModule(pMod: *mut CUmodule, library: CUlibrary) = 12000, "cuLibraryGetModule", "cuLibraryGetModule", "", 0, PFN_cuLibraryGetModule_v12000;
+    cuLibraryGetModule(pMod: *mut CUmodule, library: CUlibrary) = 12000, "cuLibraryGetModule", "cuLibraryGetModule", "", 0, PFN_cuLibraryGetModule_v12000, [cuLibraryGetModule];
     /// Returns a function handle
-    cuKernelGetFunction(pFunc: *mut CUfunction, kernel: CUkernel) = 12000, "cuKernelGetFunction", "cuKernelGetFunction", "", 0, PFN_cuKernelGetFunction_v12000;
+    cuKernelGetFunction(pFunc: *mut CUfunction, kernel: CUkernel) = 12000, "cuKernelGetFunction", "cuKernelGetFunction", "", 0, PFN_cuKernelGetFunction_v12000, [cuKernelGetFunction];
     /// Returns a library handle
-    cuKernelGetLibrary(pLib: *mut CUlibrary, kernel: CUkernel) = 12050, "cuKernelGetLibrary", "cuKernelGetLibrary", "", 0, PFN_cuKernelGetLibrary_v12050;
+    cuKernelGetLibrary(pLib: *mut CUlibrary, kernel: CUkernel) = 12050, "cuKernelGetLibrary", "cuKernelGetLibrary", "", 0, PFN_cuKernelGetLibrary_v12050, [cuKernelGetLibrary];
     /// Returns a global device pointer
-    cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetGlobal", "cuLibraryGetGlobal", "", 0, PFN_cuLibraryGetGlobal_v12000;
+    cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetGlobal", "cuLibraryGetGlobal", "", 0, PFN_cuLibraryGetGlobal_v12000, [cuLibraryGetGlobal];
     /// Returns a pointer to managed memory
-    cuLibraryGetManaged(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetManaged", "cuLibraryGetManaged", "", 0, PFN_cuLibraryGetManaged_v12000;
+    cuLibraryGetManaged(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetManaged", "cuLibraryGetManaged", "", 0, PFN_cuLibraryGetManaged_v12000, [cuLibraryGetManaged];
     /// Returns a pointer to a unified function
-    cuLibraryGetUnifiedFunction(fptr: *mut *mut ::std::os::raw::c_void, library: CUlibrary, symbol: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetUnifiedFunction", "cuLibraryGetUnifiedFunction", "", 0, PFN_cuLibraryGetUnifiedFunction_v12000;
+    cuLibraryGetUnifiedFunction(fptr: *mut *mut ::std::os::raw::c_void, library: CUlibrary, symbol: *const ::std::os::raw::c_char) = 12000, "cuLibraryGetUnifiedFunction", "cuLibraryGetUnifiedFunction", "", 0, PFN_cuLibraryGetUnifiedFunction_v12000, [cuLibraryGetUnifiedFunction];
     /// Returns information about a kernel
-    cuKernelGetAttribute(pi: *mut ::std::os::raw::c_int, attrib: CUfunction_attribute, kernel: CUkernel, dev: CUdevice) = 12000, "cuKernelGetAttribute", "cuKernelGetAttribute", "", 0, PFN_cuKernelGetAttribute_v12000;
+    cuKernelGetAttribute(pi: *mut ::std::os::raw::c_int, attrib: CUfunction_attribute, kernel: CUkernel, dev: CUdevice) = 12000, "cuKernelGetAttribute", "cuKernelGetAttribute", "", 0, PFN_cuKernelGetAttribute_v12000, [cuKernelGetAttribute];
     /// Sets information about a kernel
-    cuKernelSetAttribute(attrib: CUfunction_attribute, val: ::std::os::raw::c_int, kernel: CUkernel, dev: CUdevice) = 12000, "cuKernelSetAttribute", "cuKernelSetAttribute", "", 0, PFN_cuKernelSetAttribute_v12000;
+    cuKernelSetAttribute(attrib: CUfunction_attribute, val: ::std::os::raw::c_int, kernel: CUkernel, dev: CUdevice) = 12000, "cuKernelSetAttribute", "cuKernelSetAttribute", "", 0, PFN_cuKernelSetAttribute_v12000, [cuKernelSetAttribute];
     /// Sets the preferred cache configuration for a device kernel.
-    cuKernelSetCacheConfig(kernel: CUkernel, config: CUfunc_cache, dev: CUdevice) = 12000, "cuKernelSetCacheConfig", "cuKernelSetCacheConfig", "", 0, PFN_cuKernelSetCacheConfig_v12000;
+    cuKernelSetCacheConfig(kernel: CUkernel, config: CUfunc_cache, dev: CUdevice) = 12000, "cuKernelSetCacheConfig", "cuKernelSetCacheConfig", "", 0, PFN_cuKernelSetCacheConfig_v12000, [cuKernelSetCacheConfig];
     /// Returns the function name for a ::CUkernel handle
-    cuKernelGetName(name: *mut *const ::std::os::raw::c_char, hfunc: CUkernel) = 12030, "cuKernelGetName", "cuKernelGetName", "", 0, PFN_cuKernelGetName_v12030;
+    cuKernelGetName(name: *mut *const ::std::os::raw::c_char, hfunc: CUkernel) = 12030, "cuKernelGetName", "cuKernelGetName", "", 0, PFN_cuKernelGetName_v12030, [cuKernelGetName];
     /// Returns the offset and size of a kernel parameter in the device-side parameter layout
-    cuKernelGetParamInfo(kernel: CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) = 12040, "cuKernelGetParamInfo", "cuKernelGetParamInfo", "", 0, PFN_cuKernelGetParamInfo_v12040;
+    cuKernelGetParamInfo(kernel: CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) = 12040, "cuKernelGetParamInfo", "cuKernelGetParamInfo", "", 0, PFN_cuKernelGetParamInfo_v12040, [cuKernelGetParamInfo];
     /// Returns the number of parameters used by the kernel
-    cuKernelGetParamCount(kernel: CUkernel, paramCount: *mut usize) = 13020, "cuKernelGetParamCount", "cuKernelGetParamCount", "", 0, PFN_cuKernelGetParamCount_v13020;
+    cuKernelGetParamCount(kernel: CUkernel, paramCount: *mut usize) = 13020, "cuKernelGetParamCount", "cuKernelGetParamCount", "", 0, PFN_cuKernelGetParamCount_v13020, [cuKernelGetParamCount];
     /// Gets free and total memory
-    cuMemGetInfo(free: *mut usize, total: *mut usize) = 3020, "cuMemGetInfo", "cuMemGetInfo_v2", "", 0, PFN_cuMemGetInfo_v3020;
+    cuMemGetInfo(free: *mut usize, total: *mut usize) = 3020, "cuMemGetInfo", "cuMemGetInfo_v2", "", 0, PFN_cuMemGetInfo_v3020, [cuMemGetInfo];
     /// Allocates device memory
-    cuMemAlloc(dptr: *mut CUdeviceptr, bytesize: usize) = 3020, "cuMemAlloc", "cuMemAlloc_v2", "", 0, PFN_cuMemAlloc_v3020;
+    cuMemAlloc(dptr: *mut CUdeviceptr, bytesize: usize) = 3020, "cuMemAlloc", "cuMemAlloc_v2", "", 0, PFN_cuMemAlloc_v3020, [cuMemAlloc];
     /// Allocates pitched device memory
-    cuMemAllocPitch(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: ::std::os::raw::c_uint) = 3020, "cuMemAllocPitch", "cuMemAllocPitch_v2", "", 0, PFN_cuMemAllocPitch_v3020;
+    cuMemAllocPitch(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: ::std::os::raw::c_uint) = 3020, "cuMemAllocPitch", "cuMemAllocPitch_v2", "", 0, PFN_cuMemAllocPitch_v3020, [cuMemAllocPitch];
     /// Frees device memory
-    cuMemFree(dptr: CUdeviceptr) = 3020, "cuMemFree", "cuMemFree_v2", "", 0, PFN_cuMemFree_v3020;
+    cuMemFree(dptr: CUdeviceptr) = 3020, "cuMemFree", "cuMemFree_v2", "", 0, PFN_cuMemFree_v3020, [cuMemFree];
     /// Get information on memory allocations
-    cuMemGetAddressRange(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) = 3020, "cuMemGetAddressRange", "cuMemGetAddressRange_v2", "", 0, PFN_cuMemGetAddressRange_v3020;
+    cuMemGetAddressRange(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) = 3020, "cuMemGetAddressRange", "cuMemGetAddressRange_v2", "", 0, PFN_cuMemGetAddressRange_v3020, [cuMemGetAddressRange];
     /// Allocates page-locked host memory
-    cuMemAllocHost(pp: *mut *mut ::std::os::raw::c_void, bytesize: usize) = 3020, "cuMemAllocHost", "cuMemAllocHost_v2", "", 0, PFN_cuMemAllocHost_v3020;
+    cuMemAllocHost(pp: *mut *mut ::std::os::raw::c_void, bytesize: usize) = 3020, "cuMemAllocHost", "cuMemAllocHost_v2", "", 0, PFN_cuMemAllocHost_v3020, [cuMemAllocHost];
     /// Frees page-locked host memory
-    cuMemFreeHost(p: *mut ::std::os::raw::c_void) = 2000, "cuMemFreeHost", "cuMemFreeHost", "", 0, PFN_cuMemFreeHost_v2000;
+    cuMemFreeHost(p: *mut ::std::os::raw::c_void) = 2000, "cuMemFreeHost", "cuMemFreeHost", "", 0, PFN_cuMemFreeHost_v2000, [cuMemFreeHost];
     /// Allocates page-locked host memory
-    cuMemHostAlloc(pp: *mut *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 2020, "cuMemHostAlloc", "cuMemHostAlloc", "", 0, PFN_cuMemHostAlloc_v2020;
+    cuMemHostAlloc(pp: *mut *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 2020, "cuMemHostAlloc", "cuMemHostAlloc", "", 0, PFN_cuMemHostAlloc_v2020, [cuMemHostAlloc];
     /// Passes back device pointer of mapped pinned memory
-    cuMemHostGetDevicePointer(pdptr: *mut CUdeviceptr, p: *mut ::std::os::raw::c_void, Flags: ::std::os::raw::c_uint) = 3020, "cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2", "", 0, PFN_cuMemHostGetDevicePointer_v3020;
+    cuMemHostGetDevicePointer(pdptr: *mut CUdeviceptr, p: *mut ::std::os::raw::c_void, Flags: ::std::os::raw::c_uint) = 3020, "cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2", "", 0, PFN_cuMemHostGetDevicePointer_v3020, [cuMemHostGetDevicePointer];
     /// Passes back flags that were used for a pinned allocation
-    cuMemHostGetFlags(pFlags: *mut ::std::os::raw::c_uint, p: *mut ::std::os::raw::c_void) = 2030, "cuMemHostGetFlags", "cuMemHostGetFlags", "", 0, PFN_cuMemHostGetFlags_v2030;
+    cuMemHostGetFlags(pFlags: *mut ::std::os::raw::c_uint, p: *mut ::std::os::raw::c_void) = 2030, "cuMemHostGetFlags", "cuMemHostGetFlags", "", 0, PFN_cuMemHostGetFlags_v2030, [cuMemHostGetFlags];
     /// Allocates memory that will be automatically managed by the Unified Memory system
-    cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: ::std::os::raw::c_uint) = 6000, "cuMemAllocManaged", "cuMemAllocManaged", "", 0, PFN_cuMemAllocManaged_v6000;
+    cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: ::std::os::raw::c_uint) = 6000, "cuMemAllocManaged", "cuMemAllocManaged", "", 0, PFN_cuMemAllocManaged_v6000, [cuMemAllocManaged];
     /// Registers a callback function to receive async notifications
-    cuDeviceRegisterAsyncNotification(device: CUdevice, callbackFunc: CUasyncCallback, userData: *mut ::std::os::raw::c_void, callback: *mut CUasyncCallbackHandle) = 12040, "cuDeviceRegisterAsyncNotification", "cuDeviceRegisterAsyncNotification", "", 0, PFN_cuDeviceRegisterAsyncNotification_v12040;
+    cuDeviceRegisterAsyncNotification(device: CUdevice, callbackFunc: CUasyncCallback, userData: *mut ::std::os::raw::c_void, callback: *mut CUasyncCallbackHandle) = 12040, "cuDeviceRegisterAsyncNotification", "cuDeviceRegisterAsyncNotification", "", 0, PFN_cuDeviceRegisterAsyncNotification_v12040, [cuDeviceRegisterAsyncNotification];
     /// Unregisters an async notification callback
-    cuDeviceUnregisterAsyncNotification(device: CUdevice, callback: CUasyncCallbackHandle) = 12040, "cuDeviceUnregisterAsyncNotification", "cuDeviceUnregisterAsyncNotification", "", 0, PFN_cuDeviceUnregisterAsyncNotification_v12040;
+    cuDeviceUnregisterAsyncNotification(device: CUdevice, callback: CUasyncCallbackHandle) = 12040, "cuDeviceUnregisterAsyncNotification", "cuDeviceUnregisterAsyncNotification", "", 0, PFN_cuDeviceUnregisterAsyncNotification_v12040, [cuDeviceUnregisterAsyncNotification];
     /// Returns a handle to a compute device
-    cuDeviceGetByPCIBusId(dev: *mut CUdevice, pciBusId: *const ::std::os::raw::c_char) = 4010, "cuDeviceGetByPCIBusId", "cuDeviceGetByPCIBusId", "", 0, PFN_cuDeviceGetByPCIBusId_v4010;
+    cuDeviceGetByPCIBusId(dev: *mut CUdevice, pciBusId: *const ::std::os::raw::c_char) = 4010, "cuDeviceGetByPCIBusId", "cuDeviceGetByPCIBusId", "", 0, PFN_cuDeviceGetByPCIBusId_v4010, [cuDeviceGetByPCIBusId];
     /// Returns a PCI Bus Id string for the device
-    cuDeviceGetPCIBusId(pciBusId: *mut ::std::os::raw::c_char, len: ::std::os::raw::c_int, dev: CUdevice) = 4010, "cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId", "", 0, PFN_cuDeviceGetPCIBusId_v4010;
+    cuDeviceGetPCIBusId(pciBusId: *mut ::std::os::raw::c_char, len: ::std::os::raw::c_int, dev: CUdevice) = 4010, "cuDeviceGetPCIBusId", "cuDeviceGetPCIBusId", "", 0, PFN_cuDeviceGetPCIBusId_v4010, [cuDeviceGetPCIBusId];
     /// Gets an interprocess handle for a previously allocated event
-    cuIpcGetEventHandle(pHandle: *mut CUipcEventHandle, event: CUevent) = 4010, "cuIpcGetEventHandle", "cuIpcGetEventHandle", "", 0, PFN_cuIpcGetEventHandle_v4010;
+    cuIpcGetEventHandle(pHandle: *mut CUipcEventHandle, event: CUevent) = 4010, "cuIpcGetEventHandle", "cuIpcGetEventHandle", "", 0, PFN_cuIpcGetEventHandle_v4010, [cuIpcGetEventHandle];
     /// Opens an interprocess event handle for use in the current process
-    cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: CUipcEventHandle) = 4010, "cuIpcOpenEventHandle", "cuIpcOpenEventHandle", "", 0, PFN_cuIpcOpenEventHandle_v4010;
+    cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: CUipcEventHandle) = 4010, "cuIpcOpenEventHandle", "cuIpcOpenEventHandle", "", 0, PFN_cuIpcOpenEventHandle_v4010, [cuIpcOpenEventHandle];
     /// Gets an interprocess memory handle for an existing device memory allocation
-    cuIpcGetMemHandle(pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) = 4010, "cuIpcGetMemHandle", "cuIpcGetMemHandle", "", 0, PFN_cuIpcGetMemHandle_v4010;
+    cuIpcGetMemHandle(pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) = 4010, "cuIpcGetMemHandle", "cuIpcGetMemHandle", "", 0, PFN_cuIpcGetMemHandle_v4010, [cuIpcGetMemHandle];
     /// Opens an interprocess memory handle exported from another process and returns a device pointer usable in the local process.
-    cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: ::std::os::raw::c_uint) = 11000, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "", 0, PFN_cuIpcOpenMemHandle_v11000;
+    cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: ::std::os::raw::c_uint) = 11000, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "", 0, PFN_cuIpcOpenMemHandle_v11000, [cuIpcOpenMemHandle, cuIpcOpenMemHandle_v4010];
     /// Attempts to close memory mapped with ::cuIpcOpenMemHandle
-    cuIpcCloseMemHandle(dptr: CUdeviceptr) = 4010, "cuIpcCloseMemHandle", "cuIpcCloseMemHandle", "", 0, PFN_cuIpcCloseMemHandle_v4010;
+    cuIpcCloseMemHandle(dptr: CUdeviceptr) = 4010, "cuIpcCloseMemHandle", "cuIpcCloseMemHandle", "", 0, PFN_cuIpcCloseMemHandle_v4010, [cuIpcCloseMemHandle];
     /// Registers an existing host memory range for use by CUDA
-    cuMemHostRegister(p: *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 6050, "cuMemHostRegister", "cuMemHostRegister_v2", "", 0, PFN_cuMemHostRegister_v6050;
+    cuMemHostRegister(p: *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 6050, "cuMemHostRegister", "cuMemHostRegister_v2", "", 0, PFN_cuMemHostRegister_v6050, [cuMemHostRegister, cuMemHostRegister_v4000];
     /// Unregisters a memory range that was registered with cuMemHostRegister.
-    cuMemHostUnregister(p: *mut ::std::os::raw::c_void) = 4000, "cuMemHostUnregister", "cuMemHostUnregister", "", 0, PFN_cuMemHostUnregister_v4000;
+    cuMemHostUnregister(p: *mut ::std::os::raw::c_void) = 4000, "cuMemHostUnregister", "cuMemHostUnregister", "", 0, PFN_cuMemHostUnregister_v4000, [cuMemHostUnregister];
     /// Copies memory
-    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) = 4000, "cuMemcpy", "cuMemcpy", "cuMemcpy_ptds", 7000, PFN_cuMemcpy_v4000;
+    cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) = 4000, "cuMemcpy", "cuMemcpy", "cuMemcpy_ptds", 7000, PFN_cuMemcpy_v4000, [cuMemcpy];
     /// Copies device memory between two contexts
-    cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) = 4000, "cuMemcpyPeer", "cuMemcpyPeer", "cuMemcpyPeer_ptds", 7000, PFN_cuMemcpyPeer_v4000;
+    cuMemcpyPeer(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize) = 4000, "cuMemcpyPeer", "cuMemcpyPeer", "cuMemcpyPeer_ptds", 7000, PFN_cuMemcpyPeer_v4000, [cuMemcpyPeer];
     /// Copies memory from Host to Device
-    cuMemcpyHtoD(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", 7000, PFN_cuMemcpyHtoD_v3020;
+    cuMemcpyHtoD(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", 7000, PFN_cuMemcpyHtoD_v3020, [cuMemcpyHtoD];
     /// Copies memory from Device to Host
-    cuMemcpyDtoH(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", 7000, PFN_cuMemcpyDtoH_v3020;
+    cuMemcpyDtoH(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", 7000, PFN_cuMemcpyDtoH_v3020, [cuMemcpyDtoH];
     /// Copies memory from Device to Device
-    cuMemcpyDtoD(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", 7000, PFN_cuMemcpyDtoD_v3020;
+    cuMemcpyDtoD(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", 7000, PFN_cuMemcpyDtoD_v3020, [cuMemcpyDtoD];
     /// Copies memory from Device to Array
-    cuMemcpyDtoA(dstArray: CUarray, dstOffset: usize, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoA", "cuMemcpyDtoA_v2", "cuMemcpyDtoA_v2_ptds", 7000, PFN_cuMemcpyDtoA_v3020;
+    cuMemcpyDtoA(dstArray: CUarray, dstOffset: usize, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoA", "cuMemcpyDtoA_v2", "cuMemcpyDtoA_v2_ptds", 7000, PFN_cuMemcpyDtoA_v3020, [cuMemcpyDtoA];
     /// Copies memory from Array to Device
-    cuMemcpyAtoD(dstDevice: CUdeviceptr, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoD", "cuMemcpyAtoD_v2", "cuMemcpyAtoD_v2_ptds", 7000, PFN_cuMemcpyAtoD_v3020;
+    cuMemcpyAtoD(dstDevice: CUdeviceptr, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoD", "cuMemcpyAtoD_v2", "cuMemcpyAtoD_v2_ptds", 7000, PFN_cuMemcpyAtoD_v3020, [cuMemcpyAtoD];
     /// Copies memory from Host to Array
-    cuMemcpyHtoA(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoA", "cuMemcpyHtoA_v2", "cuMemcpyHtoA_v2_ptds", 7000, PFN_cuMemcpyHtoA_v3020;
+    cuMemcpyHtoA(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoA", "cuMemcpyHtoA_v2", "cuMemcpyHtoA_v2_ptds", 7000, PFN_cuMemcpyHtoA_v3020, [cuMemcpyHtoA];
     /// Copies memory from Array to Host
-    cuMemcpyAtoH(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoH", "cuMemcpyAtoH_v2", "cuMemcpyAtoH_v2_ptds", 7000, PFN_cuMemcpyAtoH_v3020;
+    cuMemcpyAtoH(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoH", "cuMemcpyAtoH_v2", "cuMemcpyAtoH_v2_ptds", 7000, PFN_cuMemcpyAtoH_v3020, [cuMemcpyAtoH];
     /// Copies memory from Array to Array
-    cuMemcpyAtoA(dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoA", "cuMemcpyAtoA_v2", "cuMemcpyAtoA_v2_ptds", 7000, PFN_cuMemcpyAtoA_v3020;
+    cuMemcpyAtoA(dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoA", "cuMemcpyAtoA_v2", "cuMemcpyAtoA_v2_ptds", 7000, PFN_cuMemcpyAtoA_v3020, [cuMemcpyAtoA];
     /// Copies memory for 2D arrays
-    cuMemcpy2D(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2D", "cuMemcpy2D_v2", "cuMemcpy2D_v2_ptds", 7000, PFN_cuMemcpy2D_v3020;
+    cuMemcpy2D(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2D", "cuMemcpy2D_v2", "cuMemcpy2D_v2_ptds", 7000, PFN_cuMemcpy2D_v3020, [cuMemcpy2D];
     /// Copies memory for 2D arrays
-    cuMemcpy2DUnaligned(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2DUnaligned", "cuMemcpy2DUnaligned_v2", "cuMemcpy2DUnaligned_v2_ptds", 7000, PFN_cuMemcpy2DUnaligned_v3020;
+    cuMemcpy2DUnaligned(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2DUnaligned", "cuMemcpy2DUnaligned_v2", "cuMemcpy2DUnaligned_v2_ptds", 7000, PFN_cuMemcpy2DUnaligned_v3020, [cuMemcpy2DUnaligned];
     /// Copies memory for 3D arrays
-    cuMemcpy3D(pCopy: *const CUDA_MEMCPY3D) = 3020, "cuMemcpy3D", "cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds", 7000, PFN_cuMemcpy3D_v3020;
+    cuMemcpy3D(pCopy: *const CUDA_MEMCPY3D) = 3020, "cuMemcpy3D", "cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds", 7000, PFN_cuMemcpy3D_v3020, [cuMemcpy3D];
     /// Copies memory between contexts
-    cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER) = 4000, "cuMemcpy3DPeer", "cuMemcpy3DPeer", "cuMemcpy3DPeer_ptds", 7000, PFN_cuMemcpy3DPeer_v4000;
+    cuMemcpy3DPeer(pCopy: *const CUDA_MEMCPY3D_PEER) = 4000, "cuMemcpy3DPeer", "cuMemcpy3DPeer", "cuMemcpy3DPeer_ptds", 7000, PFN_cuMemcpy3DPeer_v4000, [cuMemcpy3DPeer];
     /// Copies memory asynchronously
-    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 4000, "cuMemcpyAsync", "cuMemcpyAsync", "cuMemcpyAsync_ptsz", 7000, PFN_cuMemcpyAsync_v4000;
+    cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 4000, "cuMemcpyAsync", "cuMemcpyAsync", "cuMemcpyAsync_ptsz", 7000, PFN_cuMemcpyAsync_v4000, [cuMemcpyAsync];
     /// Copies device memory between two contexts asynchronously.
-    cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) = 4000, "cuMemcpyPeerAsync", "cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz", 7000, PFN_cuMemcpyPeerAsync_v4000;
+    cuMemcpyPeerAsync(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream) = 4000, "cuMemcpyPeerAsync", "cuMemcpyPeerAsync", "cuMemcpyPeerAsync_ptsz", 7000, PFN_cuMemcpyPeerAsync_v4000, [cuMemcpyPeerAsync];
     /// Copies memory from Host to Device
-    cuMemcpyHtoDAsync(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoDAsync_v3020;
+    cuMemcpyHtoDAsync(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoDAsync_v3020, [cuMemcpyHtoDAsync];
     /// Copies memory from Device to Host
-    cuMemcpyDtoHAsync(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoHAsync_v3020;
+    cuMemcpyDtoHAsync(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoHAsync_v3020, [cuMemcpyDtoHAsync];
     /// Copies memory from Device to Device
-    cuMemcpyDtoDAsync(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoDAsync_v3020;
+    cuMemcpyDtoDAsync(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoDAsync_v3020, [cuMemcpyDtoDAsync];
     /// Copies memory from Host to Array
-    cuMemcpyHtoAAsync(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoAAsync", "cuMemcpyHtoAAsync_v2", "cuMemcpyHtoAAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoAAsync_v3020;
+    cuMemcpyHtoAAsync(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoAAsync", "cuMemcpyHtoAAsync_v2", "cuMemcpyHtoAAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoAAsync_v3020, [cuMemcpyHtoAAsync];
     /// Copies memory from Array to Host
-    cuMemcpyAtoHAsync(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyAtoHAsync", "cuMemcpyAtoHAsync_v2", "cuMemcpyAtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyAtoHAsync_v3020;
+    cuMemcpyAtoHAsync(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyAtoHAsync", "cuMemcpyAtoHAsync_v2", "cuMemcpyAtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyAtoHAsync_v3020, [cuMemcpyAtoHAsync];
     /// Copies memory for 2D arrays
-    cuMemcpy2DAsync(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream) = 3020, "cuMemcpy2DAsync", "cuMemcpy2DAsync_v2", "cuMemcpy2DAsync_v2_ptsz", 7000, PFN_cuMemcpy2DAsync_v3020;
+    cuMemcpy2DAsync(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream) = 3020, "cuMemcpy2DAsync", "cuMemcpy2DAsync_v2", "cuMemcpy2DAsync_v2_ptsz", 7000, PFN_cuMemcpy2DAsync_v3020, [cuMemcpy2DAsync];
     /// Copies memory for 3D arrays
-    cuMemcpy3DAsync(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream) = 3020, "cuMemcpy3DAsync", "cuMemcpy3DAsync_v2", "cuMemcpy3DAsync_v2_ptsz", 7000, PFN_cuMemcpy3DAsync_v3020;
+    cuMemcpy3DAsync(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream) = 3020, "cuMemcpy3DAsync", "cuMemcpy3DAsync_v2", "cuMemcpy3DAsync_v2_ptsz", 7000, PFN_cuMemcpy3DAsync_v3020, [cuMemcpy3DAsync];
     /// Copies memory between contexts asynchronously.
-    cuMemcpy3DPeerAsync(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) = 4000, "cuMemcpy3DPeerAsync", "cuMemcpy3DPeerAsync", "cuMemcpy3DPeerAsync_ptsz", 7000, PFN_cuMemcpy3DPeerAsync_v4000;
+    cuMemcpy3DPeerAsync(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) = 4000, "cuMemcpy3DPeerAsync", "cuMemcpy3DPeerAsync", "cuMemcpy3DPeerAsync_ptsz", 7000, PFN_cuMemcpy3DPeerAsync_v4000, [cuMemcpy3DPeerAsync];
     /// Performs a batch of memory copies asynchronously.
-    cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, hStream: CUstream) = 13000, "cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync_v2_ptsz", 13000, PFN_cuMemcpyBatchAsync_v13000;
+    cuMemcpyBatchAsync(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, hStream: CUstream) = 13000, "cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync_v2_ptsz", 13000, PFN_cuMemcpyBatchAsync_v13000, [cuMemcpyBatchAsync];
     /// Performs a batch of 3D memory copies asynchronously.
-    cuMemcpy3DBatchAsync(numOps: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync_v2", "cuMemcpy3DBatchAsync_v2_ptsz", 13000, PFN_cuMemcpy3DBatchAsync_v13000;
+    cuMemcpy3DBatchAsync(numOps: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync_v2", "cuMemcpy3DBatchAsync_v2_ptsz", 13000, PFN_cuMemcpy3DBatchAsync_v13000, [cuMemcpy3DBatchAsync];
     /// Performs asynchronous memory copy operation with the specified attributes.
-    cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) = 13020, "cuMemcpyWithAttributesAsync", "cuMemcpyWithAttributesAsync", "cuMemcpyWithAttributesAsync_ptsz", 13020, PFN_cuMemcpyWithAttributesAsync_v13020;
+    cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut CUmemcpyAttributes, hStream: CUstream) = 13020, "cuMemcpyWithAttributesAsync", "cuMemcpyWithAttributesAsync", "cuMemcpyWithAttributesAsync_ptsz", 13020, PFN_cuMemcpyWithAttributesAsync_v13020, [cuMemcpyWithAttributesAsync];
     /// Performs 3D memory copy with attributes asynchronously
-    cuMemcpy3DWithAttributesAsync(op: *mut CUDA_MEMCPY3D_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13020, "cuMemcpy3DWithAttributesAsync", "cuMemcpy3DWithAttributesAsync", "cuMemcpy3DWithAttributesAsync_ptsz", 13020, PFN_cuMemcpy3DWithAttributesAsync_v13020;
+    cuMemcpy3DWithAttributesAsync(op: *mut CUDA_MEMCPY3D_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13020, "cuMemcpy3DWithAttributesAsync", "cuMemcpy3DWithAttributesAsync", "cuMemcpy3DWithAttributesAsync_ptsz", 13020, PFN_cuMemcpy3DWithAttributesAsync_v13020, [cuMemcpy3DWithAttributesAsync];
     /// Initializes device memory
-    cuMemsetD8(dstDevice: CUdeviceptr, uc: ::std::os::raw::c_uchar, N: usize) = 3020, "cuMemsetD8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds", 7000, PFN_cuMemsetD8_v3020;
+    cuMemsetD8(dstDevice: CUdeviceptr, uc: ::std::os::raw::c_uchar, N: usize) = 3020, "cuMemsetD8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds", 7000, PFN_cuMemsetD8_v3020, [cuMemsetD8];
     /// Initializes device memory
-    cuMemsetD16(dstDevice: CUdeviceptr, us: ::std::os::raw::c_ushort, N: usize) = 3020, "cuMemsetD16", "cuMemsetD16_v2", "cuMemsetD16_v2_ptds", 7000, PFN_cuMemsetD16_v3020;
+    cuMemsetD16(dstDevice: CUdeviceptr, us: ::std::os::raw::c_ushort, N: usize) = 3020, "cuMemsetD16", "cuMemsetD16_v2", "cuMemsetD16_v2_ptds", 7000, PFN_cuMemsetD16_v3020, [cuMemsetD16];
     /// Initializes device memory
-    cuMemsetD32(dstDevice: CUdeviceptr, ui: ::std::os::raw::c_uint, N: usize) = 3020, "cuMemsetD32", "cuMemsetD32_v2", "cuMemsetD32_v2_ptds", 7000, PFN_cuMemsetD32_v3020;
+    cuMemsetD32(dstDevice: CUdeviceptr, ui: ::std::os::raw::c_uint, N: usize) = 3020, "cuMemsetD32", "cuMemsetD32_v2", "cuMemsetD32_v2_ptds", 7000, PFN_cuMemsetD32_v3020, [cuMemsetD32];
     /// Initializes device memory
-    cuMemsetD2D8(dstDevice: CUdeviceptr, dstPitch: usize, uc: ::std::os::raw::c_uchar, Width: usize, Height: usize) = 3020, "cuMemsetD2D8", "cuMemsetD2D8_v2", "cuMemsetD2D8_v2_ptds", 7000, PFN_cuMemsetD2D8_v3020;
+    cuMemsetD2D8(dstDevice: CUdeviceptr, dstPitch: usize, uc: ::std::os::raw::c_uchar, Width: usize, Height: usize) = 3020, "cuMemsetD2D8", "cuMemsetD2D8_v2", "cuMemsetD2D8_v2_ptds", 7000, PFN_cuMemsetD2D8_v3020, [cuMemsetD2D8];
     /// Initializes device memory
-    cuMemsetD2D16(dstDevice: CUdeviceptr, dstPitch: usize, us: ::std::os::raw::c_ushort, Width: usize, Height: usize) = 3020, "cuMemsetD2D16", "cuMemsetD2D16_v2", "cuMemsetD2D16_v2_ptds", 7000, PFN_cuMemsetD2D16_v3020;
+    cuMemsetD2D16(dstDevice: CUdeviceptr, dstPitch: usize, us: ::std::os::raw::c_ushort, Width: usize, Height: usize) = 3020, "cuMemsetD2D16", "cuMemsetD2D16_v2", "cuMemsetD2D16_v2_ptds", 7000, PFN_cuMemsetD2D16_v3020, [cuMemsetD2D16];
     /// Initializes device memory
-    cuMemsetD2D32(dstDevice: CUdeviceptr, dstPitch: usize, ui: ::std::os::raw::c_uint, Width: usize, Height: usize) = 3020, "cuMemsetD2D32", "cuMemsetD2D32_v2", "cuMemsetD2D32_v2_ptds", 7000, PFN_cuMemsetD2D32_v3020;
+    cuMemsetD2D32(dstDevice: CUdeviceptr, dstPitch: usize, ui: ::std::os::raw::c_uint, Width: usize, Height: usize) = 3020, "cuMemsetD2D32", "cuMemsetD2D32_v2", "cuMemsetD2D32_v2_ptds", 7000, PFN_cuMemsetD2D32_v3020, [cuMemsetD2D32];
     /// Sets device memory
-    cuMemsetD8Async(dstDevice: CUdeviceptr, uc: ::std::os::raw::c_uchar, N: usize, hStream: CUstream) = 3020, "cuMemsetD8Async", "cuMemsetD8Async", "cuMemsetD8Async_ptsz", 7000, PFN_cuMemsetD8Async_v3020;
+    cuMemsetD8Async(dstDevice: CUdeviceptr, uc: ::std::os::raw::c_uchar, N: usize, hStream: CUstream) = 3020, "cuMemsetD8Async", "cuMemsetD8Async", "cuMemsetD8Async_ptsz", 7000, PFN_cuMemsetD8Async_v3020, [cuMemsetD8Async];
     /// Sets device memory
-    cuMemsetD16Async(dstDevice: CUdeviceptr, us: ::std::os::raw::c_ushort, N: usize, hStream: CUstream) = 3020, "cuMemsetD16Async", "cuMemsetD16Async", "cuMemsetD16Async_ptsz", 7000, PFN_cuMemsetD16Async_v3020;
+    cuMemsetD16Async(dstDevice: CUdeviceptr, us: ::std::os::raw::c_ushort, N: usize, hStream: CUstream) = 3020, "cuMemsetD16Async", "cuMemsetD16Async", "cuMemsetD16Async_ptsz", 7000, PFN_cuMemsetD16Async_v3020, [cuMemsetD16Async];
     /// Sets device memory
-    cuMemsetD32Async(dstDevice: CUdeviceptr, ui: ::std::os::raw::c_uint, N: usize, hStream: CUstream) = 3020, "cuMemsetD32Async", "cuMemsetD32Async", "cuMemsetD32Async_ptsz", 7000, PFN_cuMemsetD32Async_v3020;
+    cuMemsetD32Async(dstDevice: CUdeviceptr, ui: ::std::os::raw::c_uint, N: usize, hStream: CUstream) = 3020, "cuMemsetD32Async", "cuMemsetD32Async", "cuMemsetD32Async_ptsz", 7000, PFN_cuMemsetD32Async_v3020, [cuMemsetD32Async];
     /// Sets device memory
-    cuMemsetD2D8Async(dstDevice: CUdeviceptr, dstPitch: usize, uc: ::std::os::raw::c_uchar, Width: usize, Height: usize, hStream: CUstream) = 3020, "cuMemsetD2D8Async", "cuMemsetD2D8Async", "cuMemsetD2D8Async_ptsz", 7000, PFN_cuMemsetD2D8Async_v3020;
+    cuMemsetD2D8Async(dstDevice: CUdeviceptr, dstPitch: usize, uc: ::std::os::raw::c_uchar, Width: usize, Height: usize, hStream: CUstream) = 3020, "cuMemsetD2D8Async", "cuMemsetD2D8Async", "cuMemsetD2D8Async_ptsz", 7000, PFN_cuMemsetD2D8Async_v3020, [cuMemsetD2D8Async];
     /// Sets device memory
-    cuMemsetD2D16Async(dstDevice: CUdeviceptr, dstPitch: usize, us: ::std::os::raw::c_ushort, Width: usize, Height: usize, hStream: CUstream) = 3020, "cuMemsetD2D16Async", "cuMemsetD2D16Async", "cuMemsetD2D16Async_ptsz", 7000, PFN_cuMemsetD2D16Async_v3020;
+    cuMemsetD2D16Async(dstDevice: CUdeviceptr, dstPitch: usize, us: ::std::os::raw::c_ushort, Width: usize, Height: usize, hStream: CUstream) = 3020, "cuMemsetD2D16Async", "cuMemsetD2D16Async", "cuMemsetD2D16Async_ptsz", 7000, PFN_cuMemsetD2D16Async_v3020, [cuMemsetD2D16Async];
     /// Sets device memory
-    cuMemsetD2D32Async(dstDevice: CUdeviceptr, dstPitch: usize, ui: ::std::os::raw::c_uint, Width: usize, Height: usize, hStream: CUstream) = 3020, "cuMemsetD2D32Async", "cuMemsetD2D32Async", "cuMemsetD2D32Async_ptsz", 7000, PFN_cuMemsetD2D32Async_v3020;
+    cuMemsetD2D32Async(dstDevice: CUdeviceptr, dstPitch: usize, ui: ::std::os::raw::c_uint, Width: usize, Height: usize, hStream: CUstream) = 3020, "cuMemsetD2D32Async", "cuMemsetD2D32Async", "cuMemsetD2D32Async_ptsz", 7000, PFN_cuMemsetD2D32Async_v3020, [cuMemsetD2D32Async];
     /// Creates a 1D or 2D CUDA array
-    cuArrayCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) = 3020, "cuArrayCreate", "cuArrayCreate_v2", "", 0, PFN_cuArrayCreate_v3020;
+    cuArrayCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) = 3020, "cuArrayCreate", "cuArrayCreate_v2", "", 0, PFN_cuArrayCreate_v3020, [cuArrayCreate];
     /// Get a 1D or 2D CUDA array descriptor
-    cuArrayGetDescriptor(pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR, hArray: CUarray) = 3020, "cuArrayGetDescriptor", "cuArrayGetDescriptor_v2", "", 0, PFN_cuArrayGetDescriptor_v3020;
+    cuArrayGetDescriptor(pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR, hArray: CUarray) = 3020, "cuArrayGetDescriptor", "cuArrayGetDescriptor_v2", "", 0, PFN_cuArrayGetDescriptor_v3020, [cuArrayGetDescriptor];
     /// Returns the layout properties of a sparse CUDA array
-    cuArrayGetSparseProperties(sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, array: CUarray) = 11010, "cuArrayGetSparseProperties", "cuArrayGetSparseProperties", "", 0, PFN_cuArrayGetSparseProperties_v11010;
+    cuArrayGetSparseProperties(sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, array: CUarray) = 11010, "cuArrayGetSparseProperties", "cuArrayGetSparseProperties", "", 0, PFN_cuArrayGetSparseProperties_v11010, [cuArrayGetSparseProperties];
     /// Returns the layout properties of a sparse CUDA mipmapped array
-    cuMipmappedArrayGetSparseProperties(sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, mipmap: CUmipmappedArray) = 11010, "cuMipmappedArrayGetSparseProperties", "cuMipmappedArrayGetSparseProperties", "", 0, PFN_cuMipmappedArrayGetSparseProperties_v11010;
+    cuMipmappedArrayGetSparseProperties(sparseProperties: *mut CUDA_ARRAY_SPARSE_PROPERTIES, mipmap: CUmipmappedArray) = 11010, "cuMipmappedArrayGetSparseProperties", "cuMipmappedArrayGetSparseProperties", "", 0, PFN_cuMipmappedArrayGetSparseProperties_v11010, [cuMipmappedArrayGetSparseProperties];
     /// Returns the memory requirements of a CUDA array
-    cuArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice) = 11060, "cuArrayGetMemoryRequirements", "cuArrayGetMemoryRequirements", "", 0, PFN_cuArrayGetMemoryRequirements_v11060;
+    cuArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice) = 11060, "cuArrayGetMemoryRequirements", "cuArrayGetMemoryRequirements", "", 0, PFN_cuArrayGetMemoryRequirements_v11060, [cuArrayGetMemoryRequirements];
     /// Returns the memory requirements of a CUDA mipmapped array
-    cuMipmappedArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice) = 11060, "cuMipmappedArrayGetMemoryRequirements", "cuMipmappedArrayGetMemoryRequirements", "", 0, PFN_cuMipmappedArrayGetMemoryRequirements_v11060;
+    cuMipmappedArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice) = 11060, "cuMipmappedArrayGetMemoryRequirements", "cuMipmappedArrayGetMemoryRequirements", "", 0, PFN_cuMipmappedArrayGetMemoryRequirements_v11060, [cuMipmappedArrayGetMemoryRequirements];
     /// Gets a CUDA array plane from a CUDA array
-    cuArrayGetPlane(pPlaneArray: *mut CUarray, hArray: CUarray, planeIdx: ::std::os::raw::c_uint) = 11020, "cuArrayGetPlane", "cuArrayGetPlane", "", 0, PFN_cuArrayGetPlane_v11020;
+    cuArrayGetPlane(pPlaneArray: *mut CUarray, hArray: CUarray, planeIdx: ::std::os::raw::c_uint) = 11020, "cuArrayGetPlane", "cuArrayGetPlane", "", 0, PFN_cuArrayGetPlane_v11020, [cuArrayGetPlane];
     /// Destroys a CUDA array
-    cuArrayDestroy(hArray: CUarray) = 2000, "cuArrayDestroy", "cuArrayDestroy", "", 0, PFN_cuArrayDestroy_v2000;
+    cuArrayDestroy(hArray: CUarray) = 2000, "cuArrayDestroy", "cuArrayDestroy", "", 0, PFN_cuArrayDestroy_v2000, [cuArrayDestroy];
     /// Creates a 3D CUDA array
-    cuArray3DCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR) = 3020, "cuArray3DCreate", "cuArray3DCreate_v2", "", 0, PFN_cuArray3DCreate_v3020;
+    cuArray3DCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR) = 3020, "cuArray3DCreate", "cuArray3DCreate_v2", "", 0, PFN_cuArray3DCreate_v3020, [cuArray3DCreate];
     /// Get a 3D CUDA array descriptor
-    cuArray3DGetDescriptor(pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR, hArray: CUarray) = 3020, "cuArray3DGetDescriptor", "cuArray3DGetDescriptor_v2", "", 0, PFN_cuArray3DGetDescriptor_v3020;
+    cuArray3DGetDescriptor(pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR, hArray: CUarray) = 3020, "cuArray3DGetDescriptor", "cuArray3DGetDescriptor_v2", "", 0, PFN_cuArray3DGetDescriptor_v3020, [cuArray3DGetDescriptor];
     /// Creates a CUDA mipmapped array
-    cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: ::std::os::raw::c_uint) = 5000, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", "", 0, PFN_cuMipmappedArrayCreate_v5000;
+    cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: ::std::os::raw::c_uint) = 5000, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate", "", 0, PFN_cuMipmappedArrayCreate_v5000, [cuMipmappedArrayCreate];
     /// Gets a mipmap level of a CUDA mipmapped array
-    cuMipmappedArrayGetLevel(pLevelArray: *mut CUarray, hMipmappedArray: CUmipmappedArray, level: ::std::os::raw::c_uint) = 5000, "cuMipmappedArrayGetLevel", "cuMipmappedArrayGetLevel", "", 0, PFN_cuMipmappedArrayGetLevel_v5000;
+    cuMipmappedArrayGetLevel(pLevelArray: *mut CUarray, hMipmappedArray: CUmipmappedArray, level: ::std::os::raw::c_uint) = 5000, "cuMipmappedArrayGetLevel", "cuMipmappedArrayGetLevel", "", 0, PFN_cuMipmappedArrayGetLevel_v5000, [cuMipmappedArrayGetLevel];
     /// Destroys a CUDA mipmapped array
-    cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray) = 5000, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", "", 0, PFN_cuMipmappedArrayDestroy_v5000;
+    cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray) = 5000, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy", "", 0, PFN_cuMipmappedArrayDestroy_v5000, [cuMipmappedArrayDestroy];
     /// Retrieve handle for an address range
-    cuMemGetHandleForAddressRange(handle: *mut ::std::os::raw::c_void, dptr: CUdeviceptr, size: usize, handleType: CUmemRangeHandleType, flags: ::std::os::raw::c_ulonglong) = 11070, "cuMemGetHandleForAddressRange", "cuMemGetHandleForAddressRange", "", 0, PFN_cuMemGetHandleForAddressRange_v11070;
+    cuMemGetHandleForAddressRange(handle: *mut ::std::os::raw::c_void, dptr: CUdeviceptr, size: usize, handleType: CUmemRangeHandleType, flags: ::std::os::raw::c_ulonglong) = 11070, "cuMemGetHandleForAddressRange", "cuMemGetHandleForAddressRange", "", 0, PFN_cuMemGetHandleForAddressRange_v11070, [cuMemGetHandleForAddressRange];
     /// Submit a batch of \p count independent decompression operations.
-    cuMemBatchDecompressAsync(paramsArray: *mut CUmemDecompressParams, count: usize, flags: ::std::os::raw::c_uint, errorIndex: *mut usize, stream: CUstream) = 12060, "cuMemBatchDecompressAsync", "cuMemBatchDecompressAsync", "cuMemBatchDecompressAsync_ptsz", 12060, PFN_cuMemBatchDecompressAsync_v12060;
+    cuMemBatchDecompressAsync(paramsArray: *mut CUmemDecompressParams, count: usize, flags: ::std::os::raw::c_uint, errorIndex: *mut usize, stream: CUstream) = 12060, "cuMemBatchDecompressAsync", "cuMemBatchDecompressAsync", "cuMemBatchDecompressAsync_ptsz", 12060, PFN_cuMemBatchDecompressAsync_v12060, [cuMemBatchDecompressAsync];
     /// Allocate an address range reservation.
-    cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemAddressReserve", "cuMemAddressReserve", "", 0, PFN_cuMemAddressReserve_v10020;
+    cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemAddressReserve", "cuMemAddressReserve", "", 0, PFN_cuMemAddressReserve_v10020, [cuMemAddressReserve];
     /// Free an address range reservation.
-    cuMemAddressFree(ptr: CUdeviceptr, size: usize) = 10020, "cuMemAddressFree", "cuMemAddressFree", "", 0, PFN_cuMemAddressFree_v10020;
+    cuMemAddressFree(ptr: CUdeviceptr, size: usize) = 10020, "cuMemAddressFree", "cuMemAddressFree", "", 0, PFN_cuMemAddressFree_v10020, [cuMemAddressFree];
     /// Create a CUDA memory handle representing a memory allocation of a given size described by the given properties
-    cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemCreate", "cuMemCreate", "", 0, PFN_cuMemCreate_v10020;
+    cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemCreate", "cuMemCreate", "", 0, PFN_cuMemCreate_v10020, [cuMemCreate];
     /// Release a memory handle representing a memory allocation which was previously allocated through cuMemCreate.
-    cuMemRelease(handle: CUmemGenericAllocationHandle) = 10020, "cuMemRelease", "cuMemRelease", "", 0, PFN_cuMemRelease_v10020;
+    cuMemRelease(handle: CUmemGenericAllocationHandle) = 10020, "cuMemRelease", "cuMemRelease", "", 0, PFN_cuMemRelease_v10020, [cuMemRelease];
     /// Maps an allocation handle to a reserved virtual address range.
-    cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemMap", "cuMemMap", "", 0, PFN_cuMemMap_v10020;
+    cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemMap", "cuMemMap", "", 0, PFN_cuMemMap_v10020, [cuMemMap];
     /// Maps or unmaps subregions of sparse CUDA arrays and sparse CUDA mipmapped arrays
-    cuMemMapArrayAsync(mapInfoList: *mut CUarrayMapInfo, count: ::std::os::raw::c_uint, hStream: CUstream) = 11010, "cuMemMapArrayAsync", "cuMemMapArrayAsync", "cuMemMapArrayAsync_ptsz", 11010, PFN_cuMemMapArrayAsync_v11010;
+    cuMemMapArrayAsync(mapInfoList: *mut CUarrayMapInfo, count: ::std::os::raw::c_uint, hStream: CUstream) = 11010, "cuMemMapArrayAsync", "cuMemMapArrayAsync", "cuMemMapArrayAsync_ptsz", 11010, PFN_cuMemMapArrayAsync_v11010, [cuMemMapArrayAsync];
     /// Unmap the backing memory of a given address range.
-    cuMemUnmap(ptr: CUdeviceptr, size: usize) = 10020, "cuMemUnmap", "cuMemUnmap", "", 0, PFN_cuMemUnmap_v10020;
+    cuMemUnmap(ptr: CUdeviceptr, size: usize) = 10020, "cuMemUnmap", "cuMemUnmap", "", 0, PFN_cuMemUnmap_v10020, [cuMemUnmap];
     /// Set the access flags for each location specified in \p desc for the given virtual address range
-    cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) = 10020, "cuMemSetAccess", "cuMemSetAccess", "", 0, PFN_cuMemSetAccess_v10020;
+    cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) = 10020, "cuMemSetAccess", "cuMemSetAccess", "", 0, PFN_cuMemSetAccess_v10020, [cuMemSetAccess];
     /// Get the access \p flags set for the given \p location and \p ptr
-    cuMemGetAccess(flags: *mut ::std::os::raw::c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr) = 10020, "cuMemGetAccess", "cuMemGetAccess", "", 0, PFN_cuMemGetAccess_v10020;
+    cuMemGetAccess(flags: *mut ::std::os::raw::c_ulonglong, location: *const CUmemLocation, ptr: CUdeviceptr) = 10020, "cuMemGetAccess", "cuMemGetAccess", "", 0, PFN_cuMemGetAccess_v10020, [cuMemGetAccess];
     /// Exports an allocation to a requested shareable handle type
-    cuMemExportToShareableHandle(shareableHandle: *mut ::std::os::raw::c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemExportToShareableHandle", "cuMemExportToShareableHandle", "", 0, PFN_cuMemExportToShareableHandle_v10020;
+    cuMemExportToShareableHandle(shareableHandle: *mut ::std::os::raw::c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: ::std::os::raw::c_ulonglong) = 10020, "cuMemExportToShareableHandle", "cuMemExportToShareableHandle", "", 0, PFN_cuMemExportToShareableHandle_v10020, [cuMemExportToShareableHandle];
     /// Imports an allocation from a requested shareable handle type.
-    cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut ::std::os::raw::c_void, shHandleType: CUmemAllocationHandleType) = 10020, "cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle", "", 0, PFN_cuMemImportFromShareableHandle_v10020;
+    cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut ::std::os::raw::c_void, shHandleType: CUmemAllocationHandleType) = 10020, "cuMemImportFromShareableHandle", "cuMemImportFromShareableHandle", "", 0, PFN_cuMemImportFromShareableHandle_v10020, [cuMemImportFromShareableHandle];
     /// Calculates either the minimal or recommended granularity
-    cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags) = 10020, "cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity", "", 0, PFN_cuMemGetAllocationGranularity_v10020;
+    cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags) = 10020, "cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity", "", 0, PFN_cuMemGetAllocationGranularity_v10020, [cuMemGetAllocationGranularity];
     /// Retrieve the contents of the property structure defining properties for this handle
-    cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) = 10020, "cuMemGetAllocationPropertiesFromHandle", "cuMemGetAllocationPropertiesFromHandle", "", 0, PFN_cuMemGetAllocationPropertiesFromHandle_v10020;
+    cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) = 10020, "cuMemGetAllocationPropertiesFromHandle", "cuMemGetAllocationPropertiesFromHandle", "", 0, PFN_cuMemGetAllocationPropertiesFromHandle_v10020, [cuMemGetAllocationPropertiesFromHandle];
     /// Given an address \p addr, returns the allocation handle of the backing memory allocation.
-    cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut ::std::os::raw::c_void) = 11000, "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", "", 0, PFN_cuMemRetainAllocationHandle_v11000;
+    cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut ::std::os::raw::c_void) = 11000, "cuMemRetainAllocationHandle", "cuMemRetainAllocationHandle", "", 0, PFN_cuMemRetainAllocationHandle_v11000, [cuMemRetainAllocationHandle];
     /// Frees memory with stream ordered semantics
-    cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) = 11020, "cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", 11020, PFN_cuMemFreeAsync_v11020;
+    cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream) = 11020, "cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", 11020, PFN_cuMemFreeAsync_v11020, [cuMemFreeAsync];
     /// Allocates memory with stream ordered semantics
-    cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) = 11020, "cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020, PFN_cuMemAllocAsync_v11020;
+    cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) = 11020, "cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", 11020, PFN_cuMemAllocAsync_v11020, [cuMemAllocAsync];
     /// Tries to release memory back to the OS
-    cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) = 11020, "cuMemPoolTrimTo", "cuMemPoolTrimTo", "", 0, PFN_cuMemPoolTrimTo_v11020;
+    cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize) = 11020, "cuMemPoolTrimTo", "cuMemPoolTrimTo", "", 0, PFN_cuMemPoolTrimTo_v11020, [cuMemPoolTrimTo];
     /// Sets attributes of a memory pool
-    cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut ::std::os::raw::c_void) = 11020, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute", "", 0, PFN_cuMemPoolSetAttribute_v11020;
+    cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut ::std::os::raw::c_void) = 11020, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute", "", 0, PFN_cuMemPoolSetAttribute_v11020, [cuMemPoolSetAttribute];
     /// Gets attributes of a memory pool
-    cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut ::std::os::raw::c_void) = 11020, "cuMemPoolGetAttribute", "cuMemPoolGetAttribute", "", 0, PFN_cuMemPoolGetAttribute_v11020;
+    cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut ::std::os::raw::c_void) = 11020, "cuMemPoolGetAttribute", "cuMemPoolGetAttribute", "", 0, PFN_cuMemPoolGetAttribute_v11020, [cuMemPoolGetAttribute];
     /// Controls visibility of pools between devices
-    cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) = 11020, "cuMemPoolSetAccess", "cuMemPoolSetAccess", "", 0, PFN_cuMemPoolSetAccess_v11020;
+    cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, count: usize) = 11020, "cuMemPoolSetAccess", "cuMemPoolSetAccess", "", 0, PFN_cuMemPoolSetAccess_v11020, [cuMemPoolSetAccess];
     /// Returns the accessibility of a pool from a device
-    cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, memPool: CUmemoryPool, location: *mut CUmemLocation) = 11020, "cuMemPoolGetAccess", "cuMemPoolGetAccess", "", 0, PFN_cuMemPoolGetAccess_v11020;
+    cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, memPool: CUmemoryPool, location: *mut CUmemLocation) = 11020, "cuMemPoolGetAccess", "cuMemPoolGetAccess", "", 0, PFN_cuMemPoolGetAccess_v11020, [cuMemPoolGetAccess];
     /// Creates a memory pool
-    cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) = 11020, "cuMemPoolCreate", "cuMemPoolCreate", "", 0, PFN_cuMemPoolCreate_v11020;
+    cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) = 11020, "cuMemPoolCreate", "cuMemPoolCreate", "", 0, PFN_cuMemPoolCreate_v11020, [cuMemPoolCreate];
     /// Destroys the specified memory pool
-    cuMemPoolDestroy(pool: CUmemoryPool) = 11020, "cuMemPoolDestroy", "cuMemPoolDestroy", "", 0, PFN_cuMemPoolDestroy_v11020;
+    cuMemPoolDestroy(pool: CUmemoryPool) = 11020, "cuMemPoolDestroy", "cuMemPoolDestroy", "", 0, PFN_cuMemPoolDestroy_v11020, [cuMemPoolDestroy];
     /// Returns the default memory pool for a given location and allocation type
-    cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) = 13000, "cuMemGetDefaultMemPool", "cuMemGetDefaultMemPool", "", 0, PFN_cuMemGetDefaultMemPool_v13000;
+    cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) = 13000, "cuMemGetDefaultMemPool", "cuMemGetDefaultMemPool", "", 0, PFN_cuMemGetDefaultMemPool_v13000, [cuMemGetDefaultMemPool];
     /// Gets the current memory pool for a memory location and of a particular allocation type
-    cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) = 13000, "cuMemGetMemPool", "cuMemGetMemPool", "", 0, PFN_cuMemGetMemPool_v13000;
+    cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut CUmemLocation, type_: CUmemAllocationType) = 13000, "cuMemGetMemPool", "cuMemGetMemPool", "", 0, PFN_cuMemGetMemPool_v13000, [cuMemGetMemPool];
     /// Sets the current memory pool for a memory location and allocation type
-    cuMemSetMemPool(location: *mut CUmemLocation, type_: CUmemAllocationType, pool: CUmemoryPool) = 13000, "cuMemSetMemPool", "cuMemSetMemPool", "", 0, PFN_cuMemSetMemPool_v13000;
+    cuMemSetMemPool(location: *mut CUmemLocation, type_: CUmemAllocationType, pool: CUmemoryPool) = 13000, "cuMemSetMemPool", "cuMemSetMemPool", "", 0, PFN_cuMemSetMemPool_v13000, [cuMemSetMemPool];
     /// Allocates memory from a specified pool with stream ordered semantics.
-    cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) = 11020, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", 11020, PFN_cuMemAllocFromPoolAsync_v11020;
+    cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) = 11020, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", 11020, PFN_cuMemAllocFromPoolAsync_v11020, [cuMemAllocFromPoolAsync];
     /// Exports a memory pool to the requested handle type.
-    cuMemPoolExportToShareableHandle(handle_out: *mut ::std::os::raw::c_void, pool: CUmemoryPool, handleType: CUmemAllocationHandleType, flags: ::std::os::raw::c_ulonglong) = 11020, "cuMemPoolExportToShareableHandle", "cuMemPoolExportToShareableHandle", "", 0, PFN_cuMemPoolExportToShareableHandle_v11020;
+    cuMemPoolExportToShareableHandle(handle_out: *mut ::std::os::raw::c_void, pool: CUmemoryPool, handleType: CUmemAllocationHandleType, flags: ::std::os::raw::c_ulonglong) = 11020, "cuMemPoolExportToShareableHandle", "cuMemPoolExportToShareableHandle", "", 0, PFN_cuMemPoolExportToShareableHandle_v11020, [cuMemPoolExportToShareableHandle];
     /// imports a memory pool from a shared handle.
-    cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut ::std::os::raw::c_void, handleType: CUmemAllocationHandleType, flags: ::std::os::raw::c_ulonglong) = 11020, "cuMemPoolImportFromShareableHandle", "cuMemPoolImportFromShareableHandle", "", 0, PFN_cuMemPoolImportFromShareableHandle_v11020;
+    cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut ::std::os::raw::c_void, handleType: CUmemAllocationHandleType, flags: ::std::os::raw::c_ulonglong) = 11020, "cuMemPoolImportFromShareableHandle", "cuMemPoolImportFromShareableHandle", "", 0, PFN_cuMemPoolImportFromShareableHandle_v11020, [cuMemPoolImportFromShareableHandle];
     /// Export data to share a memory pool allocation between processes.
-    cuMemPoolExportPointer(shareData_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) = 11020, "cuMemPoolExportPointer", "cuMemPoolExportPointer", "", 0, PFN_cuMemPoolExportPointer_v11020;
+    cuMemPoolExportPointer(shareData_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) = 11020, "cuMemPoolExportPointer", "cuMemPoolExportPointer", "", 0, PFN_cuMemPoolExportPointer_v11020, [cuMemPoolExportPointer];
     /// Import a memory pool allocation from another process.
-    cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut CUmemPoolPtrExportData) = 11020, "cuMemPoolImportPointer", "cuMemPoolImportPointer", "", 0, PFN_cuMemPoolImportPointer_v11020;
+    cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut CUmemPoolPtrExportData) = 11020, "cuMemPoolImportPointer", "cuMemPoolImportPointer", "", 0, PFN_cuMemPoolImportPointer_v11020, [cuMemPoolImportPointer];
     /// Create a generic allocation handle representing a multicast object described by the given properties.
-    cuMulticastCreate(mcHandle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp) = 12010, "cuMulticastCreate", "cuMulticastCreate", "", 0, PFN_cuMulticastCreate_v12010;
+    cuMulticastCreate(mcHandle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp) = 12010, "cuMulticastCreate", "cuMulticastCreate", "", 0, PFN_cuMulticastCreate_v12010, [cuMulticastCreate];
     /// Associate a device to a multicast object.
-    cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) = 12010, "cuMulticastAddDevice", "cuMulticastAddDevice", "", 0, PFN_cuMulticastAddDevice_v12010;
+    cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) = 12010, "cuMulticastAddDevice", "cuMulticastAddDevice", "", 0, PFN_cuMulticastAddDevice_v12010, [cuMulticastAddDevice];
     /// Bind a memory allocation represented by a handle to a multicast object.
-    cuMulticastBindMem(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: ::std::os::raw::c_ulonglong) = 12010, "cuMulticastBindMem", "cuMulticastBindMem", "", 0, PFN_cuMulticastBindMem_v12010;
+    cuMulticastBindMem(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: ::std::os::raw::c_ulonglong) = 12010, "cuMulticastBindMem", "cuMulticastBindMem", "", 0, PFN_cuMulticastBindMem_v12010, [cuMulticastBindMem];
     /// Bind a memory allocation represented by a handle to a multicast object.
-    cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: ::std::os::raw::c_ulonglong) = 13010, "cuMulticastBindMem", "cuMulticastBindMem_v2", "", 0, PFN_cuMulticastBindMem_v13010;
+    cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: ::std::os::raw::c_ulonglong) = 13010, "cuMulticastBindMem", "cuMulticastBindMem_v2", "", 0, PFN_cuMulticastBindMem_v13010, [cuMulticastBindMem_v2];
     /// Bind a memory allocation represented by a virtual address to a multicast object.
-    cuMulticastBindAddr(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: ::std::os::raw::c_ulonglong) = 12010, "cuMulticastBindAddr", "cuMulticastBindAddr", "", 0, PFN_cuMulticastBindAddr_v12010;
+    cuMulticastBindAddr(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: ::std::os::raw::c_ulonglong) = 12010, "cuMulticastBindAddr", "cuMulticastBindAddr", "", 0, PFN_cuMulticastBindAddr_v12010, [cuMulticastBindAddr];
     /// Bind a memory allocation represented by a virtual address to a multicast object.
-    cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: ::std::os::raw::c_ulonglong) = 13010, "cuMulticastBindAddr", "cuMulticastBindAddr_v2", "", 0, PFN_cuMulticastBindAddr_v13010;
+    cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: ::std::os::raw::c_ulonglong) = 13010, "cuMulticastBindAddr", "cuMulticastBindAddr_v2", "", 0, PFN_cuMulticastBindAddr_v13010, [cuMulticastBindAddr_v2];
     /// Unbind any memory allocations bound to a multicast object at a given offset and upto a given size.
-    cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) = 12010, "cuMulticastUnbind", "cuMulticastUnbind", "", 0, PFN_cuMulticastUnbind_v12010;
+    cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) = 12010, "cuMulticastUnbind", "cuMulticastUnbind", "", 0, PFN_cuMulticastUnbind_v12010, [cuMulticastUnbind];
     /// Calculates either the minimal or recommended granularity for multicast object
-    cuMulticastGetGranularity(granularity: *mut usize, prop: *const CUmulticastObjectProp, option: CUmulticastGranularity_flags) = 12010, "cuMulticastGetGranularity", "cuMulticastGetGranularity", "", 0, PFN_cuMulticastGetGranularity_v12010;
+    cuMulticastGetGranularity(granularity: *mut usize, prop: *const CUmulticastObjectProp, option: CUmulticastGranularity_flags) = 12010, "cuMulticastGetGranularity", "cuMulticastGetGranularity", "", 0, PFN_cuMulticastGetGranularity_v12010, [cuMulticastGetGranularity];
     /// Retrieves the fabric cluster UUID
-    cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) = 13040, "cuDeviceGetFabricClusterUuid", "cuDeviceGetFabricClusterUuid", "", 0, PFN_cuDeviceGetFabricClusterUuid_v13040;
+    cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice) = 13040, "cuDeviceGetFabricClusterUuid", "cuDeviceGetFabricClusterUuid", "", 0, PFN_cuDeviceGetFabricClusterUuid_v13040, [cuDeviceGetFabricClusterUuid];
     /// Retrieves the number of fabric cliques
-    cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) = 13040, "cuDeviceGetCliqueCount", "cuDeviceGetCliqueCount", "", 0, PFN_cuDeviceGetCliqueCount_v13040;
+    cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice) = 13040, "cuDeviceGetCliqueCount", "cuDeviceGetCliqueCount", "", 0, PFN_cuDeviceGetCliqueCount_v13040, [cuDeviceGetCliqueCount];
     /// Retrieves fabric clique information
-    cuDeviceGetCliqueInfo(cliqueInfo: *mut CUcliqueInfo, count: *mut usize, dev: CUdevice) = 13040, "cuDeviceGetCliqueInfo", "cuDeviceGetCliqueInfo", "", 0, PFN_cuDeviceGetCliqueInfo_v13040;
+    cuDeviceGetCliqueInfo(cliqueInfo: *mut CUcliqueInfo, count: *mut usize, dev: CUdevice) = 13040, "cuDeviceGetCliqueInfo", "cuDeviceGetCliqueInfo", "", 0, PFN_cuDeviceGetCliqueInfo_v13040, [cuDeviceGetCliqueInfo];
     /// Reserves a range of logical endpoint ids
-    cuLogicalEndpointIdReserve(baseLeId: *mut CUlogicalEndpointId, count: cuuint32_t) = 13030, "cuLogicalEndpointIdReserve", "cuLogicalEndpointIdReserve", "", 0, PFN_cuLogicalEndpointIdReserve_v13030;
+    cuLogicalEndpointIdReserve(baseLeId: *mut CUlogicalEndpointId, count: cuuint32_t) = 13030, "cuLogicalEndpointIdReserve", "cuLogicalEndpointIdReserve", "", 0, PFN_cuLogicalEndpointIdReserve_v13030, [cuLogicalEndpointIdReserve];
     /// Releases a range of logical endpoint ids
-    cuLogicalEndpointIdRelease(baseLeId: CUlogicalEndpointId, count: cuuint32_t) = 13030, "cuLogicalEndpointIdRelease", "cuLogicalEndpointIdRelease", "", 0, PFN_cuLogicalEndpointIdRelease_v13030;
+    cuLogicalEndpointIdRelease(baseLeId: CUlogicalEndpointId, count: cuuint32_t) = 13030, "cuLogicalEndpointIdRelease", "cuLogicalEndpointIdRelease", "", 0, PFN_cuLogicalEndpointIdRelease_v13030, [cuLogicalEndpointIdRelease];
     /// Creates a logical endpoint with the requested properties and associates it with the logical endpoint id
-    cuLogicalEndpointCreate(leId: CUlogicalEndpointId, prop: *const CUlogicalEndpointProp) = 13030, "cuLogicalEndpointCreate", "cuLogicalEndpointCreate", "", 0, PFN_cuLogicalEndpointCreate_v13030;
+    cuLogicalEndpointCreate(leId: CUlogicalEndpointId, prop: *const CUlogicalEndpointProp) = 13030, "cuLogicalEndpointCreate", "cuLogicalEndpointCreate", "", 0, PFN_cuLogicalEndpointCreate_v13030, [cuLogicalEndpointCreate];
     /// Associates a device to a multicast logical endpoint
-    cuLogicalEndpointAddDevice(leId: CUlogicalEndpointId, dev: CUdevice) = 13030, "cuLogicalEndpointAddDevice", "cuLogicalEndpointAddDevice", "", 0, PFN_cuLogicalEndpointAddDevice_v13030;
+    cuLogicalEndpointAddDevice(leId: CUlogicalEndpointId, dev: CUdevice) = 13030, "cuLogicalEndpointAddDevice", "cuLogicalEndpointAddDevice", "", 0, PFN_cuLogicalEndpointAddDevice_v13030, [cuLogicalEndpointAddDevice];
     /// Removes the association of the logical endpoint from the logical endpoint id
-    cuLogicalEndpointDestroy(leId: CUlogicalEndpointId) = 13030, "cuLogicalEndpointDestroy", "cuLogicalEndpointDestroy", "", 0, PFN_cuLogicalEndpointDestroy_v13030;
+    cuLogicalEndpointDestroy(leId: CUlogicalEndpointId) = 13030, "cuLogicalEndpointDestroy", "cuLogicalEndpointDestroy", "", 0, PFN_cuLogicalEndpointDestroy_v13030, [cuLogicalEndpointDestroy];
     /// Bind a memory allocation represented by a virtual address to a logical endpoint
-    cuLogicalEndpointBindAddr(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, ptr: *mut ::std::os::raw::c_void, size: cuuint64_t, flags: ::std::os::raw::c_ulonglong) = 13030, "cuLogicalEndpointBindAddr", "cuLogicalEndpointBindAddr", "", 0, PFN_cuLogicalEndpointBindAddr_v13030;
+    cuLogicalEndpointBindAddr(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, ptr: *mut ::std::os::raw::c_void, size: cuuint64_t, flags: ::std::os::raw::c_ulonglong) = 13030, "cuLogicalEndpointBindAddr", "cuLogicalEndpointBindAddr", "", 0, PFN_cuLogicalEndpointBindAddr_v13030, [cuLogicalEndpointBindAddr];
     /// Binds memory object represented by a handle to the logical endpoint
-    cuLogicalEndpointBindMem(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, memHandle: CUmemGenericAllocationHandle, memOffset: cuuint64_t, size: cuuint64_t, flags: ::std::os::raw::c_ulonglong) = 13030, "cuLogicalEndpointBindMem", "cuLogicalEndpointBindMem", "", 0, PFN_cuLogicalEndpointBindMem_v13030;
+    cuLogicalEndpointBindMem(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, memHandle: CUmemGenericAllocationHandle, memOffset: cuuint64_t, size: cuuint64_t, flags: ::std::os::raw::c_ulonglong) = 13030, "cuLogicalEndpointBindMem", "cuLogicalEndpointBindMem", "", 0, PFN_cuLogicalEndpointBindMem_v13030, [cuLogicalEndpointBindMem];
     /// Unbinds any binding at offset from the logical endpoint
-    cuLogicalEndpointUnbind(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, size: cuuint64_t) = 13030, "cuLogicalEndpointUnbind", "cuLogicalEndpointUnbind", "", 0, PFN_cuLogicalEndpointUnbind_v13030;
+    cuLogicalEndpointUnbind(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, size: cuuint64_t) = 13030, "cuLogicalEndpointUnbind", "cuLogicalEndpointUnbind", "", 0, PFN_cuLogicalEndpointUnbind_v13030, [cuLogicalEndpointUnbind];
     /// Exports a logical endpoint associated with leId to an IPC handle
-    cuLogicalEndpointExport(handle: *mut ::std::os::raw::c_void, leId: CUlogicalEndpointId, handleType: CUlogicalEndpointIpcHandleType) = 13030, "cuLogicalEndpointExport", "cuLogicalEndpointExport", "", 0, PFN_cuLogicalEndpointExport_v13030;
+    cuLogicalEndpointExport(handle: *mut ::std::os::raw::c_void, leId: CUlogicalEndpointId, handleType: CUlogicalEndpointIpcHandleType) = 13030, "cuLogicalEndpointExport", "cuLogicalEndpointExport", "", 0, PFN_cuLogicalEndpointExport_v13030, [cuLogicalEndpointExport];
     /// Imports a logical endpoint from the given IPC handle and associates it with a logical endpoint id
-    cuLogicalEndpointImport(leId: CUlogicalEndpointId, handle: *const ::std::os::raw::c_void, handleType: CUlogicalEndpointIpcHandleType) = 13030, "cuLogicalEndpointImport", "cuLogicalEndpointImport", "", 0, PFN_cuLogicalEndpointImport_v13030;
+    cuLogicalEndpointImport(leId: CUlogicalEndpointId, handle: *const ::std::os::raw::c_void, handleType: CUlogicalEndpointIpcHandleType) = 13030, "cuLogicalEndpointImport", "cuLogicalEndpointImport", "", 0, PFN_cuLogicalEndpointImport_v13030, [cuLogicalEndpointImport];
     /// Calculates the minimum alignment and the maximum size for the given logical endpoint properties
-    cuLogicalEndpointGetLimits(bindAlignment: *mut cuuint64_t, maxSize: *mut cuuint64_t, prop: *const CUlogicalEndpointProp) = 13030, "cuLogicalEndpointGetLimits", "cuLogicalEndpointGetLimits", "", 0, PFN_cuLogicalEndpointGetLimits_v13030;
+    cuLogicalEndpointGetLimits(bindAlignment: *mut cuuint64_t, maxSize: *mut cuuint64_t, prop: *const CUlogicalEndpointProp) = 13030, "cuLogicalEndpointGetLimits", "cuLogicalEndpointGetLimits", "", 0, PFN_cuLogicalEndpointGetLimits_v13030, [cuLogicalEndpointGetLimits];
     /// Determines if all logical endpoints in the range have been successfully constructed
-    cuLogicalEndpointQuery(leId: CUlogicalEndpointId, count: cuuint32_t, queryStatus: *mut ::std::os::raw::c_int) = 13030, "cuLogicalEndpointQuery", "cuLogicalEndpointQuery", "", 0, PFN_cuLogicalEndpointQuery_v13030;
+    cuLogicalEndpointQuery(leId: CUlogicalEndpointId, count: cuuint32_t, queryStatus: *mut ::std::os::raw::c_int) = 13030, "cuLogicalEndpointQuery", "cuLogicalEndpointQuery", "", 0, PFN_cuLogicalEndpointQuery_v13030, [cuLogicalEndpointQuery];
     /// Performs a batch of copies over a fabric asynchronously.
-    cuFabricCpyBatchAsync(numOps: usize, opList: *mut CUDA_FABRIC_COPY_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13050, "cuFabricCpyBatchAsync", "cuFabricCpyBatchAsync", "cuFabricCpyBatchAsync_ptsz", 13050, PFN_cuFabricCpyBatchAsync_v13050;
+    cuFabricCpyBatchAsync(numOps: usize, opList: *mut CUDA_FABRIC_COPY_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13050, "cuFabricCpyBatchAsync", "cuFabricCpyBatchAsync", "cuFabricCpyBatchAsync_ptsz", 13050, PFN_cuFabricCpyBatchAsync_v13050, [cuFabricCpyBatchAsync];
     /// Returns information about a pointer
-    cuPointerGetAttribute(data: *mut ::std::os::raw::c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) = 4000, "cuPointerGetAttribute", "cuPointerGetAttribute", "", 0, PFN_cuPointerGetAttribute_v4000;
+    cuPointerGetAttribute(data: *mut ::std::os::raw::c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) = 4000, "cuPointerGetAttribute", "cuPointerGetAttribute", "", 0, PFN_cuPointerGetAttribute_v4000, [cuPointerGetAttribute];
     /// Prefetches memory to the specified destination location
-    cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: ::std::os::raw::c_uint, hStream: CUstream) = 12020, "cuMemPrefetchAsync", "cuMemPrefetchAsync_v2", "cuMemPrefetchAsync_v2_ptsz", 12020, PFN_cuMemPrefetchAsync_v12020;
+    cuMemPrefetchAsync(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: ::std::os::raw::c_uint, hStream: CUstream) = 12020, "cuMemPrefetchAsync", "cuMemPrefetchAsync_v2", "cuMemPrefetchAsync_v2_ptsz", 12020, PFN_cuMemPrefetchAsync_v12020, [cuMemPrefetchAsync];
     /// Advise about the usage of a given memory range
-    cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: CUmem_advise, location: CUmemLocation) = 12020, "cuMemAdvise", "cuMemAdvise_v2", "", 0, PFN_cuMemAdvise_v12020;
+    cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: CUmem_advise, location: CUmemLocation) = 12020, "cuMemAdvise", "cuMemAdvise_v2", "", 0, PFN_cuMemAdvise_v12020, [cuMemAdvise];
     /// Performs a batch of memory prefetches asynchronously
-    cuMemPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemPrefetchBatchAsync", "cuMemPrefetchBatchAsync", "cuMemPrefetchBatchAsync_ptsz", 13000, PFN_cuMemPrefetchBatchAsync_v13000;
+    cuMemPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemPrefetchBatchAsync", "cuMemPrefetchBatchAsync", "cuMemPrefetchBatchAsync_ptsz", 13000, PFN_cuMemPrefetchBatchAsync_v13000, [cuMemPrefetchBatchAsync];
     /// Performs a batch of memory discards asynchronously
-    cuMemDiscardBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync_ptsz", 13000, PFN_cuMemDiscardBatchAsync_v13000;
+    cuMemDiscardBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync_ptsz", 13000, PFN_cuMemDiscardBatchAsync_v13000, [cuMemDiscardBatchAsync];
     /// Performs a batch of memory discards and prefetches asynchronously
-    cuMemDiscardAndPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemDiscardAndPrefetchBatchAsync", "cuMemDiscardAndPrefetchBatchAsync", "cuMemDiscardAndPrefetchBatchAsync_ptsz", 13000, PFN_cuMemDiscardAndPrefetchBatchAsync_v13000;
+    cuMemDiscardAndPrefetchBatchAsync(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut CUmemLocation, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemDiscardAndPrefetchBatchAsync", "cuMemDiscardAndPrefetchBatchAsync", "cuMemDiscardAndPrefetchBatchAsync_ptsz", 13000, PFN_cuMemDiscardAndPrefetchBatchAsync_v13000, [cuMemDiscardAndPrefetchBatchAsync];
     /// Gets residency information for a memory address range
-    cuMemGetLocationInfo(ptr: CUdeviceptr, size: usize, summaryGranularity: usize, samplingGranularity: usize, location_out: *mut CUmemLocation) = 13040, "cuMemGetLocationInfo", "cuMemGetLocationInfo", "", 0, PFN_cuMemGetLocationInfo_v13040;
+    cuMemGetLocationInfo(ptr: CUdeviceptr, size: usize, summaryGranularity: usize, samplingGranularity: usize, location_out: *mut CUmemLocation) = 13040, "cuMemGetLocationInfo", "cuMemGetLocationInfo", "", 0, PFN_cuMemGetLocationInfo_v13040, [cuMemGetLocationInfo];
     /// Query an attribute of a given memory range
-    cuMemRangeGetAttribute(data: *mut ::std::os::raw::c_void, dataSize: usize, attribute: CUmem_range_attribute, devPtr: CUdeviceptr, count: usize) = 8000, "cuMemRangeGetAttribute", "cuMemRangeGetAttribute", "", 0, PFN_cuMemRangeGetAttribute_v8000;
+    cuMemRangeGetAttribute(data: *mut ::std::os::raw::c_void, dataSize: usize, attribute: CUmem_range_attribute, devPtr: CUdeviceptr, count: usize) = 8000, "cuMemRangeGetAttribute", "cuMemRangeGetAttribute", "", 0, PFN_cuMemRangeGetAttribute_v8000, [cuMemRangeGetAttribute];
     /// Query attributes of a given memory range.
-    cuMemRangeGetAttributes(data: *mut *mut ::std::os::raw::c_void, dataSizes: *mut usize, attributes: *mut CUmem_range_attribute, numAttributes: usize, devPtr: CUdeviceptr, count: usize) = 8000, "cuMemRangeGetAttributes", "cuMemRangeGetAttributes", "", 0, PFN_cuMemRangeGetAttributes_v8000;
+    cuMemRangeGetAttributes(data: *mut *mut ::std::os::raw::c_void, dataSizes: *mut usize, attributes: *mut CUmem_range_attribute, numAttributes: usize, devPtr: CUdeviceptr, count: usize) = 8000, "cuMemRangeGetAttributes", "cuMemRangeGetAttributes", "", 0, PFN_cuMemRangeGetAttributes_v8000, [cuMemRangeGetAttributes];
     /// Set attributes on a previously allocated memory region
-    cuPointerSetAttribute(value: *const ::std::os::raw::c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) = 6000, "cuPointerSetAttribute", "cuPointerSetAttribute", "", 0, PFN_cuPointerSetAttribute_v6000;
+    cuPointerSetAttribute(value: *const ::std::os::raw::c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr) = 6000, "cuPointerSetAttribute", "cuPointerSetAttribute", "", 0, PFN_cuPointerSetAttribute_v6000, [cuPointerSetAttribute];
     /// Returns information about a pointer.
-    cuPointerGetAttributes(numAttributes: ::std::os::raw::c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut ::std::os::raw::c_void, ptr: CUdeviceptr) = 7000, "cuPointerGetAttributes", "cuPointerGetAttributes", "", 0, PFN_cuPointerGetAttributes_v7000;
+    cuPointerGetAttributes(numAttributes: ::std::os::raw::c_uint, attributes: *mut CUpointer_attribute, data: *mut *mut ::std::os::raw::c_void, ptr: CUdeviceptr) = 7000, "cuPointerGetAttributes", "cuPointerGetAttributes", "", 0, PFN_cuPointerGetAttributes_v7000, [cuPointerGetAttributes];
     /// Create a stream
-    cuStreamCreate(phStream: *mut CUstream, Flags: ::std::os::raw::c_uint) = 2000, "cuStreamCreate", "cuStreamCreate", "", 0, PFN_cuStreamCreate_v2000;
+    cuStreamCreate(phStream: *mut CUstream, Flags: ::std::os::raw::c_uint) = 2000, "cuStreamCreate", "cuStreamCreate", "", 0, PFN_cuStreamCreate_v2000, [cuStreamCreate];
     /// Create a stream with the given priority
-    cuStreamCreateWithPriority(phStream: *mut CUstream, flags: ::std::os::raw::c_uint, priority: ::std::os::raw::c_int) = 5050, "cuStreamCreateWithPriority", "cuStreamCreateWithPriority", "", 0, PFN_cuStreamCreateWithPriority_v5050;
+    cuStreamCreateWithPriority(phStream: *mut CUstream, flags: ::std::os::raw::c_uint, priority: ::std::os::raw::c_int) = 5050, "cuStreamCreateWithPriority", "cuStreamCreateWithPriority", "", 0, PFN_cuStreamCreateWithPriority_v5050, [cuStreamCreateWithPriority];
     /// Begins capture to CIG on a stream
-    cuStreamBeginCaptureToCig(hStream: CUstream, streamCigCaptureParams: *mut CUstreamCigCaptureParams) = 13010, "cuStreamBeginCaptureToCig", "cuStreamBeginCaptureToCig", "cuStreamBeginCaptureToCig_ptsz", 13010, PFN_cuStreamBeginCaptureToCig_v13010;
+    cuStreamBeginCaptureToCig(hStream: CUstream, streamCigCaptureParams: *mut CUstreamCigCaptureParams) = 13010, "cuStreamBeginCaptureToCig", "cuStreamBeginCaptureToCig", "cuStreamBeginCaptureToCig_ptsz", 13010, PFN_cuStreamBeginCaptureToCig_v13010, [cuStreamBeginCaptureToCig];
     /// Ends CIG capture on a stream
-    cuStreamEndCaptureToCig(hStream: CUstream) = 13010, "cuStreamEndCaptureToCig", "cuStreamEndCaptureToCig", "cuStreamEndCaptureToCig_ptsz", 13010, PFN_cuStreamEndCaptureToCig_v13010;
+    cuStreamEndCaptureToCig(hStream: CUstream) = 13010, "cuStreamEndCaptureToCig", "cuStreamEndCaptureToCig", "cuStreamEndCaptureToCig_ptsz", 13010, PFN_cuStreamEndCaptureToCig_v13010, [cuStreamEndCaptureToCig];
     /// Query the priority of a given stream
-    cuStreamGetPriority(hStream: CUstream, priority: *mut ::std::os::raw::c_int) = 5050, "cuStreamGetPriority", "cuStreamGetPriority", "cuStreamGetPriority_ptsz", 7000, PFN_cuStreamGetPriority_v5050;
+    cuStreamGetPriority(hStream: CUstream, priority: *mut ::std::os::raw::c_int) = 5050, "cuStreamGetPriority", "cuStreamGetPriority", "cuStreamGetPriority_ptsz", 7000, PFN_cuStreamGetPriority_v5050, [cuStreamGetPriority];
     /// Returns the device handle of the stream
-    cuStreamGetDevice(hStream: CUstream, device: *mut CUdevice) = 12080, "cuStreamGetDevice", "cuStreamGetDevice", "cuStreamGetDevice_ptsz", 12080, PFN_cuStreamGetDevice_v12080;
+    cuStreamGetDevice(hStream: CUstream, device: *mut CUdevice) = 12080, "cuStreamGetDevice", "cuStreamGetDevice", "cuStreamGetDevice_ptsz", 12080, PFN_cuStreamGetDevice_v12080, [cuStreamGetDevice];
     /// Query the flags of a given stream
-    cuStreamGetFlags(hStream: CUstream, flags: *mut ::std::os::raw::c_uint) = 5050, "cuStreamGetFlags", "cuStreamGetFlags", "cuStreamGetFlags_ptsz", 7000, PFN_cuStreamGetFlags_v5050;
+    cuStreamGetFlags(hStream: CUstream, flags: *mut ::std::os::raw::c_uint) = 5050, "cuStreamGetFlags", "cuStreamGetFlags", "cuStreamGetFlags_ptsz", 7000, PFN_cuStreamGetFlags_v5050, [cuStreamGetFlags];
     /// Returns the unique Id associated with the stream handle supplied
-    cuStreamGetId(hStream: CUstream, streamId: *mut ::std::os::raw::c_ulonglong) = 12000, "cuStreamGetId", "cuStreamGetId", "cuStreamGetId_ptsz", 12000, PFN_cuStreamGetId_v12000;
+    cuStreamGetId(hStream: CUstream, streamId: *mut ::std::os::raw::c_ulonglong) = 12000, "cuStreamGetId", "cuStreamGetId", "cuStreamGetId_ptsz", 12000, PFN_cuStreamGetId_v12000, [cuStreamGetId];
     /// Query the context associated with a stream
-    cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext) = 9020, "cuStreamGetCtx", "cuStreamGetCtx", "cuStreamGetCtx_ptsz", 9020, PFN_cuStreamGetCtx_v9020;
+    cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext) = 9020, "cuStreamGetCtx", "cuStreamGetCtx", "cuStreamGetCtx_ptsz", 9020, PFN_cuStreamGetCtx_v9020, [cuStreamGetCtx];
     /// Query the contexts associated with a stream
-    cuStreamGetCtx_v2(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) = 12050, "cuStreamGetCtx", "cuStreamGetCtx_v2", "cuStreamGetCtx_v2_ptsz", 12050, PFN_cuStreamGetCtx_v12050;
+    cuStreamGetCtx_v2(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx) = 12050, "cuStreamGetCtx", "cuStreamGetCtx_v2", "cuStreamGetCtx_v2_ptsz", 12050, PFN_cuStreamGetCtx_v12050, [cuStreamGetCtx_v2];
     /// Make a compute stream wait on an event
-    cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: ::std::os::raw::c_uint) = 3020, "cuStreamWaitEvent", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", 7000, PFN_cuStreamWaitEvent_v3020;
+    cuStreamWaitEvent(hStream: CUstream, hEvent: CUevent, Flags: ::std::os::raw::c_uint) = 3020, "cuStreamWaitEvent", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", 7000, PFN_cuStreamWaitEvent_v3020, [cuStreamWaitEvent];
     /// Add a callback to a compute stream
-    cuStreamAddCallback(hStream: CUstream, callback: CUstreamCallback, userData: *mut ::std::os::raw::c_void, flags: ::std::os::raw::c_uint) = 5000, "cuStreamAddCallback", "cuStreamAddCallback", "cuStreamAddCallback_ptsz", 7000, PFN_cuStreamAddCallback_v5000;
+    cuStreamAddCallback(hStream: CUstream, callback: CUstreamCallback, userData: *mut ::std::os::raw::c_void, flags: ::std::os::raw::c_uint) = 5000, "cuStreamAddCallback", "cuStreamAddCallback", "cuStreamAddCallback_ptsz", 7000, PFN_cuStreamAddCallback_v5000, [cuStreamAddCallback];
     /// Begins graph capture on a stream
-    cuStreamBeginCapture(hStream: CUstream, mode: CUstreamCaptureMode) = 10010, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", 10010, PFN_cuStreamBeginCapture_v10010;
+    cuStreamBeginCapture(hStream: CUstream, mode: CUstreamCaptureMode) = 10010, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", 10010, PFN_cuStreamBeginCapture_v10010, [cuStreamBeginCapture];
     /// Begin graph capture on a stream to an existing graph.
-    cuStreamBeginRecaptureToGraph(hStream: CUstream, mode: CUstreamCaptureMode, hGraph: CUgraph, callbackFunc: CUgraphRecaptureCallback, userData: *mut ::std::os::raw::c_void) = 13030, "cuStreamBeginRecaptureToGraph", "cuStreamBeginRecaptureToGraph", "cuStreamBeginRecaptureToGraph_ptsz", 13030, PFN_cuStreamBeginRecaptureToGraph_v13030;
+    cuStreamBeginRecaptureToGraph(hStream: CUstream, mode: CUstreamCaptureMode, hGraph: CUgraph, callbackFunc: CUgraphRecaptureCallback, userData: *mut ::std::os::raw::c_void) = 13030, "cuStreamBeginRecaptureToGraph", "cuStreamBeginRecaptureToGraph", "cuStreamBeginRecaptureToGraph_ptsz", 13030, PFN_cuStreamBeginRecaptureToGraph_v13030, [cuStreamBeginRecaptureToGraph];
     /// Begins graph capture on a stream to an existing graph
-    cuStreamBeginCaptureToGraph(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode) = 12030, "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz", 12030, PFN_cuStreamBeginCaptureToGraph_v12030;
+    cuStreamBeginCaptureToGraph(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode) = 12030, "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz", 12030, PFN_cuStreamBeginCaptureToGraph_v12030, [cuStreamBeginCaptureToGraph];
     /// Swaps the stream capture interaction mode for a thread
-    cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) = 10010, "cuThreadExchangeStreamCaptureMode", "cuThreadExchangeStreamCaptureMode", "", 0, PFN_cuThreadExchangeStreamCaptureMode_v10010;
+    cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode) = 10010, "cuThreadExchangeStreamCaptureMode", "cuThreadExchangeStreamCaptureMode", "", 0, PFN_cuThreadExchangeStreamCaptureMode_v10010, [cuThreadExchangeStreamCaptureMode];
     /// Ends capture on a stream, returning the captured graph
-    cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph) = 10000, "cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz", 10000, PFN_cuStreamEndCapture_v10000;
+    cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph) = 10000, "cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz", 10000, PFN_cuStreamEndCapture_v10000, [cuStreamEndCapture];
     /// Returns a stream's capture status
-    cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) = 10000, "cuStreamIsCapturing", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", 10000, PFN_cuStreamIsCapturing_v10000;
+    cuStreamIsCapturing(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) = 10000, "cuStreamIsCapturing", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", 10000, PFN_cuStreamIsCapturing_v10000, [cuStreamIsCapturing];
     /// Query a stream's capture state
-    cuStreamGetCaptureInfo(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) = 12030, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v3_ptsz", 12030, PFN_cuStreamGetCaptureInfo_v12030;
+    cuStreamGetCaptureInfo(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) = 12030, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v3_ptsz", 12030, PFN_cuStreamGetCaptureInfo_v12030, [cuStreamGetCaptureInfo];
     /// Update the set of dependencies in a capturing stream
-    cuStreamUpdateCaptureDependencies(hStream: CUstream, dependencies: *mut CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, flags: ::std::os::raw::c_uint) = 12030, "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies_v2", "cuStreamUpdateCaptureDependencies_v2_ptsz", 12030, PFN_cuStreamUpdateCaptureDependencies_v12030;
+    cuStreamUpdateCaptureDependencies(hStream: CUstream, dependencies: *mut CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, flags: ::std::os::raw::c_uint) = 12030, "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies_v2", "cuStreamUpdateCaptureDependencies_v2_ptsz", 12030, PFN_cuStreamUpdateCaptureDependencies_v12030, [cuStreamUpdateCaptureDependencies];
     /// Attach memory to a stream asynchronously
-    cuStreamAttachMemAsync(hStream: CUstream, dptr: CUdeviceptr, length: usize, flags: ::std::os::raw::c_uint) = 6000, "cuStreamAttachMemAsync", "cuStreamAttachMemAsync", "cuStreamAttachMemAsync_ptsz", 7000, PFN_cuStreamAttachMemAsync_v6000;
+    cuStreamAttachMemAsync(hStream: CUstream, dptr: CUdeviceptr, length: usize, flags: ::std::os::raw::c_uint) = 6000, "cuStreamAttachMemAsync", "cuStreamAttachMemAsync", "cuStreamAttachMemAsync_ptsz", 7000, PFN_cuStreamAttachMemAsync_v6000, [cuStreamAttachMemAsync];
     /// Determine status of a compute stream
-    cuStreamQuery(hStream: CUstream) = 2000, "cuStreamQuery", "cuStreamQuery", "cuStreamQuery_ptsz", 7000, PFN_cuStreamQuery_v2000;
+    cuStreamQuery(hStream: CUstream) = 2000, "cuStreamQuery", "cuStreamQuery", "cuStreamQuery_ptsz", 7000, PFN_cuStreamQuery_v2000, [cuStreamQuery];
     /// Wait until a stream's tasks are completed
-    cuStreamSynchronize(hStream: CUstream) = 2000, "cuStreamSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", 7000, PFN_cuStreamSynchronize_v2000;
+    cuStreamSynchronize(hStream: CUstream) = 2000, "cuStreamSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", 7000, PFN_cuStreamSynchronize_v2000, [cuStreamSynchronize];
     /// Destroys a stream
-    cuStreamDestroy(hStream: CUstream) = 4000, "cuStreamDestroy", "cuStreamDestroy_v2", "", 0, PFN_cuStreamDestroy_v4000;
+    cuStreamDestroy(hStream: CUstream) = 4000, "cuStreamDestroy", "cuStreamDestroy_v2", "", 0, PFN_cuStreamDestroy_v4000, [cuStreamDestroy, cuStreamDestroy_v2000];
     /// Copies attributes from source stream to destination stream.
-    cuStreamCopyAttributes(dst: CUstream, src: CUstream) = 11000, "cuStreamCopyAttributes", "cuStreamCopyAttributes", "cuStreamCopyAttributes_ptsz", 11000, PFN_cuStreamCopyAttributes_v11000;
+    cuStreamCopyAttributes(dst: CUstream, src: CUstream) = 11000, "cuStreamCopyAttributes", "cuStreamCopyAttributes", "cuStreamCopyAttributes_ptsz", 11000, PFN_cuStreamCopyAttributes_v11000, [cuStreamCopyAttributes];
     /// Queries stream attribute.
-    cuStreamGetAttribute(hStream: CUstream, attr: CUstreamAttrID, value_out: *mut CUstreamAttrValue) = 11000, "cuStreamGetAttribute", "cuStreamGetAttribute", "cuStreamGetAttribute_ptsz", 11000, PFN_cuStreamGetAttribute_v11000;
+    cuStreamGetAttribute(hStream: CUstream, attr: CUstreamAttrID, value_out: *mut CUstreamAttrValue) = 11000, "cuStreamGetAttribute", "cuStreamGetAttribute", "cuStreamGetAttribute_ptsz", 11000, PFN_cuStreamGetAttribute_v11000, [cuStreamGetAttribute];
     /// Sets stream attribute.
-    cuStreamSetAttribute(hStream: CUstream, attr: CUstreamAttrID, value: *const CUstreamAttrValue) = 11000, "cuStreamSetAttribute", "cuStreamSetAttribute", "cuStreamSetAttribute_ptsz", 11000, PFN_cuStreamSetAttribute_v11000;
+    cuStreamSetAttribute(hStream: CUstream, attr: CUstreamAttrID, value: *const CUstreamAttrValue) = 11000, "cuStreamSetAttribute", "cuStreamSetAttribute", "cuStreamSetAttribute_ptsz", 11000, PFN_cuStreamSetAttribute_v11000, [cuStreamSetAttribute];
     /// Creates an event
-    cuEventCreate(phEvent: *mut CUevent, Flags: ::std::os::raw::c_uint) = 2000, "cuEventCreate", "cuEventCreate", "", 0, PFN_cuEventCreate_v2000;
+    cuEventCreate(phEvent: *mut CUevent, Flags: ::std::os::raw::c_uint) = 2000, "cuEventCreate", "cuEventCreate", "", 0, PFN_cuEventCreate_v2000, [cuEventCreate];
     /// Records an event
-    cuEventRecord(hEvent: CUevent, hStream: CUstream) = 2000, "cuEventRecord", "cuEventRecord", "cuEventRecord_ptsz", 7000, PFN_cuEventRecord_v2000;
+    cuEventRecord(hEvent: CUevent, hStream: CUstream) = 2000, "cuEventRecord", "cuEventRecord", "cuEventRecord_ptsz", 7000, PFN_cuEventRecord_v2000, [cuEventRecord];
     /// Records an event
-    cuEventRecordWithFlags(hEvent: CUevent, hStream: CUstream, flags: ::std::os::raw::c_uint) = 11010, "cuEventRecordWithFlags", "cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz", 11010, PFN_cuEventRecordWithFlags_v11010;
+    cuEventRecordWithFlags(hEvent: CUevent, hStream: CUstream, flags: ::std::os::raw::c_uint) = 11010, "cuEventRecordWithFlags", "cuEventRecordWithFlags", "cuEventRecordWithFlags_ptsz", 11010, PFN_cuEventRecordWithFlags_v11010, [cuEventRecordWithFlags];
     /// Queries an event's status
-    cuEventQuery(hEvent: CUevent) = 2000, "cuEventQuery", "cuEventQuery", "", 0, PFN_cuEventQuery_v2000;
+    cuEventQuery(hEvent: CUevent) = 2000, "cuEventQuery", "cuEventQuery", "", 0, PFN_cuEventQuery_v2000, [cuEventQuery];
     /// Waits for an event to complete
-    cuEventSynchronize(hEvent: CUevent) = 2000, "cuEventSynchronize", "cuEventSynchronize", "", 0, PFN_cuEventSynchronize_v2000;
+    cuEventSynchronize(hEvent: CUevent) = 2000, "cuEventSynchronize", "cuEventSynchronize", "", 0, PFN_cuEventSynchronize_v2000, [cuEventSynchronize];
     /// Destroys an event
-    cuEventDestroy(hEvent: CUevent) = 4000, "cuEventDestroy", "cuEventDestroy_v2", "", 0, PFN_cuEventDestroy_v4000;
+    cuEventDestroy(hEvent: CUevent) = 4000, "cuEventDestroy", "cuEventDestroy_v2", "", 0, PFN_cuEventDestroy_v4000, [cuEventDestroy, cuEventDestroy_v2000];
     /// Computes the elapsed time between two events
-    cuEventElapsedTime(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) = 12080, "cuEventElapsedTime", "cuEventElapsedTime_v2", "", 0, PFN_cuEventElapsedTime_v12080;
+    cuEventElapsedTime(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) = 12080, "cuEventElapsedTime", "cuEventElapsedTime_v2", "", 0, PFN_cuEventElapsedTime_v12080, [cuEventElapsedTime, cuEventElapsedTime_v2000];
     /// Imports an external memory object
-    cuImportExternalMemory(extMem_out: *mut CUexternalMemory, memHandleDesc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC) = 10000, "cuImportExternalMemory", "cuImportExternalMemory", "", 0, PFN_cuImportExternalMemory_v10000;
+    cuImportExternalMemory(extMem_out: *mut CUexternalMemory, memHandleDesc: *const CUDA_EXTERNAL_MEMORY_HANDLE_DESC) = 10000, "cuImportExternalMemory", "cuImportExternalMemory", "", 0, PFN_cuImportExternalMemory_v10000, [cuImportExternalMemory];
     /// Maps a buffer onto an imported memory object
-    cuExternalMemoryGetMappedBuffer(devPtr: *mut CUdeviceptr, extMem: CUexternalMemory, bufferDesc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC) = 10000, "cuExternalMemoryGetMappedBuffer", "cuExternalMemoryGetMappedBuffer", "", 0, PFN_cuExternalMemoryGetMappedBuffer_v10000;
+    cuExternalMemoryGetMappedBuffer(devPtr: *mut CUdeviceptr, extMem: CUexternalMemory, bufferDesc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC) = 10000, "cuExternalMemoryGetMappedBuffer", "cuExternalMemoryGetMappedBuffer", "", 0, PFN_cuExternalMemoryGetMappedBuffer_v10000, [cuExternalMemoryGetMappedBuffer];
     /// Maps a CUDA mipmapped array onto an external memory object
-    cuExternalMemoryGetMappedMipmappedArray(mipmap: *mut CUmipmappedArray, extMem: CUexternalMemory, mipmapDesc: *const CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC) = 10000, "cuExternalMemoryGetMappedMipmappedArray", "cuExternalMemoryGetMappedMipmappedArray", "", 0, PFN_cuExternalMemoryGetMappedMipmappedArray_v10000;
+    cuExternalMemoryGetMappedMipmappedArray(mipmap: *mut CUmipmappedArray, extMem: CUexternalMemory, mipmapDesc: *const CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC) = 10000, "cuExternalMemoryGetMappedMipmappedArray", "cuExternalMemoryGetMappedMipmappedArray", "", 0, PFN_cuExternalMemoryGetMappedMipmappedArray_v10000, [cuExternalMemoryGetMappedMipmappedArray];
     /// Destroys an external memory object.
-    cuDestroyExternalMemory(extMem: CUexternalMemory) = 10000, "cuDestroyExternalMemory", "cuDestroyExternalMemory", "", 0, PFN_cuDestroyExternalMemory_v10000;
+    cuDestroyExternalMemory(extMem: CUexternalMemory) = 10000, "cuDestroyExternalMemory", "cuDestroyExternalMemory", "", 0, PFN_cuDestroyExternalMemory_v10000, [cuDestroyExternalMemory];
     /// Imports an external semaphore
-    cuImportExternalSemaphore(extSem_out: *mut CUexternalSemaphore, semHandleDesc: *const CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC) = 10000, "cuImportExternalSemaphore", "cuImportExternalSemaphore", "", 0, PFN_cuImportExternalSemaphore_v10000;
+    cuImportExternalSemaphore(extSem_out: *mut CUexternalSemaphore, semHandleDesc: *const CUDA_EXTERNAL_SEMAPHORE_HANDLE_DESC) = 10000, "cuImportExternalSemaphore", "cuImportExternalSemaphore", "", 0, PFN_cuImportExternalSemaphore_v10000, [cuImportExternalSemaphore];
     /// Signals a set of external semaphore objects
-    cuSignalExternalSemaphoresAsync(extSemArray: *const CUexternalSemaphore, paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, numExtSems: ::std::os::raw::c_uint, stream: CUstream) = 10000, "cuSignalExternalSemaphoresAsync", "cuSignalExternalSemaphoresAsync", "cuSignalExternalSemaphoresAsync_ptsz", 10000, PFN_cuSignalExternalSemaphoresAsync_v10000;
+    cuSignalExternalSemaphoresAsync(extSemArray: *const CUexternalSemaphore, paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_SIGNAL_PARAMS, numExtSems: ::std::os::raw::c_uint, stream: CUstream) = 10000, "cuSignalExternalSemaphoresAsync", "cuSignalExternalSemaphoresAsync", "cuSignalExternalSemaphoresAsync_ptsz", 10000, PFN_cuSignalExternalSemaphoresAsync_v10000, [cuSignalExternalSemaphoresAsync];
     /// Waits on a set of external semaphore objects
-    cuWaitExternalSemaphoresAsync(extSemArray: *const CUexternalSemaphore, paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, numExtSems: ::std::os::raw::c_uint, stream: CUstream) = 10000, "cuWaitExternalSemaphoresAsync", "cuWaitExternalSemaphoresAsync", "cuWaitExternalSemaphoresAsync_ptsz", 10000, PFN_cuWaitExternalSemaphoresAsync_v10000;
+    cuWaitExternalSemaphoresAsync(extSemArray: *const CUexternalSemaphore, paramsArray: *const CUDA_EXTERNAL_SEMAPHORE_WAIT_PARAMS, numExtSems: ::std::os::raw::c_uint, stream: CUstream) = 10000, "cuWaitExternalSemaphoresAsync", "cuWaitExternalSemaphoresAsync", "cuWaitExternalSemaphoresAsync_ptsz", 10000, PFN_cuWaitExternalSemaphoresAsync_v10000, [cuWaitExternalSemaphoresAsync];
     /// Destroys an external semaphore
-    cuDestroyExternalSemaphore(extSem: CUexternalSemaphore) = 10000, "cuDestroyExternalSemaphore", "cuDestroyExternalSemaphore", "", 0, PFN_cuDestroyExternalSemaphore_v10000;
+    cuDestroyExternalSemaphore(extSem: CUexternalSemaphore) = 10000, "cuDestroyExternalSemaphore", "cuDestroyExternalSemaphore", "", 0, PFN_cuDestroyExternalSemaphore_v10000, [cuDestroyExternalSemaphore];
     /// Wait on a memory location
-    cuStreamWaitValue32(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue32", "cuStreamWaitValue32_v2", "cuStreamWaitValue32_v2_ptsz", 11070, PFN_cuStreamWaitValue32_v11070;
+    cuStreamWaitValue32(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue32", "cuStreamWaitValue32_v2", "cuStreamWaitValue32_v2_ptsz", 11070, PFN_cuStreamWaitValue32_v11070, [cuStreamWaitValue32, cuStreamWaitValue32_v8000];
     /// Wait on a memory location
-    cuStreamWaitValue64(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue64", "cuStreamWaitValue64_v2", "cuStreamWaitValue64_v2_ptsz", 11070, PFN_cuStreamWaitValue64_v11070;
+    cuStreamWaitValue64(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue64", "cuStreamWaitValue64_v2", "cuStreamWaitValue64_v2_ptsz", 11070, PFN_cuStreamWaitValue64_v11070, [cuStreamWaitValue64, cuStreamWaitValue64_v9000];
     /// Write a value to memory
-    cuStreamWriteValue32(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue32", "cuStreamWriteValue32_v2", "cuStreamWriteValue32_v2_ptsz", 11070, PFN_cuStreamWriteValue32_v11070;
+    cuStreamWriteValue32(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue32", "cuStreamWriteValue32_v2", "cuStreamWriteValue32_v2_ptsz", 11070, PFN_cuStreamWriteValue32_v11070, [cuStreamWriteValue32, cuStreamWriteValue32_v8000];
     /// Write a value to memory
-    cuStreamWriteValue64(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue64", "cuStreamWriteValue64_v2", "cuStreamWriteValue64_v2_ptsz", 11070, PFN_cuStreamWriteValue64_v11070;
+    cuStreamWriteValue64(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue64", "cuStreamWriteValue64_v2", "cuStreamWriteValue64_v2_ptsz", 11070, PFN_cuStreamWriteValue64_v11070, [cuStreamWriteValue64, cuStreamWriteValue64_v9000];
     /// Batch operations to synchronize the stream via memory operations
-    cuStreamBatchMemOp(stream: CUstream, count: ::std::os::raw::c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: ::std::os::raw::c_uint) = 11070, "cuStreamBatchMemOp", "cuStreamBatchMemOp_v2", "cuStreamBatchMemOp_v2_ptsz", 11070, PFN_cuStreamBatchMemOp_v11070;
+    cuStreamBatchMemOp(stream: CUstream, count: ::std::os::raw::c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: ::std::os::raw::c_uint) = 11070, "cuStreamBatchMemOp", "cuStreamBatchMemOp_v2", "cuStreamBatchMemOp_v2_ptsz", 11070, PFN_cuStreamBatchMemOp_v11070, [cuStreamBatchMemOp, cuStreamBatchMemOp_v8000];
     /// Returns information about a function
-    cuFuncGetAttribute(pi: *mut ::std::os::raw::c_int, attrib: CUfunction_attribute, hfunc: CUfunction) = 2020, "cuFuncGetAttribute", "cuFuncGetAttribute", "", 0, PFN_cuFuncGetAttribute_v2020;
+    cuFuncGetAttribute(pi: *mut ::std::os::raw::c_int, attrib: CUfunction_attribute, hfunc: CUfunction) = 2020, "cuFuncGetAttribute", "cuFuncGetAttribute", "", 0, PFN_cuFuncGetAttribute_v2020, [cuFuncGetAttribute];
     /// Sets information about a function
-    cuFuncSetAttribute(hfunc: CUfunction, attrib: CUfunction_attribute, value: ::std::os::raw::c_int) = 9000, "cuFuncSetAttribute", "cuFuncSetAttribute", "", 0, PFN_cuFuncSetAttribute_v9000;
+    cuFuncSetAttribute(hfunc: CUfunction, attrib: CUfunction_attribute, value: ::std::os::raw::c_int) = 9000, "cuFuncSetAttribute", "cuFuncSetAttribute", "", 0, PFN_cuFuncSetAttribute_v9000, [cuFuncSetAttribute];
     /// Sets the preferred cache configuration for a device function
-    cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) = 3000, "cuFuncSetCacheConfig", "cuFuncSetCacheConfig", "", 0, PFN_cuFuncSetCacheConfig_v3000;
+    cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache) = 3000, "cuFuncSetCacheConfig", "cuFuncSetCacheConfig", "", 0, PFN_cuFuncSetCacheConfig_v3000, [cuFuncSetCacheConfig];
     /// Returns a module handle
-    cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction) = 11000, "cuFuncGetModule", "cuFuncGetModule", "", 0, PFN_cuFuncGetModule_v11000;
+    cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction) = 11000, "cuFuncGetModule", "cuFuncGetModule", "", 0, PFN_cuFuncGetModule_v11000, [cuFuncGetModule];
     /// Returns the function name for a ::CUfunction handle
-    cuFuncGetName(name: *mut *const ::std::os::raw::c_char, hfunc: CUfunction) = 12030, "cuFuncGetName", "cuFuncGetName", "", 0, PFN_cuFuncGetName_v12030;
+    cuFuncGetName(name: *mut *const ::std::os::raw::c_char, hfunc: CUfunction) = 12030, "cuFuncGetName", "cuFuncGetName", "", 0, PFN_cuFuncGetName_v12030, [cuFuncGetName];
     /// Returns the offset and size of a kernel parameter in the device-side parameter layout
-    cuFuncGetParamInfo(func: CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) = 12040, "cuFuncGetParamInfo", "cuFuncGetParamInfo", "", 0, PFN_cuFuncGetParamInfo_v12040;
+    cuFuncGetParamInfo(func: CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize) = 12040, "cuFuncGetParamInfo", "cuFuncGetParamInfo", "", 0, PFN_cuFuncGetParamInfo_v12040, [cuFuncGetParamInfo];
     /// Returns the number of parameters used by the function
-    cuFuncGetParamCount(func: CUfunction, paramCount: *mut usize) = 13020, "cuFuncGetParamCount", "cuFuncGetParamCount", "", 0, PFN_cuFuncGetParamCount_v13020;
+    cuFuncGetParamCount(func: CUfunction, paramCount: *mut usize) = 13020, "cuFuncGetParamCount", "cuFuncGetParamCount", "", 0, PFN_cuFuncGetParamCount_v13020, [cuFuncGetParamCount];
     /// Returns if the function is loaded
-    cuFuncIsLoaded(state: *mut CUfunctionLoadingState, function: CUfunction) = 12040, "cuFuncIsLoaded", "cuFuncIsLoaded", "", 0, PFN_cuFuncIsLoaded_v12040;
+    cuFuncIsLoaded(state: *mut CUfunctionLoadingState, function: CUfunction) = 12040, "cuFuncIsLoaded", "cuFuncIsLoaded", "", 0, PFN_cuFuncIsLoaded_v12040, [cuFuncIsLoaded];
     /// Loads a function
-    cuFuncLoad(function: CUfunction) = 12040, "cuFuncLoad", "cuFuncLoad", "", 0, PFN_cuFuncLoad_v12040;
+    cuFuncLoad(function: CUfunction) = 12040, "cuFuncLoad", "cuFuncLoad", "", 0, PFN_cuFuncLoad_v12040, [cuFuncLoad];
     /// Launches a CUDA function ::CUfunction or a CUDA kernel ::CUkernel
-    cuLaunchKernel(f: CUfunction, gridDimX: ::std::os::raw::c_uint, gridDimY: ::std::os::raw::c_uint, gridDimZ: ::std::os::raw::c_uint, blockDimX: ::std::os::raw::c_uint, blockDimY: ::std::os::raw::c_uint, blockDimZ: ::std::os::raw::c_uint, sharedMemBytes: ::std::os::raw::c_uint, hStream: CUstream, kernelParams: *mut *mut ::std::os::raw::c_void, extra: *mut *mut ::std::os::raw::c_void) = 4000, "cuLaunchKernel", "cuLaunchKernel", "cuLaunchKernel_ptsz", 7000, PFN_cuLaunchKernel_v4000;
+    cuLaunchKernel(f: CUfunction, gridDimX: ::std::os::raw::c_uint, gridDimY: ::std::os::raw::c_uint, gridDimZ: ::std::os::raw::c_uint, blockDimX: ::std::os::raw::c_uint, blockDimY: ::std::os::raw::c_uint, blockDimZ: ::std::os::raw::c_uint, sharedMemBytes: ::std::os::raw::c_uint, hStream: CUstream, kernelParams: *mut *mut ::std::os::raw::c_void, extra: *mut *mut ::std::os::raw::c_void) = 4000, "cuLaunchKernel", "cuLaunchKernel", "cuLaunchKernel_ptsz", 7000, PFN_cuLaunchKernel_v4000, [cuLaunchKernel];
     /// Launches a CUDA function ::CUfunction or a CUDA kernel ::CUkernel with launch-time configuration
-    cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut ::std::os::raw::c_void, extra: *mut *mut ::std::os::raw::c_void) = 11060, "cuLaunchKernelEx", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", 11060, PFN_cuLaunchKernelEx_v11060;
+    cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut ::std::os::raw::c_void, extra: *mut *mut ::std::os::raw::c_void) = 11060, "cuLaunchKernelEx", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", 11060, PFN_cuLaunchKernelEx_v11060, [cuLaunchKernelEx];
     /// Launches a CUDA function ::CUfunction or a CUDA kernel ::CUkernel where thread blocks can cooperate and synchronize as they execute
-    cuLaunchCooperativeKernel(f: CUfunction, gridDimX: ::std::os::raw::c_uint, gridDimY: ::std::os::raw::c_uint, gridDimZ: ::std::os::raw::c_uint, blockDimX: ::std::os::raw::c_uint, blockDimY: ::std::os::raw::c_uint, blockDimZ: ::std::os::raw::c_uint, sharedMemBytes: ::std::os::raw::c_uint, hStream: CUstream, kernelParams: *mut *mut ::std::os::raw::c_void) = 9000, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", 9000, PFN_cuLaunchCooperativeKernel_v9000;
+    cuLaunchCooperativeKernel(f: CUfunction, gridDimX: ::std::os::raw::c_uint, gridDimY: ::std::os::raw::c_uint, gridDimZ: ::std::os::raw::c_uint, blockDimX: ::std::os::raw::c_uint, blockDimY: ::std::os::raw::c_uint, blockDimZ: ::std::os::raw::c_uint, sharedMemBytes: ::std::os::raw::c_uint, hStream: CUstream, kernelParams: *mut *mut ::std::os::raw::c_void) = 9000, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", 9000, PFN_cuLaunchCooperativeKernel_v9000, [cuLaunchCooperativeKernel];
     /// Enqueues a host function call in a stream
-    cuLaunchHostFunc(hStream: CUstream, fn_: CUhostFn, userData: *mut ::std::os::raw::c_void) = 10000, "cuLaunchHostFunc", "cuLaunchHostFunc", "cuLaunchHostFunc_ptsz", 10000, PFN_cuLaunchHostFunc_v10000;
+    cuLaunchHostFunc(hStream: CUstream, fn_: CUhostFn, userData: *mut ::std::os::raw::c_void) = 10000, "cuLaunchHostFunc", "cuLaunchHostFunc", "cuLaunchHostFunc_ptsz", 10000, PFN_cuLaunchHostFunc_v10000, [cuLaunchHostFunc];
     /// Enqueues a host function call in a stream
-    cuLaunchHostFunc_v2(hStream: CUstream, fn_: CUhostFn, userData: *mut ::std::os::raw::c_void, syncMode: ::std::os::raw::c_uint) = 13010, "cuLaunchHostFunc", "cuLaunchHostFunc_v2", "cuLaunchHostFunc_v2_ptsz", 13010, PFN_cuLaunchHostFunc_v13010;
+    cuLaunchHostFunc_v2(hStream: CUstream, fn_: CUhostFn, userData: *mut ::std::os::raw::c_void, syncMode: ::std::os::raw::c_uint) = 13010, "cuLaunchHostFunc", "cuLaunchHostFunc_v2", "cuLaunchHostFunc_v2_ptsz", 13010, PFN_cuLaunchHostFunc_v13010, [cuLaunchHostFunc_v2];
     /// Sets the block-dimensions for the function
-    cuFuncSetBlockShape(hfunc: CUfunction, x: ::std::os::raw::c_int, y: ::std::os::raw::c_int, z: ::std::os::raw::c_int) = 2000, "cuFuncSetBlockShape", "cuFuncSetBlockShape", "", 0, PFN_cuFuncSetBlockShape_v2000;
+    cuFuncSetBlockShape(hfunc: CUfunction, x: ::std::os::raw::c_int, y: ::std::os::raw::c_int, z: ::std::os::raw::c_int) = 2000, "cuFuncSetBlockShape", "cuFuncSetBlockShape", "", 0, PFN_cuFuncSetBlockShape_v2000, [cuFuncSetBlockShape];
     /// Sets the dynamic shared-memory size for the function
-    cuFuncSetSharedSize(hfunc: CUfunction, bytes: ::std::os::raw::c_uint) = 2000, "cuFuncSetSharedSize", "cuFuncSetSharedSize", "", 0, PFN_cuFuncSetSharedSize_v2000;
+    cuFuncSetSharedSize(hfunc: CUfunction, bytes: ::std::os::raw::c_uint) = 2000, "cuFuncSetSharedSize", "cuFuncSetSharedSize", "", 0, PFN_cuFuncSetSharedSize_v2000, [cuFuncSetSharedSize];
     /// Sets the parameter size for the function
-    cuParamSetSize(hfunc: CUfunction, numbytes: ::std::os::raw::c_uint) = 2000, "cuParamSetSize", "cuParamSetSize", "", 0, PFN_cuParamSetSize_v2000;
+    cuParamSetSize(hfunc: CUfunction, numbytes: ::std::os::raw::c_uint) = 2000, "cuParamSetSize", "cuParamSetSize", "", 0, PFN_cuParamSetSize_v2000, [cuParamSetSize];
     /// Adds an integer parameter to the function's argument list
-    cuParamSeti(hfunc: CUfunction, offset: ::std::os::raw::c_int, value: ::std::os::raw::c_uint) = 2000, "cuParamSeti", "cuParamSeti", "", 0, PFN_cuParamSeti_v2000;
+    cuParamSeti(hfunc: CUfunction, offset: ::std::os::raw::c_int, value: ::std::os::raw::c_uint) = 2000, "cuParamSeti", "cuParamSeti", "", 0, PFN_cuParamSeti_v2000, [cuParamSeti];
     /// Adds a floating-point parameter to the function's argument list
-    cuParamSetf(hfunc: CUfunction, offset: ::std::os::raw::c_int, value: f32) = 2000, "cuParamSetf", "cuParamSetf", "", 0, PFN_cuParamSetf_v2000;
+    cuParamSetf(hfunc: CUfunction, offset: ::std::os::raw::c_int, value: f32) = 2000, "cuParamSetf", "cuParamSetf", "", 0, PFN_cuParamSetf_v2000, [cuParamSetf];
     /// Adds arbitrary data to the function's argument list
-    cuParamSetv(hfunc: CUfunction, offset: ::std::os::raw::c_int, ptr: *mut ::std::os::raw::c_void, numbytes: ::std::os::raw::c_uint) = 2000, "cuParamSetv", "cuParamSetv", "", 0, PFN_cuParamSetv_v2000;
+    cuParamSetv(hfunc: CUfunction, offset: ::std::os::raw::c_int, ptr: *mut ::std::os::raw::c_void, numbytes: ::std::os::raw::c_uint) = 2000, "cuParamSetv", "cuParamSetv", "", 0, PFN_cuParamSetv_v2000, [cuParamSetv];
     /// Launches a CUDA function
-    cuLaunch(f: CUfunction) = 2000, "cuLaunch", "cuLaunch", "", 0, PFN_cuLaunch_v2000;
+    cuLaunch(f: CUfunction) = 2000, "cuLaunch", "cuLaunch", "", 0, PFN_cuLaunch_v2000, [cuLaunch];
     /// Launches a CUDA function
-    cuLaunchGrid(f: CUfunction, grid_width: ::std::os::raw::c_int, grid_height: ::std::os::raw::c_int) = 2000, "cuLaunchGrid", "cuLaunchGrid", "", 0, PFN_cuLaunchGrid_v2000;
+    cuLaunchGrid(f: CUfunction, grid_width: ::std::os::raw::c_int, grid_height: ::std::os::raw::c_int) = 2000, "cuLaunchGrid", "cuLaunchGrid", "", 0, PFN_cuLaunchGrid_v2000, [cuLaunchGrid];
     /// Launches a CUDA function
-    cuLaunchGridAsync(f: CUfunction, grid_width: ::std::os::raw::c_int, grid_height: ::std::os::raw::c_int, hStream: CUstream) = 2000, "cuLaunchGridAsync", "cuLaunchGridAsync", "", 0, PFN_cuLaunchGridAsync_v2000;
+    cuLaunchGridAsync(f: CUfunction, grid_width: ::std::os::raw::c_int, grid_height: ::std::os::raw::c_int, hStream: CUstream) = 2000, "cuLaunchGridAsync", "cuLaunchGridAsync", "", 0, PFN_cuLaunchGridAsync_v2000, [cuLaunchGridAsync];
     /// Launches CUDA functions on multiple devices where thread blocks can cooperate and synchronize as they execute
-    cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut CUDA_LAUNCH_PARAMS, numDevices: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 9000, "cuLaunchCooperativeKernelMultiDevice", "cuLaunchCooperativeKernelMultiDevice", "", 0, PFN_cuLaunchCooperativeKernelMultiDevice_v9000;
+    cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut CUDA_LAUNCH_PARAMS, numDevices: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 9000, "cuLaunchCooperativeKernelMultiDevice", "cuLaunchCooperativeKernelMultiDevice", "", 0, PFN_cuLaunchCooperativeKernelMultiDevice_v9000, [cuLaunchCooperativeKernelMultiDevice];
     /// Adds a texture-reference to the function's argument list
-    cuParamSetTexRef(hfunc: CUfunction, texunit: ::std::os::raw::c_int, hTexRef: CUtexref) = 2000, "cuParamSetTexRef", "cuParamSetTexRef", "", 0, PFN_cuParamSetTexRef_v2000;
+    cuParamSetTexRef(hfunc: CUfunction, texunit: ::std::os::raw::c_int, hTexRef: CUtexref) = 2000, "cuParamSetTexRef", "cuParamSetTexRef", "", 0, PFN_cuParamSetTexRef_v2000, [cuParamSetTexRef];
     /// Sets the shared memory configuration for a device function.
-    cuFuncSetSharedMemConfig(hfunc: CUfunction, config: CUsharedconfig) = 4020, "cuFuncSetSharedMemConfig", "cuFuncSetSharedMemConfig", "", 0, PFN_cuFuncSetSharedMemConfig_v4020;
+    cuFuncSetSharedMemConfig(hfunc: CUfunction, config: CUsharedconfig) = 4020, "cuFuncSetSharedMemConfig", "cuFuncSetSharedMemConfig", "", 0, PFN_cuFuncSetSharedMemConfig_v4020, [cuFuncSetSharedMemConfig];
     /// Creates a graph
-    cuGraphCreate(phGraph: *mut CUgraph, flags: ::std::os::raw::c_uint) = 10000, "cuGraphCreate", "cuGraphCreate", "", 0, PFN_cuGraphCreate_v10000;
+    cuGraphCreate(phGraph: *mut CUgraph, flags: ::std::os::raw::c_uint) = 10000, "cuGraphCreate", "cuGraphCreate", "", 0, PFN_cuGraphCreate_v10000, [cuGraphCreate];
     /// Creates a kernel execution node and adds it to a graph
-    cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "", 0, PFN_cuGraphAddKernelNode_v12000;
+    cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "", 0, PFN_cuGraphAddKernelNode_v12000, [cuGraphAddKernelNode];
     /// Returns a kernel node's parameters
-    cuGraphKernelNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeGetParams", "cuGraphKernelNodeGetParams_v2", "", 0, PFN_cuGraphKernelNodeGetParams_v12000;
+    cuGraphKernelNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeGetParams", "cuGraphKernelNodeGetParams_v2", "", 0, PFN_cuGraphKernelNodeGetParams_v12000, [cuGraphKernelNodeGetParams];
     /// Sets a kernel node's parameters
-    cuGraphKernelNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "", 0, PFN_cuGraphKernelNodeSetParams_v12000;
+    cuGraphKernelNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "", 0, PFN_cuGraphKernelNodeSetParams_v12000, [cuGraphKernelNodeSetParams];
     /// Creates a memcpy node and adds it to a graph
-    cuGraphAddMemcpyNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, copyParams: *const CUDA_MEMCPY3D, ctx: CUcontext) = 10000, "cuGraphAddMemcpyNode", "cuGraphAddMemcpyNode", "", 0, PFN_cuGraphAddMemcpyNode_v10000;
+    cuGraphAddMemcpyNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, copyParams: *const CUDA_MEMCPY3D, ctx: CUcontext) = 10000, "cuGraphAddMemcpyNode", "cuGraphAddMemcpyNode", "", 0, PFN_cuGraphAddMemcpyNode_v10000, [cuGraphAddMemcpyNode];
     /// Returns a memcpy node's parameters
-    cuGraphMemcpyNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMCPY3D) = 10000, "cuGraphMemcpyNodeGetParams", "cuGraphMemcpyNodeGetParams", "", 0, PFN_cuGraphMemcpyNodeGetParams_v10000;
+    cuGraphMemcpyNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMCPY3D) = 10000, "cuGraphMemcpyNodeGetParams", "cuGraphMemcpyNodeGetParams", "", 0, PFN_cuGraphMemcpyNodeGetParams_v10000, [cuGraphMemcpyNodeGetParams];
     /// Sets a memcpy node's parameters
-    cuGraphMemcpyNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_MEMCPY3D) = 10000, "cuGraphMemcpyNodeSetParams", "cuGraphMemcpyNodeSetParams", "", 0, PFN_cuGraphMemcpyNodeSetParams_v10000;
+    cuGraphMemcpyNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_MEMCPY3D) = 10000, "cuGraphMemcpyNodeSetParams", "cuGraphMemcpyNodeSetParams", "", 0, PFN_cuGraphMemcpyNodeSetParams_v10000, [cuGraphMemcpyNodeSetParams];
     /// Creates a memset node and adds it to a graph
-    cuGraphAddMemsetNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, memsetParams: *const CUDA_MEMSET_NODE_PARAMS, ctx: CUcontext) = 10000, "cuGraphAddMemsetNode", "cuGraphAddMemsetNode", "", 0, PFN_cuGraphAddMemsetNode_v10000;
+    cuGraphAddMemsetNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, memsetParams: *const CUDA_MEMSET_NODE_PARAMS, ctx: CUcontext) = 10000, "cuGraphAddMemsetNode", "cuGraphAddMemsetNode", "", 0, PFN_cuGraphAddMemsetNode_v10000, [cuGraphAddMemsetNode];
     /// Returns a memset node's parameters
-    cuGraphMemsetNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMSET_NODE_PARAMS) = 10000, "cuGraphMemsetNodeGetParams", "cuGraphMemsetNodeGetParams", "", 0, PFN_cuGraphMemsetNodeGetParams_v10000;
+    cuGraphMemsetNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMSET_NODE_PARAMS) = 10000, "cuGraphMemsetNodeGetParams", "cuGraphMemsetNodeGetParams", "", 0, PFN_cuGraphMemsetNodeGetParams_v10000, [cuGraphMemsetNodeGetParams];
     /// Sets a memset node's parameters
-    cuGraphMemsetNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_MEMSET_NODE_PARAMS) = 10000, "cuGraphMemsetNodeSetParams", "cuGraphMemsetNodeSetParams", "", 0, PFN_cuGraphMemsetNodeSetParams_v10000;
+    cuGraphMemsetNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_MEMSET_NODE_PARAMS) = 10000, "cuGraphMemsetNodeSetParams", "cuGraphMemsetNodeSetParams", "", 0, PFN_cuGraphMemsetNodeSetParams_v10000, [cuGraphMemsetNodeSetParams];
     /// Creates a host execution node and adds it to a graph
-    cuGraphAddHostNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_HOST_NODE_PARAMS) = 10000, "cuGraphAddHostNode", "cuGraphAddHostNode", "", 0, PFN_cuGraphAddHostNode_v10000;
+    cuGraphAddHostNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_HOST_NODE_PARAMS) = 10000, "cuGraphAddHostNode", "cuGraphAddHostNode", "", 0, PFN_cuGraphAddHostNode_v10000, [cuGraphAddHostNode];
     /// Returns a host node's parameters
-    cuGraphHostNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_HOST_NODE_PARAMS) = 10000, "cuGraphHostNodeGetParams", "cuGraphHostNodeGetParams", "", 0, PFN_cuGraphHostNodeGetParams_v10000;
+    cuGraphHostNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_HOST_NODE_PARAMS) = 10000, "cuGraphHostNodeGetParams", "cuGraphHostNodeGetParams", "", 0, PFN_cuGraphHostNodeGetParams_v10000, [cuGraphHostNodeGetParams];
     /// Sets a host node's parameters
-    cuGraphHostNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_HOST_NODE_PARAMS) = 10000, "cuGraphHostNodeSetParams", "cuGraphHostNodeSetParams", "", 0, PFN_cuGraphHostNodeSetParams_v10000;
+    cuGraphHostNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_HOST_NODE_PARAMS) = 10000, "cuGraphHostNodeSetParams", "cuGraphHostNodeSetParams", "", 0, PFN_cuGraphHostNodeSetParams_v10000, [cuGraphHostNodeSetParams];
     /// Creates a child graph node and adds it to a graph
-    cuGraphAddChildGraphNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, childGraph: CUgraph) = 10000, "cuGraphAddChildGraphNode", "cuGraphAddChildGraphNode", "", 0, PFN_cuGraphAddChildGraphNode_v10000;
+    cuGraphAddChildGraphNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, childGraph: CUgraph) = 10000, "cuGraphAddChildGraphNode", "cuGraphAddChildGraphNode", "", 0, PFN_cuGraphAddChildGraphNode_v10000, [cuGraphAddChildGraphNode];
     /// Gets a handle to the embedded graph of a child graph node
-    cuGraphChildGraphNodeGetGraph(hNode: CUgraphNode, phGraph: *mut CUgraph) = 10000, "cuGraphChildGraphNodeGetGraph", "cuGraphChildGraphNodeGetGraph", "", 0, PFN_cuGraphChildGraphNodeGetGraph_v10000;
+    cuGraphChildGraphNodeGetGraph(hNode: CUgraphNode, phGraph: *mut CUgraph) = 10000, "cuGraphChildGraphNodeGetGraph", "cuGraphChildGraphNodeGetGraph", "", 0, PFN_cuGraphChildGraphNodeGetGraph_v10000, [cuGraphChildGraphNodeGetGraph];
     /// Creates an empty node and adds it to a graph
-    cuGraphAddEmptyNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize) = 10000, "cuGraphAddEmptyNode", "cuGraphAddEmptyNode", "", 0, PFN_cuGraphAddEmptyNode_v10000;
+    cuGraphAddEmptyNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize) = 10000, "cuGraphAddEmptyNode", "cuGraphAddEmptyNode", "", 0, PFN_cuGraphAddEmptyNode_v10000, [cuGraphAddEmptyNode];
     /// Creates an event record node and adds it to a graph
-    cuGraphAddEventRecordNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, event: CUevent) = 11010, "cuGraphAddEventRecordNode", "cuGraphAddEventRecordNode", "", 0, PFN_cuGraphAddEventRecordNode_v11010;
+    cuGraphAddEventRecordNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, event: CUevent) = 11010, "cuGraphAddEventRecordNode", "cuGraphAddEventRecordNode", "", 0, PFN_cuGraphAddEventRecordNode_v11010, [cuGraphAddEventRecordNode];
     /// Returns the event associated with an event record node
-    cuGraphEventRecordNodeGetEvent(hNode: CUgraphNode, event_out: *mut CUevent) = 11010, "cuGraphEventRecordNodeGetEvent", "cuGraphEventRecordNodeGetEvent", "", 0, PFN_cuGraphEventRecordNodeGetEvent_v11010;
+    cuGraphEventRecordNodeGetEvent(hNode: CUgraphNode, event_out: *mut CUevent) = 11010, "cuGraphEventRecordNodeGetEvent", "cuGraphEventRecordNodeGetEvent", "", 0, PFN_cuGraphEventRecordNodeGetEvent_v11010, [cuGraphEventRecordNodeGetEvent];
     /// Sets an event record node's event
-    cuGraphEventRecordNodeSetEvent(hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphEventRecordNodeSetEvent", "cuGraphEventRecordNodeSetEvent", "", 0, PFN_cuGraphEventRecordNodeSetEvent_v11010;
+    cuGraphEventRecordNodeSetEvent(hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphEventRecordNodeSetEvent", "cuGraphEventRecordNodeSetEvent", "", 0, PFN_cuGraphEventRecordNodeSetEvent_v11010, [cuGraphEventRecordNodeSetEvent];
     /// Creates an event wait node and adds it to a graph
-    cuGraphAddEventWaitNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, event: CUevent) = 11010, "cuGraphAddEventWaitNode", "cuGraphAddEventWaitNode", "", 0, PFN_cuGraphAddEventWaitNode_v11010;
+    cuGraphAddEventWaitNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, event: CUevent) = 11010, "cuGraphAddEventWaitNode", "cuGraphAddEventWaitNode", "", 0, PFN_cuGraphAddEventWaitNode_v11010, [cuGraphAddEventWaitNode];
     /// Returns the event associated with an event wait node
-    cuGraphEventWaitNodeGetEvent(hNode: CUgraphNode, event_out: *mut CUevent) = 11010, "cuGraphEventWaitNodeGetEvent", "cuGraphEventWaitNodeGetEvent", "", 0, PFN_cuGraphEventWaitNodeGetEvent_v11010;
+    cuGraphEventWaitNodeGetEvent(hNode: CUgraphNode, event_out: *mut CUevent) = 11010, "cuGraphEventWaitNodeGetEvent", "cuGraphEventWaitNodeGetEvent", "", 0, PFN_cuGraphEventWaitNodeGetEvent_v11010, [cuGraphEventWaitNodeGetEvent];
     /// Sets an event wait node's event
-    cuGraphEventWaitNodeSetEvent(hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphEventWaitNodeSetEvent", "cuGraphEventWaitNodeSetEvent", "", 0, PFN_cuGraphEventWaitNodeSetEvent_v11010;
+    cuGraphEventWaitNodeSetEvent(hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphEventWaitNodeSetEvent", "cuGraphEventWaitNodeSetEvent", "", 0, PFN_cuGraphEventWaitNodeSetEvent_v11010, [cuGraphEventWaitNodeSetEvent];
     /// Creates an external semaphore signal node and adds it to a graph
-    cuGraphAddExternalSemaphoresSignalNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphAddExternalSemaphoresSignalNode", "cuGraphAddExternalSemaphoresSignalNode", "", 0, PFN_cuGraphAddExternalSemaphoresSignalNode_v11020;
+    cuGraphAddExternalSemaphoresSignalNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphAddExternalSemaphoresSignalNode", "cuGraphAddExternalSemaphoresSignalNode", "", 0, PFN_cuGraphAddExternalSemaphoresSignalNode_v11020, [cuGraphAddExternalSemaphoresSignalNode];
     /// Returns an external semaphore signal node's parameters
-    cuGraphExternalSemaphoresSignalNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresSignalNodeGetParams", "cuGraphExternalSemaphoresSignalNodeGetParams", "", 0, PFN_cuGraphExternalSemaphoresSignalNodeGetParams_v11020;
+    cuGraphExternalSemaphoresSignalNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresSignalNodeGetParams", "cuGraphExternalSemaphoresSignalNodeGetParams", "", 0, PFN_cuGraphExternalSemaphoresSignalNodeGetParams_v11020, [cuGraphExternalSemaphoresSignalNodeGetParams];
     /// Sets an external semaphore signal node's parameters
-    cuGraphExternalSemaphoresSignalNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresSignalNodeSetParams", "cuGraphExternalSemaphoresSignalNodeSetParams", "", 0, PFN_cuGraphExternalSemaphoresSignalNodeSetParams_v11020;
+    cuGraphExternalSemaphoresSignalNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresSignalNodeSetParams", "cuGraphExternalSemaphoresSignalNodeSetParams", "", 0, PFN_cuGraphExternalSemaphoresSignalNodeSetParams_v11020, [cuGraphExternalSemaphoresSignalNodeSetParams];
     /// Creates an external semaphore wait node and adds it to a graph
-    cuGraphAddExternalSemaphoresWaitNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphAddExternalSemaphoresWaitNode", "cuGraphAddExternalSemaphoresWaitNode", "", 0, PFN_cuGraphAddExternalSemaphoresWaitNode_v11020;
+    cuGraphAddExternalSemaphoresWaitNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphAddExternalSemaphoresWaitNode", "cuGraphAddExternalSemaphoresWaitNode", "", 0, PFN_cuGraphAddExternalSemaphoresWaitNode_v11020, [cuGraphAddExternalSemaphoresWaitNode];
     /// Returns an external semaphore wait node's parameters
-    cuGraphExternalSemaphoresWaitNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresWaitNodeGetParams", "cuGraphExternalSemaphoresWaitNodeGetParams", "", 0, PFN_cuGraphExternalSemaphoresWaitNodeGetParams_v11020;
+    cuGraphExternalSemaphoresWaitNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresWaitNodeGetParams", "cuGraphExternalSemaphoresWaitNodeGetParams", "", 0, PFN_cuGraphExternalSemaphoresWaitNodeGetParams_v11020, [cuGraphExternalSemaphoresWaitNodeGetParams];
     /// Sets an external semaphore wait node's parameters
-    cuGraphExternalSemaphoresWaitNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresWaitNodeSetParams", "cuGraphExternalSemaphoresWaitNodeSetParams", "", 0, PFN_cuGraphExternalSemaphoresWaitNodeSetParams_v11020;
+    cuGraphExternalSemaphoresWaitNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphExternalSemaphoresWaitNodeSetParams", "cuGraphExternalSemaphoresWaitNodeSetParams", "", 0, PFN_cuGraphExternalSemaphoresWaitNodeSetParams_v11020, [cuGraphExternalSemaphoresWaitNodeSetParams];
     /// Creates a batch memory operation node and adds it to a graph
-    cuGraphAddBatchMemOpNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphAddBatchMemOpNode", "cuGraphAddBatchMemOpNode", "", 0, PFN_cuGraphAddBatchMemOpNode_v11070;
+    cuGraphAddBatchMemOpNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphAddBatchMemOpNode", "cuGraphAddBatchMemOpNode", "", 0, PFN_cuGraphAddBatchMemOpNode_v11070, [cuGraphAddBatchMemOpNode];
     /// Returns a batch mem op node's parameters
-    cuGraphBatchMemOpNodeGetParams(hNode: CUgraphNode, nodeParams_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphBatchMemOpNodeGetParams", "cuGraphBatchMemOpNodeGetParams", "", 0, PFN_cuGraphBatchMemOpNodeGetParams_v11070;
+    cuGraphBatchMemOpNodeGetParams(hNode: CUgraphNode, nodeParams_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphBatchMemOpNodeGetParams", "cuGraphBatchMemOpNodeGetParams", "", 0, PFN_cuGraphBatchMemOpNodeGetParams_v11070, [cuGraphBatchMemOpNodeGetParams];
     /// Sets a batch mem op node's parameters
-    cuGraphBatchMemOpNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphBatchMemOpNodeSetParams", "cuGraphBatchMemOpNodeSetParams", "", 0, PFN_cuGraphBatchMemOpNodeSetParams_v11070;
+    cuGraphBatchMemOpNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphBatchMemOpNodeSetParams", "cuGraphBatchMemOpNodeSetParams", "", 0, PFN_cuGraphBatchMemOpNodeSetParams_v11070, [cuGraphBatchMemOpNodeSetParams];
     /// Sets the parameters for a batch mem op node in the given graphExec
-    cuGraphExecBatchMemOpNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphExecBatchMemOpNodeSetParams", "cuGraphExecBatchMemOpNodeSetParams", "", 0, PFN_cuGraphExecBatchMemOpNodeSetParams_v11070;
+    cuGraphExecBatchMemOpNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS) = 11070, "cuGraphExecBatchMemOpNodeSetParams", "cuGraphExecBatchMemOpNodeSetParams", "", 0, PFN_cuGraphExecBatchMemOpNodeSetParams_v11070, [cuGraphExecBatchMemOpNodeSetParams];
     /// Creates an allocation node and adds it to a graph
-    cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) = 11040, "cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode", "", 0, PFN_cuGraphAddMemAllocNode_v11040;
+    cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUDA_MEM_ALLOC_NODE_PARAMS) = 11040, "cuGraphAddMemAllocNode", "cuGraphAddMemAllocNode", "", 0, PFN_cuGraphAddMemAllocNode_v11040, [cuGraphAddMemAllocNode];
     /// Returns a memory alloc node's parameters
-    cuGraphMemAllocNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS) = 11040, "cuGraphMemAllocNodeGetParams", "cuGraphMemAllocNodeGetParams", "", 0, PFN_cuGraphMemAllocNodeGetParams_v11040;
+    cuGraphMemAllocNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS) = 11040, "cuGraphMemAllocNodeGetParams", "cuGraphMemAllocNodeGetParams", "", 0, PFN_cuGraphMemAllocNodeGetParams_v11040, [cuGraphMemAllocNodeGetParams];
     /// Creates a memory free node and adds it to a graph
-    cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr) = 11040, "cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode", "", 0, PFN_cuGraphAddMemFreeNode_v11040;
+    cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr) = 11040, "cuGraphAddMemFreeNode", "cuGraphAddMemFreeNode", "", 0, PFN_cuGraphAddMemFreeNode_v11040, [cuGraphAddMemFreeNode];
     /// Returns a memory free node's parameters
-    cuGraphMemFreeNodeGetParams(hNode: CUgraphNode, dptr_out: *mut CUdeviceptr) = 11040, "cuGraphMemFreeNodeGetParams", "cuGraphMemFreeNodeGetParams", "", 0, PFN_cuGraphMemFreeNodeGetParams_v11040;
+    cuGraphMemFreeNodeGetParams(hNode: CUgraphNode, dptr_out: *mut CUdeviceptr) = 11040, "cuGraphMemFreeNodeGetParams", "cuGraphMemFreeNodeGetParams", "", 0, PFN_cuGraphMemFreeNodeGetParams_v11040, [cuGraphMemFreeNodeGetParams];
     /// Free unused memory that was cached on the specified device for use with graphs back to the OS.
-    cuDeviceGraphMemTrim(device: CUdevice) = 11040, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim", "", 0, PFN_cuDeviceGraphMemTrim_v11040;
+    cuDeviceGraphMemTrim(device: CUdevice) = 11040, "cuDeviceGraphMemTrim", "cuDeviceGraphMemTrim", "", 0, PFN_cuDeviceGraphMemTrim_v11040, [cuDeviceGraphMemTrim];
     /// Query asynchronous allocation attributes related to graphs
-    cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut ::std::os::raw::c_void) = 11040, "cuDeviceGetGraphMemAttribute", "cuDeviceGetGraphMemAttribute", "", 0, PFN_cuDeviceGetGraphMemAttribute_v11040;
+    cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut ::std::os::raw::c_void) = 11040, "cuDeviceGetGraphMemAttribute", "cuDeviceGetGraphMemAttribute", "", 0, PFN_cuDeviceGetGraphMemAttribute_v11040, [cuDeviceGetGraphMemAttribute];
     /// Set asynchronous allocation attributes related to graphs
-    cuDeviceSetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut ::std::os::raw::c_void) = 11040, "cuDeviceSetGraphMemAttribute", "cuDeviceSetGraphMemAttribute", "", 0, PFN_cuDeviceSetGraphMemAttribute_v11040;
+    cuDeviceSetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut ::std::os::raw::c_void) = 11040, "cuDeviceSetGraphMemAttribute", "cuDeviceSetGraphMemAttribute", "", 0, PFN_cuDeviceSetGraphMemAttribute_v11040, [cuDeviceSetGraphMemAttribute];
     /// Clones a graph
-    cuGraphClone(phGraphClone: *mut CUgraph, originalGraph: CUgraph) = 10000, "cuGraphClone", "cuGraphClone", "", 0, PFN_cuGraphClone_v10000;
+    cuGraphClone(phGraphClone: *mut CUgraph, originalGraph: CUgraph) = 10000, "cuGraphClone", "cuGraphClone", "", 0, PFN_cuGraphClone_v10000, [cuGraphClone];
     /// Finds a cloned version of a node
-    cuGraphNodeFindInClone(phNode: *mut CUgraphNode, hOriginalNode: CUgraphNode, hClonedGraph: CUgraph) = 10000, "cuGraphNodeFindInClone", "cuGraphNodeFindInClone", "", 0, PFN_cuGraphNodeFindInClone_v10000;
+    cuGraphNodeFindInClone(phNode: *mut CUgraphNode, hOriginalNode: CUgraphNode, hClonedGraph: CUgraph) = 10000, "cuGraphNodeFindInClone", "cuGraphNodeFindInClone", "", 0, PFN_cuGraphNodeFindInClone_v10000, [cuGraphNodeFindInClone];
     /// Returns a node's type
-    cuGraphNodeGetType(hNode: CUgraphNode, type_: *mut CUgraphNodeType) = 10000, "cuGraphNodeGetType", "cuGraphNodeGetType", "", 0, PFN_cuGraphNodeGetType_v10000;
+    cuGraphNodeGetType(hNode: CUgraphNode, type_: *mut CUgraphNodeType) = 10000, "cuGraphNodeGetType", "cuGraphNodeGetType", "", 0, PFN_cuGraphNodeGetType_v10000, [cuGraphNodeGetType];
     /// Returns the graph that contains a given graph node
-    cuGraphNodeGetContainingGraph(hNode: CUgraphNode, phGraph: *mut CUgraph) = 13010, "cuGraphNodeGetContainingGraph", "cuGraphNodeGetContainingGraph", "", 0, PFN_cuGraphNodeGetContainingGraph_v13010;
+    cuGraphNodeGetContainingGraph(hNode: CUgraphNode, phGraph: *mut CUgraph) = 13010, "cuGraphNodeGetContainingGraph", "cuGraphNodeGetContainingGraph", "", 0, PFN_cuGraphNodeGetContainingGraph_v13010, [cuGraphNodeGetContainingGraph];
     /// Returns the local node id of a given graph node
-    cuGraphNodeGetLocalId(hNode: CUgraphNode, nodeId: *mut ::std::os::raw::c_uint) = 13010, "cuGraphNodeGetLocalId", "cuGraphNodeGetLocalId", "", 0, PFN_cuGraphNodeGetLocalId_v13010;
+    cuGraphNodeGetLocalId(hNode: CUgraphNode, nodeId: *mut ::std::os::raw::c_uint) = 13010, "cuGraphNodeGetLocalId", "cuGraphNodeGetLocalId", "", 0, PFN_cuGraphNodeGetLocalId_v13010, [cuGraphNodeGetLocalId];
     /// Returns an id used by tools to identify a given node
-    cuGraphNodeGetToolsId(hNode: CUgraphNode, toolsNodeId: *mut ::std::os::raw::c_ulonglong) = 13010, "cuGraphNodeGetToolsId", "cuGraphNodeGetToolsId", "", 0, PFN_cuGraphNodeGetToolsId_v13010;
+    cuGraphNodeGetToolsId(hNode: CUgraphNode, toolsNodeId: *mut ::std::os::raw::c_ulonglong) = 13010, "cuGraphNodeGetToolsId", "cuGraphNodeGetToolsId", "", 0, PFN_cuGraphNodeGetToolsId_v13010, [cuGraphNodeGetToolsId];
     /// Returns the id of a given graph
-    cuGraphGetId(hGraph: CUgraph, graphId: *mut ::std::os::raw::c_uint) = 13010, "cuGraphGetId", "cuGraphGetId", "", 0, PFN_cuGraphGetId_v13010;
+    cuGraphGetId(hGraph: CUgraph, graphId: *mut ::std::os::raw::c_uint) = 13010, "cuGraphGetId", "cuGraphGetId", "", 0, PFN_cuGraphGetId_v13010, [cuGraphGetId];
     /// Returns the id of a given graph exec
-    cuGraphExecGetId(hGraphExec: CUgraphExec, graphId: *mut ::std::os::raw::c_uint) = 13010, "cuGraphExecGetId", "cuGraphExecGetId", "", 0, PFN_cuGraphExecGetId_v13010;
+    cuGraphExecGetId(hGraphExec: CUgraphExec, graphId: *mut ::std::os::raw::c_uint) = 13010, "cuGraphExecGetId", "cuGraphExecGetId", "", 0, PFN_cuGraphExecGetId_v13010, [cuGraphExecGetId];
     /// Returns a graph's nodes
-    cuGraphGetNodes(hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize) = 10000, "cuGraphGetNodes", "cuGraphGetNodes", "", 0, PFN_cuGraphGetNodes_v10000;
+    cuGraphGetNodes(hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize) = 10000, "cuGraphGetNodes", "cuGraphGetNodes", "", 0, PFN_cuGraphGetNodes_v10000, [cuGraphGetNodes];
     /// Returns a graph's root nodes
-    cuGraphGetRootNodes(hGraph: CUgraph, rootNodes: *mut CUgraphNode, numRootNodes: *mut usize) = 10000, "cuGraphGetRootNodes", "cuGraphGetRootNodes", "", 0, PFN_cuGraphGetRootNodes_v10000;
+    cuGraphGetRootNodes(hGraph: CUgraph, rootNodes: *mut CUgraphNode, numRootNodes: *mut usize) = 10000, "cuGraphGetRootNodes", "cuGraphGetRootNodes", "", 0, PFN_cuGraphGetRootNodes_v10000, [cuGraphGetRootNodes];
     /// Returns a graph's dependency edges
-    cuGraphGetEdges(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numEdges: *mut usize) = 12030, "cuGraphGetEdges", "cuGraphGetEdges_v2", "", 0, PFN_cuGraphGetEdges_v12030;
+    cuGraphGetEdges(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numEdges: *mut usize) = 12030, "cuGraphGetEdges", "cuGraphGetEdges_v2", "", 0, PFN_cuGraphGetEdges_v12030, [cuGraphGetEdges];
     /// Returns a node's dependencies
-    cuGraphNodeGetDependencies(hNode: CUgraphNode, dependencies: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependencies: *mut usize) = 12030, "cuGraphNodeGetDependencies", "cuGraphNodeGetDependencies_v2", "", 0, PFN_cuGraphNodeGetDependencies_v12030;
+    cuGraphNodeGetDependencies(hNode: CUgraphNode, dependencies: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependencies: *mut usize) = 12030, "cuGraphNodeGetDependencies", "cuGraphNodeGetDependencies_v2", "", 0, PFN_cuGraphNodeGetDependencies_v12030, [cuGraphNodeGetDependencies];
     /// Returns a node's dependent nodes
-    cuGraphNodeGetDependentNodes(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependentNodes: *mut usize) = 12030, "cuGraphNodeGetDependentNodes", "cuGraphNodeGetDependentNodes_v2", "", 0, PFN_cuGraphNodeGetDependentNodes_v12030;
+    cuGraphNodeGetDependentNodes(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependentNodes: *mut usize) = 12030, "cuGraphNodeGetDependentNodes", "cuGraphNodeGetDependentNodes_v2", "", 0, PFN_cuGraphNodeGetDependentNodes_v12030, [cuGraphNodeGetDependentNodes];
     /// Adds dependency edges to a graph
-    cuGraphAddDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphAddDependencies", "cuGraphAddDependencies_v2", "", 0, PFN_cuGraphAddDependencies_v12030;
+    cuGraphAddDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphAddDependencies", "cuGraphAddDependencies_v2", "", 0, PFN_cuGraphAddDependencies_v12030, [cuGraphAddDependencies];
     /// Removes dependency edges from a graph
-    cuGraphRemoveDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphRemoveDependencies", "cuGraphRemoveDependencies_v2", "", 0, PFN_cuGraphRemoveDependencies_v12030;
+    cuGraphRemoveDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphRemoveDependencies", "cuGraphRemoveDependencies_v2", "", 0, PFN_cuGraphRemoveDependencies_v12030, [cuGraphRemoveDependencies];
     /// Remove a node from the graph
-    cuGraphDestroyNode(hNode: CUgraphNode) = 10000, "cuGraphDestroyNode", "cuGraphDestroyNode", "", 0, PFN_cuGraphDestroyNode_v10000;
+    cuGraphDestroyNode(hNode: CUgraphNode) = 10000, "cuGraphDestroyNode", "cuGraphDestroyNode", "", 0, PFN_cuGraphDestroyNode_v10000, [cuGraphDestroyNode];
     /// Creates an executable graph from a graph
-    cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: ::std::os::raw::c_ulonglong) = 11040, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", "", 0, PFN_cuGraphInstantiateWithFlags_v11040;
+    cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: ::std::os::raw::c_ulonglong) = 11040, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", "", 0, PFN_cuGraphInstantiateWithFlags_v11040, [cuGraphInstantiateWithFlags];
     /// Creates an executable graph from a graph
-    cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) = 12000, "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz", 12000, PFN_cuGraphInstantiateWithParams_v12000;
+    cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) = 12000, "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams", "cuGraphInstantiateWithParams_ptsz", 12000, PFN_cuGraphInstantiateWithParams_v12000, [cuGraphInstantiateWithParams];
     /// Query the instantiation flags of an executable graph
-    cuGraphExecGetFlags(hGraphExec: CUgraphExec, flags: *mut cuuint64_t) = 12000, "cuGraphExecGetFlags", "cuGraphExecGetFlags", "", 0, PFN_cuGraphExecGetFlags_v12000;
+    cuGraphExecGetFlags(hGraphExec: CUgraphExec, flags: *mut cuuint64_t) = 12000, "cuGraphExecGetFlags", "cuGraphExecGetFlags", "", 0, PFN_cuGraphExecGetFlags_v12000, [cuGraphExecGetFlags];
     /// Sets the parameters for a kernel node in the given graphExec
-    cuGraphExecKernelNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2", "", 0, PFN_cuGraphExecKernelNodeSetParams_v12000;
+    cuGraphExecKernelNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2", "", 0, PFN_cuGraphExecKernelNodeSetParams_v12000, [cuGraphExecKernelNodeSetParams];
     /// Sets the parameters for a memcpy node in the given graphExec.
-    cuGraphExecMemcpyNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, copyParams: *const CUDA_MEMCPY3D, ctx: CUcontext) = 10020, "cuGraphExecMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams", "", 0, PFN_cuGraphExecMemcpyNodeSetParams_v10020;
+    cuGraphExecMemcpyNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, copyParams: *const CUDA_MEMCPY3D, ctx: CUcontext) = 10020, "cuGraphExecMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams", "", 0, PFN_cuGraphExecMemcpyNodeSetParams_v10020, [cuGraphExecMemcpyNodeSetParams];
     /// Sets the parameters for a memset node in the given graphExec.
-    cuGraphExecMemsetNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, memsetParams: *const CUDA_MEMSET_NODE_PARAMS, ctx: CUcontext) = 10020, "cuGraphExecMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams", "", 0, PFN_cuGraphExecMemsetNodeSetParams_v10020;
+    cuGraphExecMemsetNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, memsetParams: *const CUDA_MEMSET_NODE_PARAMS, ctx: CUcontext) = 10020, "cuGraphExecMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams", "", 0, PFN_cuGraphExecMemsetNodeSetParams_v10020, [cuGraphExecMemsetNodeSetParams];
     /// Sets the parameters for a host node in the given graphExec.
-    cuGraphExecHostNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_HOST_NODE_PARAMS) = 10020, "cuGraphExecHostNodeSetParams", "cuGraphExecHostNodeSetParams", "", 0, PFN_cuGraphExecHostNodeSetParams_v10020;
+    cuGraphExecHostNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_HOST_NODE_PARAMS) = 10020, "cuGraphExecHostNodeSetParams", "cuGraphExecHostNodeSetParams", "", 0, PFN_cuGraphExecHostNodeSetParams_v10020, [cuGraphExecHostNodeSetParams];
     /// Updates node parameters in the child graph node in the given graphExec.
-    cuGraphExecChildGraphNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph) = 11010, "cuGraphExecChildGraphNodeSetParams", "cuGraphExecChildGraphNodeSetParams", "", 0, PFN_cuGraphExecChildGraphNodeSetParams_v11010;
+    cuGraphExecChildGraphNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph) = 11010, "cuGraphExecChildGraphNodeSetParams", "cuGraphExecChildGraphNodeSetParams", "", 0, PFN_cuGraphExecChildGraphNodeSetParams_v11010, [cuGraphExecChildGraphNodeSetParams];
     /// Sets the event for an event record node in the given graphExec
-    cuGraphExecEventRecordNodeSetEvent(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventRecordNodeSetEvent", "", 0, PFN_cuGraphExecEventRecordNodeSetEvent_v11010;
+    cuGraphExecEventRecordNodeSetEvent(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphExecEventRecordNodeSetEvent", "cuGraphExecEventRecordNodeSetEvent", "", 0, PFN_cuGraphExecEventRecordNodeSetEvent_v11010, [cuGraphExecEventRecordNodeSetEvent];
     /// Sets the event for an event wait node in the given graphExec
-    cuGraphExecEventWaitNodeSetEvent(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphExecEventWaitNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent", "", 0, PFN_cuGraphExecEventWaitNodeSetEvent_v11010;
+    cuGraphExecEventWaitNodeSetEvent(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent) = 11010, "cuGraphExecEventWaitNodeSetEvent", "cuGraphExecEventWaitNodeSetEvent", "", 0, PFN_cuGraphExecEventWaitNodeSetEvent_v11010, [cuGraphExecEventWaitNodeSetEvent];
     /// Sets the parameters for an external semaphore signal node in the given graphExec
-    cuGraphExecExternalSemaphoresSignalNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphExecExternalSemaphoresSignalNodeSetParams", "cuGraphExecExternalSemaphoresSignalNodeSetParams", "", 0, PFN_cuGraphExecExternalSemaphoresSignalNodeSetParams_v11020;
+    cuGraphExecExternalSemaphoresSignalNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS) = 11020, "cuGraphExecExternalSemaphoresSignalNodeSetParams", "cuGraphExecExternalSemaphoresSignalNodeSetParams", "", 0, PFN_cuGraphExecExternalSemaphoresSignalNodeSetParams_v11020, [cuGraphExecExternalSemaphoresSignalNodeSetParams];
     /// Sets the parameters for an external semaphore wait node in the given graphExec
-    cuGraphExecExternalSemaphoresWaitNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphExecExternalSemaphoresWaitNodeSetParams", "cuGraphExecExternalSemaphoresWaitNodeSetParams", "", 0, PFN_cuGraphExecExternalSemaphoresWaitNodeSetParams_v11020;
+    cuGraphExecExternalSemaphoresWaitNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS) = 11020, "cuGraphExecExternalSemaphoresWaitNodeSetParams", "cuGraphExecExternalSemaphoresWaitNodeSetParams", "", 0, PFN_cuGraphExecExternalSemaphoresWaitNodeSetParams_v11020, [cuGraphExecExternalSemaphoresWaitNodeSetParams];
     /// Enables or disables the specified node in the given graphExec
-    cuGraphNodeSetEnabled(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: ::std::os::raw::c_uint) = 11060, "cuGraphNodeSetEnabled", "cuGraphNodeSetEnabled", "", 0, PFN_cuGraphNodeSetEnabled_v11060;
+    cuGraphNodeSetEnabled(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: ::std::os::raw::c_uint) = 11060, "cuGraphNodeSetEnabled", "cuGraphNodeSetEnabled", "", 0, PFN_cuGraphNodeSetEnabled_v11060, [cuGraphNodeSetEnabled];
     /// Query whether a node in the given graphExec is enabled
-    cuGraphNodeGetEnabled(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: *mut ::std::os::raw::c_uint) = 11060, "cuGraphNodeGetEnabled", "cuGraphNodeGetEnabled", "", 0, PFN_cuGraphNodeGetEnabled_v11060;
+    cuGraphNodeGetEnabled(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: *mut ::std::os::raw::c_uint) = 11060, "cuGraphNodeGetEnabled", "cuGraphNodeGetEnabled", "", 0, PFN_cuGraphNodeGetEnabled_v11060, [cuGraphNodeGetEnabled];
     /// Uploads an executable graph in a stream
-    cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream) = 11010, "cuGraphUpload", "cuGraphUpload", "cuGraphUpload_ptsz", 11010, PFN_cuGraphUpload_v11010;
+    cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream) = 11010, "cuGraphUpload", "cuGraphUpload", "cuGraphUpload_ptsz", 11010, PFN_cuGraphUpload_v11010, [cuGraphUpload];
     /// Launches an executable graph in a stream
-    cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream) = 10000, "cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz", 10000, PFN_cuGraphLaunch_v10000;
+    cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream) = 10000, "cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz", 10000, PFN_cuGraphLaunch_v10000, [cuGraphLaunch];
     /// Destroys an executable graph
-    cuGraphExecDestroy(hGraphExec: CUgraphExec) = 10000, "cuGraphExecDestroy", "cuGraphExecDestroy", "", 0, PFN_cuGraphExecDestroy_v10000;
+    cuGraphExecDestroy(hGraphExec: CUgraphExec) = 10000, "cuGraphExecDestroy", "cuGraphExecDestroy", "", 0, PFN_cuGraphExecDestroy_v10000, [cuGraphExecDestroy];
     /// Destroys a graph
-    cuGraphDestroy(hGraph: CUgraph) = 10000, "cuGraphDestroy", "cuGraphDestroy", "", 0, PFN_cuGraphDestroy_v10000;
+    cuGraphDestroy(hGraph: CUgraph) = 10000, "cuGraphDestroy", "cuGraphDestroy", "", 0, PFN_cuGraphDestroy_v10000, [cuGraphDestroy];
     /// Check whether an executable graph can be updated with a graph and perform the update if possible
-    cuGraphExecUpdate(hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo) = 12000, "cuGraphExecUpdate", "cuGraphExecUpdate_v2", "", 0, PFN_cuGraphExecUpdate_v12000;
+    cuGraphExecUpdate(hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo) = 12000, "cuGraphExecUpdate", "cuGraphExecUpdate_v2", "", 0, PFN_cuGraphExecUpdate_v12000, [cuGraphExecUpdate];
     /// Copies attributes from source node to destination node.
-    cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) = 11000, "cuGraphKernelNodeCopyAttributes", "cuGraphKernelNodeCopyAttributes", "", 0, PFN_cuGraphKernelNodeCopyAttributes_v11000;
+    cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) = 11000, "cuGraphKernelNodeCopyAttributes", "cuGraphKernelNodeCopyAttributes", "", 0, PFN_cuGraphKernelNodeCopyAttributes_v11000, [cuGraphKernelNodeCopyAttributes];
     /// Queries node attribute.
-    cuGraphKernelNodeGetAttribute(hNode: CUgraphNode, attr: CUkernelNodeAttrID, value_out: *mut CUkernelNodeAttrValue) = 11000, "cuGraphKernelNodeGetAttribute", "cuGraphKernelNodeGetAttribute", "", 0, PFN_cuGraphKernelNodeGetAttribute_v11000;
+    cuGraphKernelNodeGetAttribute(hNode: CUgraphNode, attr: CUkernelNodeAttrID, value_out: *mut CUkernelNodeAttrValue) = 11000, "cuGraphKernelNodeGetAttribute", "cuGraphKernelNodeGetAttribute", "", 0, PFN_cuGraphKernelNodeGetAttribute_v11000, [cuGraphKernelNodeGetAttribute];
     /// Sets node attribute.
-    cuGraphKernelNodeSetAttribute(hNode: CUgraphNode, attr: CUkernelNodeAttrID, value: *const CUkernelNodeAttrValue) = 11000, "cuGraphKernelNodeSetAttribute", "cuGraphKernelNodeSetAttribute", "", 0, PFN_cuGraphKernelNodeSetAttribute_v11000;
+    cuGraphKernelNodeSetAttribute(hNode: CUgraphNode, attr: CUkernelNodeAttrID, value: *const CUkernelNodeAttrValue) = 11000, "cuGraphKernelNodeSetAttribute", "cuGraphKernelNodeSetAttribute", "", 0, PFN_cuGraphKernelNodeSetAttribute_v11000, [cuGraphKernelNodeSetAttribute];
     /// Write a DOT file describing graph structure
-    cuGraphDebugDotPrint(hGraph: CUgraph, path: *const ::std::os::raw::c_char, flags: ::std::os::raw::c_uint) = 11030, "cuGraphDebugDotPrint", "cuGraphDebugDotPrint", "", 0, PFN_cuGraphDebugDotPrint_v11030;
+    cuGraphDebugDotPrint(hGraph: CUgraph, path: *const ::std::os::raw::c_char, flags: ::std::os::raw::c_uint) = 11030, "cuGraphDebugDotPrint", "cuGraphDebugDotPrint", "", 0, PFN_cuGraphDebugDotPrint_v11030, [cuGraphDebugDotPrint];
     /// Create a user object
-    cuUserObjectCreate(object_out: *mut CUuserObject, ptr: *mut ::std::os::raw::c_void, destroy: CUhostFn, initialRefcount: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 11030, "cuUserObjectCreate", "cuUserObjectCreate", "", 0, PFN_cuUserObjectCreate_v11030;
+    cuUserObjectCreate(object_out: *mut CUuserObject, ptr: *mut ::std::os::raw::c_void, destroy: CUhostFn, initialRefcount: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 11030, "cuUserObjectCreate", "cuUserObjectCreate", "", 0, PFN_cuUserObjectCreate_v11030, [cuUserObjectCreate];
     /// Retain a reference to a user object
-    cuUserObjectRetain(object: CUuserObject, count: ::std::os::raw::c_uint) = 11030, "cuUserObjectRetain", "cuUserObjectRetain", "", 0, PFN_cuUserObjectRetain_v11030;
+    cuUserObjectRetain(object: CUuserObject, count: ::std::os::raw::c_uint) = 11030, "cuUserObjectRetain", "cuUserObjectRetain", "", 0, PFN_cuUserObjectRetain_v11030, [cuUserObjectRetain];
     /// Release a reference to a user object
-    cuUserObjectRelease(object: CUuserObject, count: ::std::os::raw::c_uint) = 11030, "cuUserObjectRelease", "cuUserObjectRelease", "", 0, PFN_cuUserObjectRelease_v11030;
+    cuUserObjectRelease(object: CUuserObject, count: ::std::os::raw::c_uint) = 11030, "cuUserObjectRelease", "cuUserObjectRelease", "", 0, PFN_cuUserObjectRelease_v11030, [cuUserObjectRelease];
     /// Retain a reference to a user object from a graph
-    cuGraphRetainUserObject(graph: CUgraph, object: CUuserObject, count: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 11030, "cuGraphRetainUserObject", "cuGraphRetainUserObject", "", 0, PFN_cuGraphRetainUserObject_v11030;
+    cuGraphRetainUserObject(graph: CUgraph, object: CUuserObject, count: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 11030, "cuGraphRetainUserObject", "cuGraphRetainUserObject", "", 0, PFN_cuGraphRetainUserObject_v11030, [cuGraphRetainUserObject];
     /// Release a user object reference from a graph
-    cuGraphReleaseUserObject(graph: CUgraph, object: CUuserObject, count: ::std::os::raw::c_uint) = 11030, "cuGraphReleaseUserObject", "cuGraphReleaseUserObject", "", 0, PFN_cuGraphReleaseUserObject_v11030;
+    cuGraphReleaseUserObject(graph: CUgraph, object: CUuserObject, count: ::std::os::raw::c_uint) = 11030, "cuGraphReleaseUserObject", "cuGraphReleaseUserObject", "", 0, PFN_cuGraphReleaseUserObject_v11030, [cuGraphReleaseUserObject];
     /// Adds a node of arbitrary type to a graph
-    cuGraphAddNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 12030, "cuGraphAddNode", "cuGraphAddNode_v2", "", 0, PFN_cuGraphAddNode_v12030;
+    cuGraphAddNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 12030, "cuGraphAddNode", "cuGraphAddNode_v2", "", 0, PFN_cuGraphAddNode_v12030, [cuGraphAddNode_v3, cuGraphAddNode];
     /// Adds a node of arbitrary type to a graph
-    cuGraphAddNode_v3(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 13040, "cuGraphAddNode", "cuGraphAddNode_v3", "", 0, PFN_cuGraphAddNode_v13040;
+    cuGraphAddNode_v3(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 13040, "cuGraphAddNode", "cuGraphAddNode_v3", "", 0, PFN_cuGraphAddNode_v13040, [cuGraphAddNode_v3, cuGraphAddNode];
     /// Update a graph node's parameters
-    cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 12020, "cuGraphNodeSetParams", "cuGraphNodeSetParams", "", 0, PFN_cuGraphNodeSetParams_v12020;
+    cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 12020, "cuGraphNodeSetParams", "cuGraphNodeSetParams", "", 0, PFN_cuGraphNodeSetParams_v12020, [cuGraphNodeSetParams_v2, cuGraphNodeSetParams];
     /// Update a graph node's parameters
-    cuGraphNodeSetParams_v2(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 13040, "cuGraphNodeSetParams", "cuGraphNodeSetParams_v2", "", 0, PFN_cuGraphNodeSetParams_v13040;
+    cuGraphNodeSetParams_v2(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 13040, "cuGraphNodeSetParams", "cuGraphNodeSetParams_v2", "", 0, PFN_cuGraphNodeSetParams_v13040, [cuGraphNodeSetParams_v2, cuGraphNodeSetParams];
     /// Return a graph node's parameters
-    cuGraphNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 13020, "cuGraphNodeGetParams", "cuGraphNodeGetParams", "", 0, PFN_cuGraphNodeGetParams_v13020;
+    cuGraphNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 13020, "cuGraphNodeGetParams", "cuGraphNodeGetParams", "", 0, PFN_cuGraphNodeGetParams_v13020, [cuGraphNodeGetParams];
     /// Update a graph node's parameters in an instantiated graph
-    cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 12020, "cuGraphExecNodeSetParams", "cuGraphExecNodeSetParams", "", 0, PFN_cuGraphExecNodeSetParams_v12020;
+    cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) = 12020, "cuGraphExecNodeSetParams", "cuGraphExecNodeSetParams", "", 0, PFN_cuGraphExecNodeSetParams_v12020, [cuGraphExecNodeSetParams];
     /// Create a conditional handle
-    cuGraphConditionalHandleCreate(pHandle_out: *mut CUgraphConditionalHandle, hGraph: CUgraph, ctx: CUcontext, defaultLaunchValue: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 12030, "cuGraphConditionalHandleCreate", "cuGraphConditionalHandleCreate", "", 0, PFN_cuGraphConditionalHandleCreate_v12030;
+    cuGraphConditionalHandleCreate(pHandle_out: *mut CUgraphConditionalHandle, hGraph: CUgraph, ctx: CUcontext, defaultLaunchValue: ::std::os::raw::c_uint, flags: ::std::os::raw::c_uint) = 12030, "cuGraphConditionalHandleCreate", "cuGraphConditionalHandleCreate", "", 0, PFN_cuGraphConditionalHandleCreate_v12030, [cuGraphConditionalHandleCreate];
     /// Returns occupancy of a function
-    cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks: *mut ::std::os::raw::c_int, func: CUfunction, blockSize: ::std::os::raw::c_int, dynamicSMemSize: usize) = 6050, "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "", 0, PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050;
+    cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks: *mut ::std::os::raw::c_int, func: CUfunction, blockSize: ::std::os::raw::c_int, dynamicSMemSize: usize) = 6050, "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "", 0, PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050, [cuOccupancyMaxActiveBlocksPerMultiprocessor];
     /// Returns occupancy of a function
-    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks: *mut ::std::os::raw::c_int, func: CUfunction, blockSize: ::std::os::raw::c_int, dynamicSMemSize: usize, flags: ::std::os::raw::c_uint) = 7000, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "", 0, PFN_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_v7000;
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks: *mut ::std::os::raw::c_int, func: CUfunction, blockSize: ::std::os::raw::c_int, dynamicSMemSize: usize, flags: ::std::os::raw::c_uint) = 7000, "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", "", 0, PFN_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags_v7000, [cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags];
     /// Suggest a launch configuration with reasonable occupancy
-    cuOccupancyMaxPotentialBlockSize(minGridSize: *mut ::std::os::raw::c_int, blockSize: *mut ::std::os::raw::c_int, func: CUfunction, blockSizeToDynamicSMemSize: CUoccupancyB2DSize, dynamicSMemSize: usize, blockSizeLimit: ::std::os::raw::c_int) = 6050, "cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxPotentialBlockSize", "", 0, PFN_cuOccupancyMaxPotentialBlockSize_v6050;
+    cuOccupancyMaxPotentialBlockSize(minGridSize: *mut ::std::os::raw::c_int, blockSize: *mut ::std::os::raw::c_int, func: CUfunction, blockSizeToDynamicSMemSize: CUoccupancyB2DSize, dynamicSMemSize: usize, blockSizeLimit: ::std::os::raw::c_int) = 6050, "cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxPotentialBlockSize", "", 0, PFN_cuOccupancyMaxPotentialBlockSize_v6050, [cuOccupancyMaxPotentialBlockSize];
     /// Suggest a launch configuration with reasonable occupancy
-    cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize: *mut ::std::os::raw::c_int, blockSize: *mut ::std::os::raw::c_int, func: CUfunction, blockSizeToDynamicSMemSize: CUoccupancyB2DSize, dynamicSMemSize: usize, blockSizeLimit: ::std::os::raw::c_int, flags: ::std::os::raw::c_uint) = 7000, "cuOccupancyMaxPotentialBlockSizeWithFlags", "cuOccupancyMaxPotentialBlockSizeWithFlags", "", 0, PFN_cuOccupancyMaxPotentialBlockSizeWithFlags_v7000;
+    cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize: *mut ::std::os::raw::c_int, blockSize: *mut ::std::os::raw::c_int, func: CUfunction, blockSizeToDynamicSMemSize: CUoccupancyB2DSize, dynamicSMemSize: usize, blockSizeLimit: ::std::os::raw::c_int, flags: ::std::os::raw::c_uint) = 7000, "cuOccupancyMaxPotentialBlockSizeWithFlags", "cuOccupancyMaxPotentialBlockSizeWithFlags", "", 0, PFN_cuOccupancyMaxPotentialBlockSizeWithFlags_v7000, [cuOccupancyMaxPotentialBlockSizeWithFlags];
     /// Returns dynamic shared memory available per block when launching \p numBlocks blocks on SM
-    cuOccupancyAvailableDynamicSMemPerBlock(dynamicSmemSize: *mut usize, func: CUfunction, numBlocks: ::std::os::raw::c_int, blockSize: ::std::os::raw::c_int) = 10020, "cuOccupancyAvailableDynamicSMemPerBlock", "cuOccupancyAvailableDynamicSMemPerBlock", "", 0, PFN_cuOccupancyAvailableDynamicSMemPerBlock_v10020;
+    cuOccupancyAvailableDynamicSMemPerBlock(dynamicSmemSize: *mut usize, func: CUfunction, numBlocks: ::std::os::raw::c_int, blockSize: ::std::os::raw::c_int) = 10020, "cuOccupancyAvailableDynamicSMemPerBlock", "cuOccupancyAvailableDynamicSMemPerBlock", "", 0, PFN_cuOccupancyAvailableDynamicSMemPerBlock_v10020, [cuOccupancyAvailableDynamicSMemPerBlock];
     /// Given the kernel function (\p func) and launch configuration (\p config), return the maximum cluster size in \p *clusterSize.
-    cuOccupancyMaxPotentialClusterSize(clusterSize: *mut ::std::os::raw::c_int, func: CUfunction, config: *const CUlaunchConfig) = 11070, "cuOccupancyMaxPotentialClusterSize", "cuOccupancyMaxPotentialClusterSize", "", 0, PFN_cuOccupancyMaxPotentialClusterSize_v11070;
+    cuOccupancyMaxPotentialClusterSize(clusterSize: *mut ::std::os::raw::c_int, func: CUfunction, config: *const CUlaunchConfig) = 11070, "cuOccupancyMaxPotentialClusterSize", "cuOccupancyMaxPotentialClusterSize", "", 0, PFN_cuOccupancyMaxPotentialClusterSize_v11070, [cuOccupancyMaxPotentialClusterSize];
     /// Given the kernel function (\p func) and launch configuration (\p config), return the maximum number of clusters that could co-exist on the target device in \p *numClusters.
-    cuOccupancyMaxActiveClusters(numClusters: *mut ::std::os::raw::c_int, func: CUfunction, config: *const CUlaunchConfig) = 11070, "cuOccupancyMaxActiveClusters", "cuOccupancyMaxActiveClusters", "", 0, PFN_cuOccupancyMaxActiveClusters_v11070;
+    cuOccupancyMaxActiveClusters(numClusters: *mut ::std::os::raw::c_int, func: CUfunction, config: *const CUlaunchConfig) = 11070, "cuOccupancyMaxActiveClusters", "cuOccupancyMaxActiveClusters", "", 0, PFN_cuOccupancyMaxActiveClusters_v11070, [cuOccupancyMaxActiveClusters];
     /// Binds an array as a texture reference
-    cuTexRefSetArray(hTexRef: CUtexref, hArray: CUarray, Flags: ::std::os::raw::c_uint) = 2000, "cuTexRefSetArray", "cuTexRefSetArray", "", 0, PFN_cuTexRefSetArray_v2000;
+    cuTexRefSetArray(hTexRef: CUtexref, hArray: CUarray, Flags: ::std::os::raw::c_uint) = 2000, "cuTexRefSetArray", "cuTexRefSetArray", "", 0, PFN_cuTexRefSetArray_v2000, [cuTexRefSetArray];
     /// Binds a mipmapped array to a texture reference
-    cuTexRefSetMipmappedArray(hTexRef: CUtexref, hMipmappedArray: CUmipmappedArray, Flags: ::std::os::raw::c_uint) = 5000, "cuTexRefSetMipmappedArray", "cuTexRefSetMipmappedArray", "", 0, PFN_cuTexRefSetMipmappedArray_v5000;
+    cuTexRefSetMipmappedArray(hTexRef: CUtexref, hMipmappedArray: CUmipmappedArray, Flags: ::std::os::raw::c_uint) = 5000, "cuTexRefSetMipmappedArray", "cuTexRefSetMipmappedArray", "", 0, PFN_cuTexRefSetMipmappedArray_v5000, [cuTexRefSetMipmappedArray];
     /// Binds an address as a texture reference
-    cuTexRefSetAddress(ByteOffset: *mut usize, hTexRef: CUtexref, dptr: CUdeviceptr, bytes: usize) = 3020, "cuTexRefSetAddress", "cuTexRefSetAddress_v2", "", 0, PFN_cuTexRefSetAddress_v3020;
+    cuTexRefSetAddress(ByteOffset: *mut usize, hTexRef: CUtexref, dptr: CUdeviceptr, bytes: usize) = 3020, "cuTexRefSetAddress", "cuTexRefSetAddress_v2", "", 0, PFN_cuTexRefSetAddress_v3020, [cuTexRefSetAddress];
     /// Binds an address as a 2D texture reference
-    cuTexRefSetAddress2D(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR, dptr: CUdeviceptr, Pitch: usize) = 4010, "cuTexRefSetAddress2D", "cuTexRefSetAddress2D_v3", "", 0, PFN_cuTexRefSetAddress2D_v4010;
+    cuTexRefSetAddress2D(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR, dptr: CUdeviceptr, Pitch: usize) = 4010, "cuTexRefSetAddress2D", "cuTexRefSetAddress2D_v3", "", 0, PFN_cuTexRefSetAddress2D_v4010, [cuTexRefSetAddress2D, cuTexRefSetAddress2D_v2];
     /// Sets the format for a texture reference
-    cuTexRefSetFormat(hTexRef: CUtexref, fmt: CUarray_format, NumPackedComponents: ::std::os::raw::c_int) = 2000, "cuTexRefSetFormat", "cuTexRefSetFormat", "", 0, PFN_cuTexRefSetFormat_v2000;
+    cuTexRefSetFormat(hTexRef: CUtexref, fmt: CUarray_format, NumPackedComponents: ::std::os::raw::c_int) = 2000, "cuTexRefSetFormat", "cuTexRefSetFormat", "", 0, PFN_cuTexRefSetFormat_v2000, [cuTexRefSetFormat];
     /// Sets the addressing mode for a texture reference
-    cuTexRefSetAddressMode(hTexRef: CUtexref, dim: ::std::os::raw::c_int, am: CUaddress_mode) = 2000, "cuTexRefSetAddressMode", "cuTexRefSetAddressMode", "", 0, PFN_cuTexRefSetAddressMode_v2000;
+    cuTexRefSetAddressMode(hTexRef: CUtexref, dim: ::std::os::raw::c_int, am: CUaddress_mode) = 2000, "cuTexRefSetAddressMode", "cuTexRefSetAddressMode", "", 0, PFN_cuTexRefSetAddressMode_v2000, [cuTexRefSetAddressMode];
     /// Sets the filtering mode for a texture reference
-    cuTexRefSetFilterMode(hTexRef: CUtexref, fm: CUfilter_mode) = 2000, "cuTexRefSetFilterMode", "cuTexRefSetFilterMode", "", 0, PFN_cuTexRefSetFilterMode_v2000;
+    cuTexRefSetFilterMode(hTexRef: CUtexref, fm: CUfilter_mode) = 2000, "cuTexRefSetFilterMode", "cuTexRefSetFilterMode", "", 0, PFN_cuTexRefSetFilterMode_v2000, [cuTexRefSetFilterMode];
     /// Sets the mipmap filtering mode for a texture reference
-    cuTexRefSetMipmapFilterMode(hTexRef: CUtexref, fm: CUfilter_mode) = 5000, "cuTexRefSetMipmapFilterMode", "cuTexRefSetMipmapFilterMode", "", 0, PFN_cuTexRefSetMipmapFilterMode_v5000;
+    cuTexRefSetMipmapFilterMode(hTexRef: CUtexref, fm: CUfilter_mode) = 5000, "cuTexRefSetMipmapFilterMode", "cuTexRefSetMipmapFilterMode", "", 0, PFN_cuTexRefSetMipmapFilterMode_v5000, [cuTexRefSetMipmapFilterMode];
     /// Sets the mipmap level bias for a texture reference
-    cuTexRefSetMipmapLevelBias(hTexRef: CUtexref, bias: f32) = 5000, "cuTexRefSetMipmapLevelBias", "cuTexRefSetMipmapLevelBias", "", 0, PFN_cuTexRefSetMipmapLevelBias_v5000;
+    cuTexRefSetMipmapLevelBias(hTexRef: CUtexref, bias: f32) = 5000, "cuTexRefSetMipmapLevelBias", "cuTexRefSetMipmapLevelBias", "", 0, PFN_cuTexRefSetMipmapLevelBias_v5000, [cuTexRefSetMipmapLevelBias];
     /// Sets the mipmap min/max mipmap level clamps for a texture reference
-    cuTexRefSetMipmapLevelClamp(hTexRef: CUtexref, minMipmapLevelClamp: f32, maxMipmapLevelClamp: f32) = 5000, "cuTexRefSetMipmapLevelClamp", "cuTexRefSetMipmapLevelClamp", "", 0, PFN_cuTexRefSetMipmapLevelClamp_v5000;
+    cuTexRefSetMipmapLevelClamp(hTexRef: CUtexref, minMipmapLevelClamp: f32, maxMipmapLevelClamp: f32) = 5000, "cuTexRefSetMipmapLevelClamp", "cuTexRefSetMipmapLevelClamp", "", 0, PFN_cuTexRefSetMipmapLevelClamp_v5000, [cuTexRefSetMipmapLevelClamp];
     /// Sets the maximum anisotropy for a texture reference
-    cuTexRefSetMaxAnisotropy(hTexRef: CUtexref, maxAniso: ::std::os::raw::c_uint) = 5000, "cuTexRefSetMaxAnisotropy", "cuTexRefSetMaxAnisotropy", "", 0, PFN_cuTexRefSetMaxAnisotropy_v5000;
+    cuTexRefSetMaxAnisotropy(hTexRef: CUtexref, maxAniso: ::std::os::raw::c_uint) = 5000, "cuTexRefSetMaxAnisotropy", "cuTexRefSetMaxAnisotropy", "", 0, PFN_cuTexRefSetMaxAnisotropy_v5000, [cuTexRefSetMaxAnisotropy];
     /// Sets the border color for a texture reference
-    cuTexRefSetBorderColor(hTexRef: CUtexref, pBorderColor: *mut f32) = 8000, "cuTexRefSetBorderColor", "cuTexRefSetBorderColor", "", 0, PFN_cuTexRefSetBorderColor_v8000;
+    cuTexRefSetBorderColor(hTexRef: CUtexref, pBorderColor: *mut f32) = 8000, "cuTexRefSetBorderColor", "cuTexRefSetBorderColor", "", 0, PFN_cuTexRefSetBorderColor_v8000, [cuTexRefSetBorderColor];
     /// Sets the flags for a texture reference
-    cuTexRefSetFlags(hTexRef: CUtexref, Flags: ::std::os::raw::c_uint) = 2000, "cuTexRefSetFlags", "cuTexRefSetFlags", "", 0, PFN_cuTexRefSetFlags_v2000;
+    cuTexRefSetFlags(hTexRef: CUtexref, Flags: ::std::os::raw::c_uint) = 2000, "cuTexRefSetFlags", "cuTexRefSetFlags", "", 0, PFN_cuTexRefSetFlags_v2000, [cuTexRefSetFlags];
     /// Gets the address associated with a texture reference
-    cuTexRefGetAddress(pdptr: *mut CUdeviceptr, hTexRef: CUtexref) = 3020, "cuTexRefGetAddress", "cuTexRefGetAddress_v2", "", 0, PFN_cuTexRefGetAddress_v3020;
+    cuTexRefGetAddress(pdptr: *mut CUdeviceptr, hTexRef: CUtexref) = 3020, "cuTexRefGetAddress", "cuTexRefGetAddress_v2", "", 0, PFN_cuTexRefGetAddress_v3020, [cuTexRefGetAddress];
     /// Gets the array bound to a texture reference
-    cuTexRefGetArray(phArray: *mut CUarray, hTexRef: CUtexref) = 2000, "cuTexRefGetArray", "cuTexRefGetArray", "", 0, PFN_cuTexRefGetArray_v2000;
+    cuTexRefGetArray(phArray: *mut CUarray, hTexRef: CUtexref) = 2000, "cuTexRefGetArray", "cuTexRefGetArray", "", 0, PFN_cuTexRefGetArray_v2000, [cuTexRefGetArray];
     /// Gets the mipmapped array bound to a texture reference
-    cuTexRefGetMipmappedArray(phMipmappedArray: *mut CUmipmappedArray, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmappedArray", "cuTexRefGetMipmappedArray", "", 0, PFN_cuTexRefGetMipmappedArray_v5000;
+    cuTexRefGetMipmappedArray(phMipmappedArray: *mut CUmipmappedArray, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmappedArray", "cuTexRefGetMipmappedArray", "", 0, PFN_cuTexRefGetMipmappedArray_v5000, [cuTexRefGetMipmappedArray];
     /// Gets the addressing mode used by a texture reference
-    cuTexRefGetAddressMode(pam: *mut CUaddress_mode, hTexRef: CUtexref, dim: ::std::os::raw::c_int) = 2000, "cuTexRefGetAddressMode", "cuTexRefGetAddressMode", "", 0, PFN_cuTexRefGetAddressMode_v2000;
+    cuTexRefGetAddressMode(pam: *mut CUaddress_mode, hTexRef: CUtexref, dim: ::std::os::raw::c_int) = 2000, "cuTexRefGetAddressMode", "cuTexRefGetAddressMode", "", 0, PFN_cuTexRefGetAddressMode_v2000, [cuTexRefGetAddressMode];
     /// Gets the filter-mode used by a texture reference
-    cuTexRefGetFilterMode(pfm: *mut CUfilter_mode, hTexRef: CUtexref) = 2000, "cuTexRefGetFilterMode", "cuTexRefGetFilterMode", "", 0, PFN_cuTexRefGetFilterMode_v2000;
+    cuTexRefGetFilterMode(pfm: *mut CUfilter_mode, hTexRef: CUtexref) = 2000, "cuTexRefGetFilterMode", "cuTexRefGetFilterMode", "", 0, PFN_cuTexRefGetFilterMode_v2000, [cuTexRefGetFilterMode];
     /// Gets the format used by a texture reference
-    cuTexRefGetFormat(pFormat: *mut CUarray_format, pNumChannels: *mut ::std::os::raw::c_int, hTexRef: CUtexref) = 2000, "cuTexRefGetFormat", "cuTexRefGetFormat", "", 0, PFN_cuTexRefGetFormat_v2000;
+    cuTexRefGetFormat(pFormat: *mut CUarray_format, pNumChannels: *mut ::std::os::raw::c_int, hTexRef: CUtexref) = 2000, "cuTexRefGetFormat", "cuTexRefGetFormat", "", 0, PFN_cuTexRefGetFormat_v2000, [cuTexRefGetFormat];
     /// Gets the mipmap filtering mode for a texture reference
-    cuTexRefGetMipmapFilterMode(pfm: *mut CUfilter_mode, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmapFilterMode", "cuTexRefGetMipmapFilterMode", "", 0, PFN_cuTexRefGetMipmapFilterMode_v5000;
+    cuTexRefGetMipmapFilterMode(pfm: *mut CUfilter_mode, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmapFilterMode", "cuTexRefGetMipmapFilterMode", "", 0, PFN_cuTexRefGetMipmapFilterMode_v5000, [cuTexRefGetMipmapFilterMode];
     /// Gets the mipmap level bias for a texture reference
-    cuTexRefGetMipmapLevelBias(pbias: *mut f32, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmapLevelBias", "cuTexRefGetMipmapLevelBias", "", 0, PFN_cuTexRefGetMipmapLevelBias_v5000;
+    cuTexRefGetMipmapLevelBias(pbias: *mut f32, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmapLevelBias", "cuTexRefGetMipmapLevelBias", "", 0, PFN_cuTexRefGetMipmapLevelBias_v5000, [cuTexRefGetMipmapLevelBias];
     /// Gets the min/max mipmap level clamps for a texture reference
-    cuTexRefGetMipmapLevelClamp(pminMipmapLevelClamp: *mut f32, pmaxMipmapLevelClamp: *mut f32, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmapLevelClamp", "cuTexRefGetMipmapLevelClamp", "", 0, PFN_cuTexRefGetMipmapLevelClamp_v5000;
+    cuTexRefGetMipmapLevelClamp(pminMipmapLevelClamp: *mut f32, pmaxMipmapLevelClamp: *mut f32, hTexRef: CUtexref) = 5000, "cuTexRefGetMipmapLevelClamp", "cuTexRefGetMipmapLevelClamp", "", 0, PFN_cuTexRefGetMipmapLevelClamp_v5000, [cuTexRefGetMipmapLevelClamp];
     /// Gets the maximum anisotropy for a texture reference
-    cuTexRefGetMaxAnisotropy(pmaxAniso: *mut ::std::os::raw::c_int, hTexRef: CUtexref) = 5000, "cuTexRefGetMaxAnisotropy", "cuTexRefGetMaxAnisotropy", "", 0, PFN_cuTexRefGetMaxAnisotropy_v5000;
+    cuTexRefGetMaxAnisotropy(pmaxAniso: *mut ::std::os::raw::c_int, hTexRef: CUtexref) = 5000, "cuTexRefGetMaxAnisotropy", "cuTexRefGetMaxAnisotropy", "", 0, PFN_cuTexRefGetMaxAnisotropy_v5000, [cuTexRefGetMaxAnisotropy];
     /// Gets the border color used by a texture reference
-    cuTexRefGetBorderColor(pBorderColor: *mut f32, hTexRef: CUtexref) = 8000, "cuTexRefGetBorderColor", "cuTexRefGetBorderColor", "", 0, PFN_cuTexRefGetBorderColor_v8000;
+    cuTexRefGetBorderColor(pBorderColor: *mut f32, hTexRef: CUtexref) = 8000, "cuTexRefGetBorderColor", "cuTexRefGetBorderColor", "", 0, PFN_cuTexRefGetBorderColor_v8000, [cuTexRefGetBorderColor];
     /// Gets the flags used by a texture reference
-    cuTexRefGetFlags(pFlags: *mut ::std::os::raw::c_uint, hTexRef: CUtexref) = 2000, "cuTexRefGetFlags", "cuTexRefGetFlags", "", 0, PFN_cuTexRefGetFlags_v2000;
+    cuTexRefGetFlags(pFlags: *mut ::std::os::raw::c_uint, hTexRef: CUtexref) = 2000, "cuTexRefGetFlags", "cuTexRefGetFlags", "", 0, PFN_cuTexRefGetFlags_v2000, [cuTexRefGetFlags];
     /// Creates a texture reference
-    cuTexRefCreate(pTexRef: *mut CUtexref) = 2000, "cuTexRefCreate", "cuTexRefCreate", "", 0, PFN_cuTexRefCreate_v2000;
+    cuTexRefCreate(pTexRef: *mut CUtexref) = 2000, "cuTexRefCreate", "cuTexRefCreate", "", 0, PFN_cuTexRefCreate_v2000, [cuTexRefCreate];
     /// Destroys a texture reference
-    cuTexRefDestroy(hTexRef: CUtexref) = 2000, "cuTexRefDestroy", "cuTexRefDestroy", "", 0, PFN_cuTexRefDestroy_v2000;
+    cuTexRefDestroy(hTexRef: CUtexref) = 2000, "cuTexRefDestroy", "cuTexRefDestroy", "", 0, PFN_cuTexRefDestroy_v2000, [cuTexRefDestroy];
     /// Sets the CUDA array for a surface reference.
-    cuSurfRefSetArray(hSurfRef: CUsurfref, hArray: CUarray, Flags: ::std::os::raw::c_uint) = 3000, "cuSurfRefSetArray", "cuSurfRefSetArray", "", 0, PFN_cuSurfRefSetArray_v3000;
+    cuSurfRefSetArray(hSurfRef: CUsurfref, hArray: CUarray, Flags: ::std::os::raw::c_uint) = 3000, "cuSurfRefSetArray", "cuSurfRefSetArray", "", 0, PFN_cuSurfRefSetArray_v3000, [cuSurfRefSetArray];
     /// Passes back the CUDA array bound to a surface reference.
-    cuSurfRefGetArray(phArray: *mut CUarray, hSurfRef: CUsurfref) = 3000, "cuSurfRefGetArray", "cuSurfRefGetArray", "", 0, PFN_cuSurfRefGetArray_v3000;
+    cuSurfRefGetArray(phArray: *mut CUarray, hSurfRef: CUsurfref) = 3000, "cuSurfRefGetArray", "cuSurfRefGetArray", "", 0, PFN_cuSurfRefGetArray_v3000, [cuSurfRefGetArray];
     /// Creates a texture object
-    cuTexObjectCreate(pTexObject: *mut CUtexObject, pResDesc: *const CUDA_RESOURCE_DESC, pTexDesc: *const CUDA_TEXTURE_DESC, pResViewDesc: *const CUDA_RESOURCE_VIEW_DESC) = 5000, "cuTexObjectCreate", "cuTexObjectCreate", "", 0, PFN_cuTexObjectCreate_v5000;
+    cuTexObjectCreate(pTexObject: *mut CUtexObject, pResDesc: *const CUDA_RESOURCE_DESC, pTexDesc: *const CUDA_TEXTURE_DESC, pResViewDesc: *const CUDA_RESOURCE_VIEW_DESC) = 5000, "cuTexObjectCreate", "cuTexObjectCreate", "", 0, PFN_cuTexObjectCreate_v5000, [cuTexObjectCreate];
     /// Destroys a texture object
-    cuTexObjectDestroy(texObject: CUtexObject) = 5000, "cuTexObjectDestroy", "cuTexObjectDestroy", "", 0, PFN_cuTexObjectDestroy_v5000;
+    cuTexObjectDestroy(texObject: CUtexObject) = 5000, "cuTexObjectDestroy", "cuTexObjectDestroy", "", 0, PFN_cuTexObjectDestroy_v5000, [cuTexObjectDestroy];
     /// Returns a texture object's resource descriptor
-    cuTexObjectGetResourceDesc(pResDesc: *mut CUDA_RESOURCE_DESC, texObject: CUtexObject) = 5000, "cuTexObjectGetResourceDesc", "cuTexObjectGetResourceDesc", "", 0, PFN_cuTexObjectGetResourceDesc_v5000;
+    cuTexObjectGetResourceDesc(pResDesc: *mut CUDA_RESOURCE_DESC, texObject: CUtexObject) = 5000, "cuTexObjectGetResourceDesc", "cuTexObjectGetResourceDesc", "", 0, PFN_cuTexObjectGetResourceDesc_v5000, [cuTexObjectGetResourceDesc];
     /// Returns a texture object's texture descriptor
-    cuTexObjectGetTextureDesc(pTexDesc: *mut CUDA_TEXTURE_DESC, texObject: CUtexObject) = 5000, "cuTexObjectGetTextureDesc", "cuTexObjectGetTextureDesc", "", 0, PFN_cuTexObjectGetTextureDesc_v5000;
+    cuTexObjectGetTextureDesc(pTexDesc: *mut CUDA_TEXTURE_DESC, texObject: CUtexObject) = 5000, "cuTexObjectGetTextureDesc", "cuTexObjectGetTextureDesc", "", 0, PFN_cuTexObjectGetTextureDesc_v5000, [cuTexObjectGetTextureDesc];
     /// Returns a texture object's resource view descriptor
-    cuTexObjectGetResourceViewDesc(pResViewDesc: *mut CUDA_RESOURCE_VIEW_DESC, texObject: CUtexObject) = 5000, "cuTexObjectGetResourceViewDesc", "cuTexObjectGetResourceViewDesc", "", 0, PFN_cuTexObjectGetResourceViewDesc_v5000;
+    cuTexObjectGetResourceViewDesc(pResViewDesc: *mut CUDA_RESOURCE_VIEW_DESC, texObject: CUtexObject) = 5000, "cuTexObjectGetResourceViewDesc", "cuTexObjectGetResourceViewDesc", "", 0, PFN_cuTexObjectGetResourceViewDesc_v5000, [cuTexObjectGetResourceViewDesc];
     /// Creates a surface object
-    cuSurfObjectCreate(pSurfObject: *mut CUsurfObject, pResDesc: *const CUDA_RESOURCE_DESC) = 5000, "cuSurfObjectCreate", "cuSurfObjectCreate", "", 0, PFN_cuSurfObjectCreate_v5000;
+    cuSurfObjectCreate(pSurfObject: *mut CUsurfObject, pResDesc: *const CUDA_RESOURCE_DESC) = 5000, "cuSurfObjectCreate", "cuSurfObjectCreate", "", 0, PFN_cuSurfObjectCreate_v5000, [cuSurfObjectCreate];
     /// Destroys a surface object
-    cuSurfObjectDestroy(surfObject: CUsurfObject) = 5000, "cuSurfObjectDestroy", "cuSurfObjectDestroy", "", 0, PFN_cuSurfObjectDestroy_v5000;
+    cuSurfObjectDestroy(surfObject: CUsurfObject) = 5000, "cuSurfObjectDestroy", "cuSurfObjectDestroy", "", 0, PFN_cuSurfObjectDestroy_v5000, [cuSurfObjectDestroy];
     /// Returns a surface object's resource descriptor
-    cuSurfObjectGetResourceDesc(pResDesc: *mut CUDA_RESOURCE_DESC, surfObject: CUsurfObject) = 5000, "cuSurfObjectGetResourceDesc", "cuSurfObjectGetResourceDesc", "", 0, PFN_cuSurfObjectGetResourceDesc_v5000;
+    cuSurfObjectGetResourceDesc(pResDesc: *mut CUDA_RESOURCE_DESC, surfObject: CUsurfObject) = 5000, "cuSurfObjectGetResourceDesc", "cuSurfObjectGetResourceDesc", "", 0, PFN_cuSurfObjectGetResourceDesc_v5000, [cuSurfObjectGetResourceDesc];
     /// Create a tensor map descriptor object representing tiled memory region
-    cuTensorMapEncodeTiled(tensorMap: *mut CUtensorMap, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut ::std::os::raw::c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, boxDim: *const cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill) = 12000, "cuTensorMapEncodeTiled", "cuTensorMapEncodeTiled", "", 0, PFN_cuTensorMapEncodeTiled_v12000;
+    cuTensorMapEncodeTiled(tensorMap: *mut CUtensorMap, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut ::std::os::raw::c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, boxDim: *const cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill) = 12000, "cuTensorMapEncodeTiled", "cuTensorMapEncodeTiled", "", 0, PFN_cuTensorMapEncodeTiled_v12000, [cuTensorMapEncodeTiled];
     /// Create a tensor map descriptor object representing im2col memory region
-    cuTensorMapEncodeIm2col(tensorMap: *mut CUtensorMap, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut ::std::os::raw::c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, pixelBoxLowerCorner: *const ::std::os::raw::c_int, pixelBoxUpperCorner: *const ::std::os::raw::c_int, channelsPerPixel: cuuint32_t, pixelsPerColumn: cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill) = 12000, "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2col", "", 0, PFN_cuTensorMapEncodeIm2col_v12000;
+    cuTensorMapEncodeIm2col(tensorMap: *mut CUtensorMap, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut ::std::os::raw::c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, pixelBoxLowerCorner: *const ::std::os::raw::c_int, pixelBoxUpperCorner: *const ::std::os::raw::c_int, channelsPerPixel: cuuint32_t, pixelsPerColumn: cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill) = 12000, "cuTensorMapEncodeIm2col", "cuTensorMapEncodeIm2col", "", 0, PFN_cuTensorMapEncodeIm2col_v12000, [cuTensorMapEncodeIm2col];
     /// Create a tensor map descriptor object representing im2col memory region, but where the elements are exclusively loaded along the W dimension.
-    cuTensorMapEncodeIm2colWide(tensorMap: *mut CUtensorMap, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut ::std::os::raw::c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, pixelBoxLowerCornerWidth: ::std::os::raw::c_int, pixelBoxUpperCornerWidth: ::std::os::raw::c_int, channelsPerPixel: cuuint32_t, pixelsPerColumn: cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, mode: CUtensorMapIm2ColWideMode, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill) = 12080, "cuTensorMapEncodeIm2colWide", "cuTensorMapEncodeIm2colWide", "", 0, PFN_cuTensorMapEncodeIm2colWide_v12080;
+    cuTensorMapEncodeIm2colWide(tensorMap: *mut CUtensorMap, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut ::std::os::raw::c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, pixelBoxLowerCornerWidth: ::std::os::raw::c_int, pixelBoxUpperCornerWidth: ::std::os::raw::c_int, channelsPerPixel: cuuint32_t, pixelsPerColumn: cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, mode: CUtensorMapIm2ColWideMode, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill) = 12080, "cuTensorMapEncodeIm2colWide", "cuTensorMapEncodeIm2colWide", "", 0, PFN_cuTensorMapEncodeIm2colWide_v12080, [cuTensorMapEncodeIm2colWide];
     /// Modify an existing tensor map descriptor with an updated global address
-    cuTensorMapReplaceAddress(tensorMap: *mut CUtensorMap, globalAddress: *mut ::std::os::raw::c_void) = 12000, "cuTensorMapReplaceAddress", "cuTensorMapReplaceAddress", "", 0, PFN_cuTensorMapReplaceAddress_v12000;
+    cuTensorMapReplaceAddress(tensorMap: *mut CUtensorMap, globalAddress: *mut ::std::os::raw::c_void) = 12000, "cuTensorMapReplaceAddress", "cuTensorMapReplaceAddress", "", 0, PFN_cuTensorMapReplaceAddress_v12000, [cuTensorMapReplaceAddress];
     /// Sets the allocation class of an already-encoded tensor map
-    cuTensorMapSetAllocationClass(tensorMap: *mut CUtensorMap, allocClass: CUtensorMapAllocClass, outAllocClass: *mut CUtensorMapAllocClass) = 13050, "cuTensorMapSetAllocationClass", "cuTensorMapSetAllocationClass", "", 0, PFN_cuTensorMapSetAllocationClass_v13050;
+    cuTensorMapSetAllocationClass(tensorMap: *mut CUtensorMap, allocClass: CUtensorMapAllocClass, outAllocClass: *mut CUtensorMapAllocClass) = 13050, "cuTensorMapSetAllocationClass", "cuTensorMapSetAllocationClass", "", 0, PFN_cuTensorMapSetAllocationClass_v13050, [cuTensorMapSetAllocationClass];
     /// Queries if a device may directly access a peer device's memory.
-    cuDeviceCanAccessPeer(canAccessPeer: *mut ::std::os::raw::c_int, dev: CUdevice, peerDev: CUdevice) = 4000, "cuDeviceCanAccessPeer", "cuDeviceCanAccessPeer", "", 0, PFN_cuDeviceCanAccessPeer_v4000;
+    cuDeviceCanAccessPeer(canAccessPeer: *mut ::std::os::raw::c_int, dev: CUdevice, peerDev: CUdevice) = 4000, "cuDeviceCanAccessPeer", "cuDeviceCanAccessPeer", "", 0, PFN_cuDeviceCanAccessPeer_v4000, [cuDeviceCanAccessPeer];
     /// Enables direct access to memory allocations in a peer context.
-    cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: ::std::os::raw::c_uint) = 4000, "cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", "", 0, PFN_cuCtxEnablePeerAccess_v4000;
+    cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: ::std::os::raw::c_uint) = 4000, "cuCtxEnablePeerAccess", "cuCtxEnablePeerAccess", "", 0, PFN_cuCtxEnablePeerAccess_v4000, [cuCtxEnablePeerAccess];
     /// Disables direct access to memory allocations in a peer context and unregisters any registered allocations.
-    cuCtxDisablePeerAccess(peerContext: CUcontext) = 4000, "cuCtxDisablePeerAccess", "cuCtxDisablePeerAccess", "", 0, PFN_cuCtxDisablePeerAccess_v4000;
+    cuCtxDisablePeerAccess(peerContext: CUcontext) = 4000, "cuCtxDisablePeerAccess", "cuCtxDisablePeerAccess", "", 0, PFN_cuCtxDisablePeerAccess_v4000, [cuCtxDisablePeerAccess];
     /// Queries attributes of the link between two devices.
-    cuDeviceGetP2PAttribute(value: *mut ::std::os::raw::c_int, attrib: CUdevice_P2PAttribute, srcDevice: CUdevice, dstDevice: CUdevice) = 8000, "cuDeviceGetP2PAttribute", "cuDeviceGetP2PAttribute", "", 0, PFN_cuDeviceGetP2PAttribute_v8000;
+    cuDeviceGetP2PAttribute(value: *mut ::std::os::raw::c_int, attrib: CUdevice_P2PAttribute, srcDevice: CUdevice, dstDevice: CUdevice) = 8000, "cuDeviceGetP2PAttribute", "cuDeviceGetP2PAttribute", "", 0, PFN_cuDeviceGetP2PAttribute_v8000, [cuDeviceGetP2PAttribute];
     /// Queries details about atomic operations supported between two devices
-    cuDeviceGetP2PAtomicCapabilities(capabilities: *mut ::std::os::raw::c_uint, operations: *const CUatomicOperation, count: ::std::os::raw::c_uint, srcDevice: CUdevice, dstDevice: CUdevice) = 13000, "cuDeviceGetP2PAtomicCapabilities", "cuDeviceGetP2PAtomicCapabilities", "", 0, PFN_cuDeviceGetP2PAtomicCapabilities_v13000;
+    cuDeviceGetP2PAtomicCapabilities(capabilities: *mut ::std::os::raw::c_uint, operations: *const CUatomicOperation, count: ::std::os::raw::c_uint, srcDevice: CUdevice, dstDevice: CUdevice) = 13000, "cuDeviceGetP2PAtomicCapabilities", "cuDeviceGetP2PAtomicCapabilities", "", 0, PFN_cuDeviceGetP2PAtomicCapabilities_v13000, [cuDeviceGetP2PAtomicCapabilities];
     /// Unregisters a graphics resource for access by CUDA
-    cuGraphicsUnregisterResource(resource: CUgraphicsResource) = 3000, "cuGraphicsUnregisterResource", "cuGraphicsUnregisterResource", "", 0, PFN_cuGraphicsUnregisterResource_v3000;
+    cuGraphicsUnregisterResource(resource: CUgraphicsResource) = 3000, "cuGraphicsUnregisterResource", "cuGraphicsUnregisterResource", "", 0, PFN_cuGraphicsUnregisterResource_v3000, [cuGraphicsUnregisterResource];
     /// Get an array through which to access a subresource of a mapped graphics resource.
-    cuGraphicsSubResourceGetMappedArray(pArray: *mut CUarray, resource: CUgraphicsResource, arrayIndex: ::std::os::raw::c_uint, mipLevel: ::std::os::raw::c_uint) = 3000, "cuGraphicsSubResourceGetMappedArray", "cuGraphicsSubResourceGetMappedArray", "", 0, PFN_cuGraphicsSubResourceGetMappedArray_v3000;
+    cuGraphicsSubResourceGetMappedArray(pArray: *mut CUarray, resource: CUgraphicsResource, arrayIndex: ::std::os::raw::c_uint, mipLevel: ::std::os::raw::c_uint) = 3000, "cuGraphicsSubResourceGetMappedArray", "cuGraphicsSubResourceGetMappedArray", "", 0, PFN_cuGraphicsSubResourceGetMappedArray_v3000, [cuGraphicsSubResourceGetMappedArray];
     /// Get a mipmapped array through which to access a mapped graphics resource.
-    cuGraphicsResourceGetMappedMipmappedArray(pMipmappedArray: *mut CUmipmappedArray, resource: CUgraphicsResource) = 5000, "cuGraphicsResourceGetMappedMipmappedArray", "cuGraphicsResourceGetMappedMipmappedArray", "", 0, PFN_cuGraphicsResourceGetMappedMipmappedArray_v5000;
+    cuGraphicsResourceGetMappedMipmappedArray(pMipmappedArray: *mut CUmipmappedArray, resource: CUgraphicsResource) = 5000, "cuGraphicsResourceGetMappedMipmappedArray", "cuGraphicsResourceGetMappedMipmappedArray", "", 0, PFN_cuGraphicsResourceGetMappedMipmappedArray_v5000, [cuGraphicsResourceGetMappedMipmappedArray];
     /// Get a device pointer through which to access a mapped graphics resource.
-    cuGraphicsResourceGetMappedPointer(pDevPtr: *mut CUdeviceptr, pSize: *mut usize, resource: CUgraphicsResource) = 3020, "cuGraphicsResourceGetMappedPointer", "cuGraphicsResourceGetMappedPointer_v2", "", 0, PFN_cuGraphicsResourceGetMappedPointer_v3020;
+    cuGraphicsResourceGetMappedPointer(pDevPtr: *mut CUdeviceptr, pSize: *mut usize, resource: CUgraphicsResource) = 3020, "cuGraphicsResourceGetMappedPointer", "cuGraphicsResourceGetMappedPointer_v2", "", 0, PFN_cuGraphicsResourceGetMappedPointer_v3020, [cuGraphicsResourceGetMappedPointer];
     /// Set usage flags for mapping a graphics resource
-    cuGraphicsResourceSetMapFlags(resource: CUgraphicsResource, flags: ::std::os::raw::c_uint) = 6050, "cuGraphicsResourceSetMapFlags", "cuGraphicsResourceSetMapFlags_v2", "", 0, PFN_cuGraphicsResourceSetMapFlags_v6050;
+    cuGraphicsResourceSetMapFlags(resource: CUgraphicsResource, flags: ::std::os::raw::c_uint) = 6050, "cuGraphicsResourceSetMapFlags", "cuGraphicsResourceSetMapFlags_v2", "", 0, PFN_cuGraphicsResourceSetMapFlags_v6050, [cuGraphicsResourceSetMapFlags, cuGraphicsResourceSetMapFlags_v3000];
     /// Map graphics resources for access by CUDA
-    cuGraphicsMapResources(count: ::std::os::raw::c_uint, resources: *mut CUgraphicsResource, hStream: CUstream) = 3000, "cuGraphicsMapResources", "cuGraphicsMapResources", "cuGraphicsMapResources_ptsz", 7000, PFN_cuGraphicsMapResources_v3000;
+    cuGraphicsMapResources(count: ::std::os::raw::c_uint, resources: *mut CUgraphicsResource, hStream: CUstream) = 3000, "cuGraphicsMapResources", "cuGraphicsMapResources", "cuGraphicsMapResources_ptsz", 7000, PFN_cuGraphicsMapResources_v3000, [cuGraphicsMapResources];
     /// Unmap graphics resources.
-    cuGraphicsUnmapResources(count: ::std::os::raw::c_uint, resources: *mut CUgraphicsResource, hStream: CUstream) = 3000, "cuGraphicsUnmapResources", "cuGraphicsUnmapResources", "cuGraphicsUnmapResources_ptsz", 7000, PFN_cuGraphicsUnmapResources_v3000;
+    cuGraphicsUnmapResources(count: ::std::os::raw::c_uint, resources: *mut CUgraphicsResource, hStream: CUstream) = 3000, "cuGraphicsUnmapResources", "cuGraphicsUnmapResources", "cuGraphicsUnmapResources_ptsz", 7000, PFN_cuGraphicsUnmapResources_v3000, [cuGraphicsUnmapResources];
     /// Returns the requested driver API function pointer
-    cuGetProcAddress(symbol: *const ::std::os::raw::c_char, pfn: *mut *mut ::std::os::raw::c_void, cudaVersion: ::std::os::raw::c_int, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult) = 12000, "cuGetProcAddress", "cuGetProcAddress_v2", "", 0, PFN_cuGetProcAddress_v12000;
+    cuGetProcAddress(symbol: *const ::std::os::raw::c_char, pfn: *mut *mut ::std::os::raw::c_void, cudaVersion: ::std::os::raw::c_int, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult) = 12000, "cuGetProcAddress", "cuGetProcAddress_v2", "", 0, PFN_cuGetProcAddress_v12000, [cuGetProcAddress];
     /// Allows caller to fetch a coredump attribute value for the current context
-    cuCoredumpGetAttribute(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpGetAttribute", "cuCoredumpGetAttribute", "", 0, PFN_cuCoredumpGetAttribute_v12010;
+    cuCoredumpGetAttribute(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpGetAttribute", "cuCoredumpGetAttribute", "", 0, PFN_cuCoredumpGetAttribute_v12010, [cuCoredumpGetAttribute];
     /// Allows caller to fetch a coredump attribute value for the entire application
-    cuCoredumpGetAttributeGlobal(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpGetAttributeGlobal", "cuCoredumpGetAttributeGlobal", "", 0, PFN_cuCoredumpGetAttributeGlobal_v12010;
+    cuCoredumpGetAttributeGlobal(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpGetAttributeGlobal", "cuCoredumpGetAttributeGlobal", "", 0, PFN_cuCoredumpGetAttributeGlobal_v12010, [cuCoredumpGetAttributeGlobal];
     /// Allows caller to set a coredump attribute value for the current context
-    cuCoredumpSetAttribute(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpSetAttribute", "cuCoredumpSetAttribute", "", 0, PFN_cuCoredumpSetAttribute_v12010;
+    cuCoredumpSetAttribute(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpSetAttribute", "cuCoredumpSetAttribute", "", 0, PFN_cuCoredumpSetAttribute_v12010, [cuCoredumpSetAttribute];
     /// Allows caller to set a coredump attribute value globally
-    cuCoredumpSetAttributeGlobal(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpSetAttributeGlobal", "cuCoredumpSetAttributeGlobal", "", 0, PFN_cuCoredumpSetAttributeGlobal_v12010;
+    cuCoredumpSetAttributeGlobal(attrib: CUcoredumpSettings, value: *mut ::std::os::raw::c_void, size: *mut usize) = 12010, "cuCoredumpSetAttributeGlobal", "cuCoredumpSetAttributeGlobal", "", 0, PFN_cuCoredumpSetAttributeGlobal_v12010, [cuCoredumpSetAttributeGlobal];
     /// Register a callback to be invoked when a GPU coredump begins
-    cuCoredumpRegisterStartCallback(callback: CUcoredumpStatusCallback, userData: *mut ::std::os::raw::c_void, callbackOut: *mut CUcoredumpCallbackHandle) = 13020, "cuCoredumpRegisterStartCallback", "cuCoredumpRegisterStartCallback", "", 0, PFN_cuCoredumpRegisterStartCallback_v13020;
+    cuCoredumpRegisterStartCallback(callback: CUcoredumpStatusCallback, userData: *mut ::std::os::raw::c_void, callbackOut: *mut CUcoredumpCallbackHandle) = 13020, "cuCoredumpRegisterStartCallback", "cuCoredumpRegisterStartCallback", "", 0, PFN_cuCoredumpRegisterStartCallback_v13020, [cuCoredumpRegisterStartCallback];
     /// Register a callback to be invoked when a GPU coredump completes
-    cuCoredumpRegisterCompleteCallback(callback: CUcoredumpStatusCallback, userData: *mut ::std::os::raw::c_void, callbackOut: *mut CUcoredumpCallbackHandle) = 13020, "cuCoredumpRegisterCompleteCallback", "cuCoredumpRegisterCompleteCallback", "", 0, PFN_cuCoredumpRegisterCompleteCallback_v13020;
+    cuCoredumpRegisterCompleteCallback(callback: CUcoredumpStatusCallback, userData: *mut ::std::os::raw::c_void, callbackOut: *mut CUcoredumpCallbackHandle) = 13020, "cuCoredumpRegisterCompleteCallback", "cuCoredumpRegisterCompleteCallback", "", 0, PFN_cuCoredumpRegisterCompleteCallback_v13020, [cuCoredumpRegisterCompleteCallback];
     /// Deregister a previously registered coredump start callback
-    cuCoredumpDeregisterStartCallback(callback: CUcoredumpCallbackHandle) = 13020, "cuCoredumpDeregisterStartCallback", "cuCoredumpDeregisterStartCallback", "", 0, PFN_cuCoredumpDeregisterStartCallback_v13020;
+    cuCoredumpDeregisterStartCallback(callback: CUcoredumpCallbackHandle) = 13020, "cuCoredumpDeregisterStartCallback", "cuCoredumpDeregisterStartCallback", "", 0, PFN_cuCoredumpDeregisterStartCallback_v13020, [cuCoredumpDeregisterStartCallback];
     /// Deregister a previously registered coredump complete callback
-    cuCoredumpDeregisterCompleteCallback(callback: CUcoredumpCallbackHandle) = 13020, "cuCoredumpDeregisterCompleteCallback", "cuCoredumpDeregisterCompleteCallback", "", 0, PFN_cuCoredumpDeregisterCompleteCallback_v13020;
+    cuCoredumpDeregisterCompleteCallback(callback: CUcoredumpCallbackHandle) = 13020, "cuCoredumpDeregisterCompleteCallback", "cuCoredumpDeregisterCompleteCallback", "", 0, PFN_cuCoredumpDeregisterCompleteCallback_v13020, [cuCoredumpDeregisterCompleteCallback];
     /// @}
-    cuGetExportTable(ppExportTable: *mut *const ::std::os::raw::c_void, pExportTableId: *const CUuuid) = 3000, "cuGetExportTable", "cuGetExportTable", "", 0, PFN_cuGetExportTable_v3000;
+    cuGetExportTable(ppExportTable: *mut *const ::std::os::raw::c_void, pExportTableId: *const CUuuid) = 3000, "cuGetExportTable", "cuGetExportTable", "", 0, PFN_cuGetExportTable_v3000, [cuGetExportTable];
     /// Creates a green context with a specified set of resources.
-    cuGreenCtxCreate(phCtx: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: ::std::os::raw::c_uint) = 12040, "cuGreenCtxCreate", "cuGreenCtxCreate", "", 0, PFN_cuGreenCtxCreate_v12040;
+    cuGreenCtxCreate(phCtx: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: ::std::os::raw::c_uint) = 12040, "cuGreenCtxCreate", "cuGreenCtxCreate", "", 0, PFN_cuGreenCtxCreate_v12040, [cuGreenCtxCreate];
     /// Destroys a green context
-    cuGreenCtxDestroy(hCtx: CUgreenCtx) = 12040, "cuGreenCtxDestroy", "cuGreenCtxDestroy", "", 0, PFN_cuGreenCtxDestroy_v12040;
+    cuGreenCtxDestroy(hCtx: CUgreenCtx) = 12040, "cuGreenCtxDestroy", "cuGreenCtxDestroy", "", 0, PFN_cuGreenCtxDestroy_v12040, [cuGreenCtxDestroy];
     /// Returns a ::CUcontext handle for a green context
-    cuCtxFromGreenCtx(pContext: *mut CUcontext, hCtx: CUgreenCtx) = 12040, "cuCtxFromGreenCtx", "cuCtxFromGreenCtx", "", 0, PFN_cuCtxFromGreenCtx_v12040;
+    cuCtxFromGreenCtx(pContext: *mut CUcontext, hCtx: CUgreenCtx) = 12040, "cuCtxFromGreenCtx", "cuCtxFromGreenCtx", "", 0, PFN_cuCtxFromGreenCtx_v12040, [cuCtxFromGreenCtx];
     /// Get device resources
-    cuDeviceGetDevResource(device: CUdevice, resource: *mut CUdevResource, type_: CUdevResourceType) = 12040, "cuDeviceGetDevResource", "cuDeviceGetDevResource", "", 0, PFN_cuDeviceGetDevResource_v12040;
+    cuDeviceGetDevResource(device: CUdevice, resource: *mut CUdevResource, type_: CUdevResourceType) = 12040, "cuDeviceGetDevResource", "cuDeviceGetDevResource", "", 0, PFN_cuDeviceGetDevResource_v12040, [cuDeviceGetDevResource];
     /// Get context resources
-    cuCtxGetDevResource(hCtx: CUcontext, resource: *mut CUdevResource, type_: CUdevResourceType) = 12040, "cuCtxGetDevResource", "cuCtxGetDevResource", "", 0, PFN_cuCtxGetDevResource_v12040;
+    cuCtxGetDevResource(hCtx: CUcontext, resource: *mut CUdevResource, type_: CUdevResourceType) = 12040, "cuCtxGetDevResource", "cuCtxGetDevResource", "", 0, PFN_cuCtxGetDevResource_v12040, [cuCtxGetDevResource];
     /// Get green context resources
-    cuGreenCtxGetDevResource(hCtx: CUgreenCtx, resource: *mut CUdevResource, type_: CUdevResourceType) = 12040, "cuGreenCtxGetDevResource", "cuGreenCtxGetDevResource", "", 0, PFN_cuGreenCtxGetDevResource_v12040;
+    cuGreenCtxGetDevResource(hCtx: CUgreenCtx, resource: *mut CUdevResource, type_: CUdevResourceType) = 12040, "cuGreenCtxGetDevResource", "cuGreenCtxGetDevResource", "", 0, PFN_cuGreenCtxGetDevResource_v12040, [cuGreenCtxGetDevResource];
     /// Splits \p CU_DEV_RESOURCE_TYPE_SM resources.
-    cuDevSmResourceSplitByCount(result: *mut CUdevResource, nbGroups: *mut ::std::os::raw::c_uint, input: *const CUdevResource, remainder: *mut CUdevResource, flags: ::std::os::raw::c_uint, minCount: ::std::os::raw::c_uint) = 12040, "cuDevSmResourceSplitByCount", "cuDevSmResourceSplitByCount", "", 0, PFN_cuDevSmResourceSplitByCount_v12040;
+    cuDevSmResourceSplitByCount(result: *mut CUdevResource, nbGroups: *mut ::std::os::raw::c_uint, input: *const CUdevResource, remainder: *mut CUdevResource, flags: ::std::os::raw::c_uint, minCount: ::std::os::raw::c_uint) = 12040, "cuDevSmResourceSplitByCount", "cuDevSmResourceSplitByCount", "", 0, PFN_cuDevSmResourceSplitByCount_v12040, [cuDevSmResourceSplitByCount];
     /// Splits a \p CU_DEV_RESOURCE_TYPE_SM resource into structured groups.
-    cuDevSmResourceSplit(result: *mut CUdevResource, nbGroups: ::std::os::raw::c_uint, input: *const CUdevResource, remainder: *mut CUdevResource, flags: ::std::os::raw::c_uint, groupParams: *mut CU_DEV_SM_RESOURCE_GROUP_PARAMS) = 13010, "cuDevSmResourceSplit", "cuDevSmResourceSplit", "", 0, PFN_cuDevSmResourceSplit_v13010;
+    cuDevSmResourceSplit(result: *mut CUdevResource, nbGroups: ::std::os::raw::c_uint, input: *const CUdevResource, remainder: *mut CUdevResource, flags: ::std::os::raw::c_uint, groupParams: *mut CU_DEV_SM_RESOURCE_GROUP_PARAMS) = 13010, "cuDevSmResourceSplit", "cuDevSmResourceSplit", "", 0, PFN_cuDevSmResourceSplit_v13010, [cuDevSmResourceSplit];
     /// Generate a resource descriptor
-    cuDevResourceGenerateDesc(phDesc: *mut CUdevResourceDesc, resources: *mut CUdevResource, nbResources: ::std::os::raw::c_uint) = 12040, "cuDevResourceGenerateDesc", "cuDevResourceGenerateDesc", "", 0, PFN_cuDevResourceGenerateDesc_v12040;
+    cuDevResourceGenerateDesc(phDesc: *mut CUdevResourceDesc, resources: *mut CUdevResource, nbResources: ::std::os::raw::c_uint) = 12040, "cuDevResourceGenerateDesc", "cuDevResourceGenerateDesc", "", 0, PFN_cuDevResourceGenerateDesc_v12040, [cuDevResourceGenerateDesc];
     /// Records an event.
-    cuGreenCtxRecordEvent(hCtx: CUgreenCtx, hEvent: CUevent) = 12040, "cuGreenCtxRecordEvent", "cuGreenCtxRecordEvent", "", 0, PFN_cuGreenCtxRecordEvent_v12040;
+    cuGreenCtxRecordEvent(hCtx: CUgreenCtx, hEvent: CUevent) = 12040, "cuGreenCtxRecordEvent", "cuGreenCtxRecordEvent", "", 0, PFN_cuGreenCtxRecordEvent_v12040, [cuGreenCtxRecordEvent];
     /// Make a green context wait on an event
-    cuGreenCtxWaitEvent(hCtx: CUgreenCtx, hEvent: CUevent) = 12040, "cuGreenCtxWaitEvent", "cuGreenCtxWaitEvent", "", 0, PFN_cuGreenCtxWaitEvent_v12040;
+    cuGreenCtxWaitEvent(hCtx: CUgreenCtx, hEvent: CUevent) = 12040, "cuGreenCtxWaitEvent", "cuGreenCtxWaitEvent", "", 0, PFN_cuGreenCtxWaitEvent_v12040, [cuGreenCtxWaitEvent];
     /// Query the green context associated with a stream
-    cuStreamGetGreenCtx(hStream: CUstream, phCtx: *mut CUgreenCtx) = 12040, "cuStreamGetGreenCtx", "cuStreamGetGreenCtx", "", 0, PFN_cuStreamGetGreenCtx_v12040;
+    cuStreamGetGreenCtx(hStream: CUstream, phCtx: *mut CUgreenCtx) = 12040, "cuStreamGetGreenCtx", "cuStreamGetGreenCtx", "", 0, PFN_cuStreamGetGreenCtx_v12040, [cuStreamGetGreenCtx];
     /// Create a stream for use in the green context
-    cuGreenCtxStreamCreate(phStream: *mut CUstream, greenCtx: CUgreenCtx, flags: ::std::os::raw::c_uint, priority: ::std::os::raw::c_int) = 12050, "cuGreenCtxStreamCreate", "cuGreenCtxStreamCreate", "", 0, PFN_cuGreenCtxStreamCreate_v12050;
+    cuGreenCtxStreamCreate(phStream: *mut CUstream, greenCtx: CUgreenCtx, flags: ::std::os::raw::c_uint, priority: ::std::os::raw::c_int) = 12050, "cuGreenCtxStreamCreate", "cuGreenCtxStreamCreate", "", 0, PFN_cuGreenCtxStreamCreate_v12050, [cuGreenCtxStreamCreate];
     /// Returns the unique Id associated with the green context supplied
-    cuGreenCtxGetId(greenCtx: CUgreenCtx, greenCtxId: *mut ::std::os::raw::c_ulonglong) = 12090, "cuGreenCtxGetId", "cuGreenCtxGetId", "", 0, PFN_cuGreenCtxGetId_v12090;
+    cuGreenCtxGetId(greenCtx: CUgreenCtx, greenCtxId: *mut ::std::os::raw::c_ulonglong) = 12090, "cuGreenCtxGetId", "cuGreenCtxGetId", "", 0, PFN_cuGreenCtxGetId_v12090, [cuGreenCtxGetId];
     /// Get stream resources
-    cuStreamGetDevResource(hStream: CUstream, resource: *mut CUdevResource, type_: CUdevResourceType) = 13010, "cuStreamGetDevResource", "cuStreamGetDevResource", "cuStreamGetDevResource_ptsz", 13010, PFN_cuStreamGetDevResource_v13010;
+    cuStreamGetDevResource(hStream: CUstream, resource: *mut CUdevResource, type_: CUdevResourceType) = 13010, "cuStreamGetDevResource", "cuStreamGetDevResource", "cuStreamGetDevResource_ptsz", 13010, PFN_cuStreamGetDevResource_v13010, [cuStreamGetDevResource];
     /// Register a callback function to receive error log messages
-    cuLogsRegisterCallback(callbackFunc: CUlogsCallback, userData: *mut ::std::os::raw::c_void, callback_out: *mut CUlogsCallbackHandle) = 12090, "cuLogsRegisterCallback", "cuLogsRegisterCallback", "", 0, PFN_cuLogsRegisterCallback_v12090;
+    cuLogsRegisterCallback(callbackFunc: CUlogsCallback, userData: *mut ::std::os::raw::c_void, callback_out: *mut CUlogsCallbackHandle) = 12090, "cuLogsRegisterCallback", "cuLogsRegisterCallback", "", 0, PFN_cuLogsRegisterCallback_v12090, [cuLogsRegisterCallback];
     /// Unregister a log message callback
-    cuLogsUnregisterCallback(callback: CUlogsCallbackHandle) = 12090, "cuLogsUnregisterCallback", "cuLogsUnregisterCallback", "", 0, PFN_cuLogsUnregisterCallback_v12090;
+    cuLogsUnregisterCallback(callback: CUlogsCallbackHandle) = 12090, "cuLogsUnregisterCallback", "cuLogsUnregisterCallback", "", 0, PFN_cuLogsUnregisterCallback_v12090, [cuLogsUnregisterCallback];
     /// Sets log iterator to point to the end of log buffer, where the next message would be written.
-    cuLogsCurrent(iterator_out: *mut CUlogIterator, flags: ::std::os::raw::c_uint) = 12090, "cuLogsCurrent", "cuLogsCurrent", "", 0, PFN_cuLogsCurrent_v12090;
+    cuLogsCurrent(iterator_out: *mut CUlogIterator, flags: ::std::os::raw::c_uint) = 12090, "cuLogsCurrent", "cuLogsCurrent", "", 0, PFN_cuLogsCurrent_v12090, [cuLogsCurrent];
     /// Dump accumulated driver logs into a file
-    cuLogsDumpToFile(iterator: *mut CUlogIterator, pathToFile: *const ::std::os::raw::c_char, flags: ::std::os::raw::c_uint) = 12090, "cuLogsDumpToFile", "cuLogsDumpToFile", "", 0, PFN_cuLogsDumpToFile_v12090;
+    cuLogsDumpToFile(iterator: *mut CUlogIterator, pathToFile: *const ::std::os::raw::c_char, flags: ::std::os::raw::c_uint) = 12090, "cuLogsDumpToFile", "cuLogsDumpToFile", "", 0, PFN_cuLogsDumpToFile_v12090, [cuLogsDumpToFile];
     /// Dump accumulated driver logs into a buffer
-    cuLogsDumpToMemory(iterator: *mut CUlogIterator, buffer: *mut ::std::os::raw::c_char, size: *mut usize, flags: ::std::os::raw::c_uint) = 12090, "cuLogsDumpToMemory", "cuLogsDumpToMemory", "", 0, PFN_cuLogsDumpToMemory_v12090;
+    cuLogsDumpToMemory(iterator: *mut CUlogIterator, buffer: *mut ::std::os::raw::c_char, size: *mut usize, flags: ::std::os::raw::c_uint) = 12090, "cuLogsDumpToMemory", "cuLogsDumpToMemory", "", 0, PFN_cuLogsDumpToMemory_v12090, [cuLogsDumpToMemory];
     /// Returns the restore thread ID for a CUDA process
-    cuCheckpointProcessGetRestoreThreadId(pid: ::std::os::raw::c_int, tid: *mut ::std::os::raw::c_int) = 12080, "cuCheckpointProcessGetRestoreThreadId", "cuCheckpointProcessGetRestoreThreadId", "", 0, PFN_cuCheckpointProcessGetRestoreThreadId_v12080;
+    cuCheckpointProcessGetRestoreThreadId(pid: ::std::os::raw::c_int, tid: *mut ::std::os::raw::c_int) = 12080, "cuCheckpointProcessGetRestoreThreadId", "cuCheckpointProcessGetRestoreThreadId", "", 0, PFN_cuCheckpointProcessGetRestoreThreadId_v12080, [cuCheckpointProcessGetRestoreThreadId];
     /// Returns the process state of a CUDA process
-    cuCheckpointProcessGetState(pid: ::std::os::raw::c_int, state: *mut CUprocessState) = 12080, "cuCheckpointProcessGetState", "cuCheckpointProcessGetState", "", 0, PFN_cuCheckpointProcessGetState_v12080;
+    cuCheckpointProcessGetState(pid: ::std::os::raw::c_int, state: *mut CUprocessState) = 12080, "cuCheckpointProcessGetState", "cuCheckpointProcessGetState", "", 0, PFN_cuCheckpointProcessGetState_v12080, [cuCheckpointProcessGetState];
     /// Lock a running CUDA process
-    cuCheckpointProcessLock(pid: ::std::os::raw::c_int, args: *mut CUcheckpointLockArgs) = 12080, "cuCheckpointProcessLock", "cuCheckpointProcessLock", "", 0, PFN_cuCheckpointProcessLock_v12080;
+    cuCheckpointProcessLock(pid: ::std::os::raw::c_int, args: *mut CUcheckpointLockArgs) = 12080, "cuCheckpointProcessLock", "cuCheckpointProcessLock", "", 0, PFN_cuCheckpointProcessLock_v12080, [cuCheckpointProcessLock];
     /// Checkpoint a CUDA process's GPU memory contents
-    cuCheckpointProcessCheckpoint(pid: ::std::os::raw::c_int, args: *mut CUcheckpointCheckpointArgs) = 12080, "cuCheckpointProcessCheckpoint", "cuCheckpointProcessCheckpoint", "", 0, PFN_cuCheckpointProcessCheckpoint_v12080;
+    cuCheckpointProcessCheckpoint(pid: ::std::os::raw::c_int, args: *mut CUcheckpointCheckpointArgs) = 12080, "cuCheckpointProcessCheckpoint", "cuCheckpointProcessCheckpoint", "", 0, PFN_cuCheckpointProcessCheckpoint_v12080, [cuCheckpointProcessCheckpoint];
     /// Restore a CUDA process's GPU memory contents from its last checkpoint
-    cuCheckpointProcessRestore(pid: ::std::os::raw::c_int, args: *mut CUcheckpointRestoreArgs) = 12080, "cuCheckpointProcessRestore", "cuCheckpointProcessRestore", "", 0, PFN_cuCheckpointProcessRestore_v12080;
+    cuCheckpointProcessRestore(pid: ::std::os::raw::c_int, args: *mut CUcheckpointRestoreArgs) = 12080, "cuCheckpointProcessRestore", "cuCheckpointProcessRestore", "", 0, PFN_cuCheckpointProcessRestore_v12080, [cuCheckpointProcessRestore];
     /// Complete a custom-storage checkpoint or restore operation
-    cuCheckpointOperationComplete(handle: CUcheckpointOperationHandle) = 13040, "cuCheckpointOperationComplete", "cuCheckpointOperationComplete", "", 0, PFN_cuCheckpointOperationComplete_v13040;
+    cuCheckpointOperationComplete(handle: CUcheckpointOperationHandle) = 13040, "cuCheckpointOperationComplete", "cuCheckpointOperationComplete", "", 0, PFN_cuCheckpointOperationComplete_v13040, [cuCheckpointOperationComplete];
     /// Unlock a CUDA process to allow CUDA API calls
-    cuCheckpointProcessUnlock(pid: ::std::os::raw::c_int, args: *mut CUcheckpointUnlockArgs) = 12080, "cuCheckpointProcessUnlock", "cuCheckpointProcessUnlock", "", 0, PFN_cuCheckpointProcessUnlock_v12080;
+    cuCheckpointProcessUnlock(pid: ::std::os::raw::c_int, args: *mut CUcheckpointUnlockArgs) = 12080, "cuCheckpointProcessUnlock", "cuCheckpointProcessUnlock", "", 0, PFN_cuCheckpointProcessUnlock_v12080, [cuCheckpointProcessUnlock];
+    /// `cuDeviceGetUuid` under its export's name: Return an UUID for the device
+    cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) = 11040, "cuDeviceGetUuid", "cuDeviceGetUuid_v2", "", 0, PFN_cuDeviceGetUuid_v11040, [cuDeviceGetUuid, cuDeviceGetUuid_v9020];
+    /// `cuDeviceTotalMem` under its export's name: Returns the total amount of memory on the device
+    cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) = 3020, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", "", 0, PFN_cuDeviceTotalMem_v3020, [cuDeviceTotalMem];
+    /// `cuDevicePrimaryCtxRelease` under its export's name: Release the primary context on the GPU
+    cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = 11000, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", "", 0, PFN_cuDevicePrimaryCtxRelease_v11000, [cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v7000];
+    /// `cuDevicePrimaryCtxSetFlags` under its export's name: Set flags for the primary context
+    cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: ::std::os::raw::c_uint) = 11000, "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags_v2", "", 0, PFN_cuDevicePrimaryCtxSetFlags_v11000, [cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v7000];
+    /// `cuDevicePrimaryCtxReset` under its export's name: Destroy all allocations and reset all state on the primary context
+    cuDevicePrimaryCtxReset_v2(dev: CUdevice) = 11000, "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset_v2", "", 0, PFN_cuDevicePrimaryCtxReset_v11000, [cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v7000];
+    /// `cuCtxCreate` under its export's name: Create a CUDA context
+    cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: ::std::os::raw::c_uint, dev: CUdevice) = 12050, "cuCtxCreate", "cuCtxCreate_v4", "", 0, PFN_cuCtxCreate_v12050, [cuCtxCreate];
+    /// `cuCtxDestroy` under its export's name: Destroy a CUDA context
+    cuCtxDestroy_v2(ctx: CUcontext) = 4000, "cuCtxDestroy", "cuCtxDestroy_v2", "", 0, PFN_cuCtxDestroy_v4000, [cuCtxDestroy, cuCtxDestroy_v2000];
+    /// `cuCtxPushCurrent` under its export's name: Pushes a context on the current CPU thread
+    cuCtxPushCurrent_v2(ctx: CUcontext) = 4000, "cuCtxPushCurrent", "cuCtxPushCurrent_v2", "", 0, PFN_cuCtxPushCurrent_v4000, [cuCtxPushCurrent, cuCtxPushCurrent_v2000];
+    /// `cuCtxPopCurrent` under its export's name: Pops the current CUDA context from the current CPU thread.
+    cuCtxPopCurrent_v2(pctx: *mut CUcontext) = 4000, "cuCtxPopCurrent", "cuCtxPopCurrent_v2", "", 0, PFN_cuCtxPopCurrent_v4000, [cuCtxPopCurrent, cuCtxPopCurrent_v2000];
+    /// `cuModuleGetGlobal` under its export's name: Returns a global pointer from a module
+    cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const ::std::os::raw::c_char) = 3020, "cuModuleGetGlobal", "cuModuleGetGlobal_v2", "", 0, PFN_cuModuleGetGlobal_v3020, [cuModuleGetGlobal];
+    /// `cuLinkCreate` under its export's name: Creates a pending JIT linker invocation.
+    cuLinkCreate_v2(numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void, stateOut: *mut CUlinkState) = 6050, "cuLinkCreate", "cuLinkCreate_v2", "", 0, PFN_cuLinkCreate_v6050, [cuLinkCreate, cuLinkCreate_v5050];
+    /// `cuLinkAddData` under its export's name: Add an input to a pending linker invocation
+    cuLinkAddData_v2(state: CUlinkState, type_: CUjitInputType, data: *mut ::std::os::raw::c_void, size: usize, name: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddData", "cuLinkAddData_v2", "", 0, PFN_cuLinkAddData_v6050, [cuLinkAddData, cuLinkAddData_v5050];
+    /// `cuLinkAddFile` under its export's name: Add a file input to a pending linker invocation
+    cuLinkAddFile_v2(state: CUlinkState, type_: CUjitInputType, path: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 6050, "cuLinkAddFile", "cuLinkAddFile_v2", "", 0, PFN_cuLinkAddFile_v6050, [cuLinkAddFile, cuLinkAddFile_v5050];
+    /// `cuMemGetInfo` under its export's name: Gets free and total memory
+    cuMemGetInfo_v2(free: *mut usize, total: *mut usize) = 3020, "cuMemGetInfo", "cuMemGetInfo_v2", "", 0, PFN_cuMemGetInfo_v3020, [cuMemGetInfo];
+    /// `cuMemAlloc` under its export's name: Allocates device memory
+    cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) = 3020, "cuMemAlloc", "cuMemAlloc_v2", "", 0, PFN_cuMemAlloc_v3020, [cuMemAlloc];
+    /// `cuMemAllocPitch` under its export's name: Allocates pitched device memory
+    cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: ::std::os::raw::c_uint) = 3020, "cuMemAllocPitch", "cuMemAllocPitch_v2", "", 0, PFN_cuMemAllocPitch_v3020, [cuMemAllocPitch];
+    /// `cuMemFree` under its export's name: Frees device memory
+    cuMemFree_v2(dptr: CUdeviceptr) = 3020, "cuMemFree", "cuMemFree_v2", "", 0, PFN_cuMemFree_v3020, [cuMemFree];
+    /// `cuMemGetAddressRange` under its export's name: Get information on memory allocations
+    cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) = 3020, "cuMemGetAddressRange", "cuMemGetAddressRange_v2", "", 0, PFN_cuMemGetAddressRange_v3020, [cuMemGetAddressRange];
+    /// `cuMemAllocHost` under its export's name: Allocates page-locked host memory
+    cuMemAllocHost_v2(pp: *mut *mut ::std::os::raw::c_void, bytesize: usize) = 3020, "cuMemAllocHost", "cuMemAllocHost_v2", "", 0, PFN_cuMemAllocHost_v3020, [cuMemAllocHost];
+    /// `cuMemHostGetDevicePointer` under its export's name: Passes back device pointer of mapped pinned memory
+    cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, p: *mut ::std::os::raw::c_void, Flags: ::std::os::raw::c_uint) = 3020, "cuMemHostGetDevicePointer", "cuMemHostGetDevicePointer_v2", "", 0, PFN_cuMemHostGetDevicePointer_v3020, [cuMemHostGetDevicePointer];
+    /// `cuIpcOpenMemHandle` under its export's name: Opens an interprocess memory handle exported from another process and returns a device pointer usable in the local process.
+    cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: ::std::os::raw::c_uint) = 11000, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", "", 0, PFN_cuIpcOpenMemHandle_v11000, [cuIpcOpenMemHandle, cuIpcOpenMemHandle_v4010];
+    /// `cuMemHostRegister` under its export's name: Registers an existing host memory range for use by CUDA
+    cuMemHostRegister_v2(p: *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 6050, "cuMemHostRegister", "cuMemHostRegister_v2", "", 0, PFN_cuMemHostRegister_v6050, [cuMemHostRegister, cuMemHostRegister_v4000];
+    /// `cuMemcpyHtoD` under its export's name: Copies memory from Host to Device
+    cuMemcpyHtoD_v2(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", 7000, PFN_cuMemcpyHtoD_v3020, [cuMemcpyHtoD];
+    /// `cuMemcpyDtoH` under its export's name: Copies memory from Device to Host
+    cuMemcpyDtoH_v2(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", 7000, PFN_cuMemcpyDtoH_v3020, [cuMemcpyDtoH];
+    /// `cuMemcpyDtoD` under its export's name: Copies memory from Device to Device
+    cuMemcpyDtoD_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", 7000, PFN_cuMemcpyDtoD_v3020, [cuMemcpyDtoD];
+    /// `cuMemcpyDtoA` under its export's name: Copies memory from Device to Array
+    cuMemcpyDtoA_v2(dstArray: CUarray, dstOffset: usize, srcDevice: CUdeviceptr, ByteCount: usize) = 3020, "cuMemcpyDtoA", "cuMemcpyDtoA_v2", "cuMemcpyDtoA_v2_ptds", 7000, PFN_cuMemcpyDtoA_v3020, [cuMemcpyDtoA];
+    /// `cuMemcpyAtoD` under its export's name: Copies memory from Array to Device
+    cuMemcpyAtoD_v2(dstDevice: CUdeviceptr, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoD", "cuMemcpyAtoD_v2", "cuMemcpyAtoD_v2_ptds", 7000, PFN_cuMemcpyAtoD_v3020, [cuMemcpyAtoD];
+    /// `cuMemcpyHtoA` under its export's name: Copies memory from Host to Array
+    cuMemcpyHtoA_v2(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize) = 3020, "cuMemcpyHtoA", "cuMemcpyHtoA_v2", "cuMemcpyHtoA_v2_ptds", 7000, PFN_cuMemcpyHtoA_v3020, [cuMemcpyHtoA];
+    /// `cuMemcpyAtoH` under its export's name: Copies memory from Array to Host
+    cuMemcpyAtoH_v2(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoH", "cuMemcpyAtoH_v2", "cuMemcpyAtoH_v2_ptds", 7000, PFN_cuMemcpyAtoH_v3020, [cuMemcpyAtoH];
+    /// `cuMemcpyAtoA` under its export's name: Copies memory from Array to Array
+    cuMemcpyAtoA_v2(dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize) = 3020, "cuMemcpyAtoA", "cuMemcpyAtoA_v2", "cuMemcpyAtoA_v2_ptds", 7000, PFN_cuMemcpyAtoA_v3020, [cuMemcpyAtoA];
+    /// `cuMemcpy2D` under its export's name: Copies memory for 2D arrays
+    cuMemcpy2D_v2(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2D", "cuMemcpy2D_v2", "cuMemcpy2D_v2_ptds", 7000, PFN_cuMemcpy2D_v3020, [cuMemcpy2D];
+    /// `cuMemcpy2DUnaligned` under its export's name: Copies memory for 2D arrays
+    cuMemcpy2DUnaligned_v2(pCopy: *const CUDA_MEMCPY2D) = 3020, "cuMemcpy2DUnaligned", "cuMemcpy2DUnaligned_v2", "cuMemcpy2DUnaligned_v2_ptds", 7000, PFN_cuMemcpy2DUnaligned_v3020, [cuMemcpy2DUnaligned];
+    /// `cuMemcpy3D` under its export's name: Copies memory for 3D arrays
+    cuMemcpy3D_v2(pCopy: *const CUDA_MEMCPY3D) = 3020, "cuMemcpy3D", "cuMemcpy3D_v2", "cuMemcpy3D_v2_ptds", 7000, PFN_cuMemcpy3D_v3020, [cuMemcpy3D];
+    /// `cuMemcpyHtoDAsync` under its export's name: Copies memory from Host to Device
+    cuMemcpyHtoDAsync_v2(dstDevice: CUdeviceptr, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoDAsync_v3020, [cuMemcpyHtoDAsync];
+    /// `cuMemcpyDtoHAsync` under its export's name: Copies memory from Device to Host
+    cuMemcpyDtoHAsync_v2(dstHost: *mut ::std::os::raw::c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoHAsync_v3020, [cuMemcpyDtoHAsync];
+    /// `cuMemcpyDtoDAsync` under its export's name: Copies memory from Device to Device
+    cuMemcpyDtoDAsync_v2(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", 7000, PFN_cuMemcpyDtoDAsync_v3020, [cuMemcpyDtoDAsync];
+    /// `cuMemcpyHtoAAsync` under its export's name: Copies memory from Host to Array
+    cuMemcpyHtoAAsync_v2(dstArray: CUarray, dstOffset: usize, srcHost: *const ::std::os::raw::c_void, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyHtoAAsync", "cuMemcpyHtoAAsync_v2", "cuMemcpyHtoAAsync_v2_ptsz", 7000, PFN_cuMemcpyHtoAAsync_v3020, [cuMemcpyHtoAAsync];
+    /// `cuMemcpyAtoHAsync` under its export's name: Copies memory from Array to Host
+    cuMemcpyAtoHAsync_v2(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize, hStream: CUstream) = 3020, "cuMemcpyAtoHAsync", "cuMemcpyAtoHAsync_v2", "cuMemcpyAtoHAsync_v2_ptsz", 7000, PFN_cuMemcpyAtoHAsync_v3020, [cuMemcpyAtoHAsync];
+    /// `cuMemcpy2DAsync` under its export's name: Copies memory for 2D arrays
+    cuMemcpy2DAsync_v2(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream) = 3020, "cuMemcpy2DAsync", "cuMemcpy2DAsync_v2", "cuMemcpy2DAsync_v2_ptsz", 7000, PFN_cuMemcpy2DAsync_v3020, [cuMemcpy2DAsync];
+    /// `cuMemcpy3DAsync` under its export's name: Copies memory for 3D arrays
+    cuMemcpy3DAsync_v2(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream) = 3020, "cuMemcpy3DAsync", "cuMemcpy3DAsync_v2", "cuMemcpy3DAsync_v2_ptsz", 7000, PFN_cuMemcpy3DAsync_v3020, [cuMemcpy3DAsync];
+    /// `cuMemcpyBatchAsync` under its export's name: Performs a batch of memory copies asynchronously.
+    cuMemcpyBatchAsync_v2(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrsIdxs: *mut usize, numAttrs: usize, hStream: CUstream) = 13000, "cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync_v2_ptsz", 13000, PFN_cuMemcpyBatchAsync_v13000, [cuMemcpyBatchAsync];
+    /// `cuMemcpy3DBatchAsync` under its export's name: Performs a batch of 3D memory copies asynchronously.
+    cuMemcpy3DBatchAsync_v2(numOps: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 13000, "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync_v2", "cuMemcpy3DBatchAsync_v2_ptsz", 13000, PFN_cuMemcpy3DBatchAsync_v13000, [cuMemcpy3DBatchAsync];
+    /// `cuMemsetD8` under its export's name: Initializes device memory
+    cuMemsetD8_v2(dstDevice: CUdeviceptr, uc: ::std::os::raw::c_uchar, N: usize) = 3020, "cuMemsetD8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds", 7000, PFN_cuMemsetD8_v3020, [cuMemsetD8];
+    /// `cuMemsetD16` under its export's name: Initializes device memory
+    cuMemsetD16_v2(dstDevice: CUdeviceptr, us: ::std::os::raw::c_ushort, N: usize) = 3020, "cuMemsetD16", "cuMemsetD16_v2", "cuMemsetD16_v2_ptds", 7000, PFN_cuMemsetD16_v3020, [cuMemsetD16];
+    /// `cuMemsetD32` under its export's name: Initializes device memory
+    cuMemsetD32_v2(dstDevice: CUdeviceptr, ui: ::std::os::raw::c_uint, N: usize) = 3020, "cuMemsetD32", "cuMemsetD32_v2", "cuMemsetD32_v2_ptds", 7000, PFN_cuMemsetD32_v3020, [cuMemsetD32];
+    /// `cuMemsetD2D8` under its export's name: Initializes device memory
+    cuMemsetD2D8_v2(dstDevice: CUdeviceptr, dstPitch: usize, uc: ::std::os::raw::c_uchar, Width: usize, Height: usize) = 3020, "cuMemsetD2D8", "cuMemsetD2D8_v2", "cuMemsetD2D8_v2_ptds", 7000, PFN_cuMemsetD2D8_v3020, [cuMemsetD2D8];
+    /// `cuMemsetD2D16` under its export's name: Initializes device memory
+    cuMemsetD2D16_v2(dstDevice: CUdeviceptr, dstPitch: usize, us: ::std::os::raw::c_ushort, Width: usize, Height: usize) = 3020, "cuMemsetD2D16", "cuMemsetD2D16_v2", "cuMemsetD2D16_v2_ptds", 7000, PFN_cuMemsetD2D16_v3020, [cuMemsetD2D16];
+    /// `cuMemsetD2D32` under its export's name: Initializes device memory
+    cuMemsetD2D32_v2(dstDevice: CUdeviceptr, dstPitch: usize, ui: ::std::os::raw::c_uint, Width: usize, Height: usize) = 3020, "cuMemsetD2D32", "cuMemsetD2D32_v2", "cuMemsetD2D32_v2_ptds", 7000, PFN_cuMemsetD2D32_v3020, [cuMemsetD2D32];
+    /// `cuArrayCreate` under its export's name: Creates a 1D or 2D CUDA array
+    cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) = 3020, "cuArrayCreate", "cuArrayCreate_v2", "", 0, PFN_cuArrayCreate_v3020, [cuArrayCreate];
+    /// `cuArrayGetDescriptor` under its export's name: Get a 1D or 2D CUDA array descriptor
+    cuArrayGetDescriptor_v2(pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR, hArray: CUarray) = 3020, "cuArrayGetDescriptor", "cuArrayGetDescriptor_v2", "", 0, PFN_cuArrayGetDescriptor_v3020, [cuArrayGetDescriptor];
+    /// `cuArray3DCreate` under its export's name: Creates a 3D CUDA array
+    cuArray3DCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR) = 3020, "cuArray3DCreate", "cuArray3DCreate_v2", "", 0, PFN_cuArray3DCreate_v3020, [cuArray3DCreate];
+    /// `cuArray3DGetDescriptor` under its export's name: Get a 3D CUDA array descriptor
+    cuArray3DGetDescriptor_v2(pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR, hArray: CUarray) = 3020, "cuArray3DGetDescriptor", "cuArray3DGetDescriptor_v2", "", 0, PFN_cuArray3DGetDescriptor_v3020, [cuArray3DGetDescriptor];
+    /// `cuMemPrefetchAsync` under its export's name: Prefetches memory to the specified destination location
+    cuMemPrefetchAsync_v2(devPtr: CUdeviceptr, count: usize, location: CUmemLocation, flags: ::std::os::raw::c_uint, hStream: CUstream) = 12020, "cuMemPrefetchAsync", "cuMemPrefetchAsync_v2", "cuMemPrefetchAsync_v2_ptsz", 12020, PFN_cuMemPrefetchAsync_v12020, [cuMemPrefetchAsync];
+    /// `cuMemAdvise` under its export's name: Advise about the usage of a given memory range
+    cuMemAdvise_v2(devPtr: CUdeviceptr, count: usize, advice: CUmem_advise, location: CUmemLocation) = 12020, "cuMemAdvise", "cuMemAdvise_v2", "", 0, PFN_cuMemAdvise_v12020, [cuMemAdvise];
+    /// `cuStreamBeginCapture` under its export's name: Begins graph capture on a stream
+    cuStreamBeginCapture_v2(hStream: CUstream, mode: CUstreamCaptureMode) = 10010, "cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", 10010, PFN_cuStreamBeginCapture_v10010, [cuStreamBeginCapture];
+    /// `cuStreamGetCaptureInfo` under its export's name: Query a stream's capture state
+    cuStreamGetCaptureInfo_v3(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize) = 12030, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v3_ptsz", 12030, PFN_cuStreamGetCaptureInfo_v12030, [cuStreamGetCaptureInfo];
+    /// `cuStreamUpdateCaptureDependencies` under its export's name: Update the set of dependencies in a capturing stream
+    cuStreamUpdateCaptureDependencies_v2(hStream: CUstream, dependencies: *mut CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, flags: ::std::os::raw::c_uint) = 12030, "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies_v2", "cuStreamUpdateCaptureDependencies_v2_ptsz", 12030, PFN_cuStreamUpdateCaptureDependencies_v12030, [cuStreamUpdateCaptureDependencies];
+    /// `cuStreamDestroy` under its export's name: Destroys a stream
+    cuStreamDestroy_v2(hStream: CUstream) = 4000, "cuStreamDestroy", "cuStreamDestroy_v2", "", 0, PFN_cuStreamDestroy_v4000, [cuStreamDestroy, cuStreamDestroy_v2000];
+    /// `cuEventDestroy` under its export's name: Destroys an event
+    cuEventDestroy_v2(hEvent: CUevent) = 4000, "cuEventDestroy", "cuEventDestroy_v2", "", 0, PFN_cuEventDestroy_v4000, [cuEventDestroy, cuEventDestroy_v2000];
+    /// `cuEventElapsedTime` under its export's name: Computes the elapsed time between two events
+    cuEventElapsedTime_v2(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) = 12080, "cuEventElapsedTime", "cuEventElapsedTime_v2", "", 0, PFN_cuEventElapsedTime_v12080, [cuEventElapsedTime, cuEventElapsedTime_v2000];
+    /// `cuStreamWaitValue32` under its export's name: Wait on a memory location
+    cuStreamWaitValue32_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue32", "cuStreamWaitValue32_v2", "cuStreamWaitValue32_v2_ptsz", 11070, PFN_cuStreamWaitValue32_v11070, [cuStreamWaitValue32, cuStreamWaitValue32_v8000];
+    /// `cuStreamWaitValue64` under its export's name: Wait on a memory location
+    cuStreamWaitValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWaitValue64", "cuStreamWaitValue64_v2", "cuStreamWaitValue64_v2_ptsz", 11070, PFN_cuStreamWaitValue64_v11070, [cuStreamWaitValue64, cuStreamWaitValue64_v9000];
+    /// `cuStreamWriteValue32` under its export's name: Write a value to memory
+    cuStreamWriteValue32_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue32", "cuStreamWriteValue32_v2", "cuStreamWriteValue32_v2_ptsz", 11070, PFN_cuStreamWriteValue32_v11070, [cuStreamWriteValue32, cuStreamWriteValue32_v8000];
+    /// `cuStreamWriteValue64` under its export's name: Write a value to memory
+    cuStreamWriteValue64_v2(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 11070, "cuStreamWriteValue64", "cuStreamWriteValue64_v2", "cuStreamWriteValue64_v2_ptsz", 11070, PFN_cuStreamWriteValue64_v11070, [cuStreamWriteValue64, cuStreamWriteValue64_v9000];
+    /// `cuStreamBatchMemOp` under its export's name: Batch operations to synchronize the stream via memory operations
+    cuStreamBatchMemOp_v2(stream: CUstream, count: ::std::os::raw::c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: ::std::os::raw::c_uint) = 11070, "cuStreamBatchMemOp", "cuStreamBatchMemOp_v2", "cuStreamBatchMemOp_v2_ptsz", 11070, PFN_cuStreamBatchMemOp_v11070, [cuStreamBatchMemOp, cuStreamBatchMemOp_v8000];
+    /// `cuGraphAddKernelNode` under its export's name: Creates a kernel execution node and adds it to a graph
+    cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2", "", 0, PFN_cuGraphAddKernelNode_v12000, [cuGraphAddKernelNode];
+    /// `cuGraphKernelNodeGetParams` under its export's name: Returns a kernel node's parameters
+    cuGraphKernelNodeGetParams_v2(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeGetParams", "cuGraphKernelNodeGetParams_v2", "", 0, PFN_cuGraphKernelNodeGetParams_v12000, [cuGraphKernelNodeGetParams];
+    /// `cuGraphKernelNodeSetParams` under its export's name: Sets a kernel node's parameters
+    cuGraphKernelNodeSetParams_v2(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams_v2", "", 0, PFN_cuGraphKernelNodeSetParams_v12000, [cuGraphKernelNodeSetParams];
+    /// `cuGraphGetEdges` under its export's name: Returns a graph's dependency edges
+    cuGraphGetEdges_v2(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numEdges: *mut usize) = 12030, "cuGraphGetEdges", "cuGraphGetEdges_v2", "", 0, PFN_cuGraphGetEdges_v12030, [cuGraphGetEdges];
+    /// `cuGraphNodeGetDependencies` under its export's name: Returns a node's dependencies
+    cuGraphNodeGetDependencies_v2(hNode: CUgraphNode, dependencies: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependencies: *mut usize) = 12030, "cuGraphNodeGetDependencies", "cuGraphNodeGetDependencies_v2", "", 0, PFN_cuGraphNodeGetDependencies_v12030, [cuGraphNodeGetDependencies];
+    /// `cuGraphNodeGetDependentNodes` under its export's name: Returns a node's dependent nodes
+    cuGraphNodeGetDependentNodes_v2(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependentNodes: *mut usize) = 12030, "cuGraphNodeGetDependentNodes", "cuGraphNodeGetDependentNodes_v2", "", 0, PFN_cuGraphNodeGetDependentNodes_v12030, [cuGraphNodeGetDependentNodes];
+    /// `cuGraphAddDependencies` under its export's name: Adds dependency edges to a graph
+    cuGraphAddDependencies_v2(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphAddDependencies", "cuGraphAddDependencies_v2", "", 0, PFN_cuGraphAddDependencies_v12030, [cuGraphAddDependencies];
+    /// `cuGraphRemoveDependencies` under its export's name: Removes dependency edges from a graph
+    cuGraphRemoveDependencies_v2(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize) = 12030, "cuGraphRemoveDependencies", "cuGraphRemoveDependencies_v2", "", 0, PFN_cuGraphRemoveDependencies_v12030, [cuGraphRemoveDependencies];
+    /// `cuGraphExecKernelNodeSetParams` under its export's name: Sets the parameters for a kernel node in the given graphExec
+    cuGraphExecKernelNodeSetParams_v2(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS) = 12000, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams_v2", "", 0, PFN_cuGraphExecKernelNodeSetParams_v12000, [cuGraphExecKernelNodeSetParams];
+    /// `cuGraphExecUpdate` under its export's name: Check whether an executable graph can be updated with a graph and perform the update if possible
+    cuGraphExecUpdate_v2(hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo) = 12000, "cuGraphExecUpdate", "cuGraphExecUpdate_v2", "", 0, PFN_cuGraphExecUpdate_v12000, [cuGraphExecUpdate];
+    /// `cuGraphAddNode` under its export's name: Adds a node of arbitrary type to a graph
+    cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 12030, "cuGraphAddNode", "cuGraphAddNode_v2", "", 0, PFN_cuGraphAddNode_v12030, [cuGraphAddNode_v3, cuGraphAddNode];
+    /// `cuTexRefSetAddress` under its export's name: Binds an address as a texture reference
+    cuTexRefSetAddress_v2(ByteOffset: *mut usize, hTexRef: CUtexref, dptr: CUdeviceptr, bytes: usize) = 3020, "cuTexRefSetAddress", "cuTexRefSetAddress_v2", "", 0, PFN_cuTexRefSetAddress_v3020, [cuTexRefSetAddress];
+    /// `cuTexRefSetAddress2D` under its export's name: Binds an address as a 2D texture reference
+    cuTexRefSetAddress2D_v3(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR, dptr: CUdeviceptr, Pitch: usize) = 4010, "cuTexRefSetAddress2D", "cuTexRefSetAddress2D_v3", "", 0, PFN_cuTexRefSetAddress2D_v4010, [cuTexRefSetAddress2D, cuTexRefSetAddress2D_v2];
+    /// `cuTexRefGetAddress` under its export's name: Gets the address associated with a texture reference
+    cuTexRefGetAddress_v2(pdptr: *mut CUdeviceptr, hTexRef: CUtexref) = 3020, "cuTexRefGetAddress", "cuTexRefGetAddress_v2", "", 0, PFN_cuTexRefGetAddress_v3020, [cuTexRefGetAddress];
+    /// `cuGraphicsResourceGetMappedPointer` under its export's name: Get a device pointer through which to access a mapped graphics resource.
+    cuGraphicsResourceGetMappedPointer_v2(pDevPtr: *mut CUdeviceptr, pSize: *mut usize, resource: CUgraphicsResource) = 3020, "cuGraphicsResourceGetMappedPointer", "cuGraphicsResourceGetMappedPointer_v2", "", 0, PFN_cuGraphicsResourceGetMappedPointer_v3020, [cuGraphicsResourceGetMappedPointer];
+    /// `cuGraphicsResourceSetMapFlags` under its export's name: Set usage flags for mapping a graphics resource
+    cuGraphicsResourceSetMapFlags_v2(resource: CUgraphicsResource, flags: ::std::os::raw::c_uint) = 6050, "cuGraphicsResourceSetMapFlags", "cuGraphicsResourceSetMapFlags_v2", "", 0, PFN_cuGraphicsResourceSetMapFlags_v6050, [cuGraphicsResourceSetMapFlags, cuGraphicsResourceSetMapFlags_v3000];
+    /// `cuGetProcAddress` under its export's name: Returns the requested driver API function pointer
+    cuGetProcAddress_v2(symbol: *const ::std::os::raw::c_char, pfn: *mut *mut ::std::os::raw::c_void, cudaVersion: ::std::os::raw::c_int, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult) = 12000, "cuGetProcAddress", "cuGetProcAddress_v2", "", 0, PFN_cuGetProcAddress_v12000, [cuGetProcAddress];
+    /// The ABI variant 2000 of `cuCtxCreate`, with `PFN_cuCtxCreate_v2000`'s signature (`cuCtxCreate` is bound at 12050).
+    cuCtxCreate_v2000(pctx: *mut CUcontext, flags: ::std::os::raw::c_uint, dev: CUdevice_v1) = 2000, "cuCtxCreate", "cuCtxCreate", "", 0, PFN_cuCtxCreate_v2000, [cuCtxCreate_v2, cuCtxCreate_v2000];
+    /// The ABI variant 3020 of `cuCtxCreate`, with `PFN_cuCtxCreate_v3020`'s signature (`cuCtxCreate` is bound at 12050).
+    cuCtxCreate_v2(pctx: *mut CUcontext, flags: ::std::os::raw::c_uint, dev: CUdevice_v1) = 3020, "cuCtxCreate", "cuCtxCreate_v2", "", 0, PFN_cuCtxCreate_v3020, [cuCtxCreate_v2, cuCtxCreate_v2000];
+    /// The ABI variant 11040 of `cuCtxCreate`, with `PFN_cuCtxCreate_v11040`'s signature (`cuCtxCreate` is bound at 12050).
+    cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut CUexecAffinityParam, numParams: ::std::os::raw::c_int, flags: ::std::os::raw::c_uint, dev: CUdevice_v1) = 11040, "cuCtxCreate", "cuCtxCreate_v3", "", 0, PFN_cuCtxCreate_v11040, [cuCtxCreate_v3];
+    /// The ABI variant 2000 of `cuCtxDestroy`, with `PFN_cuCtxDestroy_v2000`'s signature (`cuCtxDestroy` is bound at 4000).
+    cuCtxDestroy_v2000(ctx: CUcontext) = 2000, "cuCtxDestroy", "cuCtxDestroy", "", 0, PFN_cuCtxDestroy_v2000, [cuCtxDestroy, cuCtxDestroy_v2000];
+    /// The ABI variant 2000 of `cuCtxPopCurrent`, with `PFN_cuCtxPopCurrent_v2000`'s signature (`cuCtxPopCurrent` is bound at 4000).
+    cuCtxPopCurrent_v2000(pctx: *mut CUcontext) = 2000, "cuCtxPopCurrent", "cuCtxPopCurrent", "", 0, PFN_cuCtxPopCurrent_v2000, [cuCtxPopCurrent, cuCtxPopCurrent_v2000];
+    /// The ABI variant 2000 of `cuCtxPushCurrent`, with `PFN_cuCtxPushCurrent_v2000`'s signature (`cuCtxPushCurrent` is bound at 4000).
+    cuCtxPushCurrent_v2000(ctx: CUcontext) = 2000, "cuCtxPushCurrent", "cuCtxPushCurrent", "", 0, PFN_cuCtxPushCurrent_v2000, [cuCtxPushCurrent, cuCtxPushCurrent_v2000];
+    /// The ABI variant 9020 of `cuDeviceGetUuid`, with `PFN_cuDeviceGetUuid_v9020`'s signature (`cuDeviceGetUuid` is bound at 11040).
+    cuDeviceGetUuid_v9020(uuid: *mut CUuuid, dev: CUdevice_v1) = 9020, "cuDeviceGetUuid", "cuDeviceGetUuid", "", 0, PFN_cuDeviceGetUuid_v9020, [cuDeviceGetUuid, cuDeviceGetUuid_v9020];
+    /// The ABI variant 7000 of `cuDevicePrimaryCtxRelease`, with `PFN_cuDevicePrimaryCtxRelease_v7000`'s signature (`cuDevicePrimaryCtxRelease` is bound at 11000).
+    cuDevicePrimaryCtxRelease_v7000(dev: CUdevice_v1) = 7000, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease", "", 0, PFN_cuDevicePrimaryCtxRelease_v7000, [cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v7000];
+    /// The ABI variant 7000 of `cuDevicePrimaryCtxReset`, with `PFN_cuDevicePrimaryCtxReset_v7000`'s signature (`cuDevicePrimaryCtxReset` is bound at 11000).
+    cuDevicePrimaryCtxReset_v7000(dev: CUdevice_v1) = 7000, "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxReset", "", 0, PFN_cuDevicePrimaryCtxReset_v7000, [cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v7000];
+    /// The ABI variant 7000 of `cuDevicePrimaryCtxSetFlags`, with `PFN_cuDevicePrimaryCtxSetFlags_v7000`'s signature (`cuDevicePrimaryCtxSetFlags` is bound at 11000).
+    cuDevicePrimaryCtxSetFlags_v7000(dev: CUdevice_v1, flags: ::std::os::raw::c_uint) = 7000, "cuDevicePrimaryCtxSetFlags", "cuDevicePrimaryCtxSetFlags", "", 0, PFN_cuDevicePrimaryCtxSetFlags_v7000, [cuDevicePrimaryCtxSetFlags, cuDevicePrimaryCtxSetFlags_v7000];
+    /// The ABI variant 2000 of `cuDeviceTotalMem`, with `PFN_cuDeviceTotalMem_v2000`'s signature (`cuDeviceTotalMem` is bound at 3020).
+    cuDeviceTotalMem_v2000(bytes: *mut ::std::os::raw::c_uint, dev: CUdevice_v1) = 2000, "cuDeviceTotalMem", "cuDeviceTotalMem", "", 0, PFN_cuDeviceTotalMem_v2000, [cuDeviceTotalMem_v2000];
+    /// The ABI variant 2000 of `cuEventDestroy`, with `PFN_cuEventDestroy_v2000`'s signature (`cuEventDestroy` is bound at 4000).
+    cuEventDestroy_v2000(hEvent: CUevent) = 2000, "cuEventDestroy", "cuEventDestroy", "", 0, PFN_cuEventDestroy_v2000, [cuEventDestroy, cuEventDestroy_v2000];
+    /// The ABI variant 2000 of `cuEventElapsedTime`, with `PFN_cuEventElapsedTime_v2000`'s signature (`cuEventElapsedTime` is bound at 12080).
+    cuEventElapsedTime_v2000(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) = 2000, "cuEventElapsedTime", "cuEventElapsedTime", "", 0, PFN_cuEventElapsedTime_v2000, [cuEventElapsedTime, cuEventElapsedTime_v2000];
+    /// The ABI variant 11030 of `cuGetProcAddress`, with `PFN_cuGetProcAddress_v11030`'s signature (`cuGetProcAddress` is bound at 12000).
+    cuGetProcAddress_v11030(symbol: *const ::std::os::raw::c_char, pfn: *mut *mut ::std::os::raw::c_void, driverVersion: ::std::os::raw::c_int, flags: cuuint64_t) = 11030, "cuGetProcAddress", "cuGetProcAddress", "", 0, PFN_cuGetProcAddress_v11030, [cuGetProcAddress_v11030];
+    /// The ABI variant 10000 of `cuGraphAddDependencies`, with `PFN_cuGraphAddDependencies_v10000`'s signature (`cuGraphAddDependencies` is bound at 12030).
+    cuGraphAddDependencies_v10000(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize) = 10000, "cuGraphAddDependencies", "cuGraphAddDependencies", "", 0, PFN_cuGraphAddDependencies_v10000, [cuGraphAddDependencies_v10000];
+    /// The ABI variant 10000 of `cuGraphAddKernelNode`, with `PFN_cuGraphAddKernelNode_v10000`'s signature (`cuGraphAddKernelNode` is bound at 12000).
+    cuGraphAddKernelNode_v10000(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) = 10000, "cuGraphAddKernelNode", "cuGraphAddKernelNode", "", 0, PFN_cuGraphAddKernelNode_v10000, [cuGraphAddKernelNode_v10000];
+    /// The ABI variant 12020 of `cuGraphAddNode`, with `PFN_cuGraphAddNode_v12020`'s signature (`cuGraphAddNode_v3` is bound at 13040).
+    cuGraphAddNode_v12020(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUgraphNodeParams) = 12020, "cuGraphAddNode", "cuGraphAddNode", "", 0, PFN_cuGraphAddNode_v12020, [cuGraphAddNode_v12020];
+    /// The ABI variant 10010 of `cuGraphExecKernelNodeSetParams`, with `PFN_cuGraphExecKernelNodeSetParams_v10010`'s signature (`cuGraphExecKernelNodeSetParams` is bound at 12000).
+    cuGraphExecKernelNodeSetParams_v10010(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) = 10010, "cuGraphExecKernelNodeSetParams", "cuGraphExecKernelNodeSetParams", "", 0, PFN_cuGraphExecKernelNodeSetParams_v10010, [cuGraphExecKernelNodeSetParams_v10010];
+    /// The ABI variant 10020 of `cuGraphExecUpdate`, with `PFN_cuGraphExecUpdate_v10020`'s signature (`cuGraphExecUpdate` is bound at 12000).
+    cuGraphExecUpdate_v10020(hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult) = 10020, "cuGraphExecUpdate", "cuGraphExecUpdate", "", 0, PFN_cuGraphExecUpdate_v10020, [cuGraphExecUpdate_v10020];
+    /// The ABI variant 10000 of `cuGraphGetEdges`, with `PFN_cuGraphGetEdges_v10000`'s signature (`cuGraphGetEdges` is bound at 12030).
+    cuGraphGetEdges_v10000(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, numEdges: *mut usize) = 10000, "cuGraphGetEdges", "cuGraphGetEdges", "", 0, PFN_cuGraphGetEdges_v10000, [cuGraphGetEdges_v10000];
+    /// The ABI variant 10000 of `cuGraphInstantiate`, with `PFN_cuGraphInstantiate_v10000`'s signature.
+    cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut ::std::os::raw::c_char, bufferSize: usize) = 10000, "cuGraphInstantiate", "cuGraphInstantiate", "", 0, PFN_cuGraphInstantiate_v10000, [cuGraphInstantiate_v2, cuGraphInstantiate];
+    /// The ABI variant 11000 of `cuGraphInstantiate`, with `PFN_cuGraphInstantiate_v11000`'s signature.
+    cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut ::std::os::raw::c_char, bufferSize: usize) = 11000, "cuGraphInstantiate", "cuGraphInstantiate_v2", "", 0, PFN_cuGraphInstantiate_v11000, [cuGraphInstantiate_v2, cuGraphInstantiate];
+    /// The ABI variant 10000 of `cuGraphKernelNodeGetParams`, with `PFN_cuGraphKernelNodeGetParams_v10000`'s signature (`cuGraphKernelNodeGetParams` is bound at 12000).
+    cuGraphKernelNodeGetParams_v10000(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1) = 10000, "cuGraphKernelNodeGetParams", "cuGraphKernelNodeGetParams", "", 0, PFN_cuGraphKernelNodeGetParams_v10000, [cuGraphKernelNodeGetParams_v10000];
+    /// The ABI variant 10000 of `cuGraphKernelNodeSetParams`, with `PFN_cuGraphKernelNodeSetParams_v10000`'s signature (`cuGraphKernelNodeSetParams` is bound at 12000).
+    cuGraphKernelNodeSetParams_v10000(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1) = 10000, "cuGraphKernelNodeSetParams", "cuGraphKernelNodeSetParams", "", 0, PFN_cuGraphKernelNodeSetParams_v10000, [cuGraphKernelNodeSetParams_v10000];
+    /// The ABI variant 10000 of `cuGraphNodeGetDependencies`, with `PFN_cuGraphNodeGetDependencies_v10000`'s signature (`cuGraphNodeGetDependencies` is bound at 12030).
+    cuGraphNodeGetDependencies_v10000(hNode: CUgraphNode, dependencies: *mut CUgraphNode, numDependencies: *mut usize) = 10000, "cuGraphNodeGetDependencies", "cuGraphNodeGetDependencies", "", 0, PFN_cuGraphNodeGetDependencies_v10000, [cuGraphNodeGetDependencies_v10000];
+    /// The ABI variant 10000 of `cuGraphNodeGetDependentNodes`, with `PFN_cuGraphNodeGetDependentNodes_v10000`'s signature (`cuGraphNodeGetDependentNodes` is bound at 12030).
+    cuGraphNodeGetDependentNodes_v10000(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, numDependentNodes: *mut usize) = 10000, "cuGraphNodeGetDependentNodes", "cuGraphNodeGetDependentNodes", "", 0, PFN_cuGraphNodeGetDependentNodes_v10000, [cuGraphNodeGetDependentNodes_v10000];
+    /// The ABI variant 10000 of `cuGraphRemoveDependencies`, with `PFN_cuGraphRemoveDependencies_v10000`'s signature (`cuGraphRemoveDependencies` is bound at 12030).
+    cuGraphRemoveDependencies_v10000(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize) = 10000, "cuGraphRemoveDependencies", "cuGraphRemoveDependencies", "", 0, PFN_cuGraphRemoveDependencies_v10000, [cuGraphRemoveDependencies_v10000];
+    /// The ABI variant 3000 of `cuGraphicsResourceSetMapFlags`, with `PFN_cuGraphicsResourceSetMapFlags_v3000`'s signature (`cuGraphicsResourceSetMapFlags` is bound at 6050).
+    cuGraphicsResourceSetMapFlags_v3000(resource: CUgraphicsResource, flags: ::std::os::raw::c_uint) = 3000, "cuGraphicsResourceSetMapFlags", "cuGraphicsResourceSetMapFlags", "", 0, PFN_cuGraphicsResourceSetMapFlags_v3000, [cuGraphicsResourceSetMapFlags, cuGraphicsResourceSetMapFlags_v3000];
+    /// The ABI variant 4010 of `cuIpcOpenMemHandle`, with `PFN_cuIpcOpenMemHandle_v4010`'s signature (`cuIpcOpenMemHandle` is bound at 11000).
+    cuIpcOpenMemHandle_v4010(pdptr: *mut CUdeviceptr_v2, handle: CUipcMemHandle_v1, Flags: ::std::os::raw::c_uint) = 4010, "cuIpcOpenMemHandle", "cuIpcOpenMemHandle", "", 0, PFN_cuIpcOpenMemHandle_v4010, [cuIpcOpenMemHandle, cuIpcOpenMemHandle_v4010];
+    /// The ABI variant 5050 of `cuLinkAddData`, with `PFN_cuLinkAddData_v5050`'s signature (`cuLinkAddData` is bound at 6050).
+    cuLinkAddData_v5050(state: CUlinkState, type_: CUjitInputType, data: *mut ::std::os::raw::c_void, size: usize, name: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 5050, "cuLinkAddData", "cuLinkAddData", "", 0, PFN_cuLinkAddData_v5050, [cuLinkAddData, cuLinkAddData_v5050];
+    /// The ABI variant 5050 of `cuLinkAddFile`, with `PFN_cuLinkAddFile_v5050`'s signature (`cuLinkAddFile` is bound at 6050).
+    cuLinkAddFile_v5050(state: CUlinkState, type_: CUjitInputType, path: *const ::std::os::raw::c_char, numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void) = 5050, "cuLinkAddFile", "cuLinkAddFile", "", 0, PFN_cuLinkAddFile_v5050, [cuLinkAddFile, cuLinkAddFile_v5050];
+    /// The ABI variant 5050 of `cuLinkCreate`, with `PFN_cuLinkCreate_v5050`'s signature (`cuLinkCreate` is bound at 6050).
+    cuLinkCreate_v5050(numOptions: ::std::os::raw::c_uint, options: *mut CUjit_option, optionValues: *mut *mut ::std::os::raw::c_void, stateOut: *mut CUlinkState) = 5050, "cuLinkCreate", "cuLinkCreate", "", 0, PFN_cuLinkCreate_v5050, [cuLinkCreate, cuLinkCreate_v5050];
+    /// The ABI variant 8000 of `cuMemAdvise`, with `PFN_cuMemAdvise_v8000`'s signature (`cuMemAdvise` is bound at 12020).
+    cuMemAdvise_v8000(devPtr: CUdeviceptr_v2, count: usize, advice: CUmem_advise, device: CUdevice_v1) = 8000, "cuMemAdvise", "cuMemAdvise", "", 0, PFN_cuMemAdvise_v8000, [cuMemAdvise_v8000];
+    /// The ABI variant 2000 of `cuMemAllocHost`, with `PFN_cuMemAllocHost_v2000`'s signature (`cuMemAllocHost` is bound at 3020).
+    cuMemAllocHost_v2000(pp: *mut *mut ::std::os::raw::c_void, bytesize: ::std::os::raw::c_uint) = 2000, "cuMemAllocHost", "cuMemAllocHost", "", 0, PFN_cuMemAllocHost_v2000, [cuMemAllocHost_v2000];
+    /// The ABI variant 2000 of `cuMemGetInfo`, with `PFN_cuMemGetInfo_v2000`'s signature (`cuMemGetInfo` is bound at 3020).
+    cuMemGetInfo_v2000(free: *mut ::std::os::raw::c_uint, total: *mut ::std::os::raw::c_uint) = 2000, "cuMemGetInfo", "cuMemGetInfo", "", 0, PFN_cuMemGetInfo_v2000, [cuMemGetInfo_v2000];
+    /// The ABI variant 4000 of `cuMemHostRegister`, with `PFN_cuMemHostRegister_v4000`'s signature (`cuMemHostRegister` is bound at 6050).
+    cuMemHostRegister_v4000(p: *mut ::std::os::raw::c_void, bytesize: usize, Flags: ::std::os::raw::c_uint) = 4000, "cuMemHostRegister", "cuMemHostRegister", "", 0, PFN_cuMemHostRegister_v4000, [cuMemHostRegister, cuMemHostRegister_v4000];
+    /// The ABI variant 8000 of `cuMemPrefetchAsync`, with `PFN_cuMemPrefetchAsync_v8000`'s signature (`cuMemPrefetchAsync` is bound at 12020).
+    cuMemPrefetchAsync_v8000(devPtr: CUdeviceptr_v2, count: usize, dstDevice: CUdevice_v1, hStream: CUstream) = 8000, "cuMemPrefetchAsync", "cuMemPrefetchAsync", "cuMemPrefetchAsync_ptsz", 8000, PFN_cuMemPrefetchAsync_v8000, [cuMemPrefetchAsync_v8000];
+    /// The ABI variant 12080 of `cuMemcpy3DBatchAsync`, with `PFN_cuMemcpy3DBatchAsync_v12080`'s signature (`cuMemcpy3DBatchAsync` is bound at 13000).
+    cuMemcpy3DBatchAsync_v12080(numParams: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP_v1, failIdx: *mut usize, flags: ::std::os::raw::c_ulonglong, hStream: CUstream) = 12080, "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync", "cuMemcpy3DBatchAsync_ptsz", 12080, PFN_cuMemcpy3DBatchAsync_v12080, [cuMemcpy3DBatchAsync_v12080];
+    /// The ABI variant 2000 of `cuMemcpyAtoA`, with `PFN_cuMemcpyAtoA_v2000`'s signature (`cuMemcpyAtoA` is bound at 3020).
+    cuMemcpyAtoA_v2000(dstArray: CUarray, dstOffset: ::std::os::raw::c_uint, srcArray: CUarray, srcOffset: ::std::os::raw::c_uint, ByteCount: ::std::os::raw::c_uint) = 2000, "cuMemcpyAtoA", "cuMemcpyAtoA", "", 0, PFN_cuMemcpyAtoA_v2000, [cuMemcpyAtoA_v2000];
+    /// The ABI variant 2000 of `cuMemcpyAtoH`, with `PFN_cuMemcpyAtoH_v2000`'s signature (`cuMemcpyAtoH` is bound at 3020).
+    cuMemcpyAtoH_v2000(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: ::std::os::raw::c_uint, ByteCount: ::std::os::raw::c_uint) = 2000, "cuMemcpyAtoH", "cuMemcpyAtoH", "", 0, PFN_cuMemcpyAtoH_v2000, [cuMemcpyAtoH_v2000];
+    /// The ABI variant 2000 of `cuMemcpyAtoHAsync`, with `PFN_cuMemcpyAtoHAsync_v2000`'s signature (`cuMemcpyAtoHAsync` is bound at 3020).
+    cuMemcpyAtoHAsync_v2000(dstHost: *mut ::std::os::raw::c_void, srcArray: CUarray, srcOffset: ::std::os::raw::c_uint, ByteCount: ::std::os::raw::c_uint, hStream: CUstream) = 2000, "cuMemcpyAtoHAsync", "cuMemcpyAtoHAsync", "", 0, PFN_cuMemcpyAtoHAsync_v2000, [cuMemcpyAtoHAsync_v2000];
+    /// The ABI variant 12080 of `cuMemcpyBatchAsync`, with `PFN_cuMemcpyBatchAsync_v12080`'s signature (`cuMemcpyBatchAsync` is bound at 13000).
+    cuMemcpyBatchAsync_v12080(dsts: *mut CUdeviceptr_v2, srcs: *mut CUdeviceptr_v2, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes_v1, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream) = 12080, "cuMemcpyBatchAsync", "cuMemcpyBatchAsync", "cuMemcpyBatchAsync_ptsz", 12080, PFN_cuMemcpyBatchAsync_v12080, [cuMemcpyBatchAsync_v12080];
+    /// The ABI variant 2000 of `cuMemcpyHtoA`, with `PFN_cuMemcpyHtoA_v2000`'s signature (`cuMemcpyHtoA` is bound at 3020).
+    cuMemcpyHtoA_v2000(dstArray: CUarray, dstOffset: ::std::os::raw::c_uint, srcHost: *const ::std::os::raw::c_void, ByteCount: ::std::os::raw::c_uint) = 2000, "cuMemcpyHtoA", "cuMemcpyHtoA", "", 0, PFN_cuMemcpyHtoA_v2000, [cuMemcpyHtoA_v2000];
+    /// The ABI variant 2000 of `cuMemcpyHtoAAsync`, with `PFN_cuMemcpyHtoAAsync_v2000`'s signature (`cuMemcpyHtoAAsync` is bound at 3020).
+    cuMemcpyHtoAAsync_v2000(dstArray: CUarray, dstOffset: ::std::os::raw::c_uint, srcHost: *const ::std::os::raw::c_void, ByteCount: ::std::os::raw::c_uint, hStream: CUstream) = 2000, "cuMemcpyHtoAAsync", "cuMemcpyHtoAAsync", "", 0, PFN_cuMemcpyHtoAAsync_v2000, [cuMemcpyHtoAAsync_v2000];
+    /// The ABI variant 8000 of `cuStreamBatchMemOp`, with `PFN_cuStreamBatchMemOp_v8000`'s signature (`cuStreamBatchMemOp` is bound at 11070).
+    cuStreamBatchMemOp_v8000(stream: CUstream, count: ::std::os::raw::c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: ::std::os::raw::c_uint) = 8000, "cuStreamBatchMemOp", "cuStreamBatchMemOp", "cuStreamBatchMemOp_ptsz", 8000, PFN_cuStreamBatchMemOp_v8000, [cuStreamBatchMemOp, cuStreamBatchMemOp_v8000];
+    /// The ABI variant 10000 of `cuStreamBeginCapture`, with `PFN_cuStreamBeginCapture_v10000`'s signature (`cuStreamBeginCapture` is bound at 10010).
+    cuStreamBeginCapture_v10000(hStream: CUstream) = 10000, "cuStreamBeginCapture", "cuStreamBeginCapture", "cuStreamBeginCapture_ptsz", 10000, PFN_cuStreamBeginCapture_v10000, [cuStreamBeginCapture_v10000];
+    /// The ABI variant 2000 of `cuStreamDestroy`, with `PFN_cuStreamDestroy_v2000`'s signature (`cuStreamDestroy` is bound at 4000).
+    cuStreamDestroy_v2000(hStream: CUstream) = 2000, "cuStreamDestroy", "cuStreamDestroy", "", 0, PFN_cuStreamDestroy_v2000, [cuStreamDestroy, cuStreamDestroy_v2000];
+    /// The ABI variant 10010 of `cuStreamGetCaptureInfo`, with `PFN_cuStreamGetCaptureInfo_v10010`'s signature (`cuStreamGetCaptureInfo` is bound at 12030).
+    cuStreamGetCaptureInfo_v10010(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t) = 10010, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_ptsz", 10010, PFN_cuStreamGetCaptureInfo_v10010, [cuStreamGetCaptureInfo_v10010];
+    /// The ABI variant 11030 of `cuStreamGetCaptureInfo`, with `PFN_cuStreamGetCaptureInfo_v11030`'s signature (`cuStreamGetCaptureInfo` is bound at 12030).
+    cuStreamGetCaptureInfo_v2(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize) = 11030, "cuStreamGetCaptureInfo", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo_v2_ptsz", 11030, PFN_cuStreamGetCaptureInfo_v11030, [cuStreamGetCaptureInfo_v2];
+    /// The ABI variant 11030 of `cuStreamUpdateCaptureDependencies`, with `PFN_cuStreamUpdateCaptureDependencies_v11030`'s signature (`cuStreamUpdateCaptureDependencies` is bound at 12030).
+    cuStreamUpdateCaptureDependencies_v11030(hStream: CUstream, dependencies: *mut CUgraphNode, numDependencies: usize, flags: ::std::os::raw::c_uint) = 11030, "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies", "cuStreamUpdateCaptureDependencies_ptsz", 11030, PFN_cuStreamUpdateCaptureDependencies_v11030, [cuStreamUpdateCaptureDependencies_v11030];
+    /// The ABI variant 8000 of `cuStreamWaitValue32`, with `PFN_cuStreamWaitValue32_v8000`'s signature (`cuStreamWaitValue32` is bound at 11070).
+    cuStreamWaitValue32_v8000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 8000, "cuStreamWaitValue32", "cuStreamWaitValue32", "cuStreamWaitValue32_ptsz", 8000, PFN_cuStreamWaitValue32_v8000, [cuStreamWaitValue32, cuStreamWaitValue32_v8000];
+    /// The ABI variant 9000 of `cuStreamWaitValue64`, with `PFN_cuStreamWaitValue64_v9000`'s signature (`cuStreamWaitValue64` is bound at 11070).
+    cuStreamWaitValue64_v9000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 9000, "cuStreamWaitValue64", "cuStreamWaitValue64", "cuStreamWaitValue64_ptsz", 9000, PFN_cuStreamWaitValue64_v9000, [cuStreamWaitValue64, cuStreamWaitValue64_v9000];
+    /// The ABI variant 8000 of `cuStreamWriteValue32`, with `PFN_cuStreamWriteValue32_v8000`'s signature (`cuStreamWriteValue32` is bound at 11070).
+    cuStreamWriteValue32_v8000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint32_t, flags: ::std::os::raw::c_uint) = 8000, "cuStreamWriteValue32", "cuStreamWriteValue32", "cuStreamWriteValue32_ptsz", 8000, PFN_cuStreamWriteValue32_v8000, [cuStreamWriteValue32, cuStreamWriteValue32_v8000];
+    /// The ABI variant 9000 of `cuStreamWriteValue64`, with `PFN_cuStreamWriteValue64_v9000`'s signature (`cuStreamWriteValue64` is bound at 11070).
+    cuStreamWriteValue64_v9000(stream: CUstream, addr: CUdeviceptr_v2, value: cuuint64_t, flags: ::std::os::raw::c_uint) = 9000, "cuStreamWriteValue64", "cuStreamWriteValue64", "cuStreamWriteValue64_ptsz", 9000, PFN_cuStreamWriteValue64_v9000, [cuStreamWriteValue64, cuStreamWriteValue64_v9000];
+    /// The ABI variant 3020 of `cuTexRefSetAddress2D`, with `PFN_cuTexRefSetAddress2D_v3020`'s signature (`cuTexRefSetAddress2D` is bound at 4010).
+    cuTexRefSetAddress2D_v2(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR_v2, dptr: CUdeviceptr_v2, Pitch: usize) = 3020, "cuTexRefSetAddress2D", "cuTexRefSetAddress2D_v2", "", 0, PFN_cuTexRefSetAddress2D_v3020, [cuTexRefSetAddress2D, cuTexRefSetAddress2D_v2];
 }

@@ -300,3 +300,12 @@ pub unsafe extern "C" fn cuGetProcAddress(
         code
     })
 }
+
+/// `cuMemAlloc`, the 2.0 export with 32-bit sizes and device pointers (`PFN_cuMemAlloc_v2000`,
+/// under `__CUDA_API_VERSION_INTERNAL`): real drivers still export it beside `cuMemAlloc_v2`, so
+/// a lookup by the plain name on a driver before 11.3 finds this one. The fake only refuses it,
+/// recording the call, so a test can tell that the wrong ABI was picked.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc(_dptr: *mut u32, _bytesize: u32) -> CUresult {
+    call("cuMemAlloc", "cuMemAlloc", || crate::errors::NOT_SUPPORTED)
+}

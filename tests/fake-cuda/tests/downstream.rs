@@ -31,7 +31,7 @@ fn done_flag(driver: &Driver, stream: CUstream) -> Result<Arc<AtomicBool>, cuda_
         // The driver will never call `set`: take the reference back.
         // SAFETY: `data` came from `Arc::into_raw` and was not used.
         drop(unsafe { Arc::from_raw(data.cast::<AtomicBool>()) });
-        return Err(e);
+        return Err(e.into());
     }
     Ok(flag)
 }

@@ -23,8 +23,8 @@ fn setup() -> (&'static Driver, &'static FakeCuda, MutexGuard<'static, ()>) {
     (driver, fake, guard)
 }
 
-fn code(result: Result<(), cuda_sys::Error>) -> Option<CUresult> {
-    result.err().and_then(|e| e.code())
+fn code(result: Result<(), impl Into<cuda_sys::Error>>) -> Option<CUresult> {
+    result.err().and_then(|e| e.into().code())
 }
 
 unsafe extern "C" fn bump(data: *mut std::ffi::c_void) {
