@@ -273,8 +273,6 @@ pub(crate) unsafe fn enqueue(
     runs: Runs,
     options: &LaunchOptions,
 ) -> Result<(), Error> {
-    #[cfg(cuda_host_launch_profile)]
-    let _timed = Timed(crate::profile::start());
     let hint = stream.context_hint();
     let stream = stream.as_raw_stream();
     // On an error `record` is dropped here, which defers its owners to the cleanup queue.
@@ -282,24 +280,13 @@ pub(crate) unsafe fn enqueue(
     let mode = cleanup::prepare()?;
     let driver = cuda_sys::driver()?;
     let call = LaunchCall::resolve(driver, options)?;
-    #[cfg(cuda_host_launch_profile)]
-    let capture_started = crate::profile::start();
-    let ablation = Ablation::now();
-    let capture = if ablation.skip_capture_query {
-        Capture::None
-    } else {
-        capture_of(driver, stream)?
-    };
-    #[cfg(cuda_host_launch_profile)]
-    crate::profile::capture(capture_started);
+    let capture = capture_of(driver, stream)?;
     match (capture, runs) {
         (Capture::None, _) => {
             let context = context_of(driver, stream, hint)?;
             let header = record.into_raw();
             // Tracked (a ticket, held by this thread) from before the launch until released, so a
             // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
-            #[cfg(cuda_host_launch_profile)]
-            let track_started = crate::profile::start();
             // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
             let ticket = match unsafe { pending::track(header, context) } {
                 Ok(ticket) => ticket,
@@ -309,17 +296,11 @@ pub(crate) unsafe fn enqueue(
                     return Err(e);
                 }
             };
-            #[cfg(cuda_host_launch_profile)]
-            crate::profile::track(track_started);
-            #[cfg(cuda_host_launch_profile)]
-            let call_started = crate::profile::start();
             // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
             // queues it; the ticket is never freed, so any call (even a late one) is sound. The
             // stream's validity is the `AsRawStream` guarantee.
             let (code, function) =
                 unsafe { call.call(stream, trampoline, ticket.id.as_user_data()) };
-            #[cfg(cuda_host_launch_profile)]
-            crate::profile::driver_call(call_started);
             if code != CUresult::CUDA_SUCCESS {
                 // The driver did not take it: it is ours again (a reclaim never takes a launch
                 // still inside its launch call), released here.
@@ -358,38 +339,4 @@ pub(crate) unsafe fn enqueue(
         cleanup::drain();
     }
     Ok(())
-}
-
-/// Steps of a launch that the profile build's ablations leave out (see `profile.rs`). In a normal
-/// build nothing is left out, and both are constants the compiler folds away.
-struct Ablation {
-    skip_capture_query: bool,
-}
-
-impl Ablation {
-    #[inline(always)]
-    fn now() -> Ablation {
-        #[cfg(cuda_host_launch_profile)]
-        {
-            let settings = crate::profile::profile_settings();
-            Ablation {
-                skip_capture_query: settings.skip_capture_query,
-            }
-        }
-        #[cfg(not(cuda_host_launch_profile))]
-        Ablation {
-            skip_capture_query: false,
-        }
-    }
-}
-
-/// Adds the time from its start to its drop to the profile's enqueue total.
-#[cfg(cuda_host_launch_profile)]
-struct Timed(Option<std::time::Instant>);
-
-#[cfg(cuda_host_launch_profile)]
-impl Drop for Timed {
-    fn drop(&mut self) {
-        crate::profile::enqueue(self.0);
-    }
 }

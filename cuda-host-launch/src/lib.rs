@@ -28,6 +28,11 @@
 //! reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or [`flush`]) drops the
 //! owners. See `DESIGN.md` for which thread drops what.
 //!
+//! # Features
+//! - `unpooled-records` (off by default): every launch record is a `Box` of its own instead of a
+//!   slot of the record pool. Slower; for memory checkers such as AddressSanitizer, which then see
+//!   each record's release as a `free`.
+//!
 //! # Rules for host functions
 //! - **No CUDA calls inside a host function.** The driver may fail them or deadlock. This crate's
 //!   own launches, [`flush`] and the driver calls of its resource and graph types return
@@ -115,8 +120,6 @@ mod own_line;
 mod panic_report;
 #[cfg(not(loom))]
 mod pending;
-#[cfg(all(cuda_host_launch_profile, not(loom)))]
-mod profile;
 #[cfg(not(loom))]
 mod raw_stream;
 #[cfg(not(loom))]
@@ -166,10 +169,6 @@ pub use options::{HostTaskSyncMode, LaunchOptions};
 pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 #[cfg(not(loom))]
 pub use pending::{launch_ticket_bytes, pending_launches, reclaim_pending};
-#[cfg(all(cuda_host_launch_profile, not(loom)))]
-pub use profile::{
-    Profile, ProfileSettings, profile_configure, profile_reset, profile_settings, profile_snapshot,
-};
 #[cfg(not(loom))]
 pub use raw_stream::{AsRawStream, RawStream};
 #[cfg(not(loom))]

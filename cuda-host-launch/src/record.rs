@@ -163,8 +163,6 @@ type Dispatch = unsafe fn(NonNull<RecordHeader>, Op) -> Option<PanicPayload>;
 /// driver thread nor one whose pool state is gone; else a `Box`. The record gets the dispatch
 /// function that matches where it went.
 fn place<P>(payload: P, pooled: Option<Dispatch>, boxed: Dispatch) -> OwnedRecord {
-    #[cfg(cuda_host_launch_profile)]
-    let _timed = crate::profile::TimedRecord(crate::profile::start());
     if let Some(pooled) = pooled
         && record_pool::fits(Layout::new::<Record<P>>())
         && !crate::in_host_function()
@@ -263,8 +261,6 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
     let Some(ticket) = tickets::ticket(id.index()) else {
         return;
     };
-    #[cfg(cuda_host_launch_profile)]
-    let started = crate::profile::start();
     // A call of a launch that ran already, was reclaimed, or is over (a replay of a graph that
     // captured a run-once launch, after the first) is not this call's to run: it touches nothing
     // but the ticket, which is never freed.
@@ -284,8 +280,6 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
         // SAFETY: ownership passes to the cleanup queue (no one else holds the record any more).
         unsafe { cleanup::push(header) };
     }
-    #[cfg(cuda_host_launch_profile)]
-    crate::profile::trampoline(started);
 }
 
 /// A raw launch: `f(user_data)`, with owners kept alive until it has returned.

@@ -164,10 +164,12 @@ thread_local! {
 
 /// Whether a value of layout `layout` fits a slot.
 ///
-/// Built with `--cfg cuda_host_launch_unpooled` (as `scripts/sanitize` does), nothing fits: every
-/// record is boxed, so AddressSanitizer sees each release as a `free`.
+/// With the `unpooled-records` feature (as `scripts/sanitize` builds one of its runs), nothing
+/// fits: every record is boxed, so AddressSanitizer sees each release as a `free`.
 pub(crate) const fn fits(layout: Layout) -> bool {
-    !cfg!(cuda_host_launch_unpooled) && layout.size() <= SLOT_SIZE && layout.align() <= SLOT_ALIGN
+    !cfg!(feature = "unpooled-records")
+        && layout.size() <= SLOT_SIZE
+        && layout.align() <= SLOT_ALIGN
 }
 
 /// A slot handed out by [`allocate`]: its memory, and where it is in its segment.
