@@ -9,14 +9,16 @@ use cuda_sys::types::{
     CUgraphNodeParams, CUgraphNodeType, CUhostFn, CUresult,
 };
 
-use crate::cleanup::defer_drop;
-use crate::error::Error;
-use crate::options::LaunchOptions;
-use crate::raw_stream::AsRawStream;
-use crate::record::{
-    OwnedRecord, RawPayload, RepeatableClosure, new_node_record, trampoline_repeatable,
-};
-use crate::user_object::GraphOwnedRecord;
+use crate::launch::raw_payload;
+use crate::reaper;
+use crate::reaper::defer_drop::defer_drop;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::support::error::Error;
+use crate::support::host_thread::{in_host_function, refuse_inside_host_function};
+use crate::support::raw_stream::AsRawStream;
+use crate::transport::host_function::{RepeatableClosure, trampoline_repeatable};
+use crate::transport::options::LaunchOptions;
+use crate::transport::user_object::GraphOwnedRecord;
 
 /// A CUDA graph (`CUgraph`), destroyed on drop.
 ///
@@ -38,7 +40,7 @@ impl Graph {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new() -> Result<Graph, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::new")?;
+        refuse_inside_host_function("Graph::new")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write; flags must be 0.
@@ -67,7 +69,7 @@ impl Graph {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn try_clone(&self) -> Result<Graph, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::try_clone")?;
+        refuse_inside_host_function("Graph::try_clone")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -82,7 +84,7 @@ impl Graph {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn instantiate(&self) -> Result<GraphExec, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::instantiate")?;
+        refuse_inside_host_function("Graph::instantiate")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -107,7 +109,7 @@ impl Graph {
     /// # Ok(()) }
     /// ```
     pub fn nodes(&self) -> Result<Vec<GraphNode<'_>>, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::nodes")?;
+        refuse_inside_host_function("Graph::nodes")?;
         let driver = cuda_sys::driver()?;
         let mut count = 0usize;
         // SAFETY: live graph; a null array asks for the count.
@@ -133,7 +135,7 @@ impl Graph {
     /// [`Error::Cuda`] if a call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn node_types(&self) -> Result<Vec<(GraphNode<'_>, CUgraphNodeType)>, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::node_types")?;
+        refuse_inside_host_function("Graph::node_types")?;
         let driver = cuda_sys::driver()?;
         self.nodes()?
             .into_iter()
@@ -249,7 +251,7 @@ impl GraphExec {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn launch(&self, stream: impl AsRawStream) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("GraphExec::launch")?;
+        refuse_inside_host_function("GraphExec::launch")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: live executable graph; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuGraphLaunch(self.raw, stream.as_raw_stream())? };
@@ -318,7 +320,7 @@ pub fn add_host_node_with<'g, F>(
 where
     F: Fn() + Send + Sync + 'static,
 {
-    let record = new_node_record(RepeatableClosure(f));
+    let record = OwnedRecord::graph_node(RepeatableClosure(f));
     // On an error the record is dropped here, which releases `f` (off a driver thread).
     let dependencies = raw_dependencies(graph, dependencies)?;
     // SAFETY: `graph` is a live graph (borrowed, and not `Sync`, so no other thread uses it);
@@ -355,7 +357,7 @@ pub unsafe fn add_host_node_raw<O>(
 where
     O: Send + Sync + 'static,
 {
-    let record = new_node_record(RawPayload::new(f, user_data, owners)?);
+    let record = OwnedRecord::graph_node(raw_payload(f, user_data, owners)?);
     // SAFETY: the caller's contract.
     unsafe { add_node(graph, dependencies, options, record) }
 }
@@ -370,12 +372,12 @@ unsafe fn add_node(
     options: &LaunchOptions,
     record: OwnedRecord,
 ) -> Result<CUgraphNode, Error> {
-    if crate::in_host_function() {
+    if in_host_function() {
         return Err(Error::InsideHostFunction {
             operation: "adding a graph host node",
         });
     }
-    crate::cleanup::prepare()?;
+    reaper::thread::prepare()?;
     let driver = cuda_sys::driver()?;
     options.check_supported(driver)?;
     let owned = GraphOwnedRecord::attach(driver, graph, record)?;

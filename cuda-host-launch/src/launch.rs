@@ -3,20 +3,15 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::types::{CUcontext, CUhostFn, CUresult, CUstream};
+use cuda_sys::types::CUhostFn;
 
-use crate::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
-use crate::cleanup::{self, CleanupMode};
-use crate::error::Error;
-use crate::launch_state::LaunchOver;
-use crate::options::{LaunchCall, LaunchOptions};
-use crate::pending;
-use crate::raw_stream::AsRawStream;
-use crate::record::{
-    ClosurePayload, OwnedRecord, RawPayload, RepeatableClosure, new_bytes_record, new_record,
-    new_shared_record, trampoline, trampoline_repeatable,
-};
-use crate::user_object::GraphOwnedRecord;
+use crate::reaper::defer_drop::defer_drop;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::record::payload::{ClosurePayload, RawPayload};
+use crate::support::error::Error;
+use crate::support::raw_stream::AsRawStream;
+use crate::transport::host_function::{RepeatableClosure, Runs, enqueue};
+use crate::transport::options::LaunchOptions;
 
 /// Enqueues `f(user_data)` on `stream`, keeping `owners` alive until `f` has returned; the owners
 /// are then dropped exactly once, by the cleanup queue, never on the driver's thread.
@@ -98,7 +93,7 @@ where
     S: AsRawStream,
     O: Send + 'static,
 {
-    let record = new_record(RawPayload::new(f, user_data, owners)?);
+    let record = OwnedRecord::new(raw_payload(f, user_data, owners)?);
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
     unsafe { enqueue(&stream, record, Runs::Once, options) }
 }
@@ -129,7 +124,7 @@ where
     S: AsRawStream,
     O: Send + Sync + 'static,
 {
-    let record = new_shared_record(RawPayload::new(f, user_data, owners)?);
+    let record = OwnedRecord::repeatable(raw_payload(f, user_data, owners)?);
     // SAFETY: the caller's contract covers any number of runs.
     unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
 }
@@ -151,7 +146,8 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
     bytes: &[u8],
 ) -> Result<(), Error> {
     let f = f.ok_or(Error::NullFunction)?;
-    let record = new_bytes_record(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
+    let record =
+        OwnedRecord::bytes(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
     unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default()) }
 }
@@ -202,7 +198,7 @@ where
     S: AsRawStream,
     F: FnMut() + Send + 'static,
 {
-    let record = new_record(ClosurePayload { f, panic: None });
+    let record = OwnedRecord::new(ClosurePayload { f, panic: None });
     // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
     unsafe { enqueue(&stream, record, Runs::Once, options) }
 }
@@ -223,120 +219,26 @@ where
     S: AsRawStream,
     F: Fn() + Send + Sync + 'static,
 {
-    let record = new_shared_record(RepeatableClosure(f));
+    let record = OwnedRecord::repeatable(RepeatableClosure(f));
     // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`), with
     // panics caught.
     unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
 }
 
-/// The context a launch on `stream` goes to: the implementor's hint, the current context for the
-/// special handles, or `cuStreamGetCtx`.
-pub(crate) fn context_of(
-    driver: &cuda_sys::Driver,
-    stream: CUstream,
-    hint: Option<CUcontext>,
-) -> Result<CUcontext, Error> {
-    if let Some(context) = hint {
-        return Ok(context);
-    }
-    let mut context: CUcontext = std::ptr::null_mut();
-    let special = stream.is_null()
-        || stream == cuda_sys::CU_STREAM_LEGACY
-        || stream == cuda_sys::CU_STREAM_PER_THREAD;
-    if special {
-        // SAFETY: a valid out-pointer.
-        unsafe { driver.cuCtxGetCurrent(&mut context)? };
-    } else {
-        // SAFETY: the stream is valid (the `AsRawStream` guarantee); a valid out-pointer.
-        unsafe { driver.cuStreamGetCtx(stream, &mut context)? };
-    }
-    Ok(context)
-}
-
-/// Whether a launch's record may run more than once.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Runs {
-    /// Runs once; refused on a capturing stream.
-    Once,
-    /// May run many times; captured as a graph node on a capturing stream.
-    Repeatable,
-}
-
-/// Enqueues a built record on `stream`. On any error the record is released (or handed to the
-/// graph's user object, which releases it) before returning.
-///
-/// # Safety
-/// The record's payload must be sound to run as `runs` says on the driver's thread.
-pub(crate) unsafe fn enqueue(
-    stream: &impl AsRawStream,
-    record: OwnedRecord,
-    runs: Runs,
-    options: &LaunchOptions,
-) -> Result<(), Error> {
-    let hint = stream.context_hint();
-    let stream = stream.as_raw_stream();
-    // On an error `record` is dropped here, which defers its owners to the cleanup queue.
-    crate::host_thread::refuse_inside_host_function("launching a host function")?;
-    let mode = cleanup::prepare()?;
-    let driver = cuda_sys::driver()?;
-    let call = LaunchCall::resolve(driver, options)?;
-    let capture = capture_of(driver, stream)?;
-    match (capture, runs) {
-        (Capture::None, _) => {
-            let context = context_of(driver, stream, hint)?;
-            let header = record.into_raw();
-            // Tracked (a ticket, held by this thread) from before the launch until released, so a
-            // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
-            // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
-            let ticket = match unsafe { pending::track(header, context) } {
-                Ok(ticket) => ticket,
-                Err(e) => {
-                    // SAFETY: `header` came from `into_raw` just above; nobody else has it.
-                    drop(unsafe { OwnedRecord::from_raw(header) });
-                    return Err(e);
-                }
-            };
-            // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
-            // queues it; the ticket is never freed, so any call (even a late one) is sound. The
-            // stream's validity is the `AsRawStream` guarantee.
-            let (code, function) =
-                unsafe { call.call(stream, trampoline, ticket.id.as_user_data()) };
-            if code != CUresult::CUDA_SUCCESS {
-                // The driver did not take it: it is ours again (a reclaim never takes a launch
-                // still inside its launch call), released here.
-                // SAFETY: `header` came from `into_raw` just above and the driver refused it.
-                drop(unsafe { OwnedRecord::from_raw(header) });
-                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
-            }
-            // The driver has it: hand it over (or, if its host function already ran, queue it).
-            if ticket.launched() == LaunchOver::Push {
-                // SAFETY: the host function has run and no one else holds the record.
-                unsafe { cleanup::push(header) };
-            }
-        }
-        (Capture::Active { id, .. }, Runs::Once) => return Err(capture_active(stream, id)),
-        (Capture::Active { graph, .. }, Runs::Repeatable) => {
-            // User objects (11.3) come first: below them a captured launch cannot be owned by its
-            // graph, and the 11.3 capture query below would not exist either.
-            driver.raw().cuUserObjectCreate()?;
-            let graph = if graph.is_null() {
-                capture_graph_legacy(driver, stream)?
-            } else {
-                graph
-            };
-            let owned = GraphOwnedRecord::attach(driver, graph, record)?;
-            // SAFETY: the captured node's function runs the record on every replay, through `&self`;
-            // the graph owns the record until it and its executables are destroyed.
-            let (code, function) =
-                unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
-            if code != CUresult::CUDA_SUCCESS {
-                owned.detach(driver);
-                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
-            }
-        }
-    }
-    if mode == CleanupMode::Manual {
-        cleanup::drain();
-    }
-    Ok(())
+/// The payload of a raw launch or node; for a null `f`, [`Error::NullFunction`] with the owners
+/// already released (off a driver thread, see [`defer_drop`]).
+pub(crate) fn raw_payload<O: Send + 'static>(
+    f: CUhostFn,
+    user_data: *mut c_void,
+    owners: O,
+) -> Result<RawPayload<O>, Error> {
+    let Some(f) = f else {
+        defer_drop(owners);
+        return Err(Error::NullFunction);
+    };
+    Ok(RawPayload {
+        f,
+        user_data,
+        owners,
+    })
 }

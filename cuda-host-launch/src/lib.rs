@@ -80,99 +80,71 @@
     unsafe_op_in_unsafe_fn,
     clippy::undocumented_unsafe_blocks
 )]
+// Under loom only the lock-free core is compiled, for its models, which do not use all of it.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
-// Under `--cfg loom` (model checking: see `loom_models.rs`) only the lock-free core and its models
-// are compiled; the rest uses `static` atomics (loom's are not `const`), `std::thread`, `OnceLock`
-// and the driver. Normal builds compile every module, as if these attributes were absent.
-#[cfg(not(loom))]
-mod capture;
-#[cfg(not(loom))]
-mod cleanup;
+// The layers, lowest first; a module uses only the layers below it (and its own), as
+// `scripts/check-layers` checks and `DESIGN.md` draws. Under `--cfg loom` (model checking: see
+// `loom_models`) only the lock-free core and its models are compiled: the rest uses `static`
+// atomics (loom's are not `const`), `std::thread` and the driver.
 #[cfg(not(loom))]
 mod completion;
 #[cfg(not(loom))]
-mod error;
-#[cfg(not(loom))]
-mod exit_gate;
-#[cfg(not(loom))]
-mod forked_child;
-#[cfg(not(loom))]
 mod graph;
 #[cfg(not(loom))]
-mod host_thread;
-#[cfg_attr(loom, allow(dead_code))]
-mod intrusive_stack;
-#[cfg(not(loom))]
 mod launch;
-#[cfg_attr(loom, allow(dead_code))]
-mod launch_state;
-#[cfg(all(test, loom))]
-mod loom_launch_state;
-#[cfg(all(test, loom))]
-mod loom_models;
-#[cfg(not(loom))]
-mod low_latency;
-#[cfg(not(loom))]
-mod options;
-#[cfg(not(loom))]
-mod own_line;
-#[cfg(not(loom))]
-mod panic_report;
-#[cfg(not(loom))]
-mod pending;
-#[cfg(not(loom))]
-mod raw_stream;
-#[cfg(not(loom))]
+mod reaper;
 mod record;
 #[cfg(not(loom))]
-mod record_pool;
-#[cfg(not(loom))]
-mod relaxed_capture;
-#[cfg(not(loom))]
 mod resources;
-#[cfg_attr(loom, allow(unused_imports))]
-mod sync;
+mod support;
 #[cfg(not(loom))]
-mod tickets;
+mod tracking;
 #[cfg(not(loom))]
-mod user_object;
-#[cfg(not(loom))]
-mod waker_slot;
+mod transport;
 
-#[cfg(not(loom))]
-pub use cleanup::{
-    CLEANUP_MODE_ENV, CleanupMode, CleanupStats, REAPER_LINGER_ENV, REAPER_POLL_ENV, cleanup_mode,
-    cleanup_stats, defer_drop, drain, flush, set_cleanup_mode,
-};
+#[cfg(all(test, loom))]
+mod loom_models;
+
 #[cfg(not(loom))]
 pub use completion::{
     Completion, CompletionMode, HostLaunchFuture, completion, completion_with, host_launch_async,
 };
 #[cfg(not(loom))]
-pub use error::Error;
-#[cfg(not(loom))]
 pub use graph::{
     Graph, GraphExec, GraphNode, add_host_node, add_host_node_raw, add_host_node_with,
 };
-#[cfg(not(loom))]
-pub use host_thread::{HostFunctionScope, in_host_function};
 #[cfg(not(loom))]
 pub use launch::{
     host_launch, host_launch_repeatable, host_launch_with, launch_host_function,
     launch_host_function_repeatable, launch_host_function_with, launch_host_function_with_bytes,
 };
 #[cfg(not(loom))]
-pub use low_latency::poller_cpu_time;
+pub use reaper::defer_drop::defer_drop;
 #[cfg(not(loom))]
-pub use options::{HostTaskSyncMode, LaunchOptions};
+pub use reaper::mode::{CLEANUP_MODE_ENV, CleanupMode, cleanup_mode, set_cleanup_mode};
 #[cfg(not(loom))]
-pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
+pub use reaper::release::{CleanupStats, cleanup_stats, drain, flush};
 #[cfg(not(loom))]
-pub use pending::{launch_ticket_bytes, pending_launches, reclaim_pending};
-#[cfg(not(loom))]
-pub use raw_stream::{AsRawStream, RawStream};
+pub use reaper::thread::{REAPER_LINGER_ENV, REAPER_POLL_ENV};
 #[cfg(not(loom))]
 pub use resources::{Device, Event, PrimaryContext, Stream};
+#[cfg(not(loom))]
+pub use support::error::Error;
+#[cfg(not(loom))]
+pub use support::host_thread::{HostFunctionScope, in_host_function};
+#[cfg(not(loom))]
+pub use support::panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
+#[cfg(not(loom))]
+pub use support::raw_stream::{AsRawStream, RawStream};
+#[cfg(not(loom))]
+pub use tracking::pending::{launch_ticket_bytes, pending_launches};
+#[cfg(not(loom))]
+pub use transport::low_latency::poller_cpu_time;
+#[cfg(not(loom))]
+pub use transport::options::{HostTaskSyncMode, LaunchOptions};
+#[cfg(not(loom))]
+pub use transport::reclaim_pending;
 
 /// The `cuda-sys` this crate is built on, for raw driver calls.
 pub use cuda_sys;

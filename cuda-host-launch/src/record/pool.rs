@@ -51,8 +51,8 @@ use std::cell::{Cell, UnsafeCell};
 use std::ptr::{self, NonNull};
 use std::sync::Mutex;
 
-use crate::own_line::OwnLine;
-use crate::sync::{AtomicUsize, Ordering};
+use crate::support::own_line::OwnLine;
+use crate::support::sync::{AtomicUsize, Ordering};
 
 /// The size of a slot: records up to this size are pooled.
 pub(crate) const SLOT_SIZE: usize = 128;

@@ -7,7 +7,7 @@ use cuda_sys::types::{
     CUgraph, CUresult, CUstream, CUstreamCaptureStatus, PFN_cuStreamGetCaptureInfo_v11030,
 };
 
-use crate::error::Error;
+use crate::support::error::Error;
 
 /// A stream's capture state.
 #[derive(Debug, Clone, Copy)]

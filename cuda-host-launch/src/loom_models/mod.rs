@@ -40,8 +40,8 @@ use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicBool, fence};
 use loom::thread;
 
-use crate::intrusive_stack::{IntrusiveStack, Linked};
-use crate::sync::{AtomicPtr, AtomicUsize, Ordering};
+use crate::support::intrusive_stack::{IntrusiveStack, Linked};
+use crate::support::sync::{AtomicPtr, AtomicUsize, Ordering};
 
 /// Runs `model` under loom with `preemption_bound` (unless `LOOM_MAX_PREEMPTIONS` says otherwise)
 /// and prints how many executions were explored.
@@ -1029,3 +1029,5 @@ mod record_pool_segments {
         );
     }
 }
+
+mod launch_state;
