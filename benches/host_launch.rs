@@ -596,7 +596,7 @@ fn async_latency(
             .gpu
             .kernels
             .spin_then_write(stream.raw(), flag.device(0), i, 200_000);
-        let mut future = cuda_host_launch::completion_with(stream, mode).unwrap();
+        let mut future = mode.completion(stream).unwrap();
         let stamp = Arc::new(StampWaker(Mutex::new(None)));
         let waker = std::task::Waker::from(Arc::clone(&stamp));
         let mut cx = std::task::Context::from_waker(&waker);

@@ -79,38 +79,55 @@ impl std::fmt::Debug for Completion {
 /// # Errors
 /// As [`host_launch`](crate::host_launch): the driver cannot be loaded, the launch is refused (a
 /// capturing stream, a driver error), or this is a host function.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_host_launch::{completion, RawStream};
+/// # async fn example() -> Result<(), cuda_host_launch::Error> {
+/// // ... enqueue work on the stream, then wait for it without blocking a thread:
+/// completion(RawStream::LEGACY)?.await?;
+/// # Ok(()) }
+/// ```
 pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
-    completion_with(stream, CompletionMode::HostFunction)
+    CompletionMode::HostFunction.completion(stream)
 }
 
-/// [`completion`] with a [`CompletionMode`].
-///
-/// # Errors
-/// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue64`, of
-/// `cuCtxGetId` (`DriverTooOld` before 12.0) and of registering the flag memory
-/// (`cuMemHostRegister`). A capturing stream is
-/// refused with [`Error::CaptureActive`] in both modes. In `LowLatency` mode the stream is looked
-/// at again after the flag write: a capture another thread began meanwhile took the write into its
-/// graph, and the completion is refused too (that flag slot is never used again, so replays of the
-/// graph resolve nothing). A capture begun and also ended while this call runs goes unseen: that
-/// future resolves at the graph's first replay, and no later future is resolved by a replay.
-pub fn completion_with<S: AsRawStream>(
-    stream: S,
-    mode: CompletionMode,
-) -> Result<Completion, Error> {
-    let shared = CompletionState::new();
-    match mode {
-        CompletionMode::HostFunction => {
-            let record = OwnedRecord::new(CompletionPayload {
-                shared: Arc::clone(&shared),
-                waker_panic: None,
-            });
-            // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-            unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+impl CompletionMode {
+    /// [`completion`] in this mode.
+    ///
+    /// # Errors
+    /// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue64`, of
+    /// `cuCtxGetId` (`DriverTooOld` before 12.0) and of registering the flag memory
+    /// (`cuMemHostRegister`). A capturing stream is refused with [`Error::CaptureActive`] in both
+    /// modes. In `LowLatency` mode the stream is looked at again after the flag write: a capture
+    /// another thread began meanwhile took the write into its graph, and the completion is refused
+    /// too (that flag slot is never used again, so replays of the graph resolve nothing). A
+    /// capture begun and also ended while this call runs goes unseen: that future resolves at the
+    /// graph's first replay, and no later future is resolved by a replay.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_host_launch::{CompletionMode, RawStream};
+    /// # async fn example() -> Result<(), cuda_host_launch::Error> {
+    /// // Woken by a poller thread a few microseconds after the stream gets there.
+    /// CompletionMode::LowLatency.completion(RawStream::LEGACY)?.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion<S: AsRawStream>(self, stream: S) -> Result<Completion, Error> {
+        let shared = CompletionState::new();
+        match self {
+            CompletionMode::HostFunction => {
+                let record = OwnedRecord::new(CompletionPayload {
+                    shared: Arc::clone(&shared),
+                    waker_panic: None,
+                });
+                // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
+                unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+            }
+            CompletionMode::LowLatency => low_latency::register(&stream, Arc::clone(&shared))?,
         }
-        CompletionMode::LowLatency => low_latency::register(&stream, Arc::clone(&shared))?,
+        Ok(Completion { shared })
     }
-    Ok(Completion { shared })
 }
 
 /// The record of a host-function completion.
@@ -174,6 +191,15 @@ impl<T> std::fmt::Debug for HostLaunchFuture<T> {
 ///
 /// # Errors
 /// As [`host_launch`](crate::host_launch).
+///
+/// # Examples
+/// ```no_run
+/// use cuda_host_launch::{host_launch_async, RawStream};
+/// # async fn example() -> Result<(), cuda_host_launch::Error> {
+/// let thread = host_launch_async(RawStream::LEGACY, || std::thread::current().name().map(String::from))?;
+/// println!("ran on {:?}", thread.await?);
+/// # Ok(()) }
+/// ```
 pub fn host_launch_async<S, F, T>(stream: S, f: F) -> Result<HostLaunchFuture<T>, Error>
 where
     S: AsRawStream,

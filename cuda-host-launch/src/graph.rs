@@ -284,6 +284,23 @@ impl Drop for GraphExec {
 /// Whatever fails, `f` is released exactly once and no node is left pointing at it.
 ///
 /// # Examples
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use cuda_host_launch::{Graph, RawStream, add_host_node};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// let graph = Graph::new()?;
+/// let runs = Arc::new(AtomicUsize::new(0));
+/// let counter = Arc::clone(&runs);
+/// let first = add_host_node(&graph, &[], move || {
+///     counter.fetch_add(1, Ordering::Relaxed);
+/// })?;
+/// add_host_node(&graph, &[first], || println!("after the first node"))?;
+/// let exec = graph.instantiate()?;
+/// exec.launch(RawStream::LEGACY)?;
+/// # Ok(()) }
+/// ```
+///
 /// The node handle returned cannot outlive its graph:
 /// ```compile_fail,E0505
 /// # fn main() -> Result<(), cuda_host_launch::Error> {
@@ -303,63 +320,78 @@ pub fn add_host_node<'g, F>(
 where
     F: Fn() + Send + Sync + 'static,
 {
-    add_host_node_with(graph, dependencies, &LaunchOptions::default(), f)
+    LaunchOptions::default().add_host_node(graph, dependencies, f)
 }
 
-/// [`add_host_node`] with [`LaunchOptions`]: with a sync mode, the node is added through
-/// `cuGraphAddNode` with the v2 host-node parameters (drivers 13.1 and newer, else `DriverTooOld`).
-///
-/// # Errors
-/// As [`add_host_node`].
-pub fn add_host_node_with<'g, F>(
-    graph: &'g Graph,
-    dependencies: &[GraphNode<'_>],
-    options: &LaunchOptions,
-    f: F,
-) -> Result<GraphNode<'g>, Error>
-where
-    F: Fn() + Send + Sync + 'static,
-{
-    let record = OwnedRecord::graph_node(RepeatableClosure(f));
-    // On an error the record is dropped here, which releases `f` (off a driver thread).
-    let dependencies = raw_dependencies(graph, dependencies)?;
-    // SAFETY: `graph` is a live graph (borrowed, and not `Sync`, so no other thread uses it);
-    // `dependencies` are its nodes (checked above); a repeatable closure record may run any
-    // number of times.
-    let node = unsafe { add_node(graph.raw, &dependencies, options, record)? };
-    // SAFETY: the driver just added `node` to `graph`; this crate never removes nodes.
-    Ok(unsafe { GraphNode::from_raw(graph, node) })
-}
+impl LaunchOptions {
+    /// [`add_host_node`] with these options: with a sync mode, the node is added through
+    /// `cuGraphAddNode` with the v2 host-node parameters (drivers 13.1 and newer, else
+    /// `DriverTooOld`).
+    ///
+    /// # Errors
+    /// As [`add_host_node`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_host_launch::{Graph, HostTaskSyncMode, LaunchOptions};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// let graph = Graph::new()?;
+    /// let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
+    /// let first = spin.add_host_node(&graph, &[], || println!("first"))?;
+    /// spin.add_host_node(&graph, &[first], || println!("then"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn add_host_node<'g, F>(
+        &self,
+        graph: &'g Graph,
+        dependencies: &[GraphNode<'_>],
+        f: F,
+    ) -> Result<GraphNode<'g>, Error>
+    where
+        F: Fn() + Send + Sync + 'static,
+    {
+        let record = OwnedRecord::graph_node(RepeatableClosure(f));
+        // On an error the record is dropped here, which releases `f` (off a driver thread).
+        let dependencies = raw_dependencies(graph, dependencies)?;
+        // SAFETY: `graph` is a live graph (borrowed, and not `Sync`, so no other thread uses it);
+        // `dependencies` are its nodes (checked above); a repeatable closure record may run any
+        // number of times.
+        let node = unsafe { add_node(graph.raw, &dependencies, self, record)? };
+        // SAFETY: the driver just added `node` to `graph`; this crate never removes nodes.
+        Ok(unsafe { GraphNode::from_raw(graph, node) })
+    }
 
-/// Adds a host node running `f(user_data)` (`cuGraphAddHostNode`) to a graph made anywhere, with
-/// `owners` kept alive by the graph (through a user object) until it and every executable graph made
-/// from it are destroyed, then dropped off the driver's thread.
-///
-/// The raw form, for binding authors: the graph and the dependencies are raw handles, and so is the
-/// node returned ([`GraphNode::from_raw`] borrows it from a [`Graph`]).
-///
-/// # Safety
-/// - `graph` must be a live graph, not used by another thread during the call;
-/// - `dependencies` must be nodes of `graph`;
-/// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
-///   concurrently, and must not unwind; what `user_data` points to must live as long as `owners`.
-///
-/// # Errors
-/// As [`add_host_node`]; [`Error::NullFunction`] for a null `f`.
-pub unsafe fn add_host_node_raw<O>(
-    graph: CUgraph,
-    dependencies: &[CUgraphNode],
-    options: &LaunchOptions,
-    f: CUhostFn,
-    user_data: *mut c_void,
-    owners: O,
-) -> Result<CUgraphNode, Error>
-where
-    O: Send + Sync + 'static,
-{
-    let record = OwnedRecord::graph_node(raw_payload(f, user_data, owners)?);
-    // SAFETY: the caller's contract.
-    unsafe { add_node(graph, dependencies, options, record) }
+    /// Adds a host node running `f(user_data)` (`cuGraphAddHostNode`) to a graph made anywhere,
+    /// with `owners` kept alive by the graph (through a user object) until it and every executable
+    /// graph made from it are destroyed, then dropped off the driver's thread.
+    ///
+    /// The raw form, for binding authors: the graph and the dependencies are raw handles, and so
+    /// is the node returned ([`GraphNode::from_raw`] borrows it from a [`Graph`]).
+    ///
+    /// # Safety
+    /// - `graph` must be a live graph, not used by another thread during the call;
+    /// - `dependencies` must be nodes of `graph`;
+    /// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
+    ///   concurrently, and must not unwind; what `user_data` points to must live as long as
+    ///   `owners`.
+    ///
+    /// # Errors
+    /// As [`add_host_node`]; [`Error::NullFunction`] for a null `f`.
+    pub unsafe fn add_host_node_raw<O>(
+        &self,
+        graph: CUgraph,
+        dependencies: &[CUgraphNode],
+        f: CUhostFn,
+        user_data: *mut c_void,
+        owners: O,
+    ) -> Result<CUgraphNode, Error>
+    where
+        O: Send + Sync + 'static,
+    {
+        let record = OwnedRecord::graph_node(raw_payload(f, user_data, owners)?);
+        // SAFETY: the caller's contract.
+        unsafe { add_node(graph, dependencies, self, record) }
+    }
 }
 
 /// Attaches `record` to `graph`, then adds the node that runs it; detaches if adding fails.

@@ -1,5 +1,6 @@
-//! Launching host functions: the raw call, copied bytes, and closures. All three build one record and
-//! go through [`enqueue`].
+//! Launching host functions: the raw call, copied bytes, and closures, run once or (through
+//! [`LaunchOptions`]' methods) with options or repeatable. Each builds one record and hands it to
+//! the host-function transport.
 
 use std::ffi::c_void;
 
@@ -72,61 +73,7 @@ where
     O: Send + 'static,
 {
     // SAFETY: forwarded: the caller's contract is the same.
-    unsafe { launch_host_function_with(stream, &LaunchOptions::default(), f, user_data, owners) }
-}
-
-/// [`launch_host_function`] with [`LaunchOptions`] (the driver thread's sync mode).
-///
-/// # Safety
-/// As [`launch_host_function`].
-///
-/// # Errors
-/// As [`launch_host_function`]; `DriverTooOld` if the options need a newer driver.
-pub unsafe fn launch_host_function_with<S, O>(
-    stream: S,
-    options: &LaunchOptions,
-    f: CUhostFn,
-    user_data: *mut c_void,
-    owners: O,
-) -> Result<(), Error>
-where
-    S: AsRawStream,
-    O: Send + 'static,
-{
-    let record = OwnedRecord::new(raw_payload(f, user_data, owners)?);
-    // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
-    unsafe { enqueue(&stream, record, Runs::Once, options) }
-}
-
-/// Like [`launch_host_function`], but `f` may run many times: on a stream whose capture is active
-/// (also a stream joined into a capture through an event), the launch is captured as a host node and
-/// `f` runs on every launch of every executable graph made from the captured graph. The owners are
-/// then tied to that graph through a CUDA user object and dropped, off the driver's thread, only once
-/// the graph and all its executable graphs are destroyed. On a stream that is not capturing it runs
-/// once, like [`launch_host_function`].
-///
-/// # Safety
-/// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
-///   concurrently (executable graphs of different contexts), and must not unwind;
-/// - whatever `user_data` points to must stay valid while the owners are alive.
-///
-/// # Errors
-/// As [`launch_host_function`] (but never `CaptureActive`). If anything fails after the owners were
-/// handed to the graph, they are released exactly once and no node is left pointing at them.
-pub unsafe fn launch_host_function_repeatable<S, O>(
-    stream: S,
-    options: &LaunchOptions,
-    f: CUhostFn,
-    user_data: *mut c_void,
-    owners: O,
-) -> Result<(), Error>
-where
-    S: AsRawStream,
-    O: Send + Sync + 'static,
-{
-    let record = OwnedRecord::repeatable(raw_payload(f, user_data, owners)?);
-    // SAFETY: the caller's contract covers any number of runs.
-    unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
+    unsafe { LaunchOptions::default().launch_host_function(stream, f, user_data, owners) }
 }
 
 /// Enqueues `f` with a private copy of `bytes` as its user data: `f` gets a pointer to the copy
@@ -140,6 +87,34 @@ where
 ///
 /// # Errors
 /// As [`launch_host_function`], and [`Error::UserDataTooLarge`].
+///
+/// # Examples
+/// ```no_run
+/// use std::ffi::c_void;
+/// use cuda_host_launch::{launch_host_function_with_bytes, RawStream};
+///
+/// #[repr(C)]
+/// struct Progress {
+///     step: u32,
+///     of: u32,
+/// }
+///
+/// unsafe extern "C" fn report(data: *mut c_void) {
+///     // SAFETY: `data` points to the launch's own copy of a `Progress`, aligned to 16 bytes.
+///     let progress = unsafe { &*data.cast::<Progress>() };
+///     println!("step {} of {}", progress.step, progress.of);
+/// }
+///
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// let progress = Progress { step: 3, of: 10 };
+/// // SAFETY: `Progress` has no padding, so its bytes are initialised.
+/// let bytes = unsafe {
+///     std::slice::from_raw_parts((&raw const progress).cast::<u8>(), size_of::<Progress>())
+/// };
+/// // SAFETY: `report` reads a `Progress` from the bytes it gets, and does not unwind.
+/// unsafe { launch_host_function_with_bytes(RawStream::LEGACY, Some(report), bytes)? };
+/// # Ok(()) }
+/// ```
 pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
     stream: S,
     f: CUhostFn,
@@ -186,43 +161,140 @@ where
     S: AsRawStream,
     F: FnMut() + Send + 'static,
 {
-    host_launch_with(stream, &LaunchOptions::default(), f)
+    LaunchOptions::default().host_launch(stream, f)
 }
 
-/// [`host_launch`] with [`LaunchOptions`] (the driver thread's sync mode).
-///
-/// # Errors
-/// As [`host_launch`]; `DriverTooOld` if the options need a newer driver.
-pub fn host_launch_with<S, F>(stream: S, options: &LaunchOptions, f: F) -> Result<(), Error>
-where
-    S: AsRawStream,
-    F: FnMut() + Send + 'static,
-{
-    let record = OwnedRecord::new(ClosurePayload { f, panic: None });
-    // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
-    unsafe { enqueue(&stream, record, Runs::Once, options) }
-}
+impl LaunchOptions {
+    /// [`launch_host_function`] with these options.
+    ///
+    /// # Safety
+    /// As [`launch_host_function`].
+    ///
+    /// # Errors
+    /// As [`launch_host_function`]; `DriverTooOld` if the options need a newer driver.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::ffi::c_void;
+    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, RawStream};
+    ///
+    /// unsafe extern "C" fn tick(_: *mut c_void) {}
+    ///
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
+    /// // SAFETY: `tick` ignores its argument and does not unwind.
+    /// unsafe { spin.launch_host_function(RawStream::LEGACY, Some(tick), std::ptr::null_mut(), ())? };
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn launch_host_function<S, O>(
+        &self,
+        stream: S,
+        f: CUhostFn,
+        user_data: *mut c_void,
+        owners: O,
+    ) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        O: Send + 'static,
+    {
+        let record = OwnedRecord::new(raw_payload(f, user_data, owners)?);
+        // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's
+        // run.
+        unsafe { enqueue(&stream, record, Runs::Once, self) }
+    }
 
-/// Runs `f` in stream order like [`host_launch`], but `f` may run many times, so it also works on a
-/// capturing stream: there the launch becomes a host node of the captured graph, `f` runs on every
-/// launch of every executable graph made from it, and `f` (with its captures) is dropped, off the
-/// driver's thread, once the graph and all its executable graphs are destroyed.
-///
-/// A panic in `f` is caught on every run and reported; the graph goes on.
-///
-/// # Errors
-/// As [`host_launch`] (never `CaptureActive`); on drivers older than 11.3 (no user objects) a launch
-/// on a capturing stream returns `DriverTooOld`. Whatever fails, `f` is released exactly once and no
-/// graph node is left pointing at it.
-pub fn host_launch_repeatable<S, F>(stream: S, options: &LaunchOptions, f: F) -> Result<(), Error>
-where
-    S: AsRawStream,
-    F: Fn() + Send + Sync + 'static,
-{
-    let record = OwnedRecord::repeatable(RepeatableClosure(f));
-    // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`), with
-    // panics caught.
-    unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
+    /// Like [`launch_host_function`], but `f` may run many times: on a stream whose capture is
+    /// active (also a stream joined into a capture through an event), the launch is captured as a
+    /// host node and `f` runs on every launch of every executable graph made from the captured
+    /// graph. The owners are then tied to that graph through a CUDA user object and dropped, off
+    /// the driver's thread, only once the graph and all its executable graphs are destroyed. On a
+    /// stream that is not capturing it runs once, like [`launch_host_function`].
+    ///
+    /// # Safety
+    /// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
+    ///   concurrently (executable graphs of different contexts), and must not unwind;
+    /// - whatever `user_data` points to must stay valid while the owners are alive.
+    ///
+    /// # Errors
+    /// As [`launch_host_function`] (but never `CaptureActive`). If anything fails after the owners
+    /// were handed to the graph, they are released exactly once and no node is left pointing at
+    /// them.
+    pub unsafe fn launch_host_function_repeatable<S, O>(
+        &self,
+        stream: S,
+        f: CUhostFn,
+        user_data: *mut c_void,
+        owners: O,
+    ) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        O: Send + Sync + 'static,
+    {
+        let record = OwnedRecord::repeatable(raw_payload(f, user_data, owners)?);
+        // SAFETY: the caller's contract covers any number of runs.
+        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }
+    }
+
+    /// [`host_launch`] with these options.
+    ///
+    /// # Errors
+    /// As [`host_launch`]; `DriverTooOld` if the options need a newer driver.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, RawStream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait)
+    ///     .host_launch(RawStream::LEGACY, || println!("in stream order"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn host_launch<S, F>(&self, stream: S, f: F) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        F: FnMut() + Send + 'static,
+    {
+        let record = OwnedRecord::new(ClosurePayload { f, panic: None });
+        // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
+        unsafe { enqueue(&stream, record, Runs::Once, self) }
+    }
+
+    /// Runs `f` in stream order like [`host_launch`], but `f` may run many times, so it also works
+    /// on a capturing stream: there the launch becomes a host node of the captured graph, `f` runs
+    /// on every launch of every executable graph made from it, and `f` (with its captures) is
+    /// dropped, off the driver's thread, once the graph and all its executable graphs are
+    /// destroyed.
+    ///
+    /// A panic in `f` is caught on every run and reported; the graph goes on.
+    ///
+    /// # Errors
+    /// As [`host_launch`] (never `CaptureActive`); on drivers older than 11.3 (no user objects) a
+    /// launch on a capturing stream returns `DriverTooOld`. Whatever fails, `f` is released
+    /// exactly once and no graph node is left pointing at it.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use cuda_host_launch::{LaunchOptions, RawStream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// let replays = Arc::new(AtomicUsize::new(0));
+    /// let counter = Arc::clone(&replays);
+    /// // Captured, this runs on every replay of the graph; `counter` lives as long as the graph.
+    /// LaunchOptions::default().host_launch_repeatable(RawStream::LEGACY, move || {
+    ///     counter.fetch_add(1, Ordering::Relaxed);
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn host_launch_repeatable<S, F>(&self, stream: S, f: F) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        F: Fn() + Send + Sync + 'static,
+    {
+        let record = OwnedRecord::repeatable(RepeatableClosure(f));
+        // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`),
+        // with panics caught.
+        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }
+    }
 }
 
 /// The payload of a raw launch or node; for a null `f`, [`Error::NullFunction`] with the owners

@@ -11,14 +11,21 @@
 //!   thread if the launch fails.
 //! - [`host_launch`]`(stream, closure)`: the same for a closure, whose captures are its owners.
 //! - [`launch_host_function_with_bytes`]: a C host function with a private copy of its user data.
-//! - [`host_launch_repeatable`] / [`launch_host_function_repeatable`]: host functions that may run
-//!   many times, so they also work on a capturing stream: there they become a graph host node, and
-//!   the owners are tied to the graph (a CUDA user object) until it and every executable graph made
-//!   from it are destroyed. [`add_host_node`] adds such a node to a graph directly.
-//! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+).
-//! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic; with
-//!   [`CompletionMode::LowLatency`] the stream writes a flag that a poller thread watches, without
-//!   a host function.
+//! - [`add_host_node`]: a graph host node running a closure, which the graph owns (through a CUDA
+//!   user object) until it and every executable graph made from it are destroyed.
+//! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic.
+//!
+//! Their variants are methods of the value that chooses them:
+//!
+//! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+), for
+//!   [`LaunchOptions::launch_host_function`], [`LaunchOptions::host_launch`] and
+//!   [`LaunchOptions::add_host_node`] (and [`LaunchOptions::add_host_node_raw`] for raw graph
+//!   handles); and the repeatable launches, [`LaunchOptions::host_launch_repeatable`] and
+//!   [`LaunchOptions::launch_host_function_repeatable`]: host functions that may run many times,
+//!   so they also work on a capturing stream, where they become a graph host node owned by the
+//!   graph.
+//! - [`CompletionMode`]: with [`CompletionMode::LowLatency`]`.`[`completion`](CompletionMode::completion)
+//!   the stream writes a flag that a poller thread watches, without a host function.
 //! - [`pending_launches`], [`reclaim_pending`], [`PrimaryContext::reset`]: launches whose host
 //!   function will never run (a sticky error) have their owners released once the context is reset
 //!   or destroyed.
@@ -26,7 +33,9 @@
 //! One heap allocation per launch (the launch record holds the function, its data and its owners);
 //! the driver's thread only runs the function and pushes the record onto a lock-free queue. A
 //! reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or [`flush`]) drops the
-//! owners. See `DESIGN.md` for which thread drops what.
+//! owners. The repository's
+//! [`DESIGN.md`](https://example.invalid/cuda-host-launch/blob/main/DESIGN.md) tells which thread
+//! drops what.
 //!
 //! # Features
 //! - `unpooled-records` (off by default): every launch record is a `Box` of its own instead of a
@@ -107,18 +116,11 @@ mod transport;
 mod loom_models;
 
 #[cfg(not(loom))]
-pub use completion::{
-    Completion, CompletionMode, HostLaunchFuture, completion, completion_with, host_launch_async,
-};
+pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
 #[cfg(not(loom))]
-pub use graph::{
-    Graph, GraphExec, GraphNode, add_host_node, add_host_node_raw, add_host_node_with,
-};
+pub use graph::{Graph, GraphExec, GraphNode, add_host_node};
 #[cfg(not(loom))]
-pub use launch::{
-    host_launch, host_launch_repeatable, host_launch_with, launch_host_function,
-    launch_host_function_repeatable, launch_host_function_with, launch_host_function_with_bytes,
-};
+pub use launch::{host_launch, launch_host_function, launch_host_function_with_bytes};
 #[cfg(not(loom))]
 pub use reaper::defer_drop::defer_drop;
 #[cfg(not(loom))]
