@@ -59,14 +59,15 @@ impl<N: Linked> CleanupQueue<N> {
         }
     }
 
-    /// Pushes a record to be released, and wakes the reaper if the queue was empty.
+    /// Pushes a record to be released, and wakes the reaper if the queue was empty; returns whether
+    /// it was.
     ///
     /// May be called on a driver thread: no allocation, no lock, no CUDA call, no drop.
     ///
     /// # Safety
     /// `node` must be a live record that nobody else owns, in no queue.
     #[inline]
-    pub(crate) unsafe fn push(&self, node: NonNull<N>) {
+    pub(crate) unsafe fn push(&self, node: NonNull<N>) -> bool {
         // Counted before it is pushed, so a `flush` that sees the count also finds the record (or
         // finds it released).
         self.queued.fetch_add(1, Ordering::SeqCst);
@@ -81,6 +82,7 @@ impl<N: Linked> CleanupQueue<N> {
                 reaper.unpark();
             }
         }
+        was_empty
     }
 
     /// Takes every record queued so far, oldest first.

@@ -38,7 +38,7 @@ static FLUSHED: Condvar = Condvar::new();
 #[inline]
 pub(crate) unsafe fn push(header: NonNull<RecordHeader>) {
     // SAFETY: the caller's promise.
-    unsafe { QUEUE.push(header) }
+    unsafe { QUEUE.push(header) };
 }
 
 /// Releases a record that was never handed to the driver: here, unless this is a driver thread, in

@@ -3,8 +3,12 @@
 //! (with the state word that says who owns the launch).
 
 pub(crate) mod launch_state;
+#[cfg(not(loom))]
 pub(crate) mod layout;
+#[cfg(not(loom))]
 pub(crate) mod payload;
 pub(crate) mod pool;
+#[cfg(not(loom))]
 pub(crate) mod ticket_id;
+#[cfg(not(loom))]
 pub(crate) mod tickets;
