@@ -4,11 +4,13 @@
 //!
 //! Two ways to learn that the stream got there ([`CompletionMode`]):
 //! - `HostFunction` (the default): a host function of this crate completes the future and wakes
-//!   the task with `wake_by_ref` on the driver's thread. About 35 µs from the GPU to the wake on
-//!   the H200, and it shares the context's one driver thread with every other host function.
+//!   the task with `wake_by_ref` on the driver's thread. The wake waits for the driver's thread
+//!   to wake up (tens of microseconds), and that thread is shared with every other host function
+//!   of the context.
 //! - `LowLatency`: no host function. The stream writes a flag into host memory
 //!   (`cuStreamWriteValue64`) and a poller thread of this crate wakes the task (see
-//!   `low_latency.rs`): a few µs, at the cost of a core that spins briefly while futures wait.
+//!   `transport/low_latency.rs`): a few microseconds, at the cost of a core that spins briefly
+//!   while futures wait.
 //!
 //! A future whose context fails (a sticky error) resolves to [`Error::ContextLost`] once the
 //! context is reset or destroyed and its pending launches reclaimed (see [`crate::reclaim_pending`]):

@@ -91,10 +91,11 @@ pub fn pending_launches(context: Option<CUcontext>) -> usize {
     count(context)
 }
 
-/// The memory held by launch tickets (see `DESIGN.md`): one small slot per launch pending at the
-/// same time, at the most so far, allocated in chunks of 4,096 and never freed, since a late call
-/// of the driver (a replay of a graph that captured a launch) may look at any ticket at any time.
-/// For leak checks that must tell this bounded growth from a leak.
+/// The memory held by launch tickets: one small slot per launch pending at the same time, at the
+/// most so far, allocated in chunks of 4,096 and never freed, since a late call of the driver (a
+/// replay of a graph that captured a launch) may look at any ticket at any time (the repository's
+/// [`DESIGN.md`](https://example.invalid/cuda-host-launch/blob/main/DESIGN.md) tells more). For
+/// leak checks that must tell this bounded growth from a leak.
 pub fn launch_ticket_bytes() -> usize {
     tickets::memory_bytes()
 }
