@@ -54,13 +54,13 @@ fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
             Ok(driver)
         }
         Err(e) => {
-            println!("No usable NVIDIA driver here: {e}");
             let fake = cuda_workspace::testing::fake_driver_path();
             println!(
-                "Running against the FAKE driver instead ({}): host functions run on its \
-                 stand-in driver thread; nothing runs on a GPU.",
+                "Running on the workspace's fake driver ({}), since no NVIDIA driver is usable \
+                 here: host functions run on its stand-in driver thread; nothing runs on a GPU.",
                 fake.display()
             );
+            println!("(Why no NVIDIA driver: {e})");
             // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures; it
             // is built with this workspace.
             unsafe { Driver::load(LoadOptions::with_library_path(fake)) }
