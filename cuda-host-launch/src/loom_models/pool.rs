@@ -100,7 +100,7 @@ impl Model {
 fn loom_segments_are_reused_only_when_all_their_slots_are_free() {
     check(
         "pool: launcher x 4 allocations + exit, reaper x 2 frees + trim",
-        2,
+        4,
         || {
             let model = Model::new();
             let local = Local::new();
@@ -131,7 +131,7 @@ fn loom_segments_are_reused_only_when_all_their_slots_are_free() {
 fn loom_an_exiting_thread_and_a_free_race_to_list_the_segment() {
     check(
         "pool: launcher exits while its record is freed, then reuse",
-        3,
+        4,
         || {
             let model = Model::new();
             let launcher = {
@@ -175,7 +175,7 @@ fn loom_an_exiting_thread_and_a_free_race_to_list_the_segment() {
 fn loom_a_segment_freed_on_two_threads_is_reused_after_both_are_done_with_it() {
     check(
         "pool: two threads free a full segment, one reuses it",
-        3,
+        4,
         || {
             let model = Model::new();
             let local = Local::new();
