@@ -56,11 +56,11 @@ fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
         Err(e) => {
             let fake = cuda_workspace::testing::fake_driver_path();
             println!(
-                "Running on the workspace's fake driver ({}), since no NVIDIA driver is usable \
-                 here: host functions run on its stand-in driver thread; nothing runs on a GPU.",
+                "No NVIDIA driver on this machine, so this runs on the workspace's fake driver \
+                 ({}), a test double: host functions run on its stand-in driver thread; nothing \
+                 runs on a GPU.\n  (Why no driver: {e})",
                 fake.display()
             );
-            println!("(Why no NVIDIA driver: {e})");
             // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures; it
             // is built with this workspace.
             unsafe { Driver::load(LoadOptions::with_library_path(fake)) }

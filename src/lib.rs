@@ -10,3 +10,8 @@
 
 pub mod gpu;
 pub mod testing;
+
+/// The README's Rust snippets, compiled as doc tests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeSnippets;

@@ -1,8 +1,8 @@
 //! The committed bindings are what the generator makes from the pinned headers today.
 //!
-//! Runs only with the `regenerate` feature, when build.rs has just regenerated everything into
-//! `OUT_DIR`: `scripts/regenerate-bindings --check` (which `.ci/run` calls) sets that up.
-#![cfg(feature = "regenerate")]
+//! Built only with the `regenerate` feature (`required-features` in Cargo.toml), when build.rs has
+//! just regenerated everything into `OUT_DIR`: `scripts/regenerate-bindings --check` (which
+//! `.ci/run` calls) sets that up.
 
 use std::path::Path;
 

@@ -14,6 +14,8 @@
 //! - [`add_host_node`]: a graph host node running a closure, which the graph owns (through a CUDA
 //!   user object) until it and every executable graph made from it are destroyed.
 //! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic.
+//! - Feature `cudarc`: cudarc's `CudaStream` is a launch target like this crate's [`Stream`] (module
+//!   `cudarc_stream`).
 //!
 //! Their variants are methods of the value that chooses them:
 //!
@@ -92,12 +94,15 @@
 // Under loom only the lock-free core is compiled, for its models, which do not use all of it.
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
-// The layers, lowest first; a module uses only the layers below it (and its own), as
-// `scripts/check-layers` checks and `DESIGN.md` draws. Under `--cfg loom` (model checking: see
+// The layers, lowest first: support, record, reaper, tracking, transport, resources, then the
+// public API (completion, graph, launch, cudarc_stream); a module uses only the layers below it
+// (and its own), as `scripts/check-layers` checks and `DESIGN.md` draws. Under `--cfg loom` (model checking: see
 // `loom_models`) only the lock-free core and its models are compiled: the rest uses `static`
 // atomics (loom's are not `const`), `std::thread` and the driver.
 #[cfg(not(loom))]
 mod completion;
+#[cfg(all(feature = "cudarc", not(loom)))]
+pub mod cudarc_stream;
 #[cfg(not(loom))]
 mod graph;
 #[cfg(not(loom))]

@@ -35,6 +35,18 @@ unsafe impl<T: AsRawStream + ?Sized> AsRawStream for &T {
     }
 }
 
+// SAFETY: an `Arc` keeps its stream holder alive while it is borrowed; handle and context are the
+// holder's.
+unsafe impl<T: AsRawStream + ?Sized> AsRawStream for std::sync::Arc<T> {
+    fn as_raw_stream(&self) -> CUstream {
+        (**self).as_raw_stream()
+    }
+
+    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+        (**self).context_hint()
+    }
+}
+
 /// A stream handle made elsewhere: by `cuda-sys` directly, by another binding (cudarc's
 /// `CudaStream::cu_stream()`, cust), or by another language (a PyTorch stream's `cuda_stream`).
 ///
