@@ -22,7 +22,7 @@ use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 mod thread_costs;
 
 const N: usize = 200_000;
-/// Repetitions of the throughput table (`BENCH_REPS` overrides, e.g. 1 for a profile build's run).
+/// Repetitions of the throughput table (`BENCH_REPS` overrides, e.g. 1 for a quick run).
 /// Other knobs: `BENCH_VARIANTS=0`, `BENCH_CALL_TIMES=0`, `BENCH_PIN=0`, `BENCH_TABLE_ONLY=1`.
 fn reps() -> usize {
     std::env::var("BENCH_REPS")
@@ -54,16 +54,10 @@ enum Method {
     RawWithBusyHostFn150,
     /// The same with 500 ns, for the slope.
     RawWithBusyHostFn500,
-    /// Profile build only: the owner launch without its capture query (ablation).
-    #[cfg(cuda_host_launch_profile)]
-    OwnerWithoutCaptureQuery,
-    /// Profile build only: the owner launch without the capture query and without tracking.
-    #[cfg(cuda_host_launch_profile)]
-    OwnerWithoutCaptureQueryOrTracking,
 }
 
-/// The methods of every build.
-const COMMON_METHODS: [Method; 9] = [
+/// The methods every table runs.
+const METHODS: [Method; 9] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
@@ -74,20 +68,6 @@ const COMMON_METHODS: [Method; 9] = [
     Method::RawWithBusyHostFn150,
     Method::RawWithBusyHostFn500,
 ];
-#[cfg(not(cuda_host_launch_profile))]
-const METHODS: [Method; 9] = COMMON_METHODS;
-/// The profile build adds the ablations.
-#[cfg(cuda_host_launch_profile)]
-const METHODS: [Method; 11] = {
-    let mut all = [Method::OwnerWithoutCaptureQueryOrTracking; 11];
-    let mut i = 0;
-    while i < COMMON_METHODS.len() {
-        all[i] = COMMON_METHODS[i];
-        i += 1;
-    }
-    all[9] = Method::OwnerWithoutCaptureQuery;
-    all
-};
 
 impl Method {
     fn name(self) -> &'static str {
@@ -101,12 +81,6 @@ impl Method {
             Method::RawWithUserData => "  part: floor + 64 bytes handed to the host fn",
             Method::RawWithBusyHostFn150 => "  part: floor, host fn busy 150 ns",
             Method::RawWithBusyHostFn500 => "  part: floor, host fn busy 500 ns",
-            #[cfg(cuda_host_launch_profile)]
-            Method::OwnerWithoutCaptureQuery => "  ablation: owner, no capture query",
-            #[cfg(cuda_host_launch_profile)]
-            Method::OwnerWithoutCaptureQueryOrTracking => {
-                "  ablation: owner, no capture query, no tracking"
-            }
         }
     }
     fn key(self) -> &'static str {
@@ -120,10 +94,6 @@ impl Method {
             Method::RawWithUserData => "raw_with_user_data",
             Method::RawWithBusyHostFn150 => "raw_host_fn_busy_150ns",
             Method::RawWithBusyHostFn500 => "raw_host_fn_busy_500ns",
-            #[cfg(cuda_host_launch_profile)]
-            Method::OwnerWithoutCaptureQuery => "owner_without_capture_query",
-            #[cfg(cuda_host_launch_profile)]
-            Method::OwnerWithoutCaptureQueryOrTracking => "owner_without_capture_query_or_tracking",
         }
     }
 }
@@ -396,24 +366,6 @@ impl Bench {
                 })
                 .unwrap();
             }
-            #[cfg(cuda_host_launch_profile)]
-            Method::OwnerWithoutCaptureQuery | Method::OwnerWithoutCaptureQueryOrTracking => {
-                let normal = cuda_host_launch::profile_settings();
-                let ablated = cuda_host_launch::ProfileSettings {
-                    skip_capture_query: true,
-                    skip_tracking: method == Method::OwnerWithoutCaptureQueryOrTracking,
-                    ..normal
-                };
-                // SAFETY: the benchmark's streams never capture and its context is never lost.
-                unsafe { cuda_host_launch::profile_configure(ablated) };
-                // SAFETY: `noop` ignores its argument.
-                unsafe {
-                    launch_host_function(stream, Some(noop), std::ptr::null_mut(), [value; 2])
-                }
-                .unwrap();
-                // SAFETY: back to the settings before (no ablation).
-                unsafe { cuda_host_launch::profile_configure(normal) };
-            }
             Method::RawWithCaptureQuery => {
                 self.capture_query(stream);
                 let launch = self.gpu.driver.raw().cuLaunchHostFunc().unwrap();
@@ -644,7 +596,7 @@ fn async_latency(
             .gpu
             .kernels
             .spin_then_write(stream.raw(), flag.device(0), i, 200_000);
-        let mut future = cuda_host_launch::completion_with(stream, mode).unwrap();
+        let mut future = mode.completion(stream).unwrap();
         let stamp = Arc::new(StampWaker(Mutex::new(None)));
         let waker = std::task::Waker::from(Arc::clone(&stamp));
         let mut cx = std::task::Context::from_waker(&waker);
@@ -936,11 +888,9 @@ fn variants() -> Vec<(&'static str, [f64; 12])> {
 }
 
 /// Each call's enqueue time, in ns, for `n` launches of `method` on one stream (then synchronize
-/// and flush); with the profile build, also where our launches spent it.
+/// and flush).
 fn per_call_times(bench: &Bench, method: Method, stream: &Stream, n: usize) -> Vec<f64> {
     let mut times = Vec::with_capacity(n);
-    #[cfg(cuda_host_launch_profile)]
-    cuda_host_launch::profile_reset();
     for i in 0..n {
         let t = Instant::now();
         bench.launch(method, stream, i as u64);
@@ -957,35 +907,10 @@ fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, js
     const METHODS3: [Method; 3] = [Method::Raw, Method::Owner, Method::Closure];
     const DIST_REPS: usize = 5;
     let mut all: [Vec<f64>; 3] = [Vec::new(), Vec::new(), Vec::new()];
-    #[cfg(cuda_host_launch_profile)]
-    let mut profiles = [cuda_host_launch::Profile::default(); 3];
-    // The profile's timers run here only, not in the throughput table.
-    // SAFETY: no ablation is switched on.
-    #[cfg(cuda_host_launch_profile)]
-    unsafe {
-        cuda_host_launch::profile_configure(cuda_host_launch::ProfileSettings {
-            timers: true,
-            ..Default::default()
-        })
-    };
     for rep in 0..DIST_REPS {
         for j in 0..3 {
             let k = (rep + j) % 3;
             all[k].extend(per_call_times(bench, METHODS3[k], stream, N));
-            #[cfg(cuda_host_launch_profile)]
-            {
-                let p = cuda_host_launch::profile_snapshot();
-                let sum = &mut profiles[k];
-                sum.enqueues += p.enqueues;
-                sum.enqueue_ns += p.enqueue_ns;
-                sum.driver_call_ns += p.driver_call_ns;
-                sum.capture_ns += p.capture_ns;
-                sum.track_ns += p.track_ns;
-                sum.records += p.records;
-                sum.record_ns += p.record_ns;
-                sum.trampolines += p.trampolines;
-                sum.trampoline_ns += p.trampoline_ns;
-            }
         }
     }
     let _ = writeln!(
@@ -1025,38 +950,6 @@ fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, js
         ));
     }
     json.push_str("\n  },");
-    #[cfg(cuda_host_launch_profile)]
-    {
-        // What one timer (a clock read at its start, one at its end) costs by itself.
-        let timers = 1_000_000;
-        let t = Instant::now();
-        for _ in 0..timers {
-            std::hint::black_box(std::hint::black_box(Instant::now()).elapsed());
-        }
-        let timer_ns = t.elapsed().as_nanos() as f64 / timers as f64;
-        let _ = writeln!(
-            table,
-            "\nprofile build: where the launches' time went (ns per launch; each figure includes its own timer, \
-             {timer_ns:.0} ns, and those of the figures inside it):"
-        );
-        for k in 1..3 {
-            let p = profiles[k];
-            let per = |x: u64, n: u64| x as f64 / n.max(1) as f64;
-            let _ = writeln!(
-                table,
-                "  {:<52} building the record {:>5.0}; in enqueue {:>7.0}, of it the capture query {:>5.0}, tracking {:>5.0}, the driver's call {:>7.0}; trampoline on the driver's thread {:>6.0}",
-                METHODS3[k].name(),
-                per(p.record_ns, p.records),
-                per(p.enqueue_ns, p.enqueues),
-                per(p.capture_ns, p.enqueues),
-                per(p.track_ns, p.enqueues),
-                per(p.driver_call_ns, p.enqueues),
-                per(p.trampoline_ns, p.trampolines)
-            );
-        }
-        // SAFETY: no ablation is switched on.
-        unsafe { cuda_host_launch::profile_configure(Default::default()) };
-    }
 }
 
 fn main() {

@@ -9,8 +9,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    CompletionMode, Error, Stream, completion, completion_with, flush, host_launch,
-    host_launch_async, launch_host_function_with_bytes, pending_launches,
+    CompletionMode, Error, Stream, completion, flush, host_launch, host_launch_async,
+    launch_host_function_with_bytes, pending_launches,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::owners::{ThreadInfo, fake_primary_context};
@@ -73,7 +73,7 @@ fn completions_resolve_in_stream_order_in_both_modes() {
                 counter.fetch_add(1, Ordering::SeqCst);
             })
             .unwrap();
-            futures.push((i + 1, completion_with(&stream, mode).unwrap()));
+            futures.push((i + 1, mode.completion(&stream).unwrap()));
         }
         for (_, f) in futures.iter_mut() {
             assert!(
@@ -125,7 +125,7 @@ fn ten_thousand_concurrent_futures_over_8_streams_all_resolve() {
     for mode in MODES {
         let streams: Vec<Stream> = (0..8).map(|_| Stream::new(&context).unwrap()).collect();
         let futures: Vec<_> = (0..10_000)
-            .map(|i| completion_with(&streams[i % 8], mode).unwrap())
+            .map(|i| mode.completion(&streams[i % 8]).unwrap())
             .collect();
         let resolved = futures
             .into_iter()
@@ -186,7 +186,7 @@ isolated_test! {
                 // A bigger warm-up round fills the record pool and the allocator's caches.
                 let count = if round == 0 { 1_000 } else { 200 };
                 for _ in 0..count {
-                    let mut f = completion_with(&stream, mode).unwrap();
+                    let mut f = mode.completion(&stream).unwrap();
                     let waker = Waker::from(Arc::new(RecordingWaker {
                         thread: std::thread::current(),
                         drops: Arc::clone(&waker_drops),
@@ -234,7 +234,7 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         let hold = fake().hold_stream(stream.raw());
         let host = completion(&stream).unwrap();
-        let low = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+        let low = CompletionMode::LowLatency.completion(&stream).unwrap();
         let value = host_launch_async(&stream, || 1).unwrap();
         // A closure too big for a pool slot: a boxed record, with a counted owner.
         let (big, dropped) = ([3_u8; 256], Arc::new(AtomicUsize::new(0)));
@@ -285,7 +285,7 @@ fn completions_work_under_tokio() {
         let mut handles = Vec::new();
         for i in 0..100u32 {
             let value = host_launch_async(&stream, move || i * 2).unwrap();
-            let done = completion_with(&stream, MODES[(i % 2) as usize]).unwrap();
+            let done = (MODES[(i % 2) as usize]).completion(&stream).unwrap();
             handles.push(tokio::spawn(async move {
                 let v = value.await.unwrap();
                 done.await.unwrap();

@@ -9,9 +9,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_host_launch::{
-    Error, Event, Graph, LaunchOptions, Stream, host_launch, host_launch_repeatable,
-};
+use cuda_host_launch::{Error, Event, Graph, LaunchOptions, Stream, host_launch};
 use cuda_sys::DriverVersion;
 use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
@@ -82,7 +80,7 @@ isolated_test! {
         let runs = Arc::new(AtomicUsize::new(0));
         let repeatable = |stream: &Stream| {
             let (owner, runs) = (drops.owner(), Arc::clone(&runs));
-            host_launch_repeatable(stream, &LaunchOptions::default(), move || {
+            LaunchOptions::default().host_launch_repeatable(stream, move || {
                 let _keep = &owner;
                 runs.fetch_add(1, Ordering::SeqCst);
             })
@@ -130,7 +128,7 @@ isolated_test! {
 
         let drops = Drops::new();
         let owner = drops.owner();
-        let refused = host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
+        let refused = LaunchOptions::default().host_launch_repeatable(&stream, move || {
             let _keep = &owner;
         });
         let calls_to_v1 = fake().call_count("cuStreamGetCaptureInfo");

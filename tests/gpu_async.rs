@@ -9,8 +9,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    CompletionMode, Error, Stream, completion_with, flush, host_launch, host_launch_async,
-    poller_cpu_time,
+    CompletionMode, Error, Stream, flush, host_launch, host_launch_async, poller_cpu_time,
 };
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 use cuda_workspace::isolated_test;
@@ -49,7 +48,7 @@ fn futures_resolve_in_stream_order_after_the_kernels_before_them() {
         for i in 0..4 {
             gpu.kernels
                 .spin_then_write(stream.raw(), m.device(i), i as u32 + 1, 5_000_000);
-            futures.push((i, completion_with(&stream, mode).unwrap()));
+            futures.push((i, mode.completion(&stream).unwrap()));
         }
         for (i, f) in futures {
             block_on(f).unwrap();
@@ -76,7 +75,7 @@ fn ten_thousand_concurrent_futures_over_8_streams_all_resolve() {
         let cpu_before = poller_cpu_time();
         let started = Instant::now();
         let futures: Vec<_> = (0..10_000)
-            .map(|i| completion_with(&streams[i % 8], mode).unwrap())
+            .map(|i| mode.completion(&streams[i % 8]).unwrap())
             .collect();
         let resolved = futures
             .into_iter()
@@ -101,7 +100,7 @@ fn dropping_futures_early_leaks_nothing() {
     let flag = MappedU32s::new(gpu.driver, 1);
     // A low-latency flag page registered before any stream is held below (a completion behind the
     // gate then takes a free slot of it rather than registering host memory).
-    block_on(completion_with(&stream, CompletionMode::LowLatency).unwrap()).unwrap();
+    block_on(CompletionMode::LowLatency.completion(&stream).unwrap()).unwrap();
     let (mut before, mut midway) = (0, 0);
     for round in 0..30 {
         if round == 1 {
@@ -131,7 +130,7 @@ fn dropping_futures_early_leaks_nothing() {
             std::thread::sleep(Duration::from_micros(50));
         }
         for mode in MODES {
-            let mut future = completion_with(&stream, mode).unwrap();
+            let mut future = mode.completion(&stream).unwrap();
             let mut cx = Context::from_waker(Waker::noop());
             assert!(
                 Pin::new(&mut future).poll(&mut cx).is_pending(),
@@ -154,7 +153,7 @@ fn dropping_futures_early_leaks_nothing() {
         for mode in MODES {
             let count = if round == 0 { 2_000 } else { 500 };
             for _ in 0..count {
-                drop(completion_with(&stream, mode).unwrap());
+                drop(mode.completion(&stream).unwrap());
             }
         }
         stream.synchronize().unwrap();
@@ -181,8 +180,8 @@ isolated_test! {
     let gpu = Gpu::open();
     let stream = Stream::new(&gpu.context).unwrap();
     gpu.kernels.trap(stream.raw());
-    let host = completion_with(&stream, CompletionMode::HostFunction).unwrap();
-    let low = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+    let host = CompletionMode::HostFunction.completion(&stream).unwrap();
+    let low = CompletionMode::LowLatency.completion(&stream).unwrap();
     let value = host_launch_async(&stream, || 7).unwrap();
     assert!(stream.synchronize().is_err());
     drop(stream);

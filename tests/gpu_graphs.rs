@@ -6,8 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Error, Event, Graph, GraphNode, HostTaskSyncMode, LaunchOptions, Stream, add_host_node,
-    add_host_node_with, flush, host_launch_repeatable, host_launch_with,
+    Error, Event, Graph, GraphNode, HostTaskSyncMode, LaunchOptions, Stream, add_host_node, flush,
 };
 use cuda_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::gpu::{Gpu, MappedU32s};
@@ -35,10 +34,11 @@ fn a_captured_host_launch_is_one_host_node_that_runs_on_every_launch_of_the_exec
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&runs);
     let graph = capture(&gpu, &stream, || {
-        host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        LaunchOptions::default()
+            .host_launch_repeatable(&stream, move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
     });
     let nodes = graph.node_types().unwrap();
     assert_eq!(nodes.len(), 1);
@@ -69,12 +69,13 @@ fn owners_outlive_clones_executables_and_the_source_graph_and_drop_after_the_las
     let driver_thread = Arc::new(Mutex::new(None));
     let (counter, seen) = (Arc::clone(&runs), Arc::clone(&driver_thread));
     let graph = capture(&gpu, &stream, || {
-        host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
-            let _keep = &owner;
-            *seen.lock().unwrap() = Some(std::thread::current().id());
-            counter.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        LaunchOptions::default()
+            .host_launch_repeatable(&stream, move || {
+                let _keep = &owner;
+                *seen.lock().unwrap() = Some(std::thread::current().id());
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
     });
     let clone = graph.try_clone().unwrap();
     let first = graph.instantiate().unwrap();
@@ -140,11 +141,12 @@ fn a_host_launch_on_a_stream_forked_into_a_capture_is_captured_and_tied_to_that_
     let graph = capture(&gpu, &origin, || {
         fork.record(&origin).unwrap();
         fork.make_wait(&forked).unwrap();
-        host_launch_repeatable(&forked, &LaunchOptions::default(), move || {
-            let _keep = &owner;
-            flag.store(true, Ordering::SeqCst);
-        })
-        .unwrap();
+        LaunchOptions::default()
+            .host_launch_repeatable(&forked, move || {
+                let _keep = &owner;
+                flag.store(true, Ordering::SeqCst);
+            })
+            .unwrap();
         join.record(&forked).unwrap();
         join.make_wait(&origin).unwrap();
     });
@@ -232,17 +234,18 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
     let launch_runs = Arc::new(AtomicUsize::new(0));
     let node_runs = Arc::new(AtomicUsize::new(0));
     let (owner, counter) = (drops.owner(), Arc::clone(&launch_runs));
-    let launched = host_launch_with(&stream, &options, move || {
+    let launched = options.host_launch(&stream, move || {
         let _keep = &owner;
         counter.fetch_add(1, Ordering::SeqCst);
     });
     let graph = Graph::new().unwrap();
     let (owner, counter) = (drops.owner(), Arc::clone(&node_runs));
-    let node = add_host_node_with(&graph, &[], &options, move || {
-        let _keep = &owner;
-        counter.fetch_add(1, Ordering::SeqCst);
-    })
-    .map(|_| ());
+    let node = options
+        .add_host_node(&graph, &[], move || {
+            let _keep = &owner;
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .map(|_| ());
     let version = gpu.driver.version().0;
     println!("driver {version}: sync-mode launch -> {launched:?}; node -> {node:?}");
     if version < 13010 {
@@ -275,15 +278,17 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
         // The default options (no sync mode: cuLaunchHostFunc, cuGraphAddHostNode) work here.
         let default = LaunchOptions::default();
         let counter = Arc::clone(&launch_runs);
-        host_launch_with(&stream, &default, move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        default
+            .host_launch(&stream, move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
         let counter = Arc::clone(&node_runs);
-        add_host_node_with(&graph, &[], &default, move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        default
+            .add_host_node(&graph, &[], move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
     } else {
         launched.unwrap();
         node.unwrap();

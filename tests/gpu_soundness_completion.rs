@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    CompletionMode, Error, Graph, PanicOrigin, Stream, completion_with, flush, set_panic_handler,
+    CompletionMode, Error, Graph, PanicOrigin, Stream, flush, set_panic_handler,
 };
 use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::gpu::{Gpu, MappedU32s};
@@ -60,7 +60,7 @@ fn a_low_latency_completion_on_a_capturing_stream_is_refused() {
     let stream = Stream::new(&gpu.context).unwrap();
     // SAFETY: a live stream of the context current on this thread.
     unsafe { gpu.driver.cuStreamBeginCapture(stream.raw(), RELAXED) }.unwrap();
-    let refused = completion_with(&stream, CompletionMode::LowLatency);
+    let refused = CompletionMode::LowLatency.completion(&stream);
     let mut raw = ptr::null_mut();
     // SAFETY: the capture began above; a valid out-pointer.
     unsafe { gpu.driver.cuStreamEndCapture(stream.raw(), &mut raw) }.unwrap();
@@ -76,7 +76,7 @@ fn a_low_latency_completion_on_a_capturing_stream_is_refused() {
         "the refused write left a node"
     );
     // The stream works as before once the capture ended.
-    let mut after = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+    let mut after = CompletionMode::LowLatency.completion(&stream).unwrap();
     wait_for(&mut after).unwrap();
 }
 
@@ -103,8 +103,8 @@ isolated_test! {
             let stream = Stream::new(&gpu.context).unwrap();
             let m = MappedU32s::new(gpu.driver, 1);
             gpu.kernels.spin_then_write(stream.raw(), m.device(0), 1, 20_000_000);
-            let mut first = completion_with(&stream, mode).unwrap();
-            let mut second = completion_with(&stream, mode).unwrap();
+            let mut first = mode.completion(&stream).unwrap();
+            let mut second = mode.completion(&stream).unwrap();
             assert!(poll_with(&mut first, &panicking).is_pending(), "{mode:?}: resolved early");
             wait_for(&mut second).unwrap();
             wait_for(&mut first).unwrap();

@@ -8,9 +8,7 @@
 
 use std::ptr;
 
-use cuda_host_launch::{
-    Error, Graph, LaunchOptions, Stream, add_host_node, flush, host_launch_repeatable,
-};
+use cuda_host_launch::{Error, Graph, LaunchOptions, Stream, add_host_node, flush};
 use cuda_sys::types::{CUgraph, CUresult, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
@@ -44,7 +42,9 @@ fn rollback(via: Via, fault: &str, here: bool) {
             let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
             // SAFETY: a live stream.
             unsafe { driver.cuStreamBeginCapture(stream.raw(), mode) }.unwrap();
-            host_launch_repeatable(&stream, &options, good.closure()).unwrap();
+            options
+                .host_launch_repeatable(&stream, good.closure())
+                .unwrap();
         }
         Via::AddNode => {
             let g = Graph::new().unwrap();
@@ -57,7 +57,7 @@ fn rollback(via: Via, fault: &str, here: bool) {
 
     fake().set_fault(fault, 1, OOM.0);
     let failed = match via {
-        Via::Capture => host_launch_repeatable(&stream, &options, bad.closure()),
+        Via::Capture => options.host_launch_repeatable(&stream, bad.closure()),
         Via::AddNode => add_host_node(graph.as_ref().unwrap(), &[], bad.closure()).map(|_| ()),
     };
     fake().clear_faults();

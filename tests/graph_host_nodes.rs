@@ -9,10 +9,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cuda_host_launch::{
-    Event, Graph, LaunchOptions, Stream, add_host_node, flush, host_launch_repeatable,
-    launch_host_function_repeatable,
-};
+use cuda_host_launch::{Event, Graph, LaunchOptions, Stream, add_host_node, flush};
 use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
@@ -45,12 +42,13 @@ fn capture_counted_closure(
     let (runs, ran_on) = (Arc::new(AtomicUsize::new(0)), RanOn::new());
     let graph = capture(stream, || {
         let (owner, runs, ran_on) = (drops.owner(), Arc::clone(&runs), Arc::clone(&ran_on));
-        host_launch_repeatable(stream, &LaunchOptions::default(), move || {
-            let _keep = &owner;
-            ran_on.here();
-            runs.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        LaunchOptions::default()
+            .host_launch_repeatable(stream, move || {
+                let _keep = &owner;
+                ran_on.here();
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
     });
     (graph, runs, ran_on)
 }
@@ -117,9 +115,8 @@ fn a_repeatable_raw_launch_on_a_capturing_stream_is_one_host_node_that_runs_on_e
         // SAFETY: `bump` only touches the counter, which the owners keep alive; it may run any
         // number of times, from any thread.
         unsafe {
-            launch_host_function_repeatable(
+            LaunchOptions::default().launch_host_function_repeatable(
                 &stream,
-                &LaunchOptions::default(),
                 Some(bump),
                 data,
                 (Arc::clone(&runs), drops.owner()),
@@ -148,11 +145,12 @@ fn a_repeatable_launch_on_a_stream_forked_into_a_capture_is_captured_into_that_g
         fork.record(&origin).unwrap();
         fork.make_wait(&forked).unwrap();
         let (owner, runs) = (drops.owner(), Arc::clone(&runs));
-        host_launch_repeatable(&forked, &LaunchOptions::default(), move || {
-            let _keep = &owner;
-            runs.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        LaunchOptions::default()
+            .host_launch_repeatable(&forked, move || {
+                let _keep = &owner;
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
         join.record(&forked).unwrap();
         join.make_wait(&origin).unwrap();
     });
@@ -174,12 +172,13 @@ fn a_repeatable_launch_on_a_stream_that_is_not_capturing_runs_once_and_drops_its
     let hold = fake().hold_stream(stream.raw());
     {
         let (owner, runs, ran_on) = (drops.owner(), Arc::clone(&runs), Arc::clone(&ran_on));
-        host_launch_repeatable(&stream, &LaunchOptions::default(), move || {
-            let _keep = &owner;
-            ran_on.here();
-            runs.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        LaunchOptions::default()
+            .host_launch_repeatable(&stream, move || {
+                let _keep = &owner;
+                ran_on.here();
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert_eq!(drops.dropped(), 0);

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_host_launch::{
-    Error, Graph, LaunchOptions, Stream, add_host_node_raw, host_launch, launch_host_function,
-    launch_host_function_repeatable, launch_host_function_with, launch_host_function_with_bytes,
+    Error, Graph, LaunchOptions, Stream, host_launch, launch_host_function,
+    launch_host_function_with_bytes,
 };
 use cuda_sys::types::CUresult;
 use cuda_workspace::isolated_test;
@@ -89,13 +89,11 @@ isolated_test! {
         fake().set_fault("cuLaunchHostFunc", 1, oom.0);
         // SAFETY: as above; it may run any number of times.
         let refused = unsafe {
-            launch_host_function_repeatable(
+            LaunchOptions::default().launch_host_function_repeatable(
                 &stream,
-                &LaunchOptions::default(),
                 Some(count_run),
                 ptr::null_mut(),
-                drops.owner(),
-            )
+                drops.owner())
         };
         assert_dropped_here(&drops, 1);
         assert_driver_error(refused, oom, "cuLaunchHostFunc");
@@ -203,9 +201,9 @@ isolated_test! {
         let results = unsafe {
             [
                 launch_host_function(&stream, None, null, drops.owner()),
-                launch_host_function_with(&stream, &options, None, null, drops.owner()),
-                launch_host_function_repeatable(&stream, &options, None, null, drops.owner()),
-                add_host_node_raw(graph.raw(), &[], &options, None, null, drops.owner()).map(|_| ()),
+                options.launch_host_function(&stream, None, null, drops.owner()),
+                options.launch_host_function_repeatable(&stream, None, null, drops.owner()),
+                options.add_host_node_raw(graph.raw(), &[], None, null, drops.owner()).map(|_| ()),
                 launch_host_function_with_bytes(&stream, None, &[1, 2, 3]),
             ]
         };

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use cuda_host_launch::{
     Device, Error, Event, Graph, LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node,
-    drain, flush, host_launch, host_launch_repeatable, in_host_function, launch_host_function,
+    drain, flush, host_launch, in_host_function, launch_host_function,
     launch_host_function_with_bytes,
 };
 use cuda_workspace::isolated_test;
@@ -71,7 +71,7 @@ isolated_test! {
                     launch_host_function_with_bytes(raw, Some(nothing), &[1, 2, 3])
                 }));
                 let owner = refused.owner();
-                let repeatable = host_launch_repeatable(raw, &LaunchOptions::default(), move || {
+                let repeatable = LaunchOptions::default().host_launch_repeatable(raw, move || {
                     let _keep = &owner;
                 });
                 out.push(("host_launch_repeatable", repeatable));

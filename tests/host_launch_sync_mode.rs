@@ -9,10 +9,7 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_host_launch::{
-    Error, Graph, HostTaskSyncMode, LaunchOptions, Stream, add_host_node_with,
-    host_launch_repeatable, host_launch_with, launch_host_function_with,
-};
+use cuda_host_launch::{Error, Graph, HostTaskSyncMode, LaunchOptions, Stream};
 use cuda_sys::DriverVersion;
 use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
@@ -63,14 +60,14 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
     assert_eq!(fake().last_launch_sync_mode(), None);
     // Each mode reaches the driver as its own value, through both launch forms.
     for (options, raw) in [(spin, 1), (blocking, 0)] {
-        host_launch_with(&stream, &options, counting(&runs, &drops)).unwrap();
+        options
+            .host_launch(&stream, counting(&runs, &drops))
+            .unwrap();
         assert_eq!(fake().last_launch_sync_mode(), Some(raw), "{options:?}");
         let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
         // SAFETY: `bump` only touches the counter, which the owner keeps alive; it does not unwind.
-        unsafe {
-            launch_host_function_with(&stream, &options, Some(bump), data, Arc::clone(&runs))
-        }
-        .unwrap();
+        unsafe { options.launch_host_function(&stream, Some(bump), data, Arc::clone(&runs)) }
+            .unwrap();
         assert_eq!(fake().last_launch_sync_mode(), Some(raw), "{options:?}");
     }
     stream.synchronize().unwrap();
@@ -83,7 +80,9 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
     );
 
     // Default options: the v1 entry, on any driver.
-    host_launch_with(&stream, &LaunchOptions::default(), counting(&runs, &drops)).unwrap();
+    LaunchOptions::default()
+        .host_launch(&stream, counting(&runs, &drops))
+        .unwrap();
     stream.synchronize().unwrap();
     assert_eq!(fake().call_count("cuLaunchHostFunc"), 5);
     assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 4);
@@ -93,7 +92,8 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
     let driver = load_fake_driver();
     // SAFETY: a live stream.
     unsafe { driver.cuStreamBeginCapture(capturing.raw(), RELAXED) }.unwrap();
-    host_launch_repeatable(&capturing, &spin, counting(&runs, &drops)).unwrap();
+    spin.host_launch_repeatable(&capturing, counting(&runs, &drops))
+        .unwrap();
     assert_eq!(fake().last_launch_sync_mode(), Some(1));
     let mut raw: CUgraph = ptr::null_mut();
     // SAFETY: a live stream; a valid out-pointer.
@@ -106,10 +106,13 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
     // the mode's own value.
     assert_eq!(fake().last_host_node_sync_mode(), None);
     let graph = Graph::new().unwrap();
-    add_host_node_with(&graph, &[], &spin, counting(&runs, &drops)).unwrap();
+    spin.add_host_node(&graph, &[], counting(&runs, &drops))
+        .unwrap();
     assert_eq!(fake().last_host_node_sync_mode(), Some(1));
     let blocking_graph = Graph::new().unwrap();
-    add_host_node_with(&blocking_graph, &[], &blocking, counting(&runs, &drops)).unwrap();
+    blocking
+        .add_host_node(&blocking_graph, &[], counting(&runs, &drops))
+        .unwrap();
     assert_eq!(fake().last_host_node_sync_mode(), Some(0));
     assert_eq!(fake().call_count("cuGraphAddNode"), 2);
     assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
@@ -141,21 +144,21 @@ isolated_test! {
         let drops = Drops::new();
         for mode in [HostTaskSyncMode::SpinWait, HostTaskSyncMode::Blocking] {
             let options = LaunchOptions::with_sync_mode(mode);
-            assert_too_old(host_launch_with(&stream, &options, counting(&runs, &drops)));
+            assert_too_old(options.host_launch(&stream, counting(&runs, &drops)));
             let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
             // SAFETY: refused before anything could call `bump`.
             assert_too_old(unsafe {
-                launch_host_function_with(&stream, &options, Some(bump), data, drops.owner())
+                options.launch_host_function(&stream, Some(bump), data, drops.owner())
             });
             let graph = Graph::new().unwrap();
-            assert_too_old(add_host_node_with(&graph, &[], &options, counting(&runs, &drops)));
+            assert_too_old(options.add_host_node(&graph, &[], counting(&runs, &drops)));
             assert!(graph.nodes().unwrap().is_empty());
 
             let driver = load_fake_driver();
             let capturing = Stream::new_non_blocking(&context).unwrap();
             // SAFETY: a live stream.
             unsafe { driver.cuStreamBeginCapture(capturing.raw(), RELAXED) }.unwrap();
-            assert_too_old(host_launch_repeatable(&capturing, &options, counting(&runs, &drops)));
+            assert_too_old(options.host_launch_repeatable(&capturing, counting(&runs, &drops)));
             let mut raw: CUgraph = ptr::null_mut();
             // SAFETY: a live stream; a valid out-pointer.
             unsafe { driver.cuStreamEndCapture(capturing.raw(), &mut raw) }

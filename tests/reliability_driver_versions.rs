@@ -36,11 +36,9 @@ use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
     AsRawStream, CleanupMode, CompletionMode, Device, Error, Event, Graph, HostTaskSyncMode,
-    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, add_host_node_raw,
-    add_host_node_with, cleanup_mode, cleanup_stats, completion, completion_with, defer_drop,
-    drain, flush, host_launch, host_launch_async, host_launch_repeatable, host_launch_with,
-    in_host_function, launch_host_function, launch_host_function_repeatable,
-    launch_host_function_with, launch_host_function_with_bytes, pending_launches, poller_cpu_time,
+    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, cleanup_mode, cleanup_stats,
+    completion, defer_drop, drain, flush, host_launch, host_launch_async, in_host_function,
+    launch_host_function, launch_host_function_with_bytes, pending_launches, poller_cpu_time,
     reclaim_pending, reset_panic_handler, set_cleanup_mode, set_panic_handler,
 };
 use cuda_sys::types::{CUdevice_attribute, CUgraph, CUstreamCaptureMode};
@@ -355,10 +353,10 @@ fn launches<S: AsRawStream + Copy>(t: &mut Tally, stream: S) {
         host_launch(stream, closure(r, o))
     });
     t.launch("host_launch_with(default)", true, |r, o| {
-        host_launch_with(stream, &default, closure(r, o))
+        default.host_launch(stream, closure(r, o))
     });
     t.launch("host_launch_with(sync mode)", true, |r, o| {
-        host_launch_with(stream, &spin, closure(r, o))
+        spin.host_launch(stream, closure(r, o))
     });
     // SAFETY: `bump` only touches the counter the owners keep alive.
     t.launch("launch_host_function", true, |r, o| unsafe {
@@ -371,16 +369,16 @@ fn launches<S: AsRawStream + Copy>(t: &mut Tally, stream: S) {
         true,
         |r, o| unsafe {
             let data = Arc::as_ptr(&r).cast_mut().cast();
-            launch_host_function_with(stream, &spin, Some(bump), data, (o, r))
+            spin.launch_host_function(stream, Some(bump), data, (o, r))
         },
     );
     // SAFETY: as above; `bump` may run any number of times.
     t.launch("launch_host_function_repeatable", true, |r, o| unsafe {
         let data = Arc::as_ptr(&r).cast_mut().cast();
-        launch_host_function_repeatable(stream, &default, Some(bump), data, (o, r))
+        default.launch_host_function_repeatable(stream, Some(bump), data, (o, r))
     });
     t.launch("host_launch_repeatable", true, |r, o| {
-        host_launch_repeatable(stream, &default, closure(r, o))
+        default.host_launch_repeatable(stream, closure(r, o))
     });
     // SAFETY: a function that ignores its copied bytes.
     t.call("launch_host_function_with_bytes", || unsafe {
@@ -396,7 +394,7 @@ fn launches<S: AsRawStream + Copy>(t: &mut Tally, stream: S) {
     });
     t.call("completion", || block_on(completion(stream)?));
     t.call("completion_with(LowLatency)", || {
-        block_on(completion_with(stream, CompletionMode::LowLatency)?)
+        block_on(CompletionMode::LowLatency.completion(stream)?)
     });
 }
 
@@ -502,20 +500,14 @@ fn exercise(t: &mut Tally) {
             add_host_node(&graph, &[], node(r, o)).map(drop)
         });
         t.launch("add_host_node_with(sync mode)", false, |r, o| {
-            add_host_node_with(&graph, &[], &spin, node(r, o)).map(drop)
+            spin.add_host_node(&graph, &[], node(r, o)).map(drop)
         });
         // SAFETY: a live graph; `bump` as above.
         t.launch("add_host_node_raw", false, |r, o| unsafe {
             let data = Arc::as_ptr(&r).cast_mut().cast();
-            add_host_node_raw(
-                graph.raw(),
-                &[],
-                &LaunchOptions::default(),
-                Some(bump),
-                data,
-                (o, r),
-            )
-            .map(drop)
+            LaunchOptions::default()
+                .add_host_node_raw(graph.raw(), &[], Some(bump), data, (o, r))
+                .map(drop)
         });
         graph_ops(t, index, &graph, stream.as_ref());
     }
@@ -591,12 +583,12 @@ fn capture(t: &mut Tally, driver: &'static Driver, side: &Stream) {
         }
     });
     t.launch("host_launch_repeatable (capturing)", false, |r, o| {
-        host_launch_repeatable(side, &default, closure(r, o))
+        default.host_launch_repeatable(side, closure(r, o))
     });
     t.launch(
         "host_launch_repeatable(sync mode, capturing)",
         false,
-        |r, o| host_launch_repeatable(side, &spin, closure(r, o)),
+        |r, o| spin.host_launch_repeatable(side, closure(r, o)),
     );
     // SAFETY: `bump` as above; it may run any number of times.
     t.launch(
@@ -604,7 +596,7 @@ fn capture(t: &mut Tally, driver: &'static Driver, side: &Stream) {
         false,
         |r, o| unsafe {
             let data = Arc::as_ptr(&r).cast_mut().cast();
-            launch_host_function_repeatable(side, &default, Some(bump), data, (o, r))
+            default.launch_host_function_repeatable(side, Some(bump), data, (o, r))
         },
     );
     let mut raw: CUgraph = ptr::null_mut();

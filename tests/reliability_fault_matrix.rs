@@ -54,10 +54,8 @@ use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
     CompletionMode, Device, Error, Event, Graph, GraphExec, GraphNode, HostTaskSyncMode,
-    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, add_host_node_raw,
-    add_host_node_with, completion, completion_with, host_launch, host_launch_async,
-    host_launch_repeatable, host_launch_with, launch_host_function,
-    launch_host_function_repeatable, launch_host_function_with_bytes, pending_launches,
+    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, completion, host_launch,
+    host_launch_async, launch_host_function, launch_host_function_with_bytes, pending_launches,
     reclaim_pending,
 };
 use cuda_sys::Driver;
@@ -527,7 +525,7 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
             begin_capture(env);
             let baseline = Probe::new();
             let options = LaunchOptions::default();
-            let added = host_launch_repeatable(&env.capture, &options, baseline.closure());
+            let added = options.host_launch_repeatable(&env.capture, baseline.closure());
             match added {
                 Ok(()) => run.baseline = Some(baseline),
                 // Without user objects (before 11.3) nothing repeatable can be captured, but a
@@ -620,7 +618,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
     let default = LaunchOptions::default();
     match op {
         Op::HostLaunch => host_launch(&env.stream, probe.closure()),
-        Op::HostLaunchWithSyncMode => host_launch_with(&env.stream, &env.spin, probe.closure()),
+        Op::HostLaunchWithSyncMode => env.spin.host_launch(&env.stream, probe.closure()),
         // SAFETY: `bump` only touches the counter, which the owners keep alive; it does not unwind.
         Op::LaunchHostFunction => unsafe {
             launch_host_function(&env.stream, Some(bump), probe.data(), probe.owners())
@@ -633,12 +631,11 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
                 &probe.address_bytes(),
             )
         },
-        Op::HostLaunchRepeatable => host_launch_repeatable(&env.stream, &default, probe.closure()),
+        Op::HostLaunchRepeatable => default.host_launch_repeatable(&env.stream, probe.closure()),
         // SAFETY: as for `LaunchHostFunction`; `bump` may run any number of times.
         Op::LaunchRepeatable => unsafe {
-            launch_host_function_repeatable(
+            default.launch_host_function_repeatable(
                 &env.stream,
-                &default,
                 Some(bump),
                 probe.data(),
                 probe.owners(),
@@ -656,7 +653,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             Ok(())
         }
         Op::CompletionLowLatency => {
-            let done = completion_with(&env.stream, CompletionMode::LowLatency)?;
+            let done = CompletionMode::LowLatency.completion(&env.stream)?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
@@ -664,7 +661,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             let (_, stream) = run.own_context.expect("a context of our own");
             // SAFETY: the stream lives until `settle` destroys it, after the completion.
             let stream = unsafe { RawStream::from_raw(stream) };
-            let done = completion_with(stream, CompletionMode::LowLatency)?;
+            let done = CompletionMode::LowLatency.completion(stream)?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
@@ -678,21 +675,20 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             Ok(())
         }
         Op::CapturedHostLaunchRepeatable => {
-            host_launch_repeatable(&env.capture, &default, probe.closure())
+            default.host_launch_repeatable(&env.capture, probe.closure())
         }
         // SAFETY: as for `LaunchRepeatable`.
         Op::CapturedLaunchRepeatable => unsafe {
-            launch_host_function_repeatable(
+            default.launch_host_function_repeatable(
                 &env.capture,
-                &default,
                 Some(bump),
                 probe.data(),
                 probe.owners(),
             )
         },
-        Op::CapturedWithSyncMode => {
-            host_launch_repeatable(&env.capture, &env.spin, probe.closure())
-        }
+        Op::CapturedWithSyncMode => env
+            .spin
+            .host_launch_repeatable(&env.capture, probe.closure()),
         Op::CapturedRunOnceRefused => match host_launch(&env.capture, probe.closure()) {
             Err(Error::CaptureActive { .. }) => {
                 let records = probe.drops.records();
@@ -712,20 +708,21 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             }];
             add_host_node(graph, &after, probe.closure()).map(drop)
         }
-        Op::AddHostNodeWithSyncMode => {
-            add_host_node_with(graph(run), &[], &env.spin, probe.closure()).map(drop)
-        }
+        Op::AddHostNodeWithSyncMode => env
+            .spin
+            .add_host_node(graph(run), &[], probe.closure())
+            .map(drop),
         // SAFETY: a live graph of this thread; `bump` as above.
         Op::AddHostNodeRaw => unsafe {
-            add_host_node_raw(
-                graph(run).raw(),
-                &[],
-                &default,
-                Some(bump),
-                probe.data(),
-                probe.owners(),
-            )
-            .map(drop)
+            default
+                .add_host_node_raw(
+                    graph(run).raw(),
+                    &[],
+                    Some(bump),
+                    probe.data(),
+                    probe.owners(),
+                )
+                .map(drop)
         },
         Op::DeviceGet => Device::get(0).map(drop),
         Op::DeviceCount => Device::count().map(|n| assert_eq!(n, 1)),
@@ -930,7 +927,7 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
         {
             // SAFETY: the context's stream, alive until destroyed below.
             let stream = unsafe { RawStream::from_raw(stream) };
-            let (next, calls) = counted(|| completion_with(stream, CompletionMode::LowLatency));
+            let (next, calls) = counted(|| CompletionMode::LowLatency.completion(stream));
             let next = match next {
                 Ok(next) => block_on(Box::pin(next)).map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
@@ -1688,11 +1685,11 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         let before = fake().live_objects("host_registrations");
         fake().set_fault("cuMemHostGetDevicePointer", 1, FAULT.0);
-        let failed = completion_with(&stream, CompletionMode::LowLatency);
+        let failed = CompletionMode::LowLatency.completion(&stream);
         fake().clear_faults();
         assert!(failed.is_err());
         let after = fake().live_objects("host_registrations");
-        let next = completion_with(&stream, CompletionMode::LowLatency)
+        let next = CompletionMode::LowLatency.completion(&stream)
             .map(|done| block_on(Box::pin(done)));
         assert_eq!(after, before, "the page of flags was freed but is still registered");
         assert!(matches!(next, Ok(Ok(()))), "the next completion: {next:?}");

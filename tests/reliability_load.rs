@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
     AsRawStream, LaunchOptions, RawStream, Stream, cleanup_stats, flush, host_launch,
-    host_launch_repeatable, launch_host_function, launch_host_function_repeatable,
-    launch_ticket_bytes, pending_launches, reclaim_pending,
+    launch_host_function, launch_ticket_bytes, pending_launches, reclaim_pending,
 };
 use cuda_sys::types::{CUcontext, CUstream};
 use cuda_workspace::gpu::heap_in_use;
@@ -185,19 +184,13 @@ fn launch(stream: impl AsRawStream, i: usize, drops: DropCounts, slot: usize) {
         }),
         // SAFETY: `count_run` ignores its argument and does not unwind.
         1 => unsafe { launch_host_function(stream, Some(count_run), ptr::null_mut(), owner) },
-        2 => host_launch_repeatable(stream, &options, move || {
+        2 => options.host_launch_repeatable(stream, move || {
             let _keep = &owner;
             RAN.fetch_add(1, Ordering::Relaxed);
         }),
         // SAFETY: as above; it may run any number of times.
         _ => unsafe {
-            launch_host_function_repeatable(
-                stream,
-                &options,
-                Some(count_run),
-                ptr::null_mut(),
-                owner,
-            )
+            options.launch_host_function_repeatable(stream, Some(count_run), ptr::null_mut(), owner)
         },
     };
     result.unwrap();

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
     Graph, LaunchOptions, PanicOrigin, Stream, add_host_node, flush, host_launch,
-    host_launch_repeatable, reset_panic_handler, set_panic_handler,
+    reset_panic_handler, set_panic_handler,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{Drops, PATIENCE, fake, fake_driver_path, fake_primary_context};
@@ -239,7 +239,7 @@ isolated_test! {
                         let panicking = owner_panics.then(|| PanickingOwner(Arc::clone(dropped)));
                         let result = if i % 8 == 3 {
                             // Some repeatable (not capturing: run once) launches too.
-                            host_launch_repeatable(stream, &LaunchOptions::default(), move || {
+                            LaunchOptions::default().host_launch_repeatable(stream, move || {
                                 let _keep = (&counted, &panicking);
                                 ran.fetch_add(1, Ordering::SeqCst);
                             })

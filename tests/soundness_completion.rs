@@ -19,8 +19,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    CompletionMode, Error, Graph, PanicOrigin, RawStream, Stream, completion, completion_with,
-    flush, host_launch, host_launch_async, set_panic_handler,
+    CompletionMode, Error, Graph, PanicOrigin, RawStream, Stream, completion, flush, host_launch,
+    host_launch_async, set_panic_handler,
 };
 use cuda_sys::types::{CUcontext, CUresult, CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
@@ -159,7 +159,7 @@ fn a_low_latency_completion_on_a_capturing_stream_is_refused() {
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
     begin_capture(stream.raw());
-    let refused = completion_with(&stream, CompletionMode::LowLatency);
+    let refused = CompletionMode::LowLatency.completion(&stream);
     assert!(
         matches!(refused, Err(Error::CaptureActive { stream: s, .. }) if s == stream.raw().addr()),
         "expected CaptureActive, got {refused:?}"
@@ -187,7 +187,7 @@ isolated_test! {
         );
         begin_capture(captured.raw());
         fake().hide_capture(1);
-        let refused = completion_with(&captured, CompletionMode::LowLatency);
+        let refused = CompletionMode::LowLatency.completion(&captured);
         assert!(
             matches!(refused, Err(Error::CaptureActive { .. })),
             "expected CaptureActive, got {refused:?}"
@@ -195,7 +195,7 @@ isolated_test! {
         let exec = end_capture(captured.raw()).instantiate().unwrap();
         let hold = fake().hold_stream(waiting.raw());
         let mut futures: Vec<_> = (0..8)
-            .map(|_| completion_with(&waiting, CompletionMode::LowLatency).unwrap())
+            .map(|_| CompletionMode::LowLatency.completion(&waiting).unwrap())
             .collect();
         let waker = thread_waker();
         for _ in 0..3 {
@@ -227,7 +227,7 @@ isolated_test! {
         );
         begin_capture(captured.raw());
         fake().hide_capture(2);
-        let mut unseen = completion_with(&captured, CompletionMode::LowLatency).unwrap();
+        let mut unseen = CompletionMode::LowLatency.completion(&captured).unwrap();
         let exec = end_capture(captured.raw()).instantiate().unwrap();
         exec.launch(&replay).unwrap();
         replay.synchronize().unwrap();
@@ -236,7 +236,7 @@ isolated_test! {
         std::thread::sleep(Duration::from_millis(20));
         let hold = fake().hold_stream(waiting.raw());
         let mut futures: Vec<_> = (0..8)
-            .map(|_| completion_with(&waiting, CompletionMode::LowLatency).unwrap())
+            .map(|_| CompletionMode::LowLatency.completion(&waiting).unwrap())
             .collect();
         let waker = thread_waker();
         for _ in 0..3 {
@@ -296,8 +296,8 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         let hold = fake().hold_stream(stream.raw());
         let panicking = Waker::from(Arc::new(PanickingWaker));
-        let mut first = completion_with(&stream, CompletionMode::LowLatency).unwrap();
-        let mut second = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+        let mut first = CompletionMode::LowLatency.completion(&stream).unwrap();
+        let mut second = CompletionMode::LowLatency.completion(&stream).unwrap();
         assert!(poll_with(&mut first, &panicking).is_pending());
         let waker = thread_waker();
         assert!(poll_with(&mut second, &waker).is_pending());
@@ -305,7 +305,7 @@ isolated_test! {
         wait_for(&mut second, "the future beside the panicking waker").unwrap();
         wait_for(&mut first, "the future of the panicking waker").unwrap();
         wait_for_reports(&reports, PanicOrigin::Waker, 1);
-        let mut later = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+        let mut later = CompletionMode::LowLatency.completion(&stream).unwrap();
         wait_for(&mut later, "a later low-latency completion").unwrap();
     }
 }
@@ -440,7 +440,7 @@ isolated_test! {
         let (first, stream) = new_context_and_stream();
         // SAFETY: the stream lives until destroyed below, after its completion resolved.
         let mut done =
-            completion_with(unsafe { RawStream::from_raw(stream) }, CompletionMode::LowLatency)
+            CompletionMode::LowLatency.completion(unsafe { RawStream::from_raw(stream) })
                 .unwrap();
         wait_for(&mut done, "the completion in the first context").unwrap();
         let registered = fake().live_objects("host_registrations");
@@ -450,7 +450,7 @@ isolated_test! {
         assert_eq!(second, first, "the fake gave the new context the old handle");
         // SAFETY: as above.
         let mut done =
-            completion_with(unsafe { RawStream::from_raw(stream) }, CompletionMode::LowLatency)
+            CompletionMode::LowLatency.completion(unsafe { RawStream::from_raw(stream) })
                 .unwrap();
         let driver = load_fake_driver();
         // SAFETY: a live stream.

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use cuda_host_launch::{CompletionMode, Error, Stream, completion_with, drain, flush, host_launch};
+use cuda_host_launch::{CompletionMode, Error, Stream, drain, flush, host_launch};
 use cuda_sys::types::{CUdeviceptr, CUgraph, CUgraphExec, CUresult, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{PATIENCE, fake, fake_primary_context};
@@ -152,7 +152,7 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         let hold = fake().hold_stream(stream.raw());
         assert_ne!(hold, 0);
-        let future = completion_with(&stream, CompletionMode::LowLatency).unwrap();
+        let future = CompletionMode::LowLatency.completion(&stream).unwrap();
         let waker = Arc::new(ModeRecorder::default());
         let mut future = pin!(future);
         let task_waker = Waker::from(Arc::clone(&waker));

@@ -4,11 +4,13 @@
 //!
 //! Two ways to learn that the stream got there ([`CompletionMode`]):
 //! - `HostFunction` (the default): a host function of this crate completes the future and wakes
-//!   the task with `wake_by_ref` on the driver's thread. About 35 µs from the GPU to the wake on
-//!   the H200, and it shares the context's one driver thread with every other host function.
+//!   the task with `wake_by_ref` on the driver's thread. The wake waits for the driver's thread
+//!   to wake up (tens of microseconds), and that thread is shared with every other host function
+//!   of the context.
 //! - `LowLatency`: no host function. The stream writes a flag into host memory
 //!   (`cuStreamWriteValue64`) and a poller thread of this crate wakes the task (see
-//!   `low_latency.rs`): a few µs, at the cost of a core that spins briefly while futures wait.
+//!   `transport/low_latency.rs`): a few microseconds, at the cost of a core that spins briefly
+//!   while futures wait.
 //!
 //! A future whose context fails (a sticky error) resolves to [`Error::ContextLost`] once the
 //! context is reset or destroyed and its pending launches reclaimed (see [`crate::reclaim_pending`]):
@@ -22,26 +24,20 @@
 //! ([`PanicOrigin::Waker`]) by the thread that releases the launch's record (or by the poller); the
 //! future is resolved all the same.
 
-use std::any::Any;
-use std::cell::UnsafeCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::task::{Context, Poll};
 
-use crate::error::Error;
-use crate::launch::{Runs, enqueue};
-use crate::options::LaunchOptions;
-use crate::panic_report::{PanicOrigin, report_and_drop};
-use crate::raw_stream::AsRawStream;
-use crate::record::{PanicPayload, Payload, new_record};
-use crate::waker_slot::WakerSlot;
-
-const PENDING: u8 = 0;
-const READY: u8 = 1;
-const PANICKED: u8 = 2;
-const LOST: u8 = 3;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::record::layout::{PanicPayload, Payload};
+use crate::support::error::Error;
+use crate::support::panic_report::{PanicOrigin, report_and_drop};
+use crate::support::raw_stream::AsRawStream;
+use crate::transport::completion_state::CompletionState;
+use crate::transport::host_function::{Runs, enqueue};
+use crate::transport::low_latency;
+use crate::transport::options::LaunchOptions;
 
 /// How a completion learns that the stream reached it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -54,91 +50,6 @@ pub enum CompletionMode {
     LowLatency,
 }
 
-/// What a future and its record share.
-pub(crate) struct Shared<T> {
-    state: AtomicU8,
-    /// Written once, before `state` becomes READY (or PANICKED); read once, by the future, after.
-    value: UnsafeCell<Option<Result<T, PanicPayload>>>,
-    waker: WakerSlot,
-}
-
-// SAFETY: `value` is written by one thread before the Release store of `state` and read by the
-// future's thread after an Acquire load sees it; `T: Send` moves across. The waker slot is Sync.
-unsafe impl<T: Send> Send for Shared<T> {}
-// SAFETY: as above: no two threads touch `value` at once.
-unsafe impl<T: Send> Sync for Shared<T> {}
-
-impl<T> Shared<T> {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Shared {
-            state: AtomicU8::new(PENDING),
-            value: UnsafeCell::new(None),
-            waker: WakerSlot::new(),
-        })
-    }
-
-    /// Completes with `value` and wakes the task. Called once (host function or poller). Returns
-    /// the waker's panic, if it panicked: see [`WakerSlot::wake`].
-    #[must_use = "a waker's panic must be reported and dropped off the driver's thread"]
-    pub(crate) fn complete(&self, value: Result<T, PanicPayload>) -> Option<PanicPayload> {
-        let state = if value.is_ok() { READY } else { PANICKED };
-        // SAFETY: the one writer, before publishing with the Release store below.
-        unsafe { *self.value.get() = Some(value) };
-        self.state.store(state, Ordering::Release);
-        self.waker.wake()
-    }
-
-    /// Resolves to `ContextLost` if still pending, and wakes the task. Returns the waker's panic,
-    /// as [`Shared::complete`].
-    #[must_use = "a waker's panic must be reported and dropped"]
-    pub(crate) fn fail(&self) -> Option<PanicPayload> {
-        if self
-            .state
-            .compare_exchange(PENDING, LOST, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.waker.wake()
-        } else {
-            None
-        }
-    }
-
-    pub(crate) fn is_pending(&self) -> bool {
-        self.state.load(Ordering::Acquire) == PENDING
-    }
-
-    fn poll_result(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
-        let mut state = self.state.load(Ordering::Acquire);
-        if state == PENDING {
-            self.waker.register(cx.waker());
-            state = self.state.load(Ordering::Acquire);
-        }
-        match state {
-            PENDING => Poll::Pending,
-            LOST => Poll::Ready(Err(Error::ContextLost)),
-            _ => {
-                // SAFETY: READY/PANICKED were published after the one write; only the future reads
-                // (and takes) the value, once.
-                match unsafe { (*self.value.get()).take() } {
-                    Some(Ok(value)) => Poll::Ready(Ok(value)),
-                    Some(Err(panic)) => Poll::Ready(Err(Error::HostFunctionPanicked {
-                        message: panic_message(&*panic),
-                    })),
-                    None => Poll::Ready(Err(Error::PolledAfterCompletion)),
-                }
-            }
-        }
-    }
-}
-
-fn panic_message(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "<non-string panic payload>".to_string())
-}
-
 /// A future that resolves once the work enqueued on a stream before [`completion`] was called has
 /// finished.
 ///
@@ -146,7 +57,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 /// [`Error::ContextLost`] if the context had a sticky error and was then reset or destroyed.
 #[must_use = "a completion does nothing unless awaited (dropping it early is fine)"]
 pub struct Completion {
-    shared: Arc<Shared<()>>,
+    shared: Arc<CompletionState<()>>,
 }
 
 impl Future for Completion {
@@ -170,43 +81,60 @@ impl std::fmt::Debug for Completion {
 /// # Errors
 /// As [`host_launch`](crate::host_launch): the driver cannot be loaded, the launch is refused (a
 /// capturing stream, a driver error), or this is a host function.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_host_launch::{completion, RawStream};
+/// # async fn example() -> Result<(), cuda_host_launch::Error> {
+/// // ... enqueue work on the stream, then wait for it without blocking a thread:
+/// completion(RawStream::LEGACY)?.await?;
+/// # Ok(()) }
+/// ```
 pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
-    completion_with(stream, CompletionMode::HostFunction)
+    CompletionMode::HostFunction.completion(stream)
 }
 
-/// [`completion`] with a [`CompletionMode`].
-///
-/// # Errors
-/// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue64`, of
-/// `cuCtxGetId` (`DriverTooOld` before 12.0) and of registering the flag memory
-/// (`cuMemHostRegister`). A capturing stream is
-/// refused with [`Error::CaptureActive`] in both modes. In `LowLatency` mode the stream is looked
-/// at again after the flag write: a capture another thread began meanwhile took the write into its
-/// graph, and the completion is refused too (that flag slot is never used again, so replays of the
-/// graph resolve nothing). A capture begun and also ended while this call runs goes unseen: that
-/// future resolves at the graph's first replay, and no later future is resolved by a replay.
-pub fn completion_with<S: AsRawStream>(
-    stream: S,
-    mode: CompletionMode,
-) -> Result<Completion, Error> {
-    let shared = Shared::new();
-    match mode {
-        CompletionMode::HostFunction => {
-            let record = new_record(CompletionPayload {
-                shared: Arc::clone(&shared),
-                waker_panic: None,
-            });
-            // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-            unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+impl CompletionMode {
+    /// [`completion`] in this mode.
+    ///
+    /// # Errors
+    /// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue64`, of
+    /// `cuCtxGetId` (`DriverTooOld` before 12.0) and of registering the flag memory
+    /// (`cuMemHostRegister`). A capturing stream is refused with [`Error::CaptureActive`] in both
+    /// modes. In `LowLatency` mode the stream is looked at again after the flag write: a capture
+    /// another thread began meanwhile took the write into its graph, and the completion is refused
+    /// too (that flag slot is never used again, so replays of the graph resolve nothing). A
+    /// capture begun and also ended while this call runs goes unseen: that future resolves at the
+    /// graph's first replay, and no later future is resolved by a replay.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_host_launch::{CompletionMode, RawStream};
+    /// # async fn example() -> Result<(), cuda_host_launch::Error> {
+    /// // Woken by a poller thread a few microseconds after the stream gets there.
+    /// CompletionMode::LowLatency.completion(RawStream::LEGACY)?.await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn completion<S: AsRawStream>(self, stream: S) -> Result<Completion, Error> {
+        let shared = CompletionState::new();
+        match self {
+            CompletionMode::HostFunction => {
+                let record = OwnedRecord::new(CompletionPayload {
+                    shared: Arc::clone(&shared),
+                    waker_panic: None,
+                });
+                // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
+                unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+            }
+            CompletionMode::LowLatency => low_latency::register(&stream, Arc::clone(&shared))?,
         }
-        CompletionMode::LowLatency => crate::low_latency::register(&stream, Arc::clone(&shared))?,
+        Ok(Completion { shared })
     }
-    Ok(Completion { shared })
 }
 
 /// The record of a host-function completion.
 struct CompletionPayload {
-    shared: Arc<Shared<()>>,
+    shared: Arc<CompletionState<()>>,
     /// The waker's panic when the run woke it, carried to the releasing thread.
     waker_panic: Option<PanicPayload>,
 }
@@ -237,7 +165,7 @@ fn report_waker_panics(ran: Option<PanicPayload>, failed: Option<PanicPayload>) 
 /// A future of a host closure's result: see [`host_launch_async`].
 #[must_use = "the closure runs anyway; the future only carries its result"]
 pub struct HostLaunchFuture<T> {
-    shared: Arc<Shared<T>>,
+    shared: Arc<CompletionState<T>>,
 }
 
 impl<T> Future for HostLaunchFuture<T> {
@@ -265,14 +193,23 @@ impl<T> std::fmt::Debug for HostLaunchFuture<T> {
 ///
 /// # Errors
 /// As [`host_launch`](crate::host_launch).
+///
+/// # Examples
+/// ```no_run
+/// use cuda_host_launch::{host_launch_async, RawStream};
+/// # async fn example() -> Result<(), cuda_host_launch::Error> {
+/// let thread = host_launch_async(RawStream::LEGACY, || std::thread::current().name().map(String::from))?;
+/// println!("ran on {:?}", thread.await?);
+/// # Ok(()) }
+/// ```
 pub fn host_launch_async<S, F, T>(stream: S, f: F) -> Result<HostLaunchFuture<T>, Error>
 where
     S: AsRawStream,
     F: FnMut() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let shared = Shared::new();
-    let record = new_record(AsyncPayload {
+    let shared = CompletionState::new();
+    let record = OwnedRecord::new(AsyncPayload {
         f,
         shared: Arc::clone(&shared),
         waker_panic: None,
@@ -285,7 +222,7 @@ where
 
 struct AsyncPayload<F, T> {
     f: F,
-    shared: Arc<Shared<T>>,
+    shared: Arc<CompletionState<T>>,
     /// As [`CompletionPayload::waker_panic`].
     waker_panic: Option<PanicPayload>,
 }

@@ -32,7 +32,7 @@
 use cuda_sys::types::{CUcontext, CUstream};
 use cudarc::driver::CudaStream;
 
-use crate::raw_stream::AsRawStream;
+use crate::support::raw_stream::AsRawStream;
 
 // SAFETY: a `CudaStream`'s handle is created by cudarc and destroyed only in its `Drop`, so it is
 // valid while the value is borrowed; cudarc's special handles (0, 0x2) map to the driver's special

@@ -9,14 +9,16 @@ use cuda_sys::types::{
     CUgraphNodeParams, CUgraphNodeType, CUhostFn, CUresult,
 };
 
-use crate::cleanup::defer_drop;
-use crate::error::Error;
-use crate::options::LaunchOptions;
-use crate::raw_stream::AsRawStream;
-use crate::record::{
-    OwnedRecord, RawPayload, RepeatableClosure, new_node_record, trampoline_repeatable,
-};
-use crate::user_object::GraphOwnedRecord;
+use crate::launch::raw_payload;
+use crate::reaper;
+use crate::reaper::defer_drop::defer_drop;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::support::error::Error;
+use crate::support::host_thread::{in_host_function, refuse_inside_host_function};
+use crate::support::raw_stream::AsRawStream;
+use crate::transport::host_function::{RepeatableClosure, trampoline_repeatable};
+use crate::transport::options::LaunchOptions;
+use crate::transport::user_object::GraphOwnedRecord;
 
 /// A CUDA graph (`CUgraph`), destroyed on drop.
 ///
@@ -38,7 +40,7 @@ impl Graph {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new() -> Result<Graph, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::new")?;
+        refuse_inside_host_function("Graph::new")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write; flags must be 0.
@@ -67,7 +69,7 @@ impl Graph {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn try_clone(&self) -> Result<Graph, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::try_clone")?;
+        refuse_inside_host_function("Graph::try_clone")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -82,7 +84,7 @@ impl Graph {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn instantiate(&self) -> Result<GraphExec, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::instantiate")?;
+        refuse_inside_host_function("Graph::instantiate")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
@@ -107,7 +109,7 @@ impl Graph {
     /// # Ok(()) }
     /// ```
     pub fn nodes(&self) -> Result<Vec<GraphNode<'_>>, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::nodes")?;
+        refuse_inside_host_function("Graph::nodes")?;
         let driver = cuda_sys::driver()?;
         let mut count = 0usize;
         // SAFETY: live graph; a null array asks for the count.
@@ -133,7 +135,7 @@ impl Graph {
     /// [`Error::Cuda`] if a call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn node_types(&self) -> Result<Vec<(GraphNode<'_>, CUgraphNodeType)>, Error> {
-        crate::host_thread::refuse_inside_host_function("Graph::node_types")?;
+        refuse_inside_host_function("Graph::node_types")?;
         let driver = cuda_sys::driver()?;
         self.nodes()?
             .into_iter()
@@ -249,7 +251,7 @@ impl GraphExec {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn launch(&self, stream: impl AsRawStream) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("GraphExec::launch")?;
+        refuse_inside_host_function("GraphExec::launch")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: live executable graph; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuGraphLaunch(self.raw, stream.as_raw_stream())? };
@@ -282,6 +284,23 @@ impl Drop for GraphExec {
 /// Whatever fails, `f` is released exactly once and no node is left pointing at it.
 ///
 /// # Examples
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use cuda_host_launch::{Graph, RawStream, add_host_node};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// let graph = Graph::new()?;
+/// let runs = Arc::new(AtomicUsize::new(0));
+/// let counter = Arc::clone(&runs);
+/// let first = add_host_node(&graph, &[], move || {
+///     counter.fetch_add(1, Ordering::Relaxed);
+/// })?;
+/// add_host_node(&graph, &[first], || println!("after the first node"))?;
+/// let exec = graph.instantiate()?;
+/// exec.launch(RawStream::LEGACY)?;
+/// # Ok(()) }
+/// ```
+///
 /// The node handle returned cannot outlive its graph:
 /// ```compile_fail,E0505
 /// # fn main() -> Result<(), cuda_host_launch::Error> {
@@ -301,63 +320,78 @@ pub fn add_host_node<'g, F>(
 where
     F: Fn() + Send + Sync + 'static,
 {
-    add_host_node_with(graph, dependencies, &LaunchOptions::default(), f)
+    LaunchOptions::default().add_host_node(graph, dependencies, f)
 }
 
-/// [`add_host_node`] with [`LaunchOptions`]: with a sync mode, the node is added through
-/// `cuGraphAddNode` with the v2 host-node parameters (drivers 13.1 and newer, else `DriverTooOld`).
-///
-/// # Errors
-/// As [`add_host_node`].
-pub fn add_host_node_with<'g, F>(
-    graph: &'g Graph,
-    dependencies: &[GraphNode<'_>],
-    options: &LaunchOptions,
-    f: F,
-) -> Result<GraphNode<'g>, Error>
-where
-    F: Fn() + Send + Sync + 'static,
-{
-    let record = new_node_record(RepeatableClosure(f));
-    // On an error the record is dropped here, which releases `f` (off a driver thread).
-    let dependencies = raw_dependencies(graph, dependencies)?;
-    // SAFETY: `graph` is a live graph (borrowed, and not `Sync`, so no other thread uses it);
-    // `dependencies` are its nodes (checked above); a repeatable closure record may run any
-    // number of times.
-    let node = unsafe { add_node(graph.raw, &dependencies, options, record)? };
-    // SAFETY: the driver just added `node` to `graph`; this crate never removes nodes.
-    Ok(unsafe { GraphNode::from_raw(graph, node) })
-}
+impl LaunchOptions {
+    /// [`add_host_node`] with these options: with a sync mode, the node is added through
+    /// `cuGraphAddNode` with the v2 host-node parameters (drivers 13.1 and newer, else
+    /// `DriverTooOld`).
+    ///
+    /// # Errors
+    /// As [`add_host_node`].
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_host_launch::{Graph, HostTaskSyncMode, LaunchOptions};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// let graph = Graph::new()?;
+    /// let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
+    /// let first = spin.add_host_node(&graph, &[], || println!("first"))?;
+    /// spin.add_host_node(&graph, &[first], || println!("then"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn add_host_node<'g, F>(
+        &self,
+        graph: &'g Graph,
+        dependencies: &[GraphNode<'_>],
+        f: F,
+    ) -> Result<GraphNode<'g>, Error>
+    where
+        F: Fn() + Send + Sync + 'static,
+    {
+        let record = OwnedRecord::graph_node(RepeatableClosure(f));
+        // On an error the record is dropped here, which releases `f` (off a driver thread).
+        let dependencies = raw_dependencies(graph, dependencies)?;
+        // SAFETY: `graph` is a live graph (borrowed, and not `Sync`, so no other thread uses it);
+        // `dependencies` are its nodes (checked above); a repeatable closure record may run any
+        // number of times.
+        let node = unsafe { add_node(graph.raw, &dependencies, self, record)? };
+        // SAFETY: the driver just added `node` to `graph`; this crate never removes nodes.
+        Ok(unsafe { GraphNode::from_raw(graph, node) })
+    }
 
-/// Adds a host node running `f(user_data)` (`cuGraphAddHostNode`) to a graph made anywhere, with
-/// `owners` kept alive by the graph (through a user object) until it and every executable graph made
-/// from it are destroyed, then dropped off the driver's thread.
-///
-/// The raw form, for binding authors: the graph and the dependencies are raw handles, and so is the
-/// node returned ([`GraphNode::from_raw`] borrows it from a [`Graph`]).
-///
-/// # Safety
-/// - `graph` must be a live graph, not used by another thread during the call;
-/// - `dependencies` must be nodes of `graph`;
-/// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
-///   concurrently, and must not unwind; what `user_data` points to must live as long as `owners`.
-///
-/// # Errors
-/// As [`add_host_node`]; [`Error::NullFunction`] for a null `f`.
-pub unsafe fn add_host_node_raw<O>(
-    graph: CUgraph,
-    dependencies: &[CUgraphNode],
-    options: &LaunchOptions,
-    f: CUhostFn,
-    user_data: *mut c_void,
-    owners: O,
-) -> Result<CUgraphNode, Error>
-where
-    O: Send + Sync + 'static,
-{
-    let record = new_node_record(RawPayload::new(f, user_data, owners)?);
-    // SAFETY: the caller's contract.
-    unsafe { add_node(graph, dependencies, options, record) }
+    /// Adds a host node running `f(user_data)` (`cuGraphAddHostNode`) to a graph made anywhere,
+    /// with `owners` kept alive by the graph (through a user object) until it and every executable
+    /// graph made from it are destroyed, then dropped off the driver's thread.
+    ///
+    /// The raw form, for binding authors: the graph and the dependencies are raw handles, and so
+    /// is the node returned ([`GraphNode::from_raw`] borrows it from a [`Graph`]).
+    ///
+    /// # Safety
+    /// - `graph` must be a live graph, not used by another thread during the call;
+    /// - `dependencies` must be nodes of `graph`;
+    /// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
+    ///   concurrently, and must not unwind; what `user_data` points to must live as long as
+    ///   `owners`.
+    ///
+    /// # Errors
+    /// As [`add_host_node`]; [`Error::NullFunction`] for a null `f`.
+    pub unsafe fn add_host_node_raw<O>(
+        &self,
+        graph: CUgraph,
+        dependencies: &[CUgraphNode],
+        f: CUhostFn,
+        user_data: *mut c_void,
+        owners: O,
+    ) -> Result<CUgraphNode, Error>
+    where
+        O: Send + Sync + 'static,
+    {
+        let record = OwnedRecord::graph_node(raw_payload(f, user_data, owners)?);
+        // SAFETY: the caller's contract.
+        unsafe { add_node(graph, dependencies, self, record) }
+    }
 }
 
 /// Attaches `record` to `graph`, then adds the node that runs it; detaches if adding fails.
@@ -370,12 +404,12 @@ unsafe fn add_node(
     options: &LaunchOptions,
     record: OwnedRecord,
 ) -> Result<CUgraphNode, Error> {
-    if crate::in_host_function() {
+    if in_host_function() {
         return Err(Error::InsideHostFunction {
             operation: "adding a graph host node",
         });
     }
-    crate::cleanup::prepare()?;
+    reaper::thread::prepare()?;
     let driver = cuda_sys::driver()?;
     options.check_supported(driver)?;
     let owned = GraphOwnedRecord::attach(driver, graph, record)?;

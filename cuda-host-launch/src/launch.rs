@@ -1,22 +1,18 @@
-//! Launching host functions: the raw call, copied bytes, and closures. All three build one record and
-//! go through [`enqueue`].
+//! Launching host functions: the raw call, copied bytes, and closures, run once or (through
+//! [`LaunchOptions`]' methods) with options or repeatable. Each builds one record and hands it to
+//! the host-function transport.
 
 use std::ffi::c_void;
 
-use cuda_sys::types::{CUcontext, CUhostFn, CUresult, CUstream};
+use cuda_sys::types::CUhostFn;
 
-use crate::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
-use crate::cleanup::{self, CleanupMode};
-use crate::error::Error;
-use crate::launch_state::LaunchOver;
-use crate::options::{LaunchCall, LaunchOptions};
-use crate::pending;
-use crate::raw_stream::AsRawStream;
-use crate::record::{
-    ClosurePayload, OwnedRecord, RawPayload, RepeatableClosure, new_bytes_record, new_record,
-    new_shared_record, trampoline, trampoline_repeatable,
-};
-use crate::user_object::GraphOwnedRecord;
+use crate::reaper::defer_drop::defer_drop;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::record::payload::{ClosurePayload, RawPayload};
+use crate::support::error::Error;
+use crate::support::raw_stream::AsRawStream;
+use crate::transport::host_function::{RepeatableClosure, Runs, enqueue};
+use crate::transport::options::LaunchOptions;
 
 /// Enqueues `f(user_data)` on `stream`, keeping `owners` alive until `f` has returned; the owners
 /// are then dropped exactly once, by the cleanup queue, never on the driver's thread.
@@ -77,61 +73,7 @@ where
     O: Send + 'static,
 {
     // SAFETY: forwarded: the caller's contract is the same.
-    unsafe { launch_host_function_with(stream, &LaunchOptions::default(), f, user_data, owners) }
-}
-
-/// [`launch_host_function`] with [`LaunchOptions`] (the driver thread's sync mode).
-///
-/// # Safety
-/// As [`launch_host_function`].
-///
-/// # Errors
-/// As [`launch_host_function`]; `DriverTooOld` if the options need a newer driver.
-pub unsafe fn launch_host_function_with<S, O>(
-    stream: S,
-    options: &LaunchOptions,
-    f: CUhostFn,
-    user_data: *mut c_void,
-    owners: O,
-) -> Result<(), Error>
-where
-    S: AsRawStream,
-    O: Send + 'static,
-{
-    let record = new_record(RawPayload::new(f, user_data, owners)?);
-    // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
-    unsafe { enqueue(&stream, record, Runs::Once, options) }
-}
-
-/// Like [`launch_host_function`], but `f` may run many times: on a stream whose capture is active
-/// (also a stream joined into a capture through an event), the launch is captured as a host node and
-/// `f` runs on every launch of every executable graph made from the captured graph. The owners are
-/// then tied to that graph through a CUDA user object and dropped, off the driver's thread, only once
-/// the graph and all its executable graphs are destroyed. On a stream that is not capturing it runs
-/// once, like [`launch_host_function`].
-///
-/// # Safety
-/// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
-///   concurrently (executable graphs of different contexts), and must not unwind;
-/// - whatever `user_data` points to must stay valid while the owners are alive.
-///
-/// # Errors
-/// As [`launch_host_function`] (but never `CaptureActive`). If anything fails after the owners were
-/// handed to the graph, they are released exactly once and no node is left pointing at them.
-pub unsafe fn launch_host_function_repeatable<S, O>(
-    stream: S,
-    options: &LaunchOptions,
-    f: CUhostFn,
-    user_data: *mut c_void,
-    owners: O,
-) -> Result<(), Error>
-where
-    S: AsRawStream,
-    O: Send + Sync + 'static,
-{
-    let record = new_shared_record(RawPayload::new(f, user_data, owners)?);
-    // SAFETY: the caller's contract covers any number of runs.
-    unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
+    unsafe { LaunchOptions::default().launch_host_function(stream, f, user_data, owners) }
 }
 
 /// Enqueues `f` with a private copy of `bytes` as its user data: `f` gets a pointer to the copy
@@ -145,13 +87,42 @@ where
 ///
 /// # Errors
 /// As [`launch_host_function`], and [`Error::UserDataTooLarge`].
+///
+/// # Examples
+/// ```no_run
+/// use std::ffi::c_void;
+/// use cuda_host_launch::{launch_host_function_with_bytes, RawStream};
+///
+/// #[repr(C)]
+/// struct Progress {
+///     step: u32,
+///     of: u32,
+/// }
+///
+/// unsafe extern "C" fn report(data: *mut c_void) {
+///     // SAFETY: `data` points to the launch's own copy of a `Progress`, aligned to 16 bytes.
+///     let progress = unsafe { &*data.cast::<Progress>() };
+///     println!("step {} of {}", progress.step, progress.of);
+/// }
+///
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// let progress = Progress { step: 3, of: 10 };
+/// // SAFETY: `Progress` has no padding, so its bytes are initialised.
+/// let bytes = unsafe {
+///     std::slice::from_raw_parts((&raw const progress).cast::<u8>(), size_of::<Progress>())
+/// };
+/// // SAFETY: `report` reads a `Progress` from the bytes it gets, and does not unwind.
+/// unsafe { launch_host_function_with_bytes(RawStream::LEGACY, Some(report), bytes)? };
+/// # Ok(()) }
+/// ```
 pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
     stream: S,
     f: CUhostFn,
     bytes: &[u8],
 ) -> Result<(), Error> {
     let f = f.ok_or(Error::NullFunction)?;
-    let record = new_bytes_record(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
+    let record =
+        OwnedRecord::bytes(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
     unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default()) }
 }
@@ -190,206 +161,156 @@ where
     S: AsRawStream,
     F: FnMut() + Send + 'static,
 {
-    host_launch_with(stream, &LaunchOptions::default(), f)
+    LaunchOptions::default().host_launch(stream, f)
 }
 
-/// [`host_launch`] with [`LaunchOptions`] (the driver thread's sync mode).
-///
-/// # Errors
-/// As [`host_launch`]; `DriverTooOld` if the options need a newer driver.
-pub fn host_launch_with<S, F>(stream: S, options: &LaunchOptions, f: F) -> Result<(), Error>
-where
-    S: AsRawStream,
-    F: FnMut() + Send + 'static,
-{
-    let record = new_record(ClosurePayload { f, panic: None });
-    // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
-    unsafe { enqueue(&stream, record, Runs::Once, options) }
-}
-
-/// Runs `f` in stream order like [`host_launch`], but `f` may run many times, so it also works on a
-/// capturing stream: there the launch becomes a host node of the captured graph, `f` runs on every
-/// launch of every executable graph made from it, and `f` (with its captures) is dropped, off the
-/// driver's thread, once the graph and all its executable graphs are destroyed.
-///
-/// A panic in `f` is caught on every run and reported; the graph goes on.
-///
-/// # Errors
-/// As [`host_launch`] (never `CaptureActive`); on drivers older than 11.3 (no user objects) a launch
-/// on a capturing stream returns `DriverTooOld`. Whatever fails, `f` is released exactly once and no
-/// graph node is left pointing at it.
-pub fn host_launch_repeatable<S, F>(stream: S, options: &LaunchOptions, f: F) -> Result<(), Error>
-where
-    S: AsRawStream,
-    F: Fn() + Send + Sync + 'static,
-{
-    let record = new_shared_record(RepeatableClosure(f));
-    // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`), with
-    // panics caught.
-    unsafe { enqueue(&stream, record, Runs::Repeatable, options) }
-}
-
-/// The context a launch on `stream` goes to: the implementor's hint, the current context for the
-/// special handles, or `cuStreamGetCtx`.
-pub(crate) fn context_of(
-    driver: &cuda_sys::Driver,
-    stream: CUstream,
-    hint: Option<CUcontext>,
-) -> Result<CUcontext, Error> {
-    if let Some(context) = hint {
-        return Ok(context);
+impl LaunchOptions {
+    /// [`launch_host_function`] with these options.
+    ///
+    /// # Safety
+    /// As [`launch_host_function`].
+    ///
+    /// # Errors
+    /// As [`launch_host_function`]; `DriverTooOld` if the options need a newer driver.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::ffi::c_void;
+    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, RawStream};
+    ///
+    /// unsafe extern "C" fn tick(_: *mut c_void) {}
+    ///
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
+    /// // SAFETY: `tick` ignores its argument and does not unwind.
+    /// unsafe { spin.launch_host_function(RawStream::LEGACY, Some(tick), std::ptr::null_mut(), ())? };
+    /// # Ok(()) }
+    /// ```
+    pub unsafe fn launch_host_function<S, O>(
+        &self,
+        stream: S,
+        f: CUhostFn,
+        user_data: *mut c_void,
+        owners: O,
+    ) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        O: Send + 'static,
+    {
+        let record = OwnedRecord::new(raw_payload(f, user_data, owners)?);
+        // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's
+        // run.
+        unsafe { enqueue(&stream, record, Runs::Once, self) }
     }
-    let mut context: CUcontext = std::ptr::null_mut();
-    let special = stream.is_null()
-        || stream == cuda_sys::CU_STREAM_LEGACY
-        || stream == cuda_sys::CU_STREAM_PER_THREAD;
-    if special {
-        // SAFETY: a valid out-pointer.
-        unsafe { driver.cuCtxGetCurrent(&mut context)? };
-    } else {
-        // SAFETY: the stream is valid (the `AsRawStream` guarantee); a valid out-pointer.
-        unsafe { driver.cuStreamGetCtx(stream, &mut context)? };
+
+    /// Like [`launch_host_function`], but `f` may run many times: on a stream whose capture is
+    /// active (also a stream joined into a capture through an event), the launch is captured as a
+    /// host node and `f` runs on every launch of every executable graph made from the captured
+    /// graph. The owners are then tied to that graph through a CUDA user object and dropped, off
+    /// the driver's thread, only once the graph and all its executable graphs are destroyed. On a
+    /// stream that is not capturing it runs once, like [`launch_host_function`].
+    ///
+    /// # Safety
+    /// - `f(user_data)` must be sound to call any number of times, from driver threads, possibly
+    ///   concurrently (executable graphs of different contexts), and must not unwind;
+    /// - whatever `user_data` points to must stay valid while the owners are alive.
+    ///
+    /// # Errors
+    /// As [`launch_host_function`] (but never `CaptureActive`). If anything fails after the owners
+    /// were handed to the graph, they are released exactly once and no node is left pointing at
+    /// them.
+    pub unsafe fn launch_host_function_repeatable<S, O>(
+        &self,
+        stream: S,
+        f: CUhostFn,
+        user_data: *mut c_void,
+        owners: O,
+    ) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        O: Send + Sync + 'static,
+    {
+        let record = OwnedRecord::repeatable(raw_payload(f, user_data, owners)?);
+        // SAFETY: the caller's contract covers any number of runs.
+        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }
     }
-    Ok(context)
+
+    /// [`host_launch`] with these options.
+    ///
+    /// # Errors
+    /// As [`host_launch`]; `DriverTooOld` if the options need a newer driver.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, RawStream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait)
+    ///     .host_launch(RawStream::LEGACY, || println!("in stream order"))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn host_launch<S, F>(&self, stream: S, f: F) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        F: FnMut() + Send + 'static,
+    {
+        let record = OwnedRecord::new(ClosurePayload { f, panic: None });
+        // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
+        unsafe { enqueue(&stream, record, Runs::Once, self) }
+    }
+
+    /// Runs `f` in stream order like [`host_launch`], but `f` may run many times, so it also works
+    /// on a capturing stream: there the launch becomes a host node of the captured graph, `f` runs
+    /// on every launch of every executable graph made from it, and `f` (with its captures) is
+    /// dropped, off the driver's thread, once the graph and all its executable graphs are
+    /// destroyed.
+    ///
+    /// A panic in `f` is caught on every run and reported; the graph goes on.
+    ///
+    /// # Errors
+    /// As [`host_launch`] (never `CaptureActive`); on drivers older than 11.3 (no user objects) a
+    /// launch on a capturing stream returns `DriverTooOld`. Whatever fails, `f` is released
+    /// exactly once and no graph node is left pointing at it.
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use cuda_host_launch::{LaunchOptions, RawStream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// let replays = Arc::new(AtomicUsize::new(0));
+    /// let counter = Arc::clone(&replays);
+    /// // Captured, this runs on every replay of the graph; `counter` lives as long as the graph.
+    /// LaunchOptions::default().host_launch_repeatable(RawStream::LEGACY, move || {
+    ///     counter.fetch_add(1, Ordering::Relaxed);
+    /// })?;
+    /// # Ok(()) }
+    /// ```
+    pub fn host_launch_repeatable<S, F>(&self, stream: S, f: F) -> Result<(), Error>
+    where
+        S: AsRawStream,
+        F: Fn() + Send + Sync + 'static,
+    {
+        let record = OwnedRecord::repeatable(RepeatableClosure(f));
+        // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`),
+        // with panics caught.
+        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }
+    }
 }
 
-/// Whether a launch's record may run more than once.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Runs {
-    /// Runs once; refused on a capturing stream.
-    Once,
-    /// May run many times; captured as a graph node on a capturing stream.
-    Repeatable,
-}
-
-/// Enqueues a built record on `stream`. On any error the record is released (or handed to the
-/// graph's user object, which releases it) before returning.
-///
-/// # Safety
-/// The record's payload must be sound to run as `runs` says on the driver's thread.
-pub(crate) unsafe fn enqueue(
-    stream: &impl AsRawStream,
-    record: OwnedRecord,
-    runs: Runs,
-    options: &LaunchOptions,
-) -> Result<(), Error> {
-    #[cfg(cuda_host_launch_profile)]
-    let _timed = Timed(crate::profile::start());
-    let hint = stream.context_hint();
-    let stream = stream.as_raw_stream();
-    // On an error `record` is dropped here, which defers its owners to the cleanup queue.
-    crate::host_thread::refuse_inside_host_function("launching a host function")?;
-    let mode = cleanup::prepare()?;
-    let driver = cuda_sys::driver()?;
-    let call = LaunchCall::resolve(driver, options)?;
-    #[cfg(cuda_host_launch_profile)]
-    let capture_started = crate::profile::start();
-    let ablation = Ablation::now();
-    let capture = if ablation.skip_capture_query {
-        Capture::None
-    } else {
-        capture_of(driver, stream)?
+/// The payload of a raw launch or node; for a null `f`, [`Error::NullFunction`] with the owners
+/// already released (off a driver thread, see [`defer_drop`]).
+pub(crate) fn raw_payload<O: Send + 'static>(
+    f: CUhostFn,
+    user_data: *mut c_void,
+    owners: O,
+) -> Result<RawPayload<O>, Error> {
+    let Some(f) = f else {
+        defer_drop(owners);
+        return Err(Error::NullFunction);
     };
-    #[cfg(cuda_host_launch_profile)]
-    crate::profile::capture(capture_started);
-    match (capture, runs) {
-        (Capture::None, _) => {
-            let context = context_of(driver, stream, hint)?;
-            let header = record.into_raw();
-            // Tracked (a ticket, held by this thread) from before the launch until released, so a
-            // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
-            #[cfg(cuda_host_launch_profile)]
-            let track_started = crate::profile::start();
-            // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
-            let ticket = match unsafe { pending::track(header, context) } {
-                Ok(ticket) => ticket,
-                Err(e) => {
-                    // SAFETY: `header` came from `into_raw` just above; nobody else has it.
-                    drop(unsafe { OwnedRecord::from_raw(header) });
-                    return Err(e);
-                }
-            };
-            #[cfg(cuda_host_launch_profile)]
-            crate::profile::track(track_started);
-            #[cfg(cuda_host_launch_profile)]
-            let call_started = crate::profile::start();
-            // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
-            // queues it; the ticket is never freed, so any call (even a late one) is sound. The
-            // stream's validity is the `AsRawStream` guarantee.
-            let (code, function) =
-                unsafe { call.call(stream, trampoline, ticket.id.as_user_data()) };
-            #[cfg(cuda_host_launch_profile)]
-            crate::profile::driver_call(call_started);
-            if code != CUresult::CUDA_SUCCESS {
-                // The driver did not take it: it is ours again (a reclaim never takes a launch
-                // still inside its launch call), released here.
-                // SAFETY: `header` came from `into_raw` just above and the driver refused it.
-                drop(unsafe { OwnedRecord::from_raw(header) });
-                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
-            }
-            // The driver has it: hand it over (or, if its host function already ran, queue it).
-            if ticket.launched() == LaunchOver::Push {
-                // SAFETY: the host function has run and no one else holds the record.
-                unsafe { cleanup::push(header) };
-            }
-        }
-        (Capture::Active { id, .. }, Runs::Once) => return Err(capture_active(stream, id)),
-        (Capture::Active { graph, .. }, Runs::Repeatable) => {
-            // User objects (11.3) come first: below them a captured launch cannot be owned by its
-            // graph, and the 11.3 capture query below would not exist either.
-            driver.raw().cuUserObjectCreate()?;
-            let graph = if graph.is_null() {
-                capture_graph_legacy(driver, stream)?
-            } else {
-                graph
-            };
-            let owned = GraphOwnedRecord::attach(driver, graph, record)?;
-            // SAFETY: the captured node's function runs the record on every replay, through `&self`;
-            // the graph owns the record until it and its executables are destroyed.
-            let (code, function) =
-                unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
-            if code != CUresult::CUDA_SUCCESS {
-                owned.detach(driver);
-                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
-            }
-        }
-    }
-    if mode == CleanupMode::Manual {
-        cleanup::drain();
-    }
-    Ok(())
-}
-
-/// Steps of a launch that the profile build's ablations leave out (see `profile.rs`). In a normal
-/// build nothing is left out, and both are constants the compiler folds away.
-struct Ablation {
-    skip_capture_query: bool,
-}
-
-impl Ablation {
-    #[inline(always)]
-    fn now() -> Ablation {
-        #[cfg(cuda_host_launch_profile)]
-        {
-            let settings = crate::profile::profile_settings();
-            Ablation {
-                skip_capture_query: settings.skip_capture_query,
-            }
-        }
-        #[cfg(not(cuda_host_launch_profile))]
-        Ablation {
-            skip_capture_query: false,
-        }
-    }
-}
-
-/// Adds the time from its start to its drop to the profile's enqueue total.
-#[cfg(cuda_host_launch_profile)]
-struct Timed(Option<std::time::Instant>);
-
-#[cfg(cuda_host_launch_profile)]
-impl Drop for Timed {
-    fn drop(&mut self) {
-        crate::profile::enqueue(self.0);
-    }
+    Ok(RawPayload {
+        f,
+        user_data,
+        owners,
+    })
 }

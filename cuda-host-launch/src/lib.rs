@@ -11,16 +11,23 @@
 //!   thread if the launch fails.
 //! - [`host_launch`]`(stream, closure)`: the same for a closure, whose captures are its owners.
 //! - [`launch_host_function_with_bytes`]: a C host function with a private copy of its user data.
-//! - [`host_launch_repeatable`] / [`launch_host_function_repeatable`]: host functions that may run
-//!   many times, so they also work on a capturing stream: there they become a graph host node, and
-//!   the owners are tied to the graph (a CUDA user object) until it and every executable graph made
-//!   from it are destroyed. [`add_host_node`] adds such a node to a graph directly.
-//! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+).
+//! - [`add_host_node`]: a graph host node running a closure, which the graph owns (through a CUDA
+//!   user object) until it and every executable graph made from it are destroyed.
+//! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic.
 //! - Feature `cudarc`: cudarc's `CudaStream` is a launch target like this crate's [`Stream`] (module
 //!   `cudarc_stream`).
-//! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic; with
-//!   [`CompletionMode::LowLatency`] the stream writes a flag that a poller thread watches, without
-//!   a host function.
+//!
+//! Their variants are methods of the value that chooses them:
+//!
+//! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+), for
+//!   [`LaunchOptions::launch_host_function`], [`LaunchOptions::host_launch`] and
+//!   [`LaunchOptions::add_host_node`] (and [`LaunchOptions::add_host_node_raw`] for raw graph
+//!   handles); and the repeatable launches, [`LaunchOptions::host_launch_repeatable`] and
+//!   [`LaunchOptions::launch_host_function_repeatable`]: host functions that may run many times,
+//!   so they also work on a capturing stream, where they become a graph host node owned by the
+//!   graph.
+//! - [`CompletionMode`]: with [`CompletionMode::LowLatency`]`.`[`completion`](CompletionMode::completion)
+//!   the stream writes a flag that a poller thread watches, without a host function.
 //! - [`pending_launches`], [`reclaim_pending`], [`PrimaryContext::reset`]: launches whose host
 //!   function will never run (a sticky error) have their owners released once the context is reset
 //!   or destroyed.
@@ -28,7 +35,14 @@
 //! One heap allocation per launch (the launch record holds the function, its data and its owners);
 //! the driver's thread only runs the function and pushes the record onto a lock-free queue. A
 //! reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or [`flush`]) drops the
-//! owners. See `DESIGN.md` for which thread drops what.
+//! owners. The repository's
+//! [`DESIGN.md`](https://example.invalid/cuda-host-launch/blob/main/DESIGN.md) tells which thread
+//! drops what.
+//!
+//! # Features
+//! - `unpooled-records` (off by default): every launch record is a `Box` of its own instead of a
+//!   slot of the record pool. Slower; for memory checkers such as AddressSanitizer, which then see
+//!   each record's release as a `free`.
 //!
 //! # Rules for host functions
 //! - **No CUDA calls inside a host function.** The driver may fail them or deadlock. This crate's
@@ -77,107 +91,67 @@
     unsafe_op_in_unsafe_fn,
     clippy::undocumented_unsafe_blocks
 )]
+// Under loom only the lock-free core is compiled, for its models, which do not use all of it.
+#![cfg_attr(loom, allow(dead_code, unused_imports))]
 
-// Under `--cfg loom` (model checking: see `loom_models.rs`) only the lock-free core and its models
-// are compiled; the rest uses `static` atomics (loom's are not `const`), `std::thread`, `OnceLock`
-// and the driver. Normal builds compile every module, as if these attributes were absent.
-#[cfg(not(loom))]
-mod capture;
-#[cfg(not(loom))]
-mod cleanup;
+// The layers, lowest first: support, record, reaper, tracking, transport, resources, then the
+// public API (completion, graph, launch, cudarc_stream); a module uses only the layers below it
+// (and its own), as `scripts/check-layers` checks and `DESIGN.md` draws. Under `--cfg loom` (model checking: see
+// `loom_models`) only the lock-free core and its models are compiled: the rest uses `static`
+// atomics (loom's are not `const`), `std::thread` and the driver.
 #[cfg(not(loom))]
 mod completion;
 #[cfg(all(feature = "cudarc", not(loom)))]
 pub mod cudarc_stream;
 #[cfg(not(loom))]
-mod error;
-#[cfg(not(loom))]
-mod exit_gate;
-#[cfg(not(loom))]
-mod forked_child;
-#[cfg(not(loom))]
 mod graph;
 #[cfg(not(loom))]
-mod host_thread;
-#[cfg_attr(loom, allow(dead_code))]
-mod intrusive_stack;
-#[cfg(not(loom))]
 mod launch;
-#[cfg_attr(loom, allow(dead_code))]
-mod launch_state;
-#[cfg(all(test, loom))]
-mod loom_launch_state;
-#[cfg(all(test, loom))]
-mod loom_models;
-#[cfg(not(loom))]
-mod low_latency;
-#[cfg(not(loom))]
-mod options;
-#[cfg(not(loom))]
-mod own_line;
-#[cfg(not(loom))]
-mod panic_report;
-#[cfg(not(loom))]
-mod pending;
-#[cfg(all(cuda_host_launch_profile, not(loom)))]
-mod profile;
-#[cfg(not(loom))]
-mod raw_stream;
-#[cfg(not(loom))]
+mod reaper;
 mod record;
 #[cfg(not(loom))]
-mod record_pool;
-#[cfg(not(loom))]
-mod relaxed_capture;
-#[cfg(not(loom))]
 mod resources;
-#[cfg_attr(loom, allow(unused_imports))]
-mod sync;
+mod support;
 #[cfg(not(loom))]
-mod tickets;
+mod tracking;
 #[cfg(not(loom))]
-mod user_object;
-#[cfg(not(loom))]
-mod waker_slot;
+mod transport;
+
+#[cfg(all(test, loom))]
+mod loom_models;
 
 #[cfg(not(loom))]
-pub use cleanup::{
-    CLEANUP_MODE_ENV, CleanupMode, CleanupStats, REAPER_LINGER_ENV, REAPER_POLL_ENV, cleanup_mode,
-    cleanup_stats, defer_drop, drain, flush, set_cleanup_mode,
-};
+pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
 #[cfg(not(loom))]
-pub use completion::{
-    Completion, CompletionMode, HostLaunchFuture, completion, completion_with, host_launch_async,
-};
+pub use graph::{Graph, GraphExec, GraphNode, add_host_node};
 #[cfg(not(loom))]
-pub use error::Error;
+pub use launch::{host_launch, launch_host_function, launch_host_function_with_bytes};
 #[cfg(not(loom))]
-pub use graph::{
-    Graph, GraphExec, GraphNode, add_host_node, add_host_node_raw, add_host_node_with,
-};
+pub use reaper::defer_drop::defer_drop;
 #[cfg(not(loom))]
-pub use host_thread::{HostFunctionScope, in_host_function};
+pub use reaper::mode::{CLEANUP_MODE_ENV, CleanupMode, cleanup_mode, set_cleanup_mode};
 #[cfg(not(loom))]
-pub use launch::{
-    host_launch, host_launch_repeatable, host_launch_with, launch_host_function,
-    launch_host_function_repeatable, launch_host_function_with, launch_host_function_with_bytes,
-};
+pub use reaper::release::{CleanupStats, cleanup_stats, drain, flush};
 #[cfg(not(loom))]
-pub use low_latency::poller_cpu_time;
-#[cfg(not(loom))]
-pub use options::{HostTaskSyncMode, LaunchOptions};
-#[cfg(not(loom))]
-pub use panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
-#[cfg(not(loom))]
-pub use pending::{launch_ticket_bytes, pending_launches, reclaim_pending};
-#[cfg(all(cuda_host_launch_profile, not(loom)))]
-pub use profile::{
-    Profile, ProfileSettings, profile_configure, profile_reset, profile_settings, profile_snapshot,
-};
-#[cfg(not(loom))]
-pub use raw_stream::{AsRawStream, RawStream};
+pub use reaper::thread::{REAPER_LINGER_ENV, REAPER_POLL_ENV};
 #[cfg(not(loom))]
 pub use resources::{Device, Event, PrimaryContext, Stream};
+#[cfg(not(loom))]
+pub use support::error::Error;
+#[cfg(not(loom))]
+pub use support::host_thread::{HostFunctionScope, in_host_function};
+#[cfg(not(loom))]
+pub use support::panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
+#[cfg(not(loom))]
+pub use support::raw_stream::{AsRawStream, RawStream};
+#[cfg(not(loom))]
+pub use tracking::pending::{launch_ticket_bytes, pending_launches};
+#[cfg(not(loom))]
+pub use transport::low_latency::poller_cpu_time;
+#[cfg(not(loom))]
+pub use transport::options::{HostTaskSyncMode, LaunchOptions};
+#[cfg(not(loom))]
+pub use transport::reclaim_pending;
 
 /// The `cuda-sys` this crate is built on, for raw driver calls.
 pub use cuda_sys;

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use cuda_sys::types::{CUcontext, CUctx_st, CUdevice, CUresult};
 
 use super::device::Device;
-use crate::cleanup::defer_drop;
-use crate::error::Error;
+use crate::reaper::defer_drop::defer_drop;
+use crate::support::error::Error;
 
 /// A retained primary context (`cuDevicePrimaryCtxRetain`), released on drop.
 ///
@@ -34,7 +34,7 @@ impl PrimaryContext {
     /// [`Error::Cuda`] if the driver cannot be loaded or the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn retain(device: Device) -> Result<Arc<PrimaryContext>, Error> {
-        crate::host_thread::refuse_inside_host_function("PrimaryContext::retain")?;
+        crate::support::host_thread::refuse_inside_host_function("PrimaryContext::retain")?;
         let driver = cuda_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write a context handle; `device` came from the driver.
@@ -52,7 +52,7 @@ impl PrimaryContext {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn set_current(&self) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("PrimaryContext::set_current")?;
+        crate::support::host_thread::refuse_inside_host_function("PrimaryContext::set_current")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: `raw` is a retained, live context.
         unsafe { driver.cuCtxSetCurrent(self.raw())? };
@@ -66,7 +66,7 @@ impl PrimaryContext {
     /// [`Error::Cuda`], e.g. a sticky error such as `CUDA_ERROR_LAUNCH_FAILED` (719).
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("PrimaryContext::synchronize")?;
+        crate::support::host_thread::refuse_inside_host_function("PrimaryContext::synchronize")?;
         self.scoped(|driver| {
             // SAFETY: a context is current (pushed by `scoped`).
             unsafe { driver.cuCtxSynchronize()? };
@@ -106,7 +106,7 @@ impl PrimaryContext {
     /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub unsafe fn reset(&self) -> Result<usize, Error> {
-        crate::host_thread::refuse_inside_host_function("PrimaryContext::reset")?;
+        crate::support::host_thread::refuse_inside_host_function("PrimaryContext::reset")?;
         let driver = cuda_sys::driver()?;
         let old = self.raw();
         let reset = primary_reset(driver)?;
@@ -115,7 +115,7 @@ impl PrimaryContext {
         driver.check(code, "cuDevicePrimaryCtxReset")?;
         // SAFETY: the reset has returned: the driver will not run the old context's pending host
         // functions any more (it ran them first, or discards them after a sticky error).
-        let reclaimed = unsafe { crate::pending::reclaim(old) };
+        let reclaimed = unsafe { crate::transport::reclaim(old) };
         // If the old context is this thread's current one, take it off: the driver reports its
         // sticky error (719) to every later call of the thread, the retain below included. (After
         // a sticky error, cuCtxGetCurrent itself may fail that way: then the current context is a
@@ -145,7 +145,7 @@ impl PrimaryContext {
 
     /// How many launches of this crate into this context wait for their host function.
     pub fn pending_launches(&self) -> usize {
-        crate::pending::count(Some(self.raw()))
+        crate::tracking::pending::count(Some(self.raw()))
     }
 
     /// The driver's handle.
@@ -227,7 +227,7 @@ impl Drop for Release {
         if state.is_ok() && active == 0 {
             // SAFETY: the context is inactive (reset by the last release): the driver will not
             // run its host functions any more; no one holds it to launch into it.
-            unsafe { crate::pending::reclaim(self.1) };
+            unsafe { crate::transport::reclaim(self.1) };
         }
     }
 }

@@ -4,7 +4,7 @@ use std::ffi::c_char;
 
 use cuda_sys::types::CUdevice;
 
-use crate::error::Error;
+use crate::support::error::Error;
 
 /// A CUDA device, by ordinal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -20,7 +20,7 @@ impl Device {
     /// [`Error::Cuda`] if the driver cannot be loaded or the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn count() -> Result<usize, Error> {
-        crate::host_thread::refuse_inside_host_function("Device::count")?;
+        crate::support::host_thread::refuse_inside_host_function("Device::count")?;
         let driver = cuda_sys::driver()?;
         let mut count = 0;
         // SAFETY: `count` is a valid place to write an int.
@@ -34,7 +34,7 @@ impl Device {
     /// [`Error::Cuda`] (`CUDA_ERROR_INVALID_DEVICE` for an ordinal out of range).
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn get(ordinal: i32) -> Result<Device, Error> {
-        crate::host_thread::refuse_inside_host_function("Device::get")?;
+        crate::support::host_thread::refuse_inside_host_function("Device::get")?;
         let driver = cuda_sys::driver()?;
         let mut raw = 0;
         // SAFETY: `raw` is a valid place to write a device handle.
@@ -48,7 +48,7 @@ impl Device {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn name(&self) -> Result<String, Error> {
-        crate::host_thread::refuse_inside_host_function("Device::name")?;
+        crate::support::host_thread::refuse_inside_host_function("Device::name")?;
         let driver = cuda_sys::driver()?;
         let mut buffer = [0 as c_char; 256];
         // SAFETY: the buffer holds `len` bytes; the driver writes a NUL-terminated name into it.

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use cuda_sys::types::{CUevent, CUevent_flags, CUresult};
 
 use super::context::PrimaryContext;
-use crate::cleanup::defer_drop;
-use crate::error::Error;
-use crate::raw_stream::AsRawStream;
+use crate::reaper::defer_drop::defer_drop;
+use crate::support::error::Error;
+use crate::support::raw_stream::AsRawStream;
 
 /// A CUDA event (`cuEventCreate`, timing disabled), destroyed on drop. Holds its context alive.
 #[derive(Debug)]
@@ -29,7 +29,7 @@ impl Event {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new(context: &Arc<PrimaryContext>) -> Result<Event, Error> {
-        crate::host_thread::refuse_inside_host_function("Event::new")?;
+        crate::support::host_thread::refuse_inside_host_function("Event::new")?;
         // An RAII value inside the scope: if popping the context fails, dropping it destroys the
         // event instead of leaking it.
         context.scoped(|driver| {
@@ -51,7 +51,7 @@ impl Event {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn record(&self, stream: impl AsRawStream) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("Event::record")?;
+        crate::support::host_thread::refuse_inside_host_function("Event::record")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: the event is live; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuEventRecord(self.raw, stream.as_raw_stream())? };
@@ -65,7 +65,7 @@ impl Event {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn make_wait(&self, stream: impl AsRawStream) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("Event::make_wait")?;
+        crate::support::host_thread::refuse_inside_host_function("Event::make_wait")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: the event is live; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuStreamWaitEvent(stream.as_raw_stream(), self.raw, 0)? };
@@ -78,7 +78,7 @@ impl Event {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("Event::synchronize")?;
+        crate::support::host_thread::refuse_inside_host_function("Event::synchronize")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: the event is live.
         unsafe { driver.cuEventSynchronize(self.raw)? };
@@ -91,7 +91,7 @@ impl Event {
     /// [`Error::Cuda`] for any result other than success or `CUDA_ERROR_NOT_READY`.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn is_complete(&self) -> Result<bool, Error> {
-        crate::host_thread::refuse_inside_host_function("Event::is_complete")?;
+        crate::support::host_thread::refuse_inside_host_function("Event::is_complete")?;
         let driver = cuda_sys::driver()?;
         let query = driver.raw().cuEventQuery()?;
         // SAFETY: the event is live.

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use cuda_sys::types::{CUresult, CUstream, CUstream_flags};
 
 use super::context::PrimaryContext;
-use crate::cleanup::defer_drop;
-use crate::error::Error;
-use crate::raw_stream::AsRawStream;
+use crate::reaper::defer_drop::defer_drop;
+use crate::support::error::Error;
+use crate::support::raw_stream::AsRawStream;
 
 /// A CUDA stream (`cuStreamCreate`), destroyed on drop. Holds its context alive.
 ///
@@ -33,7 +33,7 @@ impl Stream {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new(context: &Arc<PrimaryContext>) -> Result<Stream, Error> {
-        crate::host_thread::refuse_inside_host_function("Stream::new")?;
+        crate::support::host_thread::refuse_inside_host_function("Stream::new")?;
         Self::with_flags(context, CUstream_flags::CU_STREAM_DEFAULT)
     }
 
@@ -43,7 +43,7 @@ impl Stream {
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new_non_blocking(context: &Arc<PrimaryContext>) -> Result<Stream, Error> {
-        crate::host_thread::refuse_inside_host_function("Stream::new_non_blocking")?;
+        crate::support::host_thread::refuse_inside_host_function("Stream::new_non_blocking")?;
         Self::with_flags(context, CUstream_flags::CU_STREAM_NON_BLOCKING)
     }
 
@@ -67,7 +67,7 @@ impl Stream {
     /// [`Error::Cuda`], e.g. a sticky error such as `CUDA_ERROR_LAUNCH_FAILED` (719).
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
-        crate::host_thread::refuse_inside_host_function("Stream::synchronize")?;
+        crate::support::host_thread::refuse_inside_host_function("Stream::synchronize")?;
         let driver = cuda_sys::driver()?;
         // SAFETY: `raw` is a live stream.
         unsafe { driver.cuStreamSynchronize(self.raw)? };
@@ -80,7 +80,7 @@ impl Stream {
     /// [`Error::Cuda`] for any result other than success or `CUDA_ERROR_NOT_READY`.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn is_idle(&self) -> Result<bool, Error> {
-        crate::host_thread::refuse_inside_host_function("Stream::is_idle")?;
+        crate::support::host_thread::refuse_inside_host_function("Stream::is_idle")?;
         let driver = cuda_sys::driver()?;
         let query = driver.raw().cuStreamQuery()?;
         // SAFETY: `raw` is a live stream.

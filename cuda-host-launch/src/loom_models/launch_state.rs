@@ -21,8 +21,8 @@ use loom::cell::UnsafeCell;
 use loom::sync::atomic::AtomicUsize;
 use loom::thread;
 
-use crate::launch_state::{Claim, LaunchOver, LaunchState};
-use crate::sync::Ordering;
+use crate::record::launch_state::{Claim, LaunchOver, LaunchState};
+use crate::support::sync::Ordering;
 
 /// The generation of the modelled launch.
 const GENERATION: u64 = 7;

@@ -20,7 +20,7 @@
 use std::sync::Once;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use crate::error::Error;
+use crate::support::error::Error;
 
 const UNARMED: u8 = 0;
 const ARMED: u8 = 1;

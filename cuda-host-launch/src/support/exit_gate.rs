@@ -109,7 +109,7 @@ fn arm() {
 /// than the calling thread's own.
 #[cfg(target_os = "linux")]
 extern "C" fn close_and_wait() {
-    if crate::forked_child::is_forked_child() {
+    if crate::support::forked_child::is_forked_child() {
         return;
     }
     CLOSED.store(true, Ordering::SeqCst);

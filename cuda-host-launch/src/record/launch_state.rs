@@ -3,7 +3,7 @@
 //! transition of a word that exactly one party can win, so a record is run at most once and
 //! released exactly once, and never while anyone may still use it.
 //!
-//! The word belongs to the launch's ticket (see [`tickets`](crate::tickets)), not to the record:
+//! The word belongs to the launch's ticket (see [`tickets`](super::tickets)), not to the record:
 //! it holds a generation beside the state, and the driver is handed the generation with the ticket,
 //! so a call that comes after the launch was released (a replay of a graph that captured it) finds
 //! another generation and does nothing.
@@ -31,7 +31,7 @@
 //! the launch and runs it; the record is then released, its ticket retired; every later call finds
 //! another generation and returns without touching anything but the ticket, which is never freed.
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::support::sync::{AtomicU64, Ordering};
 
 const STATE_BITS: u32 = 8;
 const STATE_MASK: u64 = (1 << STATE_BITS) - 1;

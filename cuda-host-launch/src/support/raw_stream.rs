@@ -1,7 +1,9 @@
 //! Accepting any stream handle: this crate's [`Stream`](crate::Stream), a handle from another binding,
 //! or one of the special handles.
 
-use cuda_sys::types::CUstream;
+use cuda_sys::types::{CUcontext, CUstream};
+
+use crate::support::error::Error;
 
 /// A type that is, or holds, a CUDA stream handle valid for as long as the value is borrowed.
 ///
@@ -88,4 +90,28 @@ unsafe impl AsRawStream for RawStream {
     fn as_raw_stream(&self) -> CUstream {
         self.0
     }
+}
+
+/// The context a launch on `stream` goes to: the implementor's hint, the current context for the
+/// special handles, or `cuStreamGetCtx`.
+pub(crate) fn context_of(
+    driver: &cuda_sys::Driver,
+    stream: CUstream,
+    hint: Option<CUcontext>,
+) -> Result<CUcontext, Error> {
+    if let Some(context) = hint {
+        return Ok(context);
+    }
+    let mut context: CUcontext = std::ptr::null_mut();
+    let special = stream.is_null()
+        || stream == cuda_sys::CU_STREAM_LEGACY
+        || stream == cuda_sys::CU_STREAM_PER_THREAD;
+    if special {
+        // SAFETY: a valid out-pointer.
+        unsafe { driver.cuCtxGetCurrent(&mut context)? };
+    } else {
+        // SAFETY: the stream is valid (the `AsRawStream` guarantee); a valid out-pointer.
+        unsafe { driver.cuStreamGetCtx(stream, &mut context)? };
+    }
+    Ok(context)
 }

@@ -86,9 +86,11 @@ impl Drop for HostFunctionScope {
 /// `Err(InsideHostFunction)` on a thread inside a host function, naming `operation`: the check of
 /// every public call that reaches the driver.
 #[inline]
-pub(crate) fn refuse_inside_host_function(operation: &'static str) -> Result<(), crate::Error> {
+pub(crate) fn refuse_inside_host_function(
+    operation: &'static str,
+) -> Result<(), crate::support::error::Error> {
     if in_host_function() {
-        Err(crate::Error::InsideHostFunction { operation })
+        Err(crate::support::error::Error::InsideHostFunction { operation })
     } else {
         Ok(())
     }

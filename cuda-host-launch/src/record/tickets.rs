@@ -18,20 +18,16 @@
 //!   far: atomics only, no lock.
 
 use std::cell::RefCell;
-use std::ffi::c_void;
-use std::num::NonZeroU64;
 use std::ptr::{self, NonNull};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 
 use cuda_sys::types::CUcontext;
 
-use crate::launch_state::{GENERATION_BITS, LaunchOver, LaunchState};
-use crate::record::RecordHeader;
+use super::launch_state::{LaunchOver, LaunchState};
+use super::layout::RecordHeader;
+use super::ticket_id::{INDEX_BITS, INDEX_MASK, TicketId};
 
-const INDEX_BITS: u32 = 24;
-const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
-const _: () = assert!(INDEX_BITS + GENERATION_BITS <= 64);
 const CHUNK_BITS: u32 = 12;
 const CHUNK_LEN: usize = 1 << CHUNK_BITS;
 const CHUNKS: usize = 1 << (INDEX_BITS - CHUNK_BITS);
@@ -59,38 +55,6 @@ impl Ticket {
     /// The context of the launch whose generation the caller saw pending.
     pub(crate) fn context(&self) -> usize {
         self.context.load(Ordering::Relaxed)
-    }
-}
-
-/// A ticket and the generation of one launch: what the driver gets as `userData`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TicketId(NonZeroU64);
-
-impl TicketId {
-    /// The id of `index` (never 0) at `generation`.
-    fn new(index: u32, generation: u64) -> Option<TicketId> {
-        NonZeroU64::new((generation << INDEX_BITS) | u64::from(index)).map(TicketId)
-    }
-
-    /// The ticket's index.
-    pub(crate) fn index(self) -> u32 {
-        (self.0.get() & INDEX_MASK) as u32
-    }
-
-    /// The launch's generation.
-    pub(crate) fn generation(self) -> u64 {
-        self.0.get() >> INDEX_BITS
-    }
-
-    /// The `userData` for the driver: the id itself, not an address (never null).
-    pub(crate) fn as_user_data(self) -> *mut c_void {
-        ptr::without_provenance_mut(self.0.get() as usize)
-    }
-
-    /// The id a trampoline was called with (`None` for a null `userData`, which no launch of
-    /// this crate passes).
-    pub(crate) fn from_user_data(user_data: *mut c_void) -> Option<TicketId> {
-        NonZeroU64::new(user_data.addr() as u64).map(TicketId)
     }
 }
 
@@ -233,6 +197,39 @@ pub(crate) fn give_back(id: TicketId) {
     }
 }
 
+/// Takes a ticket for a record about to be launched into `context`, holding the launch
+/// (LAUNCHING) until the caller reports how its launch call went
+/// ([`HeldTicket::launched`], or the record's release). Returns the held ticket, whose id is the
+/// launch's `userData`; `None` if every ticket is in use.
+///
+/// # Safety
+/// `header` must be a live run-once record, not yet tracked, owned by the caller.
+pub(crate) unsafe fn track(
+    header: NonNull<RecordHeader>,
+    context: CUcontext,
+) -> Option<HeldTicket> {
+    let held = take(header, context)?;
+    // SAFETY: the record is live and ours.
+    unsafe { RecordHeader::ticket(header) }.with_mut(|ticket| {
+        // SAFETY: the record is ours; nobody else reads this field before the launch.
+        unsafe { *ticket = Some(held.id) }
+    });
+    Some(held)
+}
+
+/// Before a record is released: gives its launch's ticket back, if it was launched. Called by
+/// whoever releases the record (never on a driver thread).
+pub(crate) fn forget(header: NonNull<RecordHeader>) {
+    // SAFETY: the record is live and the caller's.
+    let launched = unsafe { RecordHeader::ticket(header) }.with_mut(|ticket| {
+        // SAFETY: the caller owns the record; the launcher's write is ordered before this read.
+        unsafe { (*ticket).take() }
+    });
+    if let Some(id) = launched {
+        give_back(id);
+    }
+}
+
 /// Calls `f` with every ticket handed out so far (some free, some in use).
 pub(crate) fn for_each(mut f: impl FnMut(&'static Ticket)) {
     let high = HIGH.load(Ordering::Acquire);
@@ -269,7 +266,7 @@ mod tests {
         let ticket = ticket(first.index()).unwrap();
         assert_eq!(
             ticket.state.claim_run(first.generation()),
-            crate::launch_state::Claim::Skip
+            crate::record::launch_state::Claim::Skip
         );
     }
 }

@@ -40,11 +40,13 @@ use std::time::{Duration, Instant};
 
 use cuda_sys::types::{CUcontext, CUdeviceptr};
 
-use crate::capture::{Capture, capture_active, capture_of};
-use crate::completion::Shared;
-use crate::error::Error;
-use crate::panic_report::{PanicOrigin, report_and_drop};
-use crate::raw_stream::AsRawStream;
+use super::completion_state::CompletionState;
+use crate::support::capture::{Capture, capture_active, capture_of};
+use crate::support::error::Error;
+use crate::support::host_thread::in_host_function;
+use crate::support::panic_report::{PanicOrigin, report_and_drop};
+use crate::support::raw_stream::{AsRawStream, context_of};
+use crate::support::{forked_child, relaxed_capture};
 
 /// Spinning time after the last progress before the poller starts to sleep.
 pub const SPIN: Duration = Duration::from_micros(200);
@@ -102,7 +104,7 @@ struct Entry {
     slot: u16,
     value: u64,
     context: usize,
-    shared: Arc<Shared<()>>,
+    shared: Arc<CompletionState<()>>,
 }
 
 /// Which context a page belongs to: its handle and its `cuCtxGetId`.
@@ -149,20 +151,23 @@ pub fn poller_cpu_time() -> Duration {
 }
 
 /// Enqueues the flag write for `shared` on `stream` and hands it to the poller.
-pub(crate) fn register(stream: &impl AsRawStream, shared: Arc<Shared<()>>) -> Result<(), Error> {
-    if crate::in_host_function() {
+pub(crate) fn register(
+    stream: &impl AsRawStream,
+    shared: Arc<CompletionState<()>>,
+) -> Result<(), Error> {
+    if in_host_function() {
         return Err(Error::InsideHostFunction {
             operation: "creating a completion",
         });
     }
-    crate::forked_child::check()?;
+    forked_child::check()?;
     let driver = cuda_sys::driver()?;
     let write = driver.raw().cuStreamWriteValue64()?;
     let raw = stream.as_raw_stream();
     if let Capture::Active { id, .. } = capture_of(driver, raw)? {
         return Err(capture_active(raw, id));
     }
-    let context = crate::launch::context_of(driver, raw, stream.context_hint())?;
+    let context = context_of(driver, raw, stream.context_hint())?;
     let (page, slot) = take_slot(driver, context)?;
     page.flag(slot).store(0, Ordering::Relaxed);
     let value = NEXT_VALUE.fetch_add(1, Ordering::Relaxed);
@@ -345,7 +350,7 @@ fn thread_cpu_time() -> Duration {
 fn poll_loop() {
     // Wakers are users' code: never in the default capture interaction (see `relaxed_capture`).
     // The driver is loaded (`register` used it before starting this thread).
-    let _ = crate::relaxed_capture::enter_relaxed_mode();
+    let _ = relaxed_capture::enter_relaxed_mode();
     let cpu_start = thread_cpu_time();
     let mut cpu_counted = Duration::ZERO;
     let mut waiting: Vec<Entry> = Vec::new();

@@ -2,7 +2,7 @@
 
 use cuda_sys::types::{CUhostTaskSyncMode, CUstream};
 
-use crate::error::Error;
+use crate::support::error::Error;
 
 /// How the driver's thread waits for host functions to become ready (`CUhostTaskSyncMode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -18,7 +18,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Waker;
 
-use crate::record::PanicPayload;
+use crate::record::layout::PanicPayload;
 
 const WAITING: usize = 0;
 const REGISTERING: usize = 0b01;

@@ -4,7 +4,7 @@ use std::ptr;
 
 use cuda_sys::types::{CUgraph, CUstream, CUstreamCaptureStatus};
 
-use crate::error::Error;
+use crate::support::error::Error;
 
 /// A stream's capture state.
 #[derive(Debug, Clone, Copy)]

@@ -1,14 +1,17 @@
 //! Tying a repeatable record to a graph with a CUDA user object, so the graph (and every executable
 //! graph made from it) owns the record, and the record is released only once they are all gone.
 
+use std::ffi::c_void;
 use std::ptr::{self, NonNull};
 
 use cuda_sys::types::{
     CUgraph, CUresult, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
 };
 
-use crate::error::Error;
-use crate::record::{OwnedRecord, RecordHeader, user_object_destructor};
+use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::release;
+use crate::record::layout::RecordHeader;
+use crate::support::error::Error;
 
 /// A record the graph now owns through a user object.
 pub(crate) struct GraphOwnedRecord {
@@ -91,4 +94,17 @@ impl GraphOwnedRecord {
 
 fn driver_error(driver: &cuda_sys::Driver, code: CUresult, function: &'static str) -> Error {
     Error::Cuda(driver.describe(code, Some(function)).into())
+}
+
+/// The destructor of the user object that ties a repeatable record to its graph: the driver calls it
+/// (on a thread of its own) once the graph and every executable graph made from it are gone. It
+/// only queues the record: no lock, no allocation, no CUDA call.
+///
+/// # Safety
+/// Called by the driver only, with the pointer given to `cuUserObjectCreate`.
+pub(crate) unsafe extern "C" fn user_object_destructor(user_data: *mut c_void) {
+    if let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) {
+        // SAFETY: the last reference is gone, so nothing runs the record any more; it is ours.
+        unsafe { release::push(header) };
+    }
 }

@@ -3,44 +3,22 @@
 //!
 //! After a sticky context error (a kernel trapped: 719) the driver still accepts `cuLaunchHostFunc`
 //! but never calls the function, so a record released only by its trampoline would leak. Every
-//! run-once launch therefore holds a ticket (see [`tickets`](crate::tickets)) from its launch until
+//! run-once launch therefore holds a ticket (see `record::tickets`) from its launch until
 //! its record is released: the ticket names the record and the context, and its state says who
-//! owns the launch (see [`launch_state`](crate::launch_state)). A reclaim walks the tickets and
+//! owns the launch (see `record::launch_state`). A reclaim walks the tickets and
 //! takes the pending launches of its context with a compare-and-swap, which the trampoline's claim
 //! races: whoever wins owns the record, so it is released once. A reclaim never takes a launch
 //! whose launch call has not returned (LAUNCHING), so a launch the driver refuses is released by its
 //! launcher alone, and one it accepts is never released under the driver.
 
-use std::cell::UnsafeCell;
 use std::ptr::NonNull;
 
 use cuda_sys::types::CUcontext;
 
-use crate::error::Error;
-use crate::record::RecordHeader;
-use crate::tickets::{self, HeldTicket, TicketId};
-
-/// The tracking part of a record's header: the ticket of its launch, if it was launched.
-pub(crate) struct Tracking {
-    /// Written by the launcher before the launch; read and cleared by whoever releases the record
-    /// (which the queue, or the launcher's own thread, orders after).
-    ticket: UnsafeCell<Option<TicketId>>,
-}
-
-impl Tracking {
-    /// The tracking of a new record: not launched.
-    pub(crate) fn new() -> Tracking {
-        Tracking {
-            ticket: UnsafeCell::new(None),
-        }
-    }
-}
-
-fn tracking(header: NonNull<RecordHeader>) -> &'static Tracking {
-    // SAFETY: callers pass live records; the reference is used only while the record is live
-    // (the `'static` is local to this module's functions, which never keep it).
-    unsafe { &*RecordHeader::tracking(header) }
-}
+use crate::reaper::release;
+use crate::record::layout::RecordHeader;
+use crate::record::tickets::{self, HeldTicket};
+use crate::support::error::Error;
 
 /// Takes a ticket for a record about to be launched into `context`, holding the launch
 /// (LAUNCHING) until the caller reports how its launch call went
@@ -56,19 +34,8 @@ pub(crate) unsafe fn track(
     header: NonNull<RecordHeader>,
     context: CUcontext,
 ) -> Result<HeldTicket, Error> {
-    let held = tickets::take(header, context).ok_or(Error::TooManyPendingLaunches)?;
-    // SAFETY: the record is ours; nobody else reads this field before the launch.
-    unsafe { *tracking(header).ticket.get() = Some(held.id) };
-    Ok(held)
-}
-
-/// Before a record is released: gives its launch's ticket back, if it was launched. Called by
-/// whoever releases the record (never on a driver thread).
-pub(crate) fn forget(header: NonNull<RecordHeader>) {
-    // SAFETY: the caller owns the record; the launcher's write is ordered before this read.
-    if let Some(id) = unsafe { (*tracking(header).ticket.get()).take() } {
-        tickets::give_back(id);
-    }
+    // SAFETY: the caller's promise.
+    unsafe { tickets::track(header, context) }.ok_or(Error::TooManyPendingLaunches)
 }
 
 /// Takes every pending (never run) launch of `context` and hands its record to the cleanup queue,
@@ -92,13 +59,11 @@ pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
             reclaimed.push(record);
         }
     });
-    // Low-latency completions of the context wait for flags it will never write.
-    crate::low_latency::fail_context(context);
     let count = reclaimed.len();
     for header in reclaimed {
         // SAFETY: the reclaim owns the record now (its trampoline will never run) and it is in no
         // queue.
-        unsafe { crate::cleanup::push(header) };
+        unsafe { release::push(header) };
     }
     count
 }
@@ -126,32 +91,11 @@ pub fn pending_launches(context: Option<CUcontext>) -> usize {
     count(context)
 }
 
-/// The memory held by launch tickets (see `DESIGN.md`): one small slot per launch pending at the
-/// same time, at the most so far, allocated in chunks of 4,096 and never freed, since a late call
-/// of the driver (a replay of a graph that captured a launch) may look at any ticket at any time.
-/// For leak checks that must tell this bounded growth from a leak.
+/// The memory held by launch tickets: one small slot per launch pending at the same time, at the
+/// most so far, allocated in chunks of 4,096 and never freed, since a late call of the driver (a
+/// replay of a graph that captured a launch) may look at any ticket at any time (the repository's
+/// [`DESIGN.md`](https://example.invalid/cuda-host-launch/blob/main/DESIGN.md) tells more). For
+/// leak checks that must tell this bounded growth from a leak.
 pub fn launch_ticket_bytes() -> usize {
     tickets::memory_bytes()
-}
-
-/// Releases, through the cleanup queue, the owners of every launch into `context` whose host
-/// function has not run, and returns how many.
-///
-/// Call it after destroying a context yourself (`cuCtxDestroy`), or resetting a primary context
-/// (`cuDevicePrimaryCtxReset`), that may have had a sticky error: the driver then never runs those
-/// host functions, and without this their owners would never be dropped. (After a normal destroy
-/// the driver has already run them all, and this finds nothing.)
-/// [`PrimaryContext::reset`](crate::PrimaryContext::reset) and the last release of a
-/// [`PrimaryContext`](crate::PrimaryContext) do it for you.
-///
-/// A launch still inside its launch call is never taken (its launcher or the driver's thread
-/// releases it), so launches racing this call are released exactly once either way.
-///
-/// # Safety
-/// The driver must no longer be able to run host functions of `context` that were launched before
-/// this call: it was destroyed or reset, and that call returned. Otherwise a host function could
-/// run after its owners were dropped.
-pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
-    // SAFETY: the caller's promise is `reclaim`'s precondition.
-    unsafe { reclaim(context) }
 }

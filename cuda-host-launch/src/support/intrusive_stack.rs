@@ -11,7 +11,7 @@
 
 use std::ptr::{self, NonNull};
 
-use crate::sync::{AtomicPtr, Ordering};
+use crate::support::sync::{AtomicPtr, Ordering};
 
 /// A node type with an intrusive link.
 ///

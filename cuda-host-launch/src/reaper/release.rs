@@ -1,0 +1,212 @@
+//! Releasing records: from the cleanup queue (by the reaper, a drain or a flush), or at once when a
+//! record never reached the driver; and waiting for the queue to empty ([`flush`]).
+//!
+//! Releasing a record drops its owners inside `catch_unwind`: a panicking `Drop` is reported through
+//! the panic handler and the next record is released as usual.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::Condvar;
+use std::time::{Duration, Instant};
+
+use super::queue::CleanupQueue;
+use crate::record::layout::{Op, RecordHeader};
+use crate::record::{pool, tickets};
+use crate::support::error::Error;
+use crate::support::host_thread::{in_host_function, refuse_inside_host_function};
+use crate::support::intrusive_stack::Batch;
+use crate::support::panic_report::{PanicOrigin, report};
+use crate::support::sync::{Mutex, lock};
+use crate::support::{exit_gate, forked_child};
+
+/// The longest single wait of `flush` before it looks again.
+const FLUSH_SLICE: Duration = Duration::from_millis(2);
+
+/// The process's cleanup queue.
+pub(crate) static QUEUE: CleanupQueue<RecordHeader> = CleanupQueue::new();
+
+static FLUSH_LOCK: Mutex<()> = Mutex::new(());
+static FLUSHED: Condvar = Condvar::new();
+
+/// Pushes a record to be released: one whose host function has run (from the trampoline), one
+/// whose graph is gone (from a user object's destructor), or a deferred drop.
+///
+/// May be called on a driver thread: no allocation, no lock, no CUDA call, no drop.
+///
+/// # Safety
+/// `header` must be a live record that nobody else owns.
+#[inline]
+pub(crate) unsafe fn push(header: NonNull<RecordHeader>) {
+    // SAFETY: the caller's promise.
+    unsafe { QUEUE.push(header) };
+}
+
+/// Releases a record that was never handed to the driver: here, unless this is a driver thread, in
+/// which case the record goes to the cleanup queue instead.
+pub(crate) fn release_here_or_defer(header: NonNull<RecordHeader>) {
+    if in_host_function() {
+        // SAFETY: the record is ours and in no queue.
+        unsafe { push(header) };
+    } else {
+        release_one(header);
+    }
+}
+
+/// Releases one record: takes it out of the pending launches (gives its ticket back), reports the
+/// panic its host function had, then drops its owners and frees it, catching a panic from an
+/// owner's `Drop`.
+fn release_one(header: NonNull<RecordHeader>) {
+    tickets::forget(header);
+    // SAFETY: the caller owns the live record.
+    if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
+        report(PanicOrigin::HostFunction, &*panic);
+        // The payload's own Drop is user code too.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+    }
+    // SAFETY: as above; this is the record's one release. If an owner's Drop panics, unwinding still
+    // drops the remaining owners and frees the memory, so the record is gone either way.
+    let released = catch_unwind(AssertUnwindSafe(|| unsafe {
+        RecordHeader::dispatch(header, Op::Release)
+    }));
+    if let Err(panic) = released {
+        report(PanicOrigin::OwnerDrop, &*panic);
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+    }
+}
+
+/// Vectors a releasing thread reuses from batch to batch (the reaper keeps one; `drain` makes one
+/// per call), so that the reaper's heap stays quiet while host functions flow.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    headers: Vec<NonNull<RecordHeader>>,
+}
+
+/// The most entries a reused vector keeps between batches (a larger batch's capacity is let go).
+const SCRATCH_KEEP: usize = 4096;
+
+pub(crate) fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
+    // Once the process is exiting, nothing more is released (see `support::exit_gate`).
+    // The release also marks this thread as releasing (`flush` refuses to wait for itself).
+    let Some(releasing) = exit_gate::begin_releasing() else {
+        return 0;
+    };
+    let headers = &mut scratch.headers;
+    headers.clear();
+    headers.extend(batch);
+    let count = headers.len() as u64;
+    for (released, &header) in headers.iter().enumerate() {
+        if releasing.exit_began() {
+            // The rest stay here, unreleased, as the process ends.
+            return released as u64;
+        }
+        release_one(header);
+    }
+    headers.clear();
+    headers.shrink_to(SCRATCH_KEEP);
+    if count > 0 && QUEUE.count_released(count) {
+        let _guard = lock(&FLUSH_LOCK);
+        FLUSHED.notify_all();
+    }
+    count
+}
+
+/// Releases, on the calling thread, every record queued so far; returns how many.
+///
+/// Works in either mode (in reaper mode it just does the reaper's work sooner). Inside a host
+/// function it does nothing and returns 0: owners are never dropped on a driver thread. It also
+/// returns 0 in a child forked after the first launch (the queue holds copies of the parent's
+/// records) and once the process is exiting.
+///
+/// The owners' `Drop` runs in the calling thread's stream-capture interaction mode: see
+/// [`CleanupMode::Manual`](crate::CleanupMode::Manual) for what that means while a graph is captured.
+pub fn drain() -> u64 {
+    if in_host_function() || forked_child::is_forked_child() {
+        return 0;
+    }
+    release_batch(QUEUE.take_all(), &mut Scratch::default())
+}
+
+/// Waits until every record queued so far is released, or `timeout` passes: the owners of every
+/// host function that has run, and of every graph whose user object the driver has destroyed. In
+/// manual mode it drains the queue itself.
+///
+/// Once everything is released it also gives the record pool's surplus memory back to the system
+/// (free 4 KiB segments of slots, beyond 512 KiB of them), as the reaper does when it goes idle.
+///
+/// Host functions still pending on their streams are not waited for: synchronize the stream first
+/// to include them. The driver destroys a graph's user objects asynchronously, so owners tied to a
+/// graph may reach the queue a little after `cuGraphDestroy` returns.
+///
+/// A `timeout` too long to add to the clock (`Duration::MAX`) waits as long as it takes.
+///
+/// Called by the thread that is releasing records (inside an owner's `Drop`, or the panic
+/// handler, whether on the reaper or on a thread that drains), it returns
+/// [`Error::FlushOnReleasingThread`] at once: the records it would wait for include the one that
+/// thread is releasing, so it would only wait out its timeout while all cleanup stopped.
+///
+/// # Errors
+/// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
+/// from a host function (the reaper cannot be waited for there);
+/// [`Error::FlushOnReleasingThread`] if called by the releasing thread; [`Error::ForkedChild`] in a
+/// child forked after the first launch.
+pub fn flush(timeout: Duration) -> Result<(), Error> {
+    refuse_inside_host_function("flush")?;
+    if exit_gate::releasing_here() {
+        return Err(Error::FlushOnReleasingThread);
+    }
+    forked_child::check()?;
+    let target = QUEUE.queued();
+    // None: beyond what the clock can represent, so never reached.
+    let deadline = Instant::now().checked_add(timeout);
+    QUEUE.flush_waiting(true);
+    let result = loop {
+        if !QUEUE.has_reaper() {
+            drain();
+        }
+        let released = QUEUE.released();
+        if released >= target {
+            break Ok(());
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|deadline| now >= deadline) {
+            break Err(Error::FlushTimedOut {
+                waiting: target - released,
+                timeout,
+            });
+        }
+        let guard = lock(&FLUSH_LOCK);
+        if QUEUE.released() >= target {
+            break Ok(());
+        }
+        // Bounded waits: in manual mode nobody notifies, and a host function may be pushing as we
+        // look; a short slice keeps both cheap and correct.
+        let slice = deadline.map_or(FLUSH_SLICE, |deadline| (deadline - now).min(FLUSH_SLICE));
+        let _ = FLUSHED
+            .wait_timeout(guard, slice)
+            .unwrap_or_else(|p| p.into_inner());
+    };
+    QUEUE.flush_waiting(false);
+    if result.is_ok() {
+        // Everything released so far is back in the record pool: give its surplus segments back.
+        pool::trim();
+    }
+    result
+}
+
+/// Counters of the cleanup queue, for tests and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CleanupStats {
+    /// Records queued for release: host functions of this crate that have run, graphs whose owners
+    /// the driver let go, deferred drops.
+    pub queued: u64,
+    /// Records released from the queue (their owners dropped).
+    pub released: u64,
+}
+
+/// A snapshot of the cleanup queue's counters.
+pub fn cleanup_stats() -> CleanupStats {
+    CleanupStats {
+        queued: QUEUE.queued(),
+        released: QUEUE.released(),
+    }
+}

@@ -1,0 +1,109 @@
+//! The reaper thread: started on first use, parked while the queue is empty, releasing batches as
+//! they come.
+
+use std::time::{Duration, Instant};
+
+use super::mode::{CleanupMode, REAPER_START, cleanup_mode};
+use super::release::{QUEUE, Scratch, release_batch};
+use crate::record::pool;
+use crate::support::error::Error;
+use crate::support::relaxed_capture::RelaxedCaptureMode;
+use crate::support::sync::lock;
+use crate::support::{exit_gate, forked_child};
+
+/// How often (µs) the reaper looks at the queue while it lingers after a batch (default 50; `0`
+/// parks at once after every batch).
+pub const REAPER_POLL_ENV: &str = "CUDA_HOST_LAUNCH_REAPER_POLL_US";
+
+/// How long (µs) the reaper lingers, polling, after its last batch before it parks (default 2000).
+pub const REAPER_LINGER_ENV: &str = "CUDA_HOST_LAUNCH_REAPER_LINGER_US";
+
+const DEFAULT_POLL: Duration = Duration::from_micros(50);
+const DEFAULT_LINGER: Duration = Duration::from_micros(2000);
+
+/// Makes sure whoever must drain is ready before a record can reach the queue: in reaper mode, that
+/// the reaper thread exists (so the first push can wake it). Returns the mode.
+#[inline]
+pub(crate) fn prepare() -> Result<CleanupMode, Error> {
+    forked_child::check()?;
+    let mode = cleanup_mode()?;
+    if mode == CleanupMode::Reaper && !QUEUE.has_reaper() {
+        start_reaper()?;
+    }
+    Ok(mode)
+}
+
+#[cold]
+fn start_reaper() -> Result<(), Error> {
+    let _guard = lock(&REAPER_START);
+    if QUEUE.has_reaper() {
+        return Ok(());
+    }
+    let handle = std::thread::Builder::new()
+        .name("cuda-host-launch-reaper".into())
+        .spawn(reaper_loop)
+        .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+    // Wakes the reaper once after publishing it: a push that ran before woke no one.
+    QUEUE.set_reaper(handle.thread().clone());
+    // The handle is dropped: the reaper is detached and runs until the process exits.
+    Ok(())
+}
+
+/// The reaper: releases batches as they come.
+///
+/// Waking a parked thread costs the waker a futex system call, and the waker is a driver thread,
+/// whose time every host function of its context shares. So after a batch the reaper does not park
+/// at once: it lingers, looking at the queue every `poll` (sleeping in between, on its own core),
+/// for `linger`. While it lingers, a push's `unpark` is one atomic swap, no system call, and
+/// batches grow to everything pushed within a poll interval. Once idle for `linger`, it parks; the
+/// next push that finds the queue empty wakes it.
+fn reaper_loop() {
+    precise_sleeps();
+    let mut relaxed = RelaxedCaptureMode::pending();
+    let poll = env_micros(REAPER_POLL_ENV).unwrap_or(DEFAULT_POLL);
+    let linger = env_micros(REAPER_LINGER_ENV).unwrap_or(DEFAULT_LINGER);
+    let mut idle_since: Option<Instant> = None;
+    let mut scratch = Scratch::default();
+    loop {
+        if QUEUE.reaper_may_park() {
+            let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if !poll.is_zero() && now.duration_since(since) < linger {
+                std::thread::sleep(poll);
+                continue;
+            }
+            idle_since = None;
+            // Idle: give the record pool's surplus back to the system before sleeping.
+            pool::trim();
+            // Wait for the push that finds the queue empty. Spurious wake-ups just loop.
+            std::thread::park();
+            continue;
+        }
+        idle_since = None;
+        // The driver is loaded by now (a record is queued only after a launch): relax this
+        // thread's capture interaction before it runs owners' `Drop`, and stop it at exit.
+        relaxed.enter_once_loaded();
+        exit_gate::arm_or_stop();
+        release_batch(QUEUE.take_all(), &mut scratch);
+    }
+}
+
+/// Asks Linux to wake this thread's sleeps within 1 µs of their deadline rather than the default
+/// 50 µs slack, so the reaper's poll interval is what it says. Elsewhere a no-op.
+fn precise_sleeps() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_TIMERSLACK takes an integer (nanoseconds) and only affects this thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
+    }
+}
+
+/// A duration in microseconds from the environment; `None` if unset or not a number.
+fn env_micros(variable: &str) -> Option<Duration> {
+    std::env::var(variable)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .map(Duration::from_micros)
+}

@@ -1,0 +1,21 @@
+//! What every layer above may use: errors, the synchronisation primitives (std's or loom's), the
+//! lock-free stack, thread marks, process events (exit, fork), panic reporting, and the small
+//! driver helpers (stream handles, capture queries, the capture interaction mode).
+
+#[cfg(not(loom))]
+pub(crate) mod capture;
+pub(crate) mod error;
+#[cfg(not(loom))]
+pub(crate) mod exit_gate;
+#[cfg(not(loom))]
+pub(crate) mod forked_child;
+pub(crate) mod host_thread;
+pub(crate) mod intrusive_stack;
+pub(crate) mod own_line;
+#[cfg(not(loom))]
+pub(crate) mod panic_report;
+#[cfg(not(loom))]
+pub(crate) mod raw_stream;
+#[cfg(not(loom))]
+pub(crate) mod relaxed_capture;
+pub(crate) mod sync;

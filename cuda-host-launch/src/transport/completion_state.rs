@@ -1,0 +1,103 @@
+//! What a future of stream work shares with the transport that completes it: a state word, the
+//! value, and the task's waker. A transport calls [`CompletionState::complete`] when the stream got
+//! there, or [`CompletionState::fail`] when it never will (the context was lost).
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
+
+use super::waker_slot::WakerSlot;
+use crate::record::layout::PanicPayload;
+use crate::support::error::Error;
+
+const PENDING: u8 = 0;
+const READY: u8 = 1;
+const PANICKED: u8 = 2;
+const LOST: u8 = 3;
+
+/// What a future and its record share.
+pub(crate) struct CompletionState<T> {
+    state: AtomicU8,
+    /// Written once, before `state` becomes READY (or PANICKED); read once, by the future, after.
+    value: UnsafeCell<Option<Result<T, PanicPayload>>>,
+    waker: WakerSlot,
+}
+
+// SAFETY: `value` is written by one thread before the Release store of `state` and read by the
+// future's thread after an Acquire load sees it; `T: Send` moves across. The waker slot is Sync.
+unsafe impl<T: Send> Send for CompletionState<T> {}
+// SAFETY: as above: no two threads touch `value` at once.
+unsafe impl<T: Send> Sync for CompletionState<T> {}
+
+impl<T> CompletionState<T> {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(CompletionState {
+            state: AtomicU8::new(PENDING),
+            value: UnsafeCell::new(None),
+            waker: WakerSlot::new(),
+        })
+    }
+
+    /// Completes with `value` and wakes the task. Called once (host function or poller). Returns
+    /// the waker's panic, if it panicked: see [`WakerSlot::wake`].
+    #[must_use = "a waker's panic must be reported and dropped off the driver's thread"]
+    pub(crate) fn complete(&self, value: Result<T, PanicPayload>) -> Option<PanicPayload> {
+        let state = if value.is_ok() { READY } else { PANICKED };
+        // SAFETY: the one writer, before publishing with the Release store below.
+        unsafe { *self.value.get() = Some(value) };
+        self.state.store(state, Ordering::Release);
+        self.waker.wake()
+    }
+
+    /// Resolves to `ContextLost` if still pending, and wakes the task. Returns the waker's panic,
+    /// as [`CompletionState::complete`].
+    #[must_use = "a waker's panic must be reported and dropped"]
+    pub(crate) fn fail(&self) -> Option<PanicPayload> {
+        if self
+            .state
+            .compare_exchange(PENDING, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.waker.wake()
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn is_pending(&self) -> bool {
+        self.state.load(Ordering::Acquire) == PENDING
+    }
+
+    pub(crate) fn poll_result(&self, cx: &mut Context<'_>) -> Poll<Result<T, Error>> {
+        let mut state = self.state.load(Ordering::Acquire);
+        if state == PENDING {
+            self.waker.register(cx.waker());
+            state = self.state.load(Ordering::Acquire);
+        }
+        match state {
+            PENDING => Poll::Pending,
+            LOST => Poll::Ready(Err(Error::ContextLost)),
+            _ => {
+                // SAFETY: READY/PANICKED were published after the one write; only the future reads
+                // (and takes) the value, once.
+                match unsafe { (*self.value.get()).take() } {
+                    Some(Ok(value)) => Poll::Ready(Ok(value)),
+                    Some(Err(panic)) => Poll::Ready(Err(Error::HostFunctionPanicked {
+                        message: panic_message(&*panic),
+                    })),
+                    None => Poll::Ready(Err(Error::PolledAfterCompletion)),
+                }
+            }
+        }
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "<non-string panic payload>".to_string())
+}

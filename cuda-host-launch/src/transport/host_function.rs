@@ -1,0 +1,181 @@
+//! The host-function transport: the crate learns that the stream reached a launch when the driver
+//! runs the launch's host function, [`trampoline`], on its thread. A run-once launch hands the
+//! driver its ticket; a repeatable one (possibly captured into a graph) hands it the record, owned
+//! by the graph through a user object.
+
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+
+use cuda_sys::types::CUresult;
+
+use super::options::{LaunchCall, LaunchOptions};
+use super::user_object::GraphOwnedRecord;
+use crate::reaper::mode::CleanupMode;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::{self, release};
+use crate::record::launch_state::{Claim, LaunchOver};
+use crate::record::layout::{Op, RecordHeader, SharedPayload};
+use crate::record::payload::PanicCarrier;
+use crate::record::ticket_id::TicketId;
+use crate::record::tickets;
+use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
+use crate::support::error::Error;
+use crate::support::host_thread::{HostFunctionScope, refuse_inside_host_function};
+use crate::support::raw_stream::{AsRawStream, context_of};
+use crate::tracking::pending;
+
+/// Whether a launch's record may run more than once.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Runs {
+    /// Runs once; refused on a capturing stream.
+    Once,
+    /// May run many times; captured as a graph node on a capturing stream.
+    Repeatable,
+}
+
+/// Enqueues a built record on `stream`. On any error the record is released (or handed to the
+/// graph's user object, which releases it) before returning.
+///
+/// # Safety
+/// The record's payload must be sound to run as `runs` says on the driver's thread.
+pub(crate) unsafe fn enqueue(
+    stream: &impl AsRawStream,
+    record: OwnedRecord,
+    runs: Runs,
+    options: &LaunchOptions,
+) -> Result<(), Error> {
+    let hint = stream.context_hint();
+    let stream = stream.as_raw_stream();
+    // On an error `record` is dropped here, which defers its owners to the cleanup queue.
+    refuse_inside_host_function("launching a host function")?;
+    let mode = reaper::thread::prepare()?;
+    let driver = cuda_sys::driver()?;
+    let call = LaunchCall::resolve(driver, options)?;
+    let capture = capture_of(driver, stream)?;
+    match (capture, runs) {
+        (Capture::None, _) => {
+            let context = context_of(driver, stream, hint)?;
+            let header = record.into_raw();
+            // Tracked (a ticket, held by this thread) from before the launch until released, so a
+            // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
+            // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
+            let ticket = match unsafe { pending::track(header, context) } {
+                Ok(ticket) => ticket,
+                Err(e) => {
+                    // SAFETY: `header` came from `into_raw` just above; nobody else has it.
+                    drop(unsafe { OwnedRecord::from_raw(header) });
+                    return Err(e);
+                }
+            };
+            // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
+            // queues it; the ticket is never freed, so any call (even a late one) is sound. The
+            // stream's validity is the `AsRawStream` guarantee.
+            let (code, function) =
+                unsafe { call.call(stream, trampoline, ticket.id.as_user_data()) };
+            if code != CUresult::CUDA_SUCCESS {
+                // The driver did not take it: it is ours again (a reclaim never takes a launch
+                // still inside its launch call), released here.
+                // SAFETY: `header` came from `into_raw` just above and the driver refused it.
+                drop(unsafe { OwnedRecord::from_raw(header) });
+                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+            }
+            // The driver has it: hand it over (or, if its host function already ran, queue it).
+            if ticket.launched() == LaunchOver::Push {
+                // SAFETY: the host function has run and no one else holds the record.
+                unsafe { release::push(header) };
+            }
+        }
+        (Capture::Active { id, .. }, Runs::Once) => return Err(capture_active(stream, id)),
+        (Capture::Active { graph, .. }, Runs::Repeatable) => {
+            // User objects (11.3) come first: below them a captured launch cannot be owned by its
+            // graph, and the 11.3 capture query below would not exist either.
+            driver.raw().cuUserObjectCreate()?;
+            let graph = if graph.is_null() {
+                capture_graph_legacy(driver, stream)?
+            } else {
+                graph
+            };
+            let owned = GraphOwnedRecord::attach(driver, graph, record)?;
+            // SAFETY: the captured node's function runs the record on every replay, through `&self`;
+            // the graph owns the record until it and its executables are destroyed.
+            let (code, function) =
+                unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
+            if code != CUresult::CUDA_SUCCESS {
+                owned.detach(driver);
+                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+            }
+        }
+    }
+    if mode == CleanupMode::Manual {
+        release::drain();
+    }
+    Ok(())
+}
+
+/// The host function the driver calls for every run-once launch of this crate: `userData` is the
+/// launch's ticket id (see `record::tickets`).
+///
+/// Claims the launch (one compare-and-swap on its ticket: from then on neither a reclaim nor a
+/// later call can take it), runs the record's payload, then pushes the record onto the cleanup
+/// queue, unless its launcher still holds it (see `record::launch_state`). Takes no lock, allocates
+/// nothing, calls no CUDA function and never drops an owner.
+///
+/// # Safety
+/// Called by the driver only, with the `userData` of a launch made by this crate.
+pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
+    let Some(id) = TicketId::from_user_data(user_data) else {
+        return;
+    };
+    let Some(ticket) = tickets::ticket(id.index()) else {
+        return;
+    };
+    // A call of a launch that ran already, was reclaimed, or is over (a replay of a graph that
+    // captured a run-once launch, after the first) is not this call's to run: it touches nothing
+    // but the ticket, which is never freed.
+    let Claim::Run(claim) = ticket.state.claim_run(id.generation()) else {
+        return;
+    };
+    let Some(header) = ticket.record() else {
+        return;
+    };
+    {
+        let _scope = HostFunctionScope::enter();
+        // SAFETY: the claim above makes the launch's live record ours to run, once, on this
+        // thread.
+        unsafe { RecordHeader::dispatch(header, Op::Run) };
+    }
+    if ticket.state.run_over(id.generation(), claim) {
+        // SAFETY: ownership passes to the cleanup queue (no one else holds the record any more).
+        unsafe { release::push(header) };
+    }
+}
+
+/// The host function for repeatable records: runs the payload and keeps the record (its graph owns
+/// it and releases it through `user_object_destructor`).
+///
+/// # Safety
+/// Called by the driver only, with the `userData` of a node made by this crate.
+pub(crate) unsafe extern "C" fn trampoline_repeatable(user_data: *mut c_void) {
+    let Some(header) = NonNull::new(user_data.cast::<RecordHeader>()) else {
+        return;
+    };
+    let _scope = HostFunctionScope::enter();
+    // SAFETY: the record is live while its graph is; repeatable records run through `&self`.
+    unsafe { RecordHeader::dispatch(header, Op::Run) };
+}
+
+/// A closure that may run many times: panics are caught on every run and sent to the cleanup queue
+/// to be reported.
+pub(crate) struct RepeatableClosure<F>(pub(crate) F);
+
+impl<F: Fn() + Send + Sync + 'static> SharedPayload for RepeatableClosure<F> {
+    unsafe fn run_shared(&self) {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(&self.0)) {
+            // Allocating here is fine: the panic machinery has just allocated the payload too.
+            let carrier = OwnedRecord::new(PanicCarrier(Some(panic)));
+            // SAFETY: a fresh record, handed to the queue, which reports and frees it.
+            unsafe { release::push(carrier.into_raw()) };
+        }
+    }
+}
