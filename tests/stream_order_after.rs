@@ -304,6 +304,40 @@ isolated_test! {
     }
 }
 
+isolated_test! {
+    /// Two threads release on one stream, and the second records its event (behind a hold) and
+    /// hands it to the poller before the first hands over its own, older one: the older event's
+    /// completion must not complete the newer release (queues are per enqueuing thread, whose
+    /// records are in stream order).
+    fn another_threads_later_release_on_the_same_stream_is_not_completed_early(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Arc::new(Stream::new(&context).unwrap());
+        let (first, second) = (Drops::new(), Drops::new());
+        let hold: Arc<Mutex<Option<u64>>> = Arc::default();
+        let (inner, late, held) = (Arc::clone(&stream), Arc::clone(&second), Arc::clone(&hold));
+        fake().set_hook_after("cuEventRecord", 1, move || {
+            // After the first thread's record, before it hands the event over: another thread
+            // holds the stream, then releases behind the hold.
+            let (inner, late, held) = (Arc::clone(&inner), Arc::clone(&late), Arc::clone(&held));
+            std::thread::spawn(move || {
+                *held.lock().unwrap() = Some(fake().hold_stream(inner.raw()));
+                release_after(&*inner, late.owner()).unwrap();
+            })
+            .join()
+            .unwrap();
+        });
+        release_after(&*stream, first.owner()).unwrap();
+        first.wait_dropped(1);
+        std::thread::sleep(Duration::from_millis(50));
+        flush(PATIENCE).unwrap();
+        assert_eq!(second.dropped(), 0, "released before the hold in front of it was let go");
+        fake().release_hold(hold.lock().unwrap().take().unwrap());
+        second.wait_dropped(1);
+    }
+}
+
 /// See the two tests above: a capture begun by another thread inside `cuEventRecord`, and with
 /// `end_inside`, ended right after it.
 fn capture_race(end_inside: bool) {

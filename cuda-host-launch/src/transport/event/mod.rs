@@ -14,7 +14,9 @@
 //! - **Completion is in order per stream**: the poller queries the newest event of a stream
 //!   first and, if it completed, completes every older one of that stream without a query; the
 //!   stream is told apart by its `cuStreamGetId` (CUDA 12.0), not its handle, which a later stream
-//!   may reuse. See [`poller`].
+//!   may reuse. "Older" is known only among one thread's records (two threads' hand-overs to the
+//!   poller may cross their records), so the queues are per stream and enqueuing thread. See
+//!   [`poller`].
 //! - **Capture.** An event recorded on a capturing stream is a capture marker, not a node: it never
 //!   completes in stream order, and querying it while the capture lives returns
 //!   `CUDA_ERROR_CAPTURED_EVENT` *and invalidates the user's capture*. So the stream is looked at
@@ -68,6 +70,10 @@ struct Entry {
     context: usize,
     /// The stream's `cuStreamGetId`.
     stream: u64,
+    /// The enqueuing thread ([`thread_number`]): one thread's records on a stream are in the
+    /// stream's order, and so in its queue; two threads' are not (each records, then hands over,
+    /// and the hand-overs may cross), so they get a queue each.
+    thread: u64,
     event: usize,
     ticket: TicketId,
 }
@@ -172,6 +178,7 @@ pub(crate) unsafe fn enqueue(
     shared.incoming.push(Entry {
         context: context.addr(),
         stream: id,
+        thread: thread_number(),
         event: event.expose_provenance(),
         ticket: ticket_id,
     });
@@ -182,6 +189,19 @@ pub(crate) unsafe fn enqueue(
         release::drain();
     }
     Ok(())
+}
+
+/// A number for the calling thread, unique in the process.
+fn thread_number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    // During the thread's exit its number may be gone: a fresh one is as good (a queue of its own).
+    NUMBER
+        .try_with(|n| *n)
+        .unwrap_or_else(|_| NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Forgets everything of `context` before it is reset: the poller never queries its events again

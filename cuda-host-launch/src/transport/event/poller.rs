@@ -96,10 +96,10 @@ pub fn poller_settings() -> PollerSettings {
     }
 }
 
-/// The entries waiting, by context and stream id, oldest first.
+/// The entries waiting, by context, stream id and enqueuing thread, oldest first.
 #[derive(Default)]
 struct Queues {
-    by_stream: HashMap<(usize, u64), VecDeque<Entry>>,
+    by_stream: HashMap<(usize, u64, u64), VecDeque<Entry>>,
 }
 
 static QUEUES: LazyLock<Mutex<Queues>> = LazyLock::new(Mutex::default);
@@ -125,7 +125,7 @@ pub(super) fn wake_or_start(shared: &mut Shared) -> Result<(), Error> {
 /// See [`super::forget_context`].
 pub(super) fn forget_context(context: usize) {
     let mut queues = queues();
-    queues.by_stream.retain(|&(c, _), _| c != context);
+    queues.by_stream.retain(|&(c, _, _), _| c != context);
     let mut shared = shared();
     shared.incoming.retain(|entry| entry.context != context);
     if let Some(driver) = cuda_sys::Driver::get() {
@@ -258,7 +258,7 @@ fn poll_loop() {
             for entry in shared.incoming.drain(..) {
                 queues
                     .by_stream
-                    .entry((entry.context, entry.stream))
+                    .entry((entry.context, entry.stream, entry.thread))
                     .or_default()
                     .push_back(entry);
             }
