@@ -47,6 +47,7 @@ pub(crate) const CAPTURE_INVALIDATED: CUresult = CUresult(901);
 pub(crate) const CAPTURE_MERGE: CUresult = CUresult(902);
 pub(crate) const CAPTURE_UNMATCHED: CUresult = CUresult(903);
 pub(crate) const CAPTURE_ISOLATION: CUresult = CUresult(905);
+pub(crate) const CAPTURED_EVENT: CUresult = CUresult(907);
 pub(crate) const UNKNOWN: CUresult = CUresult(999);
 
 /// `(code, name, description)` of the codes the fake can name, in the real driver's words.
@@ -137,6 +138,11 @@ const KNOWN: &[(u32, &str, &str)] = &[
         905,
         "CUDA_ERROR_STREAM_CAPTURE_ISOLATION\0",
         "dependency created on uncaptured work in another stream\0",
+    ),
+    (
+        907,
+        "CUDA_ERROR_CAPTURED_EVENT\0",
+        "operation not permitted on an event last recorded in a capturing stream\0",
     ),
     (999, "CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
 ];

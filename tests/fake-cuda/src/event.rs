@@ -10,8 +10,8 @@ use cuda_sys::types::{CUevent, CUstream};
 use crate::capture;
 use crate::context::current;
 use crate::errors::{
-    CAPTURE_INVALIDATED, CAPTURE_ISOLATION, INVALID_HANDLE, INVALID_VALUE, LAUNCH_FAILED,
-    NOT_PERMITTED, NOT_READY, Res, ensure, result,
+    CAPTURE_INVALIDATED, CAPTURE_ISOLATION, CAPTURED_EVENT, INVALID_HANDLE, INVALID_VALUE,
+    LAUNCH_FAILED, NOT_PERMITTED, NOT_READY, Res, ensure, result,
 };
 use crate::scheduler::{enqueue, on_worker_of};
 use crate::state::{Event, Op, State, as_ptr, lock, new_handle, wait};
@@ -92,9 +92,21 @@ unsafe fn event_record_with_flags(
 
 export!("cuEventQuery", cuEventQuery => event_query(hEvent: CUevent));
 unsafe fn event_query(event: CUevent) -> Res {
-    let st = lock();
+    let mut st = lock();
     let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
     ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
+    // Last recorded into a capture (a marker, not a node): while that capture lives the query
+    // fails and invalidates it; after it ended the query is an invalid value (both measured on
+    // the H200, `CUDA-FACTS.md`), whatever the event's earlier records said.
+    if let Some((id, _)) = e.capture {
+        return match st.captures.get_mut(&id) {
+            Some(capture) => {
+                capture.invalidated = true;
+                Err(CAPTURED_EVENT)
+            }
+            None => Err(INVALID_VALUE),
+        };
+    }
     let done = e
         .last_record
         .as_ref()
