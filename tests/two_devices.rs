@@ -275,4 +275,63 @@ isolated_test! {
         // SAFETY: the graph the capture made, destroyed once.
         unsafe { driver.cuGraphDestroy(graph) }.unwrap();
     }
+
+    /// On the reaper thread, each launch's owners are dropped with the launch's context current,
+    /// whatever the owner dropped before it left current (a binding's buffer binds its own): owners
+    /// of both devices' launches, interleaved, each checking the current context in its `Drop`,
+    /// every other one switching to the other device's context first.
+    fn owners_are_dropped_with_their_launchs_context_current_on_the_reaper(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
+        let holds = [0, 1].map(|d| fake().hold_stream(streams[d].raw()));
+        let seen: Arc<Mutex<Vec<(usize, usize, bool)>>> = Arc::default();
+        struct ContextCheck {
+            own: usize,
+            other: Arc<PrimaryContext>,
+            switch: bool,
+            seen: Arc<Mutex<Vec<(usize, usize, bool)>>>,
+        }
+        impl Drop for ContextCheck {
+            fn drop(&mut self) {
+                let driver = cuda_sys::driver().unwrap();
+                let mut current = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                unsafe { driver.cuCtxGetCurrent(&mut current) }.unwrap();
+                let reaper = std::thread::current().name() == Some("cuda-host-launch-reaper");
+                self.seen.lock().unwrap().push((self.own, current.addr(), reaper));
+                if self.switch {
+                    self.other.set_current().unwrap();
+                }
+            }
+        }
+        for i in 0..40 {
+            for d in 0..2 {
+                let owner = ContextCheck {
+                    own: contexts[d].raw().addr(),
+                    other: Arc::clone(&contexts[1 - d]),
+                    switch: i % 2 == 0,
+                    seen: Arc::clone(&seen),
+                };
+                host_launch(&streams[d], move || {
+                    let _keep = &owner;
+                })
+                .unwrap();
+            }
+        }
+        for hold in holds {
+            fake().release_hold(hold);
+        }
+        for stream in &streams {
+            stream.synchronize().unwrap();
+        }
+        flush(PATIENCE).unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 80);
+        assert!(seen.iter().all(|e| e.2), "dropped by the reaper");
+        let wrong: Vec<_> = seen.iter().filter(|e| e.0 != e.1).collect();
+        assert!(wrong.is_empty(), "{} of 80 owners dropped in another context: {wrong:?}", wrong.len());
+    }
 }
