@@ -56,9 +56,17 @@ pub(crate) fn release_here_or_defer(header: NonNull<RecordHeader>) {
 /// current (as its host function ran), whatever an earlier owner's `Drop` made current (a
 /// binding's buffer binds its own context). Only on the reaper, this crate's own thread: a thread
 /// that drains in manual mode is the user's, whose current context is theirs.
-#[derive(Default)]
 pub(crate) struct ReaperContext {
     current: usize,
+}
+
+/// Not a context handle: the next launch's context is set whatever is current.
+const UNKNOWN: usize = usize::MAX;
+
+impl Default for ReaperContext {
+    fn default() -> Self {
+        ReaperContext { current: UNKNOWN }
+    }
 }
 
 impl ReaperContext {
@@ -73,6 +81,11 @@ impl ReaperContext {
                 self.current = context;
             }
         }
+    }
+
+    /// After a drop that was not looked after: what is current is not known.
+    fn forget(&mut self) {
+        self.current = UNKNOWN;
     }
 
     /// After an owner's `Drop`: what is current now.
@@ -91,9 +104,14 @@ impl ReaperContext {
 /// owner's `Drop`.
 fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperContext>) {
     let ran_in = tickets::forget(header);
-    let driver = cuda_sys::Driver::get();
-    if let (Some(reaper), Some(ran_in), Some(driver)) = (context.as_deref_mut(), ran_in, driver) {
-        reaper.enter(driver, ran_in);
+    // Only for a launch that ran: other records (deferred drops, graphs' records, reclaimed
+    // launches) make no driver call here, and leave what is current unknown.
+    let driver = ran_in.and(cuda_sys::Driver::get());
+    if let Some(reaper) = context.as_deref_mut() {
+        match (ran_in, driver) {
+            (Some(ran_in), Some(driver)) => reaper.enter(driver, ran_in),
+            _ => reaper.forget(),
+        }
     }
     // SAFETY: the caller owns the live record.
     if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
