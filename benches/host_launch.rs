@@ -14,7 +14,10 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cuda_host_launch::{Stream, flush, host_launch, launch_host_function};
+use cuda_host_launch::{
+    PollerSettings, Stream, flush, host_launch, launch_host_function, pending_launches,
+    release_after, set_poller_settings, spawn_after,
+};
 use cuda_sys::types::{CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
@@ -54,10 +57,14 @@ enum Method {
     RawWithBusyHostFn150,
     /// The same with 500 ns, for the slope.
     RawWithBusyHostFn500,
+    /// `release_after` with one small owner: an event, no host function.
+    ReleaseAfter,
+    /// `spawn_after` with a closure capturing a value: an event; the closure runs on the poller.
+    SpawnAfter,
 }
 
 /// The methods every table runs.
-const METHODS: [Method; 9] = [
+const METHODS: [Method; 11] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
@@ -67,6 +74,8 @@ const METHODS: [Method; 9] = [
     Method::RawWithUserData,
     Method::RawWithBusyHostFn150,
     Method::RawWithBusyHostFn500,
+    Method::ReleaseAfter,
+    Method::SpawnAfter,
 ];
 
 impl Method {
@@ -81,6 +90,8 @@ impl Method {
             Method::RawWithUserData => "  part: floor + 64 bytes handed to the host fn",
             Method::RawWithBusyHostFn150 => "  part: floor, host fn busy 150 ns",
             Method::RawWithBusyHostFn500 => "  part: floor, host fn busy 500 ns",
+            Method::ReleaseAfter => "release_after + owner (event, no host fn)",
+            Method::SpawnAfter => "spawn_after closure (event, runs on the poller)",
         }
     }
     fn key(self) -> &'static str {
@@ -94,6 +105,8 @@ impl Method {
             Method::RawWithUserData => "raw_with_user_data",
             Method::RawWithBusyHostFn150 => "raw_host_fn_busy_150ns",
             Method::RawWithBusyHostFn500 => "raw_host_fn_busy_500ns",
+            Method::ReleaseAfter => "release_after",
+            Method::SpawnAfter => "spawn_after",
         }
     }
 }
@@ -403,6 +416,11 @@ impl Bench {
                 let code = unsafe { launch(stream.raw(), Some(busy), ns as *mut c_void) };
                 assert_eq!(code, CUresult::CUDA_SUCCESS);
             }
+            Method::ReleaseAfter => release_after(stream, [value; 2]).unwrap(),
+            Method::SpawnAfter => spawn_after(stream, move || {
+                std::hint::black_box(value);
+            })
+            .unwrap(),
             Method::Callback => self.add_boxed_callback(
                 stream,
                 Box::new(move || {
@@ -442,6 +460,12 @@ impl Bench {
         let launcher_after = blocking_waits(0);
         for s in streams {
             s.synchronize().unwrap();
+        }
+        if matches!(method, Method::ReleaseAfter | Method::SpawnAfter) {
+            // End to end: until the poller has completed every one (the stream got there first).
+            while pending_launches(None) > 0 {
+                std::thread::yield_now();
+            }
         }
         let total = started.elapsed();
         let driver_after = blocking_waits(driver);
@@ -545,6 +569,13 @@ fn latency(bench: &Bench, method: Method, stream: &Stream, samples: usize) -> Ve
                 // SAFETY: live stream; `stamp_start` ignores its argument.
                 unsafe { launch(stream.raw(), Some(stamp_start), std::ptr::null_mut()) };
             }
+            Method::SpawnAfter => {
+                spawn_after(stream, || {
+                    *STAMP.lock().unwrap() = Some(Instant::now());
+                })
+                .unwrap();
+            }
+            Method::ReleaseAfter => release_after(stream, StampOnDrop).unwrap(),
             _ => {
                 host_launch(stream, || {
                     *STAMP.lock().unwrap() = Some(Instant::now());
@@ -557,12 +588,26 @@ fn latency(bench: &Bench, method: Method, stream: &Stream, samples: usize) -> Ve
         }
         let seen = Instant::now();
         stream.synchronize().unwrap();
-        let started = STAMP.lock().unwrap().expect("the host function ran");
+        let started = loop {
+            // The poller's work (spawn_after, release_after) may come after the synchronize.
+            if let Some(t) = *STAMP.lock().unwrap() {
+                break t;
+            }
+            std::hint::spin_loop();
+        };
         out.push(started.saturating_duration_since(seen).as_nanos() as f64 / 1000.0);
     }
     flush(Duration::from_secs(10)).unwrap();
     out.sort_by(|a, b| a.total_cmp(b));
     out
+}
+
+/// An owner that stamps the time it is dropped (for `release_after`'s latency).
+struct StampOnDrop;
+impl Drop for StampOnDrop {
+    fn drop(&mut self) {
+        *STAMP.lock().unwrap() = Some(Instant::now());
+    }
 }
 
 /// A waker that stamps the time it is first woken.
@@ -685,6 +730,10 @@ fn with_stream_closed<T>(
     let result = launches();
     gate.set(0, 1);
     stream.synchronize().unwrap();
+    // Releases and callbacks through events complete on the poller, after the stream.
+    while pending_launches(None) > 0 {
+        std::thread::yield_now();
+    }
     flush(Duration::from_secs(30)).unwrap();
     result
 }
@@ -1156,14 +1205,44 @@ fn main() {
     }
     let raw_latency = latency(&bench, Method::Raw, &one[0], LATENCY_SAMPLES);
     let closure_latency = latency(&bench, Method::Closure, &one[0], LATENCY_SAMPLES);
+    let spawn_latency = latency(&bench, Method::SpawnAfter, &one[0], LATENCY_SAMPLES);
+    let release_latency = latency(&bench, Method::ReleaseAfter, &one[0], LATENCY_SAMPLES);
+    set_poller_settings(PollerSettings::LOW_LATENCY);
+    let spawn_spinning = latency(&bench, Method::SpawnAfter, &one[0], LATENCY_SAMPLES);
+    let release_spinning = latency(&bench, Method::ReleaseAfter, &one[0], LATENCY_SAMPLES);
+    set_poller_settings(PollerSettings::DEFAULT);
     let _ = writeln!(
         table,
-        "latency, kernel's write seen by a host spinner -> host function starts ({LATENCY_SAMPLES} samples, µs):"
+        "latency, kernel's write seen by a host spinner -> host function or callback starts, owner dropped ({LATENCY_SAMPLES} samples, µs):"
     );
     json.push_str("\n  \"latency_us\": {");
     for (name, v, key, last) in [
         (Method::Raw.name(), &raw_latency, "raw", false),
-        (Method::Closure.name(), &closure_latency, "closure", true),
+        (Method::Closure.name(), &closure_latency, "closure", false),
+        (
+            "spawn_after, default poller",
+            &spawn_latency,
+            "spawn_after",
+            false,
+        ),
+        (
+            "release_after, default poller (owner dropped)",
+            &release_latency,
+            "release_after",
+            false,
+        ),
+        (
+            "spawn_after, spinning poller",
+            &spawn_spinning,
+            "spawn_after_spinning",
+            false,
+        ),
+        (
+            "release_after, spinning poller (owner dropped)",
+            &release_spinning,
+            "release_after_spinning",
+            true,
+        ),
     ] {
         let (p50, p90, p99) = (percentile(v, 0.5), percentile(v, 0.9), percentile(v, 0.99));
         let _ = writeln!(
@@ -1182,13 +1261,12 @@ fn main() {
         "\nasync completion, kernel's write seen by a host spinner -> the future's waker woken ({LATENCY_SAMPLES} samples, µs):"
     );
     json.push_str("\n  \"completion_latency_us\": {");
-    for (k, mode) in [
+    const MODES: [cuda_host_launch::CompletionMode; 3] = [
         cuda_host_launch::CompletionMode::HostFunction,
         cuda_host_launch::CompletionMode::LowLatency,
-    ]
-    .into_iter()
-    .enumerate()
-    {
+        cuda_host_launch::CompletionMode::Event,
+    ];
+    for (k, mode) in MODES.into_iter().enumerate() {
         let (v, cpu, wall) = async_latency(&bench, mode, &one[0], LATENCY_SAMPLES);
         let (p50, p90, p99) = (
             percentile(&v, 0.5),
@@ -1207,7 +1285,7 @@ fn main() {
             format!("{mode:?}"),
             cpu.as_secs_f64() * 1e3,
             wall.as_secs_f64() * 1e3,
-            if k == 0 { "," } else { "" }
+            if k + 1 < MODES.len() { "," } else { "" }
         ));
     }
     json.push_str("\n  },");
@@ -1228,13 +1306,20 @@ fn main() {
         "\nheap bytes per pending launch ({PENDING} launches held behind a stream wait; driver's own heap included):"
     );
     json.push_str("\n  \"heap_bytes_per_pending_launch\": {");
-    for (k, m) in METHODS[..4].iter().enumerate() {
+    const HEAP_METHODS: [Method; 5] = [
+        Method::Raw,
+        Method::Owner,
+        Method::Closure,
+        Method::Callback,
+        Method::ReleaseAfter,
+    ];
+    for (k, m) in HEAP_METHODS.iter().enumerate() {
         let bytes = heap_per_pending(&bench, *m, &one[0]);
         let _ = writeln!(table, "  {:<52} {bytes:>8.1}", m.name());
         json.push_str(&format!(
             "\n    {:?}: {bytes:.1}{}",
             m.key(),
-            if k + 1 < 4 { "," } else { "" }
+            if k + 1 < HEAP_METHODS.len() { "," } else { "" }
         ));
     }
     json.push_str("\n  },");

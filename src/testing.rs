@@ -287,6 +287,14 @@ impl FakeCuda {
             .collect()
     }
 
+    /// With `on`, only the calling thread's driver calls are counted ([`FakeCuda::call_counts`])
+    /// and may meet a fault ([`FakeCuda::set_fault`]); the library's reaper and poller call the
+    /// driver at moments of their own. With `!on`, every thread's again.
+    pub fn focus_calls_on_this_thread(&self, on: bool) {
+        // SAFETY: the signature of fake_cuda_focus_calls_on_this_thread.
+        unsafe { self.get::<extern "C" fn(bool)>(b"fake_cuda_focus_calls_on_this_thread")(on) }
+    }
+
     /// Live driver objects of `kind` in the fake: `streams`, `events`, `graphs`, `graph_execs`,
     /// `graph_nodes`, `contexts` (made with `cuCtxCreate`), `primary_retains` (of device 0),
     /// `holds`, `host_registrations` (`cuMemHostRegister`). For leak checks.

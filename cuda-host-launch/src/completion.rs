@@ -2,7 +2,7 @@
 //! [`host_launch_async`] (a closure's result, in stream order). Runtime-agnostic: only
 //! `std::task::Waker`.
 //!
-//! Two ways to learn that the stream got there ([`CompletionMode`]):
+//! Three ways to learn that the stream got there ([`CompletionMode`]):
 //! - `HostFunction` (the default): a host function of this crate completes the future and wakes
 //!   the task with `wake_by_ref` on the driver's thread. The wake waits for the driver's thread
 //!   to wake up (tens of microseconds), and that thread is shared with every other host function
@@ -11,6 +11,8 @@
 //!   (`cuStreamWriteValue64`) and a poller thread of this crate wakes the task (see
 //!   `transport/low_latency.rs`): a few microseconds, at the cost of a core that spins briefly
 //!   while futures wait.
+//! - `Event`: no host function. The stream records an event, which the event poller of this crate
+//!   queries (see [`spawn_after`](crate::spawn_after)).
 //!
 //! A future whose context fails (a sticky error) resolves to [`Error::ContextLost`] once the
 //! context is reset or destroyed and its pending launches reclaimed (see [`crate::reclaim_pending`]):
@@ -35,6 +37,7 @@ use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::completion_state::CompletionState;
+use crate::transport::event::{self, OnCapture};
 use crate::transport::host_function::{Runs, enqueue};
 use crate::transport::low_latency;
 use crate::transport::options::LaunchOptions;
@@ -48,6 +51,10 @@ pub enum CompletionMode {
     /// A flag written by the stream into host memory and a polling thread: lower latency, no
     /// host function, some CPU while futures wait. Needs CUDA 12.0 (`cuCtxGetId`).
     LowLatency,
+    /// An event recorded on the stream, which the event poller of this crate queries (see
+    /// [`spawn_after`](crate::spawn_after)): no host function, the cheapest enqueue. Needs CUDA
+    /// 12.0 and a stream of a primary context.
+    Event,
 }
 
 /// A future that resolves once the work enqueued on a stream before [`completion`] was called has
@@ -127,6 +134,14 @@ impl CompletionMode {
                 unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
             }
             CompletionMode::LowLatency => low_latency::register(&stream, Arc::clone(&shared))?,
+            CompletionMode::Event => {
+                let record = OwnedRecord::new(CompletionPayload {
+                    shared: Arc::clone(&shared),
+                    waker_panic: None,
+                });
+                // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
+                unsafe { event::enqueue(&stream, record, OnCapture::Refuse)? };
+            }
         }
         Ok(Completion { shared })
     }

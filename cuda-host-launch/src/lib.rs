@@ -100,6 +100,8 @@
 // `loom_models`) only the lock-free core and its models are compiled: the rest uses `static`
 // atomics (loom's are not `const`), `std::thread` and the driver.
 #[cfg(not(loom))]
+mod after;
+#[cfg(not(loom))]
 mod completion;
 #[cfg(all(feature = "cudarc", not(loom)))]
 pub mod cudarc_stream;
@@ -120,6 +122,8 @@ mod transport;
 #[cfg(all(test, loom))]
 mod loom_models;
 
+#[cfg(not(loom))]
+pub use after::{PollerSettings, poller_settings, release_after, set_poller_settings, spawn_after};
 #[cfg(not(loom))]
 pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
 #[cfg(not(loom))]

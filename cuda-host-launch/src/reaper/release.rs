@@ -48,15 +48,71 @@ pub(crate) fn release_here_or_defer(header: NonNull<RecordHeader>) {
         // SAFETY: the record is ours and in no queue.
         unsafe { push(header) };
     } else {
-        release_one(header);
+        release_one(header, None);
+    }
+}
+
+/// The reaper's current context: each launch's owners are dropped with the launch's context
+/// current (as its host function ran), whatever an earlier owner's `Drop` made current (a
+/// binding's buffer binds its own context). Only on the reaper, this crate's own thread: a thread
+/// that drains in manual mode is the user's, whose current context is theirs.
+pub(crate) struct ReaperContext {
+    current: usize,
+}
+
+/// Not a context handle: the next launch's context is set whatever is current.
+const UNKNOWN: usize = usize::MAX;
+
+impl Default for ReaperContext {
+    fn default() -> Self {
+        ReaperContext { current: UNKNOWN }
+    }
+}
+
+impl ReaperContext {
+    /// Makes `context` current unless it is already.
+    fn enter(&mut self, driver: &cuda_sys::Driver, context: usize) {
+        if context != self.current {
+            // SAFETY: the context of a launch that ran; if it has been destroyed since, the
+            // driver refuses the handle and the thread's context stays as it was.
+            if unsafe { driver.cuCtxSetCurrent(std::ptr::with_exposed_provenance_mut(context)) }
+                .is_ok()
+            {
+                self.current = context;
+            }
+        }
+    }
+
+    /// After a drop that was not looked after: what is current is not known.
+    fn forget(&mut self) {
+        self.current = UNKNOWN;
+    }
+
+    /// After an owner's `Drop`: what is current now.
+    fn after_drop(&mut self, driver: &cuda_sys::Driver) {
+        let mut now = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        self.current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
+            Ok(()) => now.expose_provenance(),
+            Err(_) => 0,
+        };
     }
 }
 
 /// Releases one record: takes it out of the pending launches (gives its ticket back), reports the
 /// panic its host function had, then drops its owners and frees it, catching a panic from an
 /// owner's `Drop`.
-fn release_one(header: NonNull<RecordHeader>) {
-    tickets::forget(header);
+fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperContext>) {
+    let ran_in = tickets::forget(header);
+    // Only for a launch that ran: other records (deferred drops, graphs' records, reclaimed
+    // launches) make no driver call here, and leave what is current unknown.
+    let driver = ran_in.and(cuda_sys::Driver::get());
+    if let Some(reaper) = context.as_deref_mut() {
+        match (ran_in, driver) {
+            (Some(ran_in), Some(driver)) => reaper.enter(driver, ran_in),
+            _ => reaper.forget(),
+        }
+    }
     // SAFETY: the caller owns the live record.
     if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
         report(PanicOrigin::HostFunction, &*panic);
@@ -72,6 +128,9 @@ fn release_one(header: NonNull<RecordHeader>) {
         report(PanicOrigin::OwnerDrop, &*panic);
         let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
     }
+    if let (Some(reaper), Some(driver)) = (context, driver) {
+        reaper.after_drop(driver);
+    }
 }
 
 /// Vectors a releasing thread reuses from batch to batch (the reaper keeps one; `drain` makes one
@@ -79,6 +138,8 @@ fn release_one(header: NonNull<RecordHeader>) {
 #[derive(Default)]
 pub(crate) struct Scratch {
     headers: Vec<NonNull<RecordHeader>>,
+    /// The reaper's (see [`ReaperContext`]); `None` for a drain on a user's thread.
+    pub(crate) context: Option<ReaperContext>,
 }
 
 /// The most entries a reused vector keeps between batches (a larger batch's capacity is let go).
@@ -99,8 +160,9 @@ pub(crate) fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -
             // The rest stay here, unreleased, as the process ends.
             return released as u64;
         }
-        release_one(header);
+        release_one(header, scratch.context.as_mut());
     }
+    let headers = &mut scratch.headers;
     headers.clear();
     headers.shrink_to(SCRATCH_KEEP);
     if count > 0 && QUEUE.count_released(count) {

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use super::mode::{CleanupMode, REAPER_START, cleanup_mode};
-use super::release::{QUEUE, Scratch, release_batch};
+use super::release::{QUEUE, ReaperContext, Scratch, release_batch};
 use crate::record::pool;
 use crate::support::error::Error;
 use crate::support::relaxed_capture::RelaxedCaptureMode;
@@ -63,7 +63,9 @@ fn reaper_loop() {
     let poll = env_micros(REAPER_POLL_ENV).unwrap_or(DEFAULT_POLL);
     let linger = env_micros(REAPER_LINGER_ENV).unwrap_or(DEFAULT_LINGER);
     let mut idle_since: Option<Instant> = None;
+    // Owners are dropped with their launch's context current on this thread.
     let mut scratch = Scratch::default();
+    scratch.context = Some(ReaperContext::default());
     loop {
         if QUEUE.reaper_may_park() {
             let now = Instant::now();

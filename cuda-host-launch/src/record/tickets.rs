@@ -218,16 +218,19 @@ pub(crate) unsafe fn track(
 }
 
 /// Before a record is released: gives its launch's ticket back, if it was launched. Called by
-/// whoever releases the record (never on a driver thread).
-pub(crate) fn forget(header: NonNull<RecordHeader>) {
+/// whoever releases the record (never on a driver thread). Returns the launch's context if the
+/// launch ran (rather than being reclaimed with its lost context, or never made).
+pub(crate) fn forget(header: NonNull<RecordHeader>) -> Option<usize> {
     // SAFETY: the record is live and the caller's.
     let launched = unsafe { RecordHeader::ticket(header) }.with_mut(|ticket| {
         // SAFETY: the caller owns the record; the launcher's write is ordered before this read.
         unsafe { (*ticket).take() }
-    });
-    if let Some(id) = launched {
-        give_back(id);
-    }
+    })?;
+    let ran_in = ticket(launched.index())
+        .filter(|t| t.state.ran(launched.generation()))
+        .map(Ticket::context);
+    give_back(launched);
+    ran_in
 }
 
 /// Calls `f` with every ticket handed out so far (some free, some in use).

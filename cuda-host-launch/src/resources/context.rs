@@ -110,6 +110,9 @@ impl PrimaryContext {
         let driver = cuda_sys::driver()?;
         let old = self.raw();
         let reset = primary_reset(driver)?;
+        // The event poller never queries an event of the old context again (the reset destroys
+        // them): its entries stay pending, for the reclaim below.
+        crate::transport::event::forget_context(old);
         // SAFETY: a valid device handle.
         let code = unsafe { reset(self.device.raw()) };
         driver.check(code, "cuDevicePrimaryCtxReset")?;

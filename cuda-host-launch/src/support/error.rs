@@ -146,6 +146,21 @@ pub enum Error {
     )]
     ForkedChild,
 
+    /// Stream-ordered releases and callbacks through events ([`release_after`](crate::release_after),
+    /// [`spawn_after`](crate::spawn_after), [`CompletionMode::Event`](crate::CompletionMode::Event))
+    /// work on streams of a device's primary context only: the crate retains that context while
+    /// its events are in use, so that no other binding's release can destroy them under its poller.
+    #[error(
+        "releases and callbacks through events need a stream of a primary context (the one \
+         cuDevicePrimaryCtxRetain gives, which cudarc and the CUDA runtime use); this stream's \
+         context {context:#x} was created with cuCtxCreate. Use a host-function launch (host_launch, \
+         launch_host_function) on it instead"
+    )]
+    NotPrimaryContext {
+        /// The stream's context.
+        context: usize,
+    },
+
     /// The bytes to copy are too large for one allocation.
     #[error("{len} bytes of user data cannot be allocated in one block")]
     UserDataTooLarge {

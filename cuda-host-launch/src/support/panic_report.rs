@@ -22,6 +22,9 @@ pub enum PanicOrigin {
     /// the low-latency poller, or by the release of a launch whose context was lost). The panic was
     /// caught where it happened; the future still resolved.
     Waker,
+    /// A callback of [`spawn_after`](crate::spawn_after) panicked on the crate's poller thread. The
+    /// panic was caught there; the poller went on.
+    Callback,
 }
 
 impl fmt::Display for PanicOrigin {
@@ -30,6 +33,7 @@ impl fmt::Display for PanicOrigin {
             PanicOrigin::HostFunction => "a host function",
             PanicOrigin::OwnerDrop => "dropping a host function's owners",
             PanicOrigin::Waker => "waking a future's task",
+            PanicOrigin::Callback => "a stream-ordered callback (spawn_after)",
         })
     }
 }

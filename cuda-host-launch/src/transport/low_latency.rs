@@ -145,9 +145,17 @@ fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// CPU time the low-latency poller threads have used so far.
+/// CPU time this crate's poller threads (the low-latency flags' and the events') have used so far.
 pub fn poller_cpu_time() -> Duration {
     Duration::from_nanos(POLLER_CPU_NS.load(Ordering::Relaxed))
+}
+
+/// Counts CPU time of a poller thread in [`poller_cpu_time`].
+pub(crate) fn add_poller_cpu_time(used: Duration) {
+    POLLER_CPU_NS.fetch_add(
+        u64::try_from(used.as_nanos()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
 }
 
 /// Enqueues the flag write for `shared` on `stream` and hands it to the poller.
@@ -332,7 +340,8 @@ pub(crate) fn fail_context(context: CUcontext) {
     }
 }
 
-fn thread_cpu_time() -> Duration {
+/// The calling thread's CPU time (zero where the system cannot tell).
+pub(crate) fn thread_cpu_time() -> Duration {
     #[cfg(target_os = "linux")]
     {
         let mut ts = libc::timespec {

@@ -5,6 +5,8 @@
 //!   tells that a graph holding records is gone.
 //! - [`low_latency`]: the stream writes a flag into host memory and a poller thread of this crate
 //!   sees it (`CompletionMode::LowLatency` futures).
+//! - [`event`]: the stream records an event, which a poller thread of this crate queries
+//!   (`release_after`, `spawn_after`, `CompletionMode::Event` futures).
 //!
 //! A future of either kind shares a [`completion_state::CompletionState`] with its transport. A new
 //! transport is a file here and a variant of `CompletionMode`; when a context is lost, [`reclaim`]
@@ -15,6 +17,7 @@ use cuda_sys::types::CUcontext;
 use crate::tracking::pending;
 
 pub(crate) mod completion_state;
+pub(crate) mod event;
 pub(crate) mod host_function;
 pub(crate) mod low_latency;
 pub(crate) mod options;
@@ -27,6 +30,8 @@ pub(crate) mod waker_slot;
 /// # Safety
 /// As [`reclaim_pending`].
 pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
+    // The event transport's pool and queues of the context go first: its events are dead.
+    event::forget_context(context);
     // SAFETY: the caller's promise.
     let count = unsafe { pending::reclaim(context) };
     // Low-latency completions of the context wait for flags it will never write.

@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
 use cuda_sys::types::CUresult;
@@ -50,11 +50,34 @@ static CALLS: LazyLock<Mutex<Calls>> = LazyLock::new(|| {
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 
+/// When not 0: the number of the only thread whose calls are counted and may meet a fault (see
+/// [`focus_on_this_thread`]).
+static FOCUS: AtomicU64 = AtomicU64::new(0);
+static NEXT_THREAD_NUMBER: AtomicU64 = AtomicU64::new(1);
+
 thread_local! {
     /// Whether this thread is one of the driver's own: a context's worker (which runs host
     /// functions) or the user-object destructor thread. A const-initialised `Cell` needs no
     /// destructor, so it is cheap on every thread.
     static DRIVER_THREAD: Cell<bool> = const { Cell::new(false) };
+    /// The thread's number for [`FOCUS`] (0 until it needs one).
+    static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
+}
+
+fn thread_number() -> u64 {
+    THREAD_NUMBER.with(|n| {
+        if n.get() == 0 {
+            n.set(NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed));
+        }
+        n.get()
+    })
+}
+
+/// From now on, only the calling thread's calls are counted and may meet an injected fault
+/// (`on`), or every thread's again. For tests that count one thread's calls while the library's
+/// own threads (its reaper, its poller) call the driver at moments of their own.
+pub(crate) fn focus_on_this_thread(on: bool) {
+    FOCUS.store(if on { thread_number() } else { 0 }, Ordering::Release);
 }
 
 /// Marks the calling thread as a driver thread: the driver calls it makes from now on are also
@@ -119,6 +142,10 @@ pub(crate) fn call(
 }
 
 fn count_and_fault(export: &'static str, base: &'static str) -> Option<CUresult> {
+    let focus = FOCUS.load(Ordering::Acquire);
+    if focus != 0 && focus != thread_number() {
+        return config().stub().then_some(STUB_LIBRARY);
+    }
     let mut calls = relock(&CALLS);
     calls.counts.entry(export).or_insert((base, 0)).1 += 1;
     if DRIVER_THREAD.with(Cell::get) {

@@ -174,6 +174,14 @@ pub extern "C" fn fake_cuda_reset_call_counts() {
     calls::reset_counts();
 }
 
+/// With `on`, only the calling thread's driver calls are counted and may meet an injected fault
+/// (the library's own threads call the driver at moments of their own); with `!on`, every
+/// thread's again.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_focus_calls_on_this_thread(on: bool) {
+    calls::focus_on_this_thread(on);
+}
+
 /// Calls of `cuGetProcAddress` (`which` = 1) or `cuGetProcAddress_v2` (`which` = 2).
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_proc_address_calls(which: u32) -> u64 {

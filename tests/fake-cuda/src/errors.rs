@@ -49,6 +49,7 @@ pub(crate) const CAPTURE_INVALIDATED: CUresult = CUresult(901);
 pub(crate) const CAPTURE_MERGE: CUresult = CUresult(902);
 pub(crate) const CAPTURE_UNMATCHED: CUresult = CUresult(903);
 pub(crate) const CAPTURE_ISOLATION: CUresult = CUresult(905);
+pub(crate) const CAPTURED_EVENT: CUresult = CUresult(907);
 pub(crate) const UNKNOWN: CUresult = CUresult(999);
 
 /// `(code, name, description)` of the codes the fake can name, in the real driver's words.

@@ -4,13 +4,13 @@
 use std::ffi::c_uint;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUevent, CUresult, CUstream};
+use cuda_sys::types::{CUevent, CUstream};
 
 use crate::capture;
 use crate::context::current;
 use crate::errors::{
-    CAPTURE_INVALIDATED, CAPTURE_ISOLATION, INVALID_HANDLE, INVALID_VALUE, LAUNCH_FAILED,
-    NOT_PERMITTED, NOT_READY, Res, ensure, result,
+    CAPTURE_INVALIDATED, CAPTURE_ISOLATION, CAPTURED_EVENT, INVALID_HANDLE, INVALID_VALUE,
+    LAUNCH_FAILED, NOT_PERMITTED, NOT_READY, Res, ensure, result,
 };
 use crate::scheduler::{enqueue, on_worker_of};
 use crate::state::{Event, Op, Record, State, as_ptr, lock, new_handle, wait};
@@ -18,9 +18,6 @@ use crate::stream::resolve;
 
 /// `CU_EVENT_DISABLE_TIMING`.
 const DISABLE_TIMING: c_uint = 2;
-
-/// `CUDA_ERROR_CAPTURED_EVENT`.
-const CAPTURED_EVENT: CUresult = CUresult(907);
 
 /// `CU_EVENT_WAIT_EXTERNAL`, the one wait flag.
 const WAIT_EXTERNAL: c_uint = 1;

@@ -1,0 +1,108 @@
+//! Stream-ordered work without a host function: [`release_after`] (drop owners once the stream's
+//! earlier work has completed) and [`spawn_after`] (run a closure then, on a thread of this
+//! crate, where CUDA calls are allowed). Both record an event on the stream, which a poller thread
+//! of this crate queries; the stream never waits for them.
+//!
+//! **Which to choose.** A host function ([`host_launch`](crate::host_launch),
+//! [`launch_host_function`](crate::launch_host_function)) makes the *stream* wait until it has
+//! run: use it when later work on the stream depends on what it does, or inside a graph (it is
+//! captured as a node). Use these when nothing on the stream waits for the host side: releasing
+//! what the GPU used, telling the host that work is done, enqueuing follow-up work. They cost a
+//! fraction of a host function to enqueue, do not pass through the context's one driver thread,
+//! and their closures may call CUDA.
+//!
+//! Both need CUDA 12.0 (`cuStreamGetId`) and a stream of a device's primary context (the one
+//! cudarc and the CUDA runtime use; [`Error::NotPrimaryContext`] otherwise), which the crate
+//! retains while it has events in use there.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::reaper::owned_record::OwnedRecord;
+use crate::record::layout::Payload;
+use crate::record::payload::DeferredDrop;
+use crate::support::error::Error;
+use crate::support::panic_report::{PanicOrigin, report_and_drop};
+use crate::support::raw_stream::AsRawStream;
+use crate::transport::event::{self, OnCapture};
+
+pub use crate::transport::event::{PollerSettings, poller_settings, set_poller_settings};
+
+/// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
+/// them on a thread of this crate (the cleanup queue's: never a driver thread, never the caller's
+/// unless the call fails). One `cuEventRecord`; no host function; the stream does not wait.
+///
+/// On a capturing stream the owners are tied to the capture's graph instead (a CUDA user object):
+/// they are dropped once the graph and every executable graph made from it are destroyed.
+///
+/// # Errors
+/// - [`Error::CaptureActive`] if another thread began a capture of the stream while this call ran:
+///   the capture may hold the event, so it is never queried, and the owners stay pending (counted
+///   by [`pending_launches`](crate::pending_launches)) until the context is reset. Never early.
+/// - [`Error::NotPrimaryContext`] for a stream of a context made with `cuCtxCreate`.
+/// - The driver's errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and
+///   creating events), [`Error::InsideHostFunction`] inside a host function. On these the owners
+///   are dropped before returning, on the calling thread.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_host_launch::{release_after, RawStream};
+/// # fn example() -> Result<(), cuda_host_launch::Error> {
+/// let staging = vec![0u8; 1 << 20]; // read by a copy enqueued on the stream
+/// // ... enqueue the copy ...
+/// release_after(RawStream::LEGACY, staging)?; // freed once the copy has completed
+/// # Ok(()) }
+/// ```
+pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) -> Result<(), Error> {
+    let record = OwnedRecord::new(DeferredDrop(owners));
+    // SAFETY: the payload's run does nothing; its owners are dropped with the record.
+    unsafe { event::enqueue(&stream, record, OnCapture::TieToGraph) }
+}
+
+/// Runs `f` once all work enqueued on `stream` before this call has completed, on the poller thread
+/// of this crate; the stream does not wait for it. Because that is not a driver thread, **`f` may
+/// call CUDA**: free memory, enqueue more work, launch more releases or callbacks.
+///
+/// The callbacks of all streams run one after another on the one poller thread, in the order
+/// their streams got there: a long callback delays the others (device work is not delayed). A
+/// callback must not block waiting for another callback or event completion of this crate. A
+/// panic in `f` is caught and reported ([`PanicOrigin::Callback`]); the poller goes on.
+///
+/// # Errors
+/// - [`Error::CaptureActive`] on a capturing stream (`f` cannot be ordered after work that only
+///   exists in a graph: use a repeatable host function there,
+///   [`LaunchOptions::host_launch_repeatable`](crate::LaunchOptions::host_launch_repeatable)), or
+///   if another thread began a capture of it while this call ran (then `f` never runs; it is
+///   dropped when the context is reset).
+/// - As [`release_after`] otherwise; on an error `f` is dropped without running.
+///
+/// # Examples
+/// ```no_run
+/// use cuda_host_launch::{spawn_after, RawStream};
+/// # fn example() -> Result<(), cuda_host_launch::Error> {
+/// spawn_after(RawStream::LEGACY, || println!("the stream got here"))?;
+/// # Ok(()) }
+/// ```
+pub fn spawn_after<S, F>(stream: S, f: F) -> Result<(), Error>
+where
+    S: AsRawStream,
+    F: FnOnce() + Send + 'static,
+{
+    let record = OwnedRecord::new(Callback(Some(f)));
+    // SAFETY: the payload's run calls a `Send` closure once on the poller's thread, catching
+    // panics.
+    unsafe { event::enqueue(&stream, record, OnCapture::Refuse) }
+}
+
+/// A [`spawn_after`] callback: called once, its panic reported where it ran.
+struct Callback<F>(Option<F>);
+
+impl<F: FnOnce() + Send + 'static> Payload for Callback<F> {
+    unsafe fn run(&mut self) {
+        if let Some(f) = self.0.take()
+            && let Err(panic) = catch_unwind(AssertUnwindSafe(f))
+        {
+            // The poller's thread is this crate's: the handler may run here.
+            report_and_drop(PanicOrigin::Callback, panic);
+        }
+    }
+}

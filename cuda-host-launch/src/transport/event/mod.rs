@@ -1,0 +1,212 @@
+//! The event transport: the crate learns that the stream reached a point from an event recorded
+//! there (`cuEventRecord`), which a poller thread of this crate queries. No host function: the
+//! enqueue is one event record (plus two capture queries and the stream's id), the stream never
+//! waits, the context's driver thread is not involved, and the work that follows (dropping owners,
+//! running a callback, waking a future) happens on threads of this crate, where CUDA calls are
+//! allowed.
+//!
+//! - **Records and tickets as for host functions.** What runs at completion is a launch record
+//!   (owners to drop, a callback, a future's wake-up) held by a ticket (see `record::tickets`): the
+//!   poller claims it as the trampoline would, so a reclaim after a context loss and the poller
+//!   release it exactly once, and [`pending_launches`](crate::pending_launches) counts it.
+//! - **Events** come from a pool per primary context ([`pools`]), which retains the context while
+//!   it has events.
+//! - **Completion is in order per stream**: the poller queries the newest event of a stream
+//!   first and, if it completed, completes every older one of that stream without a query; the
+//!   stream is told apart by its `cuStreamGetId` (CUDA 12.0), not its handle, which a later stream
+//!   may reuse. "Older" is known only among one thread's records (two threads' hand-overs to the
+//!   poller may cross their records), so the queues are per stream and enqueuing thread. See
+//!   [`poller`].
+//! - **Capture.** An event recorded on a capturing stream is a capture marker, not a node: it never
+//!   completes in stream order, and querying it while the capture lives returns
+//!   `CUDA_ERROR_CAPTURED_EVENT` *and invalidates the user's capture*. So the stream is looked at
+//!   before the record: on a capturing stream a release is tied to the capture's graph (a user
+//!   object, as repeatable launches are) and other work is refused. And it is looked at again
+//!   after the record: a capture another thread began in between may hold the event, which is then
+//!   never queried; its work stays pending until the context is reset (never early), and the call
+//!   returns [`Error::CaptureActive`]. A capture begun and also ended between the two looks goes
+//!   unseen here, but the event's query then answers `CUDA_ERROR_INVALID_VALUE` (measured on the
+//!   H200 for an event recorded only in a capture), and the poller treats it the same way.
+//! - **A sticky error** (a query that answers anything but success, not ready, or the capture
+//!   answers above) means the stream's work will never complete: the stream's entries stay pending
+//!   until the context is reset or destroyed, when the reclaim releases them (owners dropped,
+//!   callbacks never run, futures resolved to [`Error::ContextLost`]). Not earlier: device work of
+//!   other streams may still use what the owners hold until the context is torn down.
+
+mod poller;
+mod pools;
+
+use std::sync::{LazyLock, Mutex, MutexGuard};
+
+use cuda_sys::types::{CUcontext, CUresult};
+
+use super::user_object::GraphOwnedRecord;
+use crate::reaper::mode::CleanupMode;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::{self, release};
+use crate::record::launch_state::LaunchOver;
+use crate::record::ticket_id::TicketId;
+use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
+use crate::support::error::Error;
+use crate::support::host_thread::refuse_inside_host_function;
+use crate::support::raw_stream::{AsRawStream, context_of};
+use crate::tracking::pending;
+
+pub use poller::{PollerSettings, poller_settings, set_poller_settings};
+
+/// What a stream-ordered record does on a stream that is capturing when it is enqueued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnCapture {
+    /// The capture's graph owns the record (its owners live until the graph and its executables
+    /// are gone); nothing is recorded.
+    TieToGraph,
+    /// Refused with [`Error::CaptureActive`]: the record's run cannot be ordered after work that
+    /// only exists in a graph.
+    Refuse,
+}
+
+/// One recorded event and the record to complete when it completes.
+struct Entry {
+    context: usize,
+    /// The stream's `cuStreamGetId`.
+    stream: u64,
+    /// The enqueuing thread ([`thread_number`]): one thread's records on a stream are in the
+    /// stream's order, and so in its queue; two threads' are not (each records, then hands over,
+    /// and the hand-overs may cross), so they get a queue each.
+    thread: u64,
+    event: usize,
+    ticket: TicketId,
+}
+
+/// What the enqueuing threads and the poller share.
+#[derive(Default)]
+struct Shared {
+    pools: pools::Pools,
+    /// Entries enqueued since the poller last looked.
+    incoming: Vec<Entry>,
+    /// The poller thread, if one runs.
+    poller: Option<std::thread::Thread>,
+}
+
+static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Mutex::default);
+
+fn shared() -> MutexGuard<'static, Shared> {
+    SHARED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records an event on `stream` and hands `record` to the poller, which completes it (runs its
+/// payload on its own thread, then queues it for release) once the event completed. On any error
+/// the record is released before returning (or is owned by a capture's graph, or, if a capture may
+/// hold its event, stays pending until its context is reset).
+///
+/// # Safety
+/// The record's payload must be sound to run once on the poller's thread (a thread of this crate
+/// where CUDA calls are allowed).
+pub(crate) unsafe fn enqueue(
+    stream: &impl AsRawStream,
+    record: OwnedRecord,
+    on_capture: OnCapture,
+) -> Result<(), Error> {
+    let hint = stream.context_hint();
+    let stream = stream.as_raw_stream();
+    refuse_inside_host_function("enqueuing a stream-ordered release or callback")?;
+    let mode = reaper::thread::prepare()?;
+    let driver = cuda_sys::driver()?;
+    let record_event = driver.raw().cuEventRecord()?;
+    // 12.0: streams are told apart by their id (see the module's docs).
+    let stream_id = driver.raw().cuStreamGetId()?;
+    if let Capture::Active { id, graph } = capture_of(driver, stream)? {
+        return match on_capture {
+            OnCapture::Refuse => Err(capture_active(stream, id)),
+            OnCapture::TieToGraph => {
+                let graph = if graph.is_null() {
+                    capture_graph_legacy(driver, stream)?
+                } else {
+                    graph
+                };
+                // The graph owns the record from here on; no node uses it.
+                GraphOwnedRecord::attach(driver, graph, record).map(drop)
+            }
+        };
+    }
+    let context = context_of(driver, stream, hint)?;
+    let mut id = 0;
+    // SAFETY: a valid stream (the `AsRawStream` guarantee) and out-pointer.
+    let code = unsafe { stream_id(stream, &mut id) };
+    driver.check(code, "cuStreamGetId")?;
+    let event = shared().pools.take(driver, context)?;
+    let header = record.into_raw();
+    // SAFETY: a live run-once record, ours, untracked.
+    let ticket = match unsafe { pending::track(header, context) } {
+        Ok(ticket) => ticket,
+        Err(e) => {
+            // SAFETY: `header` came from `into_raw` just above; nobody else has it.
+            drop(unsafe { OwnedRecord::from_raw(header) });
+            shared().pools.give_back(driver, context.addr(), event);
+            return Err(e);
+        }
+    };
+    // SAFETY: an event of the stream's context (its pool's), and a valid stream.
+    let code = unsafe { record_event(event, stream) };
+    if code != CUresult::CUDA_SUCCESS {
+        // Not recorded: the record is ours again (held: no reclaim takes it), released here.
+        // SAFETY: `header` came from `into_raw` above and nobody else has it.
+        drop(unsafe { OwnedRecord::from_raw(header) });
+        shared().pools.give_back(driver, context.addr(), event);
+        return Err(cuda_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
+    }
+    // A capture another thread began since the first look may hold the event.
+    let captured = match capture_of(driver, stream) {
+        Ok(Capture::None) => None,
+        Ok(Capture::Active { id, .. }) => Some(capture_active(stream, id)),
+        // Unknown: taken as captured.
+        Err(e) => Some(e),
+    };
+    let ticket_id = ticket.id;
+    // The poller (or a reclaim) owns it from here. Nothing else can have claimed it meanwhile (the
+    // poller has not seen it yet), but the protocol is followed all the same.
+    if ticket.launched() == LaunchOver::Push {
+        // SAFETY: the record ran and nobody else holds it.
+        unsafe { release::push(header) };
+    }
+    let mut shared = shared();
+    if let Some(error) = captured {
+        // Never queried: pending until the context's reset reclaims it.
+        shared.pools.strand(context.addr());
+        return Err(error);
+    }
+    shared.incoming.push(Entry {
+        context: context.addr(),
+        stream: id,
+        thread: thread_number(),
+        event: event.expose_provenance(),
+        ticket: ticket_id,
+    });
+    let started = poller::wake_or_start(&mut shared);
+    drop(shared);
+    started?;
+    if mode == CleanupMode::Manual {
+        release::drain();
+    }
+    Ok(())
+}
+
+/// A number for the calling thread, unique in the process.
+fn thread_number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    // During the thread's exit its number may be gone: a fresh one is as good (a queue of its own).
+    NUMBER
+        .try_with(|n| *n)
+        .unwrap_or_else(|_| NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Forgets everything of `context` before it is reset: the poller never queries its events again
+/// (the reset destroys them), and its pool's retain is released. Their records stay pending, for
+/// the reclaim after the reset.
+pub(crate) fn forget_context(context: CUcontext) {
+    poller::forget_context(context.addr());
+}

@@ -1,0 +1,322 @@
+//! The event poller: one thread of this crate that queries the recorded events, newest of each
+//! stream first, and completes their records on its own thread.
+//!
+//! - **Adaptive**: after progress it spins for [`PollerSettings::spin`] (a busy core, the lowest
+//!   latency), then queries every [`PollerSettings::interval`] (a timer), and with nothing pending
+//!   it parks; after [`PollerSettings::idle_exit`] with nothing pending it gives the idle event
+//!   pools back and exits: no thread, no wake-up and no CPU while idle. A new entry wakes (or
+//!   starts) it.
+//! - **Relaxed capture mode**: it puts itself in `CU_STREAM_CAPTURE_MODE_RELAXED` first, so its
+//!   queries (and the callbacks it runs) never break another thread's global-mode capture.
+//! - **Locks**: [`QUEUES`] (the per-stream queues) is held while it queries and while it gives
+//!   events back to their pools; a context's reset takes it first ([`forget_context`]), so no event
+//!   of a reset context is queried or reused after. Records are completed with no lock held, so a
+//!   callback may enqueue more work, or even reset a context.
+
+use std::collections::{HashMap, VecDeque};
+use std::ptr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cuda_sys::types::{CUevent, CUresult};
+
+use super::{Entry, Shared, shared};
+use crate::reaper::release;
+use crate::record::launch_state::Claim;
+use crate::record::layout::{Op, RecordHeader};
+use crate::record::ticket_id::TicketId;
+use crate::record::tickets;
+use crate::support::error::Error;
+use crate::support::relaxed_capture::enter_relaxed_mode;
+use crate::transport::low_latency::{add_poller_cpu_time, thread_cpu_time};
+
+/// How the event poller waits (see the module's docs). [`set_poller_settings`] changes them for the
+/// whole process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollerSettings {
+    /// How long the poller spins (queries without pause) after it completed something, while
+    /// work is pending. `Duration::MAX`: spin for as long as anything is pending
+    /// ([`PollerSettings::LOW_LATENCY`]).
+    pub spin: Duration,
+    /// The pause between two rounds of queries once it stopped spinning.
+    pub interval: Duration,
+    /// How long the poller stays with nothing pending before its thread exits.
+    pub idle_exit: Duration,
+}
+
+impl PollerSettings {
+    /// The defaults: spin 20 µs after progress, then query every 20 µs; exit after 100 ms idle.
+    pub const DEFAULT: PollerSettings = PollerSettings {
+        spin: Duration::from_micros(20),
+        interval: Duration::from_micros(20),
+        idle_exit: Duration::from_millis(100),
+    };
+
+    /// Spin while anything is pending: the lowest latency, a busy core meanwhile.
+    pub const LOW_LATENCY: PollerSettings = PollerSettings {
+        spin: Duration::MAX,
+        interval: Duration::from_micros(20),
+        idle_exit: Duration::from_millis(100),
+    };
+}
+
+impl Default for PollerSettings {
+    fn default() -> Self {
+        PollerSettings::DEFAULT
+    }
+}
+
+static SPIN_NS: AtomicU64 = AtomicU64::new(20_000);
+static INTERVAL_NS: AtomicU64 = AtomicU64::new(20_000);
+static IDLE_EXIT_NS: AtomicU64 = AtomicU64::new(100_000_000);
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Sets how the event poller waits, from its next round on.
+pub fn set_poller_settings(settings: PollerSettings) {
+    SPIN_NS.store(nanos(settings.spin), Ordering::Relaxed);
+    INTERVAL_NS.store(nanos(settings.interval), Ordering::Relaxed);
+    IDLE_EXIT_NS.store(nanos(settings.idle_exit), Ordering::Relaxed);
+}
+
+/// How the event poller waits now.
+pub fn poller_settings() -> PollerSettings {
+    let spin = SPIN_NS.load(Ordering::Relaxed);
+    PollerSettings {
+        spin: if spin == u64::MAX {
+            Duration::MAX
+        } else {
+            Duration::from_nanos(spin)
+        },
+        interval: Duration::from_nanos(INTERVAL_NS.load(Ordering::Relaxed)),
+        idle_exit: Duration::from_nanos(IDLE_EXIT_NS.load(Ordering::Relaxed)),
+    }
+}
+
+/// The entries waiting, by context, stream id and enqueuing thread, oldest first.
+#[derive(Default)]
+struct Queues {
+    by_stream: HashMap<(usize, u64, u64), VecDeque<Entry>>,
+}
+
+static QUEUES: LazyLock<Mutex<Queues>> = LazyLock::new(Mutex::default);
+
+fn queues() -> MutexGuard<'static, Queues> {
+    QUEUES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Wakes the poller, or starts it if none runs.
+pub(super) fn wake_or_start(shared: &mut Shared) -> Result<(), Error> {
+    if let Some(thread) = &shared.poller {
+        thread.unpark();
+        return Ok(());
+    }
+    let thread = std::thread::Builder::new()
+        .name("cuda-hl-events".into())
+        .spawn(poll_loop)
+        .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+    shared.poller = Some(thread.thread().clone());
+    Ok(())
+}
+
+/// See [`super::forget_context`].
+pub(super) fn forget_context(context: usize) {
+    let mut queues = queues();
+    queues.by_stream.retain(|&(c, _, _), _| c != context);
+    let mut shared = shared();
+    shared.incoming.retain(|entry| entry.context != context);
+    if let Some(driver) = cuda_sys::Driver::get() {
+        shared.pools.forget(driver, context);
+    }
+}
+
+/// What a query says about an entry.
+enum Seen {
+    Done,
+    NotYet,
+    /// Never to complete in stream order: a capture held the event, or the context failed.
+    Stranded {
+        whole_stream: bool,
+    },
+}
+
+fn query(driver: &cuda_sys::Driver, event: usize) -> Seen {
+    let Ok(query) = driver.raw().cuEventQuery() else {
+        return Seen::NotYet;
+    };
+    // SAFETY: an event of a live pool: its context is retained, and a reset forgets it (under the
+    // queues' lock, which the caller holds) before destroying it.
+    let code =
+        unsafe { query(ptr::with_exposed_provenance_mut::<std::ffi::c_void>(event) as CUevent) };
+    match code {
+        CUresult::CUDA_SUCCESS => Seen::Done,
+        CUresult::CUDA_ERROR_NOT_READY => Seen::NotYet,
+        // Recorded into a capture (live: CAPTURED_EVENT; ended: INVALID_VALUE): this event only.
+        CUresult::CUDA_ERROR_CAPTURED_EVENT | CUresult::CUDA_ERROR_INVALID_VALUE => {
+            Seen::Stranded {
+                whole_stream: false,
+            }
+        }
+        // A sticky error (or a lost context): nothing of the stream will complete.
+        _ => Seen::Stranded { whole_stream: true },
+    }
+}
+
+/// Moves the completed entries of one stream's queue to `done` and the ones that never will to
+/// `stranded`: the newest first (its completion completes every older one), else from the oldest.
+fn scan(
+    driver: &cuda_sys::Driver,
+    queue: &mut VecDeque<Entry>,
+    done: &mut Vec<Entry>,
+    stranded: &mut Vec<Entry>,
+) {
+    let Some(newest) = queue.back() else {
+        return;
+    };
+    match query(driver, newest.event) {
+        Seen::Done => {
+            done.extend(queue.drain(..));
+            return;
+        }
+        Seen::Stranded { whole_stream: true } => {
+            stranded.extend(queue.drain(..));
+            return;
+        }
+        Seen::Stranded {
+            whole_stream: false,
+        } => stranded.extend(queue.pop_back()),
+        Seen::NotYet => {}
+    }
+    // The newest is not done: complete from the oldest while they are.
+    while let Some(oldest) = queue.front() {
+        match query(driver, oldest.event) {
+            Seen::Done => done.extend(queue.pop_front()),
+            Seen::NotYet => break,
+            Seen::Stranded { whole_stream } => {
+                if whole_stream {
+                    stranded.extend(queue.drain(..));
+                } else {
+                    stranded.extend(queue.pop_front());
+                }
+            }
+        }
+    }
+}
+
+/// Completes one entry's record on this thread, as the trampoline would on the driver's: claims
+/// it through its ticket (a reclaim may have taken it), runs its payload, queues it for release.
+fn complete(driver: &cuda_sys::Driver, ticket: TicketId, context: usize, current: &mut usize) {
+    let Some(slot) = tickets::ticket(ticket.index()) else {
+        return;
+    };
+    let Claim::Run(claim) = slot.state.claim_run(ticket.generation()) else {
+        return;
+    };
+    let Some(header) = slot.record() else {
+        return;
+    };
+    if *current != context {
+        // Callbacks may call CUDA: in the stream's context.
+        // SAFETY: the context is retained by its pool while the entry waited; a failure (a reset
+        // meanwhile) leaves the thread's context as it was.
+        if unsafe { driver.cuCtxSetCurrent(ptr::with_exposed_provenance_mut(context)) }.is_ok() {
+            *current = context;
+        }
+    }
+    // SAFETY: the claim above makes the record ours to run, once, on this thread; its payload is
+    // sound to run here (the enqueue's contract).
+    unsafe { RecordHeader::dispatch(header, Op::Run) };
+    if slot.state.run_over(ticket.generation(), claim) {
+        // SAFETY: ownership passes to the cleanup queue.
+        unsafe { release::push(header) };
+    }
+}
+
+fn poll_loop() {
+    let Some(driver) = cuda_sys::Driver::get() else {
+        // Never: an enqueue loaded the driver before starting this thread.
+        shared().poller = None;
+        return;
+    };
+    // Callbacks and wakers are users' code, and queries are "unsafe" calls in the capture sense.
+    let _ = enter_relaxed_mode();
+    let cpu_start = thread_cpu_time();
+    let mut cpu_counted = Duration::ZERO;
+    let mut done: Vec<Entry> = Vec::new();
+    let mut stranded: Vec<Entry> = Vec::new();
+    let mut current_context = 0;
+    let mut last_progress = Instant::now();
+    let mut idle_since: Option<Instant> = None;
+    let released = loop {
+        let settings = poller_settings();
+        let mut queues = queues();
+        {
+            let mut shared = shared();
+            for entry in shared.incoming.drain(..) {
+                queues
+                    .by_stream
+                    .entry((entry.context, entry.stream, entry.thread))
+                    .or_default()
+                    .push_back(entry);
+            }
+            if queues.by_stream.is_empty() {
+                let idle = *idle_since.get_or_insert_with(Instant::now);
+                if idle.elapsed() >= settings.idle_exit && !shared.pools.any_out() {
+                    let released = shared.pools.give_back_idle(driver);
+                    shared.poller = None;
+                    break released;
+                }
+            } else {
+                idle_since = None;
+            }
+        }
+        for queue in queues.by_stream.values_mut() {
+            scan(driver, queue, &mut done, &mut stranded);
+        }
+        queues.by_stream.retain(|_, queue| !queue.is_empty());
+        let nothing_pending = queues.by_stream.is_empty();
+        if !done.is_empty() || !stranded.is_empty() {
+            // Under the queues' lock: a reset cannot forget a pool between the query and this.
+            let mut shared = shared();
+            for entry in &done {
+                shared.pools.give_back(
+                    driver,
+                    entry.context,
+                    ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event) as CUevent,
+                );
+            }
+            for entry in stranded.drain(..) {
+                // Its record stays pending (counted, reclaimed with its context).
+                shared.pools.strand(entry.context);
+            }
+        }
+        drop(queues);
+        let progress = !done.is_empty();
+        for entry in done.drain(..) {
+            complete(driver, entry.ticket, entry.context, &mut current_context);
+        }
+        let used = thread_cpu_time().saturating_sub(cpu_start);
+        add_poller_cpu_time(used.saturating_sub(cpu_counted));
+        cpu_counted = used;
+        let now = Instant::now();
+        if progress {
+            last_progress = now;
+        }
+        if nothing_pending {
+            std::thread::park_timeout(settings.idle_exit);
+        } else if now.duration_since(last_progress) < settings.spin {
+            std::hint::spin_loop();
+        } else {
+            std::thread::park_timeout(settings.interval);
+        }
+    };
+    // With no lock held: a reclaim takes them.
+    for (device, context) in released {
+        super::pools::after_release(driver, device, context);
+    }
+    let used = thread_cpu_time().saturating_sub(cpu_start);
+    add_poller_cpu_time(used.saturating_sub(cpu_counted));
+}

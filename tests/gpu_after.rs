@@ -1,0 +1,362 @@
+//! Stream-ordered releases and callbacks through events (`release_after`, `spawn_after`,
+//! `CompletionMode::Event`) on the real GPU. Opt-in: `--ignored --test-threads=1`, or the bundle of
+//! `scripts/gpu-bundle`.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cuda_host_launch::{
+    CompletionMode, Error, Stream, flush, pending_launches, poller_cpu_time, release_after,
+    spawn_after,
+};
+use cuda_sys::types::CUstreamCaptureMode;
+use cuda_workspace::gpu::{Gpu, Kernels, MappedU32s};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{CountedOwner, DropCounts, REAPER_NAME};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+const POLLER: &str = "cuda-hl-events";
+
+#[track_caller]
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Drops not made by the reaper (a driver thread, the poller, a caller): must stay 0.
+static OFF_REAPER: AtomicU64 = AtomicU64::new(0);
+
+/// A counted owner that also notes a drop made anywhere but on the reaper thread.
+struct ReaperOwner(#[allow(dead_code, reason = "dropped for its count")] CountedOwner);
+
+impl Drop for ReaperOwner {
+    fn drop(&mut self) {
+        if std::thread::current().name() != Some(REAPER_NAME) {
+            OFF_REAPER.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What a callback saw: its stream, its index, whether its kernel's write was visible, its thread.
+type Seen = (usize, usize, bool, Option<String>);
+
+/// Kernels of different lengths, each followed by a callback and a release that check the
+/// kernel's write is visible: on 1 stream, then on 4.
+fn order_against_kernels(streams: usize) {
+    let gpu = Gpu::open();
+    let n = 400;
+    let flags = Arc::new(MappedU32s::new(gpu.driver, n * streams));
+    let streams: Vec<Stream> = (0..streams)
+        .map(|_| Stream::new_non_blocking(&gpu.context).unwrap())
+        .collect();
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let late_drops = Arc::new(AtomicUsize::new(0));
+    for i in 0..n {
+        for (s, stream) in streams.iter().enumerate() {
+            let slot = s * n + i;
+            // 0 to about 60 µs of spinning: later kernels may be shorter than earlier ones.
+            let cycles = ((i * 7919 + s * 104_729) % 7) as u64 * 15_000;
+            gpu.kernels
+                .spin_then_write(stream.raw(), flags.device(slot), 1, cycles);
+            let (seen, flags_cb) = (Arc::clone(&seen), Arc::clone(&flags));
+            spawn_after(stream, move || {
+                let written = flags_cb.get(slot) == 1;
+                let thread = std::thread::current().name().map(String::from);
+                seen.lock().unwrap().push((s, i, written, thread));
+            })
+            .unwrap();
+            let owner = CheckOnDrop {
+                flags: Arc::clone(&flags),
+                slot,
+                late: Arc::clone(&late_drops),
+            };
+            release_after(stream, owner).unwrap();
+        }
+    }
+    for stream in &streams {
+        stream.synchronize().unwrap();
+    }
+    wait_for("every callback", || {
+        seen.lock().unwrap().len() == n * streams.len()
+    });
+    flush(PATIENCE).unwrap();
+    wait_for("every release", || pending_launches(None) == 0);
+    flush(PATIENCE).unwrap();
+    let seen = seen.lock().unwrap();
+    for s in 0..streams.len() {
+        let order: Vec<usize> = seen.iter().filter(|e| e.0 == s).map(|e| e.1).collect();
+        assert_eq!(
+            order,
+            (0..n).collect::<Vec<_>>(),
+            "stream {s}: callbacks in stream order"
+        );
+    }
+    assert!(
+        seen.iter().all(|e| e.2),
+        "every callback saw its kernel's write"
+    );
+    assert!(
+        seen.iter().all(|e| e.3.as_deref() == Some(POLLER)),
+        "callbacks on the poller"
+    );
+    assert_eq!(
+        late_drops.load(Ordering::SeqCst),
+        0,
+        "no owner dropped before its kernel ended"
+    );
+    println!(
+        "{} kernels on {} stream(s): callbacks and releases in order; poller CPU so far {:?}",
+        n * streams.len(),
+        streams.len(),
+        poller_cpu_time()
+    );
+}
+
+/// An owner that notes if it is dropped before its kernel's write.
+struct CheckOnDrop {
+    flags: Arc<MappedU32s>,
+    slot: usize,
+    late: Arc<AtomicUsize>,
+}
+
+impl Drop for CheckOnDrop {
+    fn drop(&mut self) {
+        if self.flags.get(self.slot) != 1 {
+            self.late.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn callbacks_and_releases_follow_kernels_of_different_lengths_on_one_stream() {
+    order_against_kernels(1);
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn callbacks_and_releases_follow_kernels_of_different_lengths_on_four_streams() {
+    order_against_kernels(4);
+}
+
+isolated_test! {
+    /// 16 threads × 1,000,000 releases (`AFTER_N` per thread overrides), each thread on a stream
+    /// of its own, with counted owners: none lost, none dropped twice, none off the reaper.
+    #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+    fn sixteen_threads_release_a_million_owners_each_exactly_once_on_the_reaper() {
+        const THREADS: usize = 16;
+        let per_thread: usize = std::env::var("AFTER_N")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1_000_000);
+        let gpu = Gpu::open();
+        let counts = DropCounts::new(THREADS * per_thread);
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let gpu = &gpu;
+                s.spawn(move || {
+                    gpu.bind_thread();
+                    let stream = Stream::new_non_blocking(&gpu.context).unwrap();
+                    for i in 0..per_thread {
+                        let owner = ReaperOwner(counts.owner(t * per_thread + i));
+                        release_after(&stream, owner).unwrap();
+                    }
+                    stream.synchronize().unwrap();
+                });
+            }
+        });
+        let enqueued = started.elapsed();
+        wait_for("every release", || pending_launches(None) == 0);
+        flush(PATIENCE).unwrap();
+        let elapsed = started.elapsed();
+        let total = THREADS * per_thread;
+        println!(
+            "{total} releases from {THREADS} threads: enqueued in {enqueued:?}, all dropped after \
+             {elapsed:?} ({:.2} M/s); never dropped {}, twice {}, off the reaper {}; poller CPU \
+             {:?}",
+            total as f64 / elapsed.as_secs_f64() / 1e6,
+            counts.never(),
+            counts.more_than_once(),
+            OFF_REAPER.load(Ordering::Relaxed),
+            poller_cpu_time()
+        );
+        assert_eq!((counts.never(), counts.more_than_once()), (0, 0));
+        assert_eq!(OFF_REAPER.load(Ordering::Relaxed), 0);
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn a_callback_enqueues_a_kernel_and_frees_a_device_buffer() {
+    let gpu = Gpu::open();
+    let stream = Arc::new(Stream::new_non_blocking(&gpu.context).unwrap());
+    let mapped = Arc::new(MappedU32s::new(gpu.driver, 2));
+    let kernels = Arc::new(Kernels::load_current(gpu.driver));
+    let mut buffer = 0;
+    // SAFETY: a valid out-pointer; the context is current.
+    unsafe { gpu.driver.cuMemAlloc(&mut buffer, 1 << 20) }.unwrap();
+    mapped.set(0, 42);
+    gpu.kernels
+        .spin_then_write(stream.raw(), mapped.device(1), 7, 100_000);
+    let results: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (inner, out, m, k) = (
+        Arc::clone(&stream),
+        Arc::clone(&results),
+        Arc::clone(&mapped),
+        Arc::clone(&kernels),
+    );
+    let driver = gpu.driver;
+    spawn_after(&*stream, move || {
+        let mut out = out.lock().unwrap();
+        out.push(format!("saw the kernel's write: {}", m.get(1) == 7));
+        // CUDA calls on the poller thread: enqueue a kernel, free device memory.
+        k.copy_u32(inner.raw(), m.device(0), m.device(1));
+        // SAFETY: the buffer was allocated above and is used by nothing.
+        out.push(format!("cuMemFree: {:?}", unsafe {
+            driver.cuMemFree(buffer)
+        }));
+    })
+    .unwrap();
+    wait_for("the callback", || results.lock().unwrap().len() == 2);
+    stream.synchronize().unwrap();
+    assert_eq!(
+        *results.lock().unwrap(),
+        ["saw the kernel's write: true", "cuMemFree: Ok(())"]
+    );
+    assert_eq!(mapped.get(1), 42, "the callback's kernel ran");
+}
+
+isolated_test! {
+    /// A trapping kernel with releases, callbacks and an `Event` future pending behind it: none
+    /// completes; the reset reclaims them all (owners dropped once, callbacks never run, the
+    /// future resolves to `ContextLost`).
+    #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+    fn after_a_trap_pending_releases_and_callbacks_wait_for_the_reset() {
+        const N: usize = 500;
+        let gpu = Gpu::open();
+        let stream = Stream::new(&gpu.context).unwrap();
+        let counts = DropCounts::new(N);
+        let ran = Arc::new(AtomicUsize::new(0));
+        gpu.kernels.trap(stream.raw());
+        for i in 0..N {
+            release_after(&stream, counts.owner(i)).expect("the driver still records events");
+            let ran = Arc::clone(&ran);
+            spawn_after(&stream, move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
+        let future = CompletionMode::Event.completion(&stream).unwrap();
+        assert!(stream.synchronize().is_err(), "the trap is a sticky error");
+        std::thread::sleep(Duration::from_millis(200));
+        flush(PATIENCE).unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(counts.never(), N, "nothing released before the reset");
+        assert_eq!(gpu.context.pending_launches(), 2 * N + 1);
+        drop(stream);
+        // SAFETY: every stream of the context is dropped; nothing made in it is used afterwards.
+        let reclaimed = unsafe { gpu.context.reset() }.expect("cuDevicePrimaryCtxReset");
+        flush(PATIENCE).unwrap();
+        assert_eq!(reclaimed, 2 * N + 1);
+        assert_eq!((counts.never(), counts.more_than_once()), (0, 0));
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "callbacks never run after a sticky error");
+        let deadline = Instant::now() + PATIENCE;
+        let mut future = std::pin::pin!(future);
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let result = loop {
+            if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                break out;
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert!(matches!(result, Err(Error::ContextLost)), "{result:?}");
+    }
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn the_poller_never_breaks_a_global_capture_of_another_stream() {
+    let gpu = Gpu::open();
+    let captured = Stream::new_non_blocking(&gpu.context).unwrap();
+    let work = Stream::new_non_blocking(&gpu.context).unwrap();
+    let flags = MappedU32s::new(gpu.driver, 2);
+    let counts = DropCounts::new(1000);
+    // SAFETY: a live stream.
+    unsafe {
+        gpu.driver.cuStreamBeginCapture(
+            captured.raw(),
+            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
+    }
+    .unwrap();
+    gpu.kernels
+        .spin_then_write(captured.raw(), flags.device(0), 1, 1_000);
+    for i in 0..1000 {
+        gpu.kernels
+            .spin_then_write(work.raw(), flags.device(1), 1, 1_000);
+        release_after(&work, counts.owner(i)).unwrap();
+    }
+    work.synchronize().unwrap();
+    wait_for("the releases", || pending_launches(None) == 0);
+    flush(PATIENCE).unwrap();
+    assert_eq!(counts.never(), 0);
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the capturing stream; a valid out-pointer.
+    let ended = unsafe { gpu.driver.cuStreamEndCapture(captured.raw(), &mut graph) };
+    assert!(
+        ended.is_ok(),
+        "the global capture survived the poller: {ended:?}"
+    );
+    // SAFETY: the graph the capture made, destroyed once.
+    unsafe { gpu.driver.cuGraphDestroy(graph) }.unwrap();
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn a_release_on_a_capturing_stream_is_owned_by_the_graph() {
+    let gpu = Gpu::open();
+    let stream = Stream::new_non_blocking(&gpu.context).unwrap();
+    let flags = MappedU32s::new(gpu.driver, 1);
+    let counts = DropCounts::new(1);
+    // SAFETY: a live stream.
+    unsafe {
+        gpu.driver.cuStreamBeginCapture(
+            stream.raw(),
+            CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+        )
+    }
+    .unwrap();
+    gpu.kernels
+        .spin_then_write(stream.raw(), flags.device(0), 1, 1_000);
+    release_after(&stream, counts.owner(0)).unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the capturing stream; a valid out-pointer.
+    unsafe { gpu.driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: the graph just made; a valid out-pointer.
+    unsafe { gpu.driver.cuGraphInstantiateWithFlags(&mut exec, graph, 0) }.unwrap();
+    for _ in 0..3 {
+        // SAFETY: a live executable graph and stream.
+        unsafe { gpu.driver.cuGraphLaunch(exec, stream.raw()) }.unwrap();
+    }
+    stream.synchronize().unwrap();
+    flush(PATIENCE).unwrap();
+    assert_eq!(counts.never(), 1, "the graph still owns it");
+    // SAFETY: destroyed once each, after the stream finished with them.
+    unsafe {
+        gpu.driver.cuGraphExecDestroy(exec).unwrap();
+        gpu.driver.cuGraphDestroy(graph).unwrap();
+    }
+    wait_for("the graph's owner", || {
+        let _ = flush(PATIENCE);
+        counts.never() == 0
+    });
+    assert_eq!(counts.more_than_once(), 0);
+}

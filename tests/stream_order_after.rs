@@ -1,0 +1,412 @@
+//! Stream-ordered releases and callbacks through events (`release_after`, `spawn_after`,
+//! `CompletionMode::Event`), on the fake driver: order against held streams, the thread that drops
+//! or runs, CUDA calls inside callbacks, capture (before, during and around the call), sticky
+//! errors, contexts that are not primary, and the poller's relaxed capture mode. Each test runs in
+//! a process of its own: holds, hooks, faults and resets are process-wide.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cuda_host_launch::{
+    CompletionMode, Error, PanicOrigin, PrimaryContext, RawStream, Stream, flush, pending_launches,
+    poller_cpu_time, release_after, set_panic_handler, spawn_after,
+};
+use cuda_sys::types::{CUresult, CUstream, CUstreamCaptureMode};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_driver_path, fake_primary_context};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+/// The event poller thread's name (its OS name, 15 bytes at most, is the same).
+const POLLER: &str = "cuda-hl-events";
+
+/// Waits until `done` holds, or fails after [`PATIENCE`].
+#[track_caller]
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn begin_capture(stream: CUstream, mode: CUstreamCaptureMode) {
+    let driver = cuda_sys::driver().unwrap();
+    // SAFETY: a live stream of the fake driver.
+    unsafe { driver.cuStreamBeginCapture(stream, mode) }.unwrap();
+}
+
+fn end_capture(stream: CUstream) -> Result<cuda_sys::types::CUgraph, cuda_sys::CallError> {
+    let driver = cuda_sys::driver().unwrap();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: a live stream; a valid out-pointer.
+    unsafe { driver.cuStreamEndCapture(stream, &mut graph) }.map(|()| graph)
+}
+
+fn destroy_graph(graph: cuda_sys::types::CUgraph) {
+    let driver = cuda_sys::driver().unwrap();
+    // SAFETY: a graph a capture made, destroyed once.
+    unsafe { driver.cuGraphDestroy(graph) }.unwrap();
+}
+
+/// A stream handle that may cross threads (a hook's closure must be `Send`).
+#[derive(Clone, Copy)]
+struct SendStream(usize);
+
+impl SendStream {
+    fn of(stream: &Stream) -> SendStream {
+        SendStream(stream.raw().addr())
+    }
+    fn raw(self) -> CUstream {
+        std::ptr::with_exposed_provenance_mut(self.0)
+    }
+}
+
+isolated_test! {
+    /// Owners released after the stream's earlier work: kept while the stream is held, counted as
+    /// pending, then dropped exactly once by the reaper, never by the caller or a driver thread.
+    fn release_after_keeps_owners_until_the_earlier_work_completed(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let hold = fake().hold_stream(stream.raw());
+        for _ in 0..100 {
+            release_after(&stream, drops.owner()).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 0, "nothing dropped while the stream is held");
+        assert_eq!(context.pending_launches(), 100);
+        fake().release_hold(hold);
+        let records = drops.wait_dropped(100);
+        assert!(records.iter().all(|r| r.thread.is_reaper()), "{records:?}");
+        assert_eq!(drops.live(), 0);
+        assert_eq!(context.pending_launches(), 0);
+        assert_eq!(fake().pending_host_functions(std::ptr::null_mut()), 0, "no host function");
+    }
+
+    /// Callbacks run in stream order, each stream's in its own order, on the poller thread, after
+    /// the work before them; four streams at once.
+    fn spawn_after_runs_callbacks_in_stream_order_on_the_poller(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let streams: Vec<Stream> = (0..4).map(|_| Stream::new(&context).unwrap()).collect();
+        let holds: Vec<u64> = streams.iter().map(|s| fake().hold_stream(s.raw())).collect();
+        let seen: Arc<Mutex<Vec<(usize, usize, ThreadInfo)>>> = Arc::default();
+        for i in 0..250 {
+            for (s, stream) in streams.iter().enumerate() {
+                let seen = Arc::clone(&seen);
+                spawn_after(stream, move || {
+                    seen.lock().unwrap().push((s, i, ThreadInfo::current()));
+                })
+                .unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(seen.lock().unwrap().is_empty(), "nothing ran while the streams are held");
+        for hold in holds {
+            fake().release_hold(hold);
+        }
+        wait_for("1,000 callbacks", || seen.lock().unwrap().len() == 1000);
+        let seen = seen.lock().unwrap();
+        for s in 0..4 {
+            let order: Vec<usize> = seen.iter().filter(|e| e.0 == s).map(|e| e.1).collect();
+            assert_eq!(order, (0..250).collect::<Vec<_>>(), "stream {s} in order");
+        }
+        assert!(seen.iter().all(|e| e.2.name.as_deref() == Some(POLLER)));
+    }
+
+    /// A callback may call CUDA: it enqueues a host launch and a release on its stream and
+    /// synchronizes another stream, none refused as "inside a host function".
+    fn a_callback_may_call_cuda(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        let context = fake_primary_context();
+        let stream = Arc::new(Stream::new(&context).unwrap());
+        let other = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let results: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (inner, out, owner) = (Arc::clone(&stream), Arc::clone(&results), drops.owner());
+        spawn_after(&*stream, move || {
+            let mut out = out.lock().unwrap();
+            out.push(format!("{:?}", cuda_host_launch::host_launch(&*inner, || {})));
+            out.push(format!("{:?}", release_after(&*inner, owner)));
+            out.push(format!("{:?}", other.synchronize()));
+            out.push(format!("{}", cuda_host_launch::in_host_function()));
+        })
+        .unwrap();
+        wait_for("the callback", || results.lock().unwrap().len() == 4);
+        assert_eq!(*results.lock().unwrap(), ["Ok(())", "Ok(())", "Ok(())", "false"]);
+        stream.synchronize().unwrap();
+        drops.wait_dropped(1);
+    }
+
+    /// A panicking callback is reported as a callback's panic; the poller goes on.
+    fn a_panicking_callback_is_reported_and_the_poller_goes_on(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let reports: Arc<Mutex<Vec<(PanicOrigin, String)>>> = Arc::default();
+        let out = Arc::clone(&reports);
+        set_panic_handler(move |r| out.lock().unwrap().push((r.origin, r.message.to_string())));
+        std::panic::set_hook(Box::new(|_| {})); // a quiet test
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        spawn_after(&stream, || panic!("on purpose")).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&ran);
+        spawn_after(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        wait_for("the second callback", || ran.load(Ordering::SeqCst) == 1);
+        assert_eq!(
+            *reports.lock().unwrap(),
+            [(PanicOrigin::Callback, "on purpose".to_string())]
+        );
+    }
+
+    /// On a capturing stream a release is owned by the capture's graph (dropped with it) and a
+    /// callback is refused (and dropped on the caller's thread, unrun); the capture is unharmed.
+    fn on_a_capturing_stream_releases_join_the_graph_and_callbacks_are_refused(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        begin_capture(stream.raw(), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+        release_after(&stream, drops.owner()).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&ran);
+        let refused = spawn_after(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(matches!(refused, Err(Error::CaptureActive { .. })), "{refused:?}");
+        let graph = end_capture(stream.raw()).expect("the capture survived");
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 0, "the graph owns the owner");
+        assert_eq!(context.pending_launches(), 0, "a graph's owner is not a pending launch");
+        destroy_graph(graph);
+        let records = drops.wait_dropped(1);
+        assert!(records[0].thread.is_reaper(), "{records:?}");
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+    }
+
+    /// Another thread begins a capture of the stream while the event is recorded (a hook inside
+    /// `cuEventRecord`): the event may be the capture's, so it is never queried (the capture
+    /// survives), the call says so, and the owner stays pending until the context's reset, which
+    /// drops it once.
+    fn a_capture_begun_during_the_record_strands_the_release_until_the_reset(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        capture_race(false);
+    }
+
+    /// The same, with the capture also ended before the call looks again (invisible to it): the
+    /// poller's query says the event was captured (`CUDA_ERROR_INVALID_VALUE`), and the owner
+    /// stays pending until the reset. Never early.
+    fn a_capture_begun_and_ended_during_the_record_strands_the_release_until_the_reset(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        capture_race(true);
+    }
+
+    /// A sticky error: the events never complete; the owners and the future stay pending until
+    /// the reset, then the owners are dropped once and the future resolves to `ContextLost`.
+    fn after_a_sticky_error_releases_wait_for_the_reset(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let hold = fake().hold_stream(stream.raw());
+        release_after(&stream, drops.owner()).unwrap();
+        let future = CompletionMode::Event.completion(&stream).unwrap();
+        assert_eq!(fake().poison_context(context.raw()), CUresult::CUDA_SUCCESS);
+        fake().release_hold(hold);
+        std::thread::sleep(Duration::from_millis(50));
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 0);
+        assert_eq!(context.pending_launches(), 2);
+        drop(stream);
+        // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
+        let reclaimed = unsafe { context.reset() }.unwrap();
+        assert_eq!(reclaimed, 2);
+        drops.wait_dropped(1);
+        assert!(matches!(block_on(future), Err(Error::ContextLost)));
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// A stream of a context made with `cuCtxCreate` is refused (the crate could not keep it alive
+    /// for its poller); the owners are dropped on the calling thread.
+    fn a_stream_of_a_created_context_is_refused(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        fake_primary_context();
+        let driver = cuda_sys::driver().unwrap();
+        let mut created = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, flags 0, device 0.
+        unsafe { driver.cuCtxCreate(&mut created, std::ptr::null_mut(), 0, 0) }.unwrap();
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: `created` is current (cuCtxCreate makes it so); a valid out-pointer.
+        unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
+        let drops = Drops::new();
+        // SAFETY: the stream is live until destroyed below.
+        let raw = unsafe { RawStream::from_raw(stream) };
+        let refused = release_after(raw, drops.owner());
+        assert!(matches!(refused, Err(Error::NotPrimaryContext { .. })), "{refused:?}");
+        let records = drops.records();
+        assert_eq!(records.len(), 1);
+        assert!(records[0].thread.same_as(&ThreadInfo::current()));
+        // SAFETY: ours, destroyed once.
+        unsafe { driver.cuStreamDestroy(stream) }.unwrap();
+        // SAFETY: ours, destroyed once.
+        unsafe { driver.cuCtxDestroy(created) }.unwrap();
+    }
+
+    /// While another thread captures in global mode, the poller's queries (and the releases they
+    /// complete) leave that capture intact: the poller is in relaxed mode.
+    fn the_poller_never_breaks_another_threads_global_capture(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let captured = Stream::new(&context).unwrap();
+        let work = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        begin_capture(captured.raw(), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
+        for _ in 0..10 {
+            release_after(&work, drops.owner()).unwrap();
+        }
+        drops.wait_dropped(10);
+        let graph = end_capture(captured.raw()).expect("the global capture survived the poller");
+        destroy_graph(graph);
+    }
+
+    /// An `Event`-mode future resolves once the stream got there; the poller's CPU time is counted,
+    /// and once idle it exits and gives its events back.
+    fn event_completions_resolve_and_the_idle_poller_gives_its_events_back(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_millis(20),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw());
+        let future = CompletionMode::Event.completion(&stream).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        fake().release_hold(hold);
+        block_on(future).unwrap();
+        assert!(poller_cpu_time() > Duration::ZERO);
+        let retains = fake().live_objects("primary_retains");
+        wait_for("the poller to exit", || {
+            cuda_workspace::testing::threads_named(POLLER) == 0
+        });
+        assert_eq!(fake().live_objects("events"), 0, "the pool's events destroyed");
+        assert_eq!(fake().live_objects("primary_retains"), retains - 1, "its retain let go");
+    }
+}
+
+isolated_test! {
+    /// Two threads release on one stream, and the second records its event (behind a hold) and
+    /// hands it to the poller before the first hands over its own, older one: the older event's
+    /// completion must not complete the newer release (queues are per enqueuing thread, whose
+    /// records are in stream order).
+    fn another_threads_later_release_on_the_same_stream_is_not_completed_early(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Arc::new(Stream::new(&context).unwrap());
+        let (first, second) = (Drops::new(), Drops::new());
+        let hold: Arc<Mutex<Option<u64>>> = Arc::default();
+        let (inner, late, held) = (Arc::clone(&stream), Arc::clone(&second), Arc::clone(&hold));
+        fake().set_hook_after("cuEventRecord", 1, move || {
+            // After the first thread's record, before it hands the event over: another thread
+            // holds the stream, then releases behind the hold.
+            let (inner, late, held) = (Arc::clone(&inner), Arc::clone(&late), Arc::clone(&held));
+            std::thread::spawn(move || {
+                *held.lock().unwrap() = Some(fake().hold_stream(inner.raw()));
+                release_after(&*inner, late.owner()).unwrap();
+            })
+            .join()
+            .unwrap();
+        });
+        release_after(&*stream, first.owner()).unwrap();
+        first.wait_dropped(1);
+        std::thread::sleep(Duration::from_millis(50));
+        flush(PATIENCE).unwrap();
+        assert_eq!(second.dropped(), 0, "released before the hold in front of it was let go");
+        fake().release_hold(hold.lock().unwrap().take().unwrap());
+        second.wait_dropped(1);
+    }
+}
+
+/// See the two tests above: a capture begun by another thread inside `cuEventRecord`, and with
+/// `end_inside`, ended right after it.
+fn capture_race(end_inside: bool) {
+    let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+    let stream = Stream::new(&context).unwrap();
+    let raw = SendStream::of(&stream);
+    let graph: Arc<Mutex<Option<usize>>> = Arc::default();
+    fake().set_hook("cuEventRecord", 1, move || {
+        std::thread::spawn(move || {
+            begin_capture(
+                raw.raw(),
+                CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        })
+        .join()
+        .unwrap();
+    });
+    if end_inside {
+        let out = Arc::clone(&graph);
+        fake().set_hook_after("cuEventRecord", 1, move || {
+            let g = end_capture(raw.raw()).unwrap();
+            *out.lock().unwrap() = Some(g.addr());
+        });
+    }
+    let drops = Drops::new();
+    let result = release_after(&stream, drops.owner());
+    if end_inside {
+        result.expect("the call cannot see a capture that began and ended inside it");
+    } else {
+        assert!(
+            matches!(result, Err(Error::CaptureActive { .. })),
+            "{result:?}"
+        );
+        let g =
+            end_capture(stream.raw()).expect("the capture survived: its event was never queried");
+        *graph.lock().unwrap() = Some(g.addr());
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    flush(PATIENCE).unwrap();
+    assert_eq!(drops.dropped(), 0, "never early");
+    assert_eq!(context.pending_launches(), 1);
+    if let Some(g) = graph.lock().unwrap().take() {
+        destroy_graph(std::ptr::with_exposed_provenance_mut(g));
+    }
+    drop(stream);
+    // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
+    let reclaimed = unsafe { context.reset() }.unwrap();
+    assert_eq!(reclaimed, 1);
+    drops.wait_dropped(1);
+    assert_eq!(pending_launches(None), 0);
+}
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut future = std::pin::pin!(future);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "a future never resolved");
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+}

@@ -1,0 +1,337 @@
+//! Two devices in one process, on the fake driver (`FAKE_CUDA_DEVICES=2`): one primary context and
+//! one driver thread per device. Launches of every kind from 8 threads on streams of both devices;
+//! an owner of one device released after a host function of the other; a lost context on device 1
+//! while device 0 goes on; a global-mode capture on device 0 while device 1's owners are released.
+//! Each test runs in a process of its own (two devices, holds and faults are process-wide).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cuda_host_launch::{
+    Device, Graph, PrimaryContext, Stream, add_host_node, flush, host_launch, launch_host_function,
+    pending_launches, release_after,
+};
+use cuda_sys::types::{CUresult, CUstreamCaptureMode};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{
+    DropCounts, Drops, ThreadSet, fake, fake_driver_path, load_fake_driver, thread_id,
+};
+
+const PATIENCE: Duration = Duration::from_secs(10);
+const THREADS: usize = 8;
+const PER_DEVICE: usize = 20_000;
+
+/// Both devices' primary contexts.
+fn contexts() -> [Arc<PrimaryContext>; 2] {
+    load_fake_driver();
+    [0, 1].map(|d| PrimaryContext::retain(Device::get(d).unwrap()).unwrap())
+}
+
+/// What an owner's `Drop` saw when it freed its buffer: the result and its thread.
+type Freed = Arc<Mutex<Option<(Result<(), String>, u64)>>>;
+
+/// Threads that ran host functions (the driver's), and threads that dropped owners.
+static RAN_ON: ThreadSet = ThreadSet::new();
+static DROPPED_ON: ThreadSet = ThreadSet::new();
+
+/// An owner that notes its dropping thread and counts its drop.
+struct Noted(
+    #[allow(dead_code, reason = "dropped for its count")] cuda_workspace::testing::CountedOwner,
+);
+
+impl Drop for Noted {
+    fn drop(&mut self) {
+        DROPPED_ON.insert_current();
+    }
+}
+
+unsafe extern "C" fn note_run(_: *mut std::ffi::c_void) {
+    RAN_ON.insert_current();
+}
+
+isolated_test! {
+    /// 8 threads, each with a stream on each device, launch C functions with owners, closures and
+    /// releases through events, and each device gets a graph of host nodes launched many times:
+    /// every function ran, in order per stream; every owner dropped once; no owner dropped on a
+    /// thread that ran host functions.
+    fn launches_of_every_kind_on_two_devices_from_8_threads(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let per_thread = PER_DEVICE / THREADS;
+        let counts = DropCounts::new(2 * THREADS * per_thread);
+        let out_of_order = Arc::new(AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (contexts, out_of_order) = (&contexts, Arc::clone(&out_of_order));
+                s.spawn(move || {
+                    let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
+                    let next = [0, 1].map(|_| Arc::new(AtomicUsize::new(0)));
+                    for i in 0..per_thread {
+                        for d in 0..2 {
+                            let index = (d * THREADS + t) * per_thread + i;
+                            let owner = Noted(counts.owner(index));
+                            match i % 3 {
+                                // SAFETY: `note_run` touches a static set only.
+                                0 => unsafe {
+                                    launch_host_function(&streams[d], Some(note_run), std::ptr::null_mut(), owner)
+                                }
+                                .unwrap(),
+                                1 => {
+                                    let (next, late) = (Arc::clone(&next[d]), Arc::clone(&out_of_order));
+                                    host_launch(&streams[d], move || {
+                                        let _keep = &owner;
+                                        RAN_ON.insert_current();
+                                        // Closures of a stream run in their launch order.
+                                        if next.fetch_add(1, Ordering::SeqCst) != i / 3 {
+                                            late.fetch_add(1, Ordering::SeqCst);
+                                        }
+                                    })
+                                    .unwrap();
+                                }
+                                _ => release_after(&streams[d], owner).unwrap(),
+                            }
+                        }
+                    }
+                    for stream in &streams {
+                        stream.synchronize().unwrap();
+                    }
+                });
+            }
+        });
+        // A graph of host nodes per device, launched 100 times.
+        let node_runs = Arc::new(AtomicUsize::new(0));
+        for context in &contexts {
+            let stream = Stream::new(context).unwrap();
+            let graph = Graph::new().unwrap();
+            let runs = Arc::clone(&node_runs);
+            let first = add_host_node(&graph, &[], move || {
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+            let runs = Arc::clone(&node_runs);
+            add_host_node(&graph, &[first], move || {
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+            let exec = graph.instantiate().unwrap();
+            for _ in 0..100 {
+                exec.launch(&stream).unwrap();
+            }
+            stream.synchronize().unwrap();
+        }
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while pending_launches(None) > 0 {
+            assert!(std::time::Instant::now() < deadline, "releases still pending");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        flush(PATIENCE).unwrap();
+        assert_eq!(node_runs.load(Ordering::SeqCst), 2 * 2 * 100);
+        assert_eq!((counts.never(), counts.more_than_once()), (0, 0));
+        assert_eq!(out_of_order.load(Ordering::SeqCst), 0, "closures in stream order");
+        let driver_threads = RAN_ON.ids();
+        assert_eq!(driver_threads.len(), 2, "one driver thread per device's context");
+        assert!(DROPPED_ON.common(&RAN_ON).is_empty(), "an owner dropped on a driver thread");
+        for context in &contexts {
+            assert_eq!(context.pending_launches(), 0);
+        }
+    }
+
+    /// A host function on device 0 owns device 1's memory: the owner's `Drop` frees it (binding
+    /// device 1's context itself, as a binding's buffer does) off the driver's thread, with no error.
+    fn an_owner_of_device_1_memory_after_a_host_function_of_device_0(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let driver = cuda_sys::driver().unwrap();
+        contexts[1].set_current().unwrap();
+        let mut buffer = 0;
+        // SAFETY: a valid out-pointer; device 1's context is current.
+        unsafe { driver.cuMemAlloc(&mut buffer, 4096) }.unwrap();
+        contexts[0].set_current().unwrap();
+        let freed: Freed = Arc::default();
+        struct Device1Buffer {
+            context: Arc<PrimaryContext>,
+            buffer: cuda_sys::types::CUdeviceptr,
+            freed: Freed,
+        }
+        impl Drop for Device1Buffer {
+            fn drop(&mut self) {
+                let driver = cuda_sys::driver().unwrap();
+                let result = self.context.set_current().map_err(|e| e.to_string()).and_then(|()| {
+                    // SAFETY: device 1's allocation, freed once, its context current.
+                    unsafe { driver.cuMemFree(self.buffer) }.map_err(|e| e.to_string())
+                });
+                *self.freed.lock().unwrap() = Some((result, thread_id()));
+            }
+        }
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let owner = Device1Buffer {
+            context: Arc::clone(&contexts[1]),
+            buffer,
+            freed: Arc::clone(&freed),
+        };
+        let ran = Arc::new(ThreadSet::new());
+        let on = Arc::clone(&ran);
+        host_launch(&stream, move || {
+            let _keep = &owner;
+            on.insert_current();
+        })
+        .unwrap();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        let (result, thread) = freed.lock().unwrap().clone().expect("the owner was dropped");
+        assert_eq!(result, Ok(()));
+        assert!(!ran.ids().contains(&thread), "freed on the driver's thread");
+    }
+
+    /// A sticky error on device 1 with launches pending on both devices: device 0's run and are
+    /// released throughout; device 1's stay pending (counted per context) until its reset, which
+    /// releases each once.
+    fn a_lost_context_on_device_1_leaves_device_0_untouched(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
+        let drops = [Drops::new(), Drops::new()];
+        let holds = [0, 1].map(|d| fake().hold_stream(streams[d].raw()));
+        for d in 0..2 {
+            for _ in 0..50 {
+                let owner = drops[d].owner();
+                host_launch(&streams[d], move || {
+                    let _keep = &owner;
+                })
+                .unwrap();
+                release_after(&streams[d], drops[d].owner()).unwrap();
+            }
+        }
+        assert_eq!(contexts[0].pending_launches(), 100);
+        assert_eq!(contexts[1].pending_launches(), 100);
+        assert_eq!(fake().poison_context(contexts[1].raw()), CUresult::CUDA_SUCCESS);
+        for hold in holds {
+            fake().release_hold(hold);
+        }
+        drops[0].wait_dropped(100);
+        assert_eq!(contexts[0].pending_launches(), 0);
+        std::thread::sleep(Duration::from_millis(50));
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops[1].dropped(), 0, "device 1's work never completes");
+        assert_eq!(contexts[1].pending_launches(), 100);
+        // Device 0 goes on meanwhile.
+        let more = Drops::new();
+        for _ in 0..10 {
+            release_after(&streams[0], more.owner()).unwrap();
+        }
+        more.wait_dropped(10);
+        let [stream0, stream1] = streams;
+        drop(stream1);
+        // SAFETY: device 1's only stream is dropped; nothing made in its context is used after.
+        let reclaimed = unsafe { contexts[1].reset() }.unwrap();
+        assert_eq!(reclaimed, 100);
+        drops[1].wait_dropped(100);
+        assert_eq!(pending_launches(None), 0);
+        stream0.synchronize().unwrap();
+    }
+
+    /// A global-mode capture on device 0 while device 1's owners are released (dropped by the
+    /// reaper, completed by the poller): the capture survives.
+    fn a_global_capture_on_device_0_survives_device_1_releases(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let driver = cuda_sys::driver().unwrap();
+        let captured = Stream::new(&contexts[0]).unwrap();
+        let work = Stream::new(&contexts[1]).unwrap();
+        let drops = Drops::new();
+        let hold = fake().hold_stream(work.raw());
+        for _ in 0..20 {
+            let owner = drops.owner();
+            host_launch(&work, move || {
+                let _keep = &owner;
+            })
+            .unwrap();
+            release_after(&work, drops.owner()).unwrap();
+        }
+        // SAFETY: a live stream of device 0.
+        unsafe {
+            driver.cuStreamBeginCapture(
+                captured.raw(),
+                CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            )
+        }
+        .unwrap();
+        host_launch(&captured, || {}).expect_err("a run-once launch is refused on a capturing stream");
+        fake().release_hold(hold);
+        drops.wait_dropped(40);
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the capturing stream; a valid out-pointer.
+        let ended = unsafe { driver.cuStreamEndCapture(captured.raw(), &mut graph) };
+        assert!(ended.is_ok(), "the capture on device 0 survived: {ended:?}");
+        // SAFETY: the graph the capture made, destroyed once.
+        unsafe { driver.cuGraphDestroy(graph) }.unwrap();
+    }
+
+    /// On the reaper thread, each launch's owners are dropped with the launch's context current,
+    /// whatever the owner dropped before it left current (a binding's buffer binds its own): owners
+    /// of both devices' launches, interleaved, each checking the current context in its `Drop`,
+    /// every other one switching to the other device's context first.
+    fn owners_are_dropped_with_their_launchs_context_current_on_the_reaper(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
+        let holds = [0, 1].map(|d| fake().hold_stream(streams[d].raw()));
+        let seen: Arc<Mutex<Vec<(usize, usize, bool)>>> = Arc::default();
+        struct ContextCheck {
+            own: usize,
+            other: Arc<PrimaryContext>,
+            switch: bool,
+            seen: Arc<Mutex<Vec<(usize, usize, bool)>>>,
+        }
+        impl Drop for ContextCheck {
+            fn drop(&mut self) {
+                let driver = cuda_sys::driver().unwrap();
+                let mut current = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                unsafe { driver.cuCtxGetCurrent(&mut current) }.unwrap();
+                let reaper = std::thread::current().name() == Some("cuda-host-launch-reaper");
+                self.seen.lock().unwrap().push((self.own, current.addr(), reaper));
+                if self.switch {
+                    self.other.set_current().unwrap();
+                }
+            }
+        }
+        for i in 0..40 {
+            for d in 0..2 {
+                let owner = ContextCheck {
+                    own: contexts[d].raw().addr(),
+                    other: Arc::clone(&contexts[1 - d]),
+                    switch: i % 2 == 0,
+                    seen: Arc::clone(&seen),
+                };
+                host_launch(&streams[d], move || {
+                    let _keep = &owner;
+                })
+                .unwrap();
+            }
+        }
+        for hold in holds {
+            fake().release_hold(hold);
+        }
+        for stream in &streams {
+            stream.synchronize().unwrap();
+        }
+        flush(PATIENCE).unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 80);
+        assert!(seen.iter().all(|e| e.2), "dropped by the reaper");
+        let wrong: Vec<_> = seen.iter().filter(|e| e.0 != e.1).collect();
+        assert!(wrong.is_empty(), "{} of 80 owners dropped in another context: {wrong:?}", wrong.len());
+    }
+}
