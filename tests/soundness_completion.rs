@@ -391,10 +391,14 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         let (tx, rx) = mpsc::channel();
         let owner = FlushingOwner(tx);
+        // Held until the launch returned: else its own drain (manual mode) may find the host
+        // function already run and release the owner itself.
+        let hold = fake().hold_stream(stream.raw());
         host_launch(&stream, move || {
             let _keep = &owner;
         })
         .unwrap();
+        fake().release_hold(hold);
         stream.synchronize().unwrap();
         assert_eq!(cuda_host_launch::drain(), 1);
         assert_refused_at_once(rx.try_recv().expect("the owner was dropped by the drain"));
