@@ -338,6 +338,62 @@ isolated_test! {
     }
 }
 
+isolated_test! {
+    /// A reset that fails leaves the context as it was: its pending releases still complete
+    /// once their stream gets there.
+    fn a_failed_reset_leaves_pending_releases_to_complete(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw());
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        fake().set_fault("cuDevicePrimaryCtxReset", 1, 999);
+        // SAFETY: nothing else uses the context while the reset runs (which fails anyway).
+        let reset = unsafe { context.reset() };
+        fake().clear_faults();
+        assert!(reset.is_err(), "{reset:?}");
+        fake().release_hold(hold);
+        stream.synchronize().unwrap();
+        drops.wait_dropped(1);
+        assert_eq!(context.pending_launches(), 0);
+    }
+
+    /// At exit, once the driver is torn down, the event poller makes no driver call: a callback
+    /// is pending (its stream held, the poller spinning) when `main` returns, and an exit handler
+    /// registered before the driver's asks the fake how many calls came after its teardown.
+    fn the_poller_makes_no_driver_call_after_the_drivers_teardown_at_exit(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        // SAFETY: a plain `extern "C"` handler; handlers run in reverse order, so this one runs
+        // after the driver's teardown (registered later, by the driver's load).
+        unsafe { libc::atexit(calls_after_teardown_at_exit) };
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings::LOW_LATENCY);
+        let _hold = fake().hold_stream(stream.raw());
+        spawn_after(&stream, || {}).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        std::mem::forget(stream);
+    }
+}
+
+/// The exit check of the test above: fails the process (exit status 3) if the fake saw a call
+/// after its teardown.
+extern "C" fn calls_after_teardown_at_exit() {
+    if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    if fake().calls_after_teardown() != 0 {
+        eprintln!(
+            "{} driver calls after the teardown",
+            fake().calls_after_teardown()
+        );
+        // SAFETY: ends the process at once, as the failing verdict.
+        unsafe { libc::_exit(3) };
+    }
+}
+
 /// See the two tests above: a capture begun by another thread inside `cuEventRecord`, and with
 /// `end_inside`, ended right after it.
 fn capture_race(end_inside: bool) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cuda_host_launch::{
     Device, Graph, PrimaryContext, Stream, add_host_node, flush, host_launch, launch_host_function,
-    pending_launches, release_after,
+    pending_launches, release_after, spawn_after,
 };
 use cuda_sys::types::{CUresult, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
@@ -276,11 +276,11 @@ isolated_test! {
         unsafe { driver.cuGraphDestroy(graph) }.unwrap();
     }
 
-    /// On the reaper thread, each launch's owners are dropped with the launch's context current,
-    /// whatever the owner dropped before it left current (a binding's buffer binds its own): owners
-    /// of both devices' launches, interleaved, each checking the current context in its `Drop`,
-    /// every other one switching to the other device's context first.
-    fn owners_are_dropped_with_their_launchs_context_current_on_the_reaper(
+    /// On the reaper thread, each launch's owners are dropped with no context current, whatever
+    /// the owner dropped before it left current (a binding's buffer binds its own and leaves it):
+    /// owners of both devices' launches, interleaved, each checking the current context in its
+    /// `Drop`, every other one switching to the other device's context after.
+    fn owners_are_dropped_with_no_context_left_current_by_an_earlier_owner(
         FAKE_CUDA_DEVICES = "2",
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -331,7 +331,56 @@ isolated_test! {
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 80);
         assert!(seen.iter().all(|e| e.2), "dropped by the reaper");
-        let wrong: Vec<_> = seen.iter().filter(|e| e.0 != e.1).collect();
-        assert!(wrong.is_empty(), "{} of 80 owners dropped in another context: {wrong:?}", wrong.len());
+        let wrong: Vec<_> = seen.iter().filter(|e| e.1 != 0).collect();
+        assert!(wrong.is_empty(), "{} of 80 owners dropped with a context current: {wrong:?}", wrong.len());
     }
+
+    /// Callbacks run with their stream's context current, even after a callback made another
+    /// context current (as one that frees a device-1 buffer does): the next device-0 callback sees
+    /// device 0's, and a release it makes on the legacy stream lands on device 0's.
+    fn a_callback_binding_another_context_leaves_the_next_callback_in_its_own(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let (other, out) = (Arc::clone(&contexts[1]), Arc::clone(&seen));
+        spawn_after(&stream, move || {
+            out.lock().unwrap().push(current_context());
+            other.set_current().unwrap();
+        })
+        .unwrap();
+        // Device 0's legacy stream is held: a release there must wait.
+        contexts[0].set_current().unwrap();
+        let hold = fake().hold_stream(cuda_sys::CU_STREAM_LEGACY);
+        let drops = Drops::new();
+        let (out, owner) = (Arc::clone(&seen), drops.owner());
+        spawn_after(&stream, move || {
+            out.lock().unwrap().push(current_context());
+            release_after(cuda_host_launch::RawStream::LEGACY, owner).unwrap();
+        })
+        .unwrap();
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while seen.lock().unwrap().len() < 2 {
+            assert!(std::time::Instant::now() < deadline, "the callbacks did not run");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        flush(PATIENCE).unwrap();
+        let device0 = contexts[0].raw().addr();
+        assert_eq!(*seen.lock().unwrap(), [device0, device0], "each callback in its stream's context");
+        assert_eq!(drops.dropped(), 0, "released while device 0's legacy stream was held");
+        fake().release_hold(hold);
+        drops.wait_dropped(1);
+    }
+}
+
+/// The calling thread's current context (0 for none).
+fn current_context() -> usize {
+    let driver = cuda_sys::driver().unwrap();
+    let mut current = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    unsafe { driver.cuCtxGetCurrent(&mut current) }.unwrap();
+    current.addr()
 }

@@ -42,6 +42,8 @@ pub use crate::transport::event::{PollerSettings, poller_settings, set_poller_se
 /// - The driver's errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and
 ///   creating events), [`Error::InsideHostFunction`] inside a host function. On these the owners
 ///   are dropped before returning, on the calling thread.
+/// - [`Error::ReaperSpawn`] if the poller thread could not be started: the release was accepted
+///   all the same (do not repeat it) and completes once a later call starts the poller.
 ///
 /// # Examples
 /// ```no_run

@@ -52,49 +52,46 @@ pub(crate) fn release_here_or_defer(header: NonNull<RecordHeader>) {
     }
 }
 
-/// The reaper's current context: each launch's owners are dropped with the launch's context
-/// current (as its host function ran), whatever an earlier owner's `Drop` made current (a
-/// binding's buffer binds its own context). Only on the reaper, this crate's own thread: a thread
-/// that drains in manual mode is the user's, whose current context is theirs.
+/// The reaper's current context, kept at none: a launch's owners are dropped with no context
+/// current on the reaper, whatever an earlier owner's `Drop` made current (a binding's buffer
+/// binds its own context, and leaves it current). Only on the reaper, this crate's own thread: a
+/// thread that drains in manual mode is the user's, whose current context is theirs.
+///
+/// None rather than the launch's context: that handle may be dead by now (a context the user
+/// created and destroyed after the host function ran), and a dead handle must not reach the
+/// driver; `cuCtxSetCurrent(NULL)` is always sound. Owners that need a context bind their own.
+#[derive(Default)]
 pub(crate) struct ReaperContext {
-    current: usize,
-}
-
-/// Not a context handle: the next launch's context is set whatever is current.
-const UNKNOWN: usize = usize::MAX;
-
-impl Default for ReaperContext {
-    fn default() -> Self {
-        ReaperContext { current: UNKNOWN }
-    }
+    /// Whether the thread's current context is known to be none.
+    clear: bool,
 }
 
 impl ReaperContext {
-    /// Makes `context` current unless it is already.
-    fn enter(&mut self, driver: &cuda_sys::Driver, context: usize) {
-        if context != self.current {
-            // SAFETY: the context of a launch that ran; if it has been destroyed since, the
-            // driver refuses the handle and the thread's context stays as it was.
-            if unsafe { driver.cuCtxSetCurrent(std::ptr::with_exposed_provenance_mut(context)) }
-                .is_ok()
-            {
-                self.current = context;
-            }
+    /// Before a launch's owners are dropped: no context current.
+    fn enter(&mut self, driver: &cuda_sys::Driver) {
+        if !self.clear {
+            self.clear_now(driver);
         }
     }
 
     /// After a drop that was not looked after: what is current is not known.
     fn forget(&mut self) {
-        self.current = UNKNOWN;
+        self.clear = false;
     }
 
-    /// After an owner's `Drop`: what is current now.
+    /// After a launch's owners were dropped: none current again, if their `Drop` made one so.
     fn after_drop(&mut self, driver: &cuda_sys::Driver) {
+        self.clear_now(driver);
+    }
+
+    fn clear_now(&mut self, driver: &cuda_sys::Driver) {
         let mut now = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
-        self.current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
-            Ok(()) => now.expose_provenance(),
-            Err(_) => 0,
+        self.clear = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
+            Ok(()) if now.is_null() => true,
+            // SAFETY: clearing the calling thread's current context is always allowed.
+            Ok(()) => unsafe { driver.cuCtxSetCurrent(std::ptr::null_mut()) }.is_ok(),
+            Err(_) => false,
         };
     }
 }
@@ -103,14 +100,14 @@ impl ReaperContext {
 /// panic its host function had, then drops its owners and frees it, catching a panic from an
 /// owner's `Drop`.
 fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperContext>) {
-    let ran_in = tickets::forget(header);
+    let ran = tickets::forget(header);
     // Only for a launch that ran: other records (deferred drops, graphs' records, reclaimed
     // launches) make no driver call here, and leave what is current unknown.
-    let driver = ran_in.and(cuda_sys::Driver::get());
+    let driver = if ran { cuda_sys::Driver::get() } else { None };
     if let Some(reaper) = context.as_deref_mut() {
-        match (ran_in, driver) {
-            (Some(ran_in), Some(driver)) => reaper.enter(driver, ran_in),
-            _ => reaper.forget(),
+        match driver {
+            Some(driver) => reaper.enter(driver),
+            None => reaper.forget(),
         }
     }
     // SAFETY: the caller owns the live record.

@@ -100,7 +100,10 @@ impl PrimaryContext {
     ///
     /// Launches of this crate that race the reset are released exactly once whatever happens (a
     /// reclaim never takes a launch whose launch call has not returned), but a launch the driver
-    /// accepted just before the reset may then never be released, if the reset discards it.
+    /// accepted just before the reset may then never be released, if the reset discards it. The
+    /// event poller queries nothing while the reset runs, but a [`spawn_after`](crate::spawn_after)
+    /// callback whose stream got there just before may still be running on it, and finds the
+    /// context gone if it calls CUDA.
     ///
     /// # Errors
     /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
@@ -110,12 +113,14 @@ impl PrimaryContext {
         let driver = cuda_sys::driver()?;
         let old = self.raw();
         let reset = primary_reset(driver)?;
-        // The event poller never queries an event of the old context again (the reset destroys
-        // them): its entries stay pending, for the reclaim below.
-        crate::transport::event::forget_context(old);
-        // SAFETY: a valid device handle.
-        let code = unsafe { reset(self.device.raw()) };
-        driver.check(code, "cuDevicePrimaryCtxReset")?;
+        // The event poller queries nothing while the reset runs, and never an event of the old
+        // context after it (the reset destroys them): their entries stay pending, for the
+        // reclaim below. A failed reset forgets nothing.
+        crate::transport::event::around_reset(old, || {
+            // SAFETY: a valid device handle.
+            let code = unsafe { reset(self.device.raw()) };
+            driver.check(code, "cuDevicePrimaryCtxReset")
+        })?;
         // SAFETY: the reset has returned: the driver will not run the old context's pending host
         // functions any more (it ran them first, or discards them after a sticky error).
         let reclaimed = unsafe { crate::transport::reclaim(old) };

@@ -77,6 +77,30 @@ impl Drop for Releasing {
     }
 }
 
+/// Driver work of one of this crate's own threads that runs users' code but releases no record
+/// (the event poller's queries and callbacks): the exit handler waits for it as for a release,
+/// and it does not start once the process is exiting. Unlike [`begin_releasing`] it does not mark
+/// the thread as releasing (a callback may `flush`: the reaper releases, not this thread).
+pub(crate) struct DriverWork(());
+
+/// Begins driver work, unless the process is exiting.
+#[inline]
+pub(crate) fn begin_driver_work() -> Option<DriverWork> {
+    // The same SeqCst pair as `begin_releasing`'s.
+    RELEASING.fetch_add(1, Ordering::SeqCst);
+    if CLOSED.load(Ordering::SeqCst) {
+        RELEASING.fetch_sub(1, Ordering::SeqCst);
+        return None;
+    }
+    Some(DriverWork(()))
+}
+
+impl Drop for DriverWork {
+    fn drop(&mut self) {
+        RELEASING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// For the reaper, before each batch: registers the exit handler once the driver is loaded (so it
 /// runs before the driver's teardown), and once the process is exiting, parks the calling thread
 /// for good instead of returning.

@@ -204,9 +204,19 @@ fn thread_number() -> u64 {
         .unwrap_or_else(|_| NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Forgets everything of `context` before it is reset: the poller never queries its events again
-/// (the reset destroys them), and its pool's retain is released. Their records stay pending, for
-/// the reclaim after the reset.
+/// Forgets everything of `context`, which was destroyed or reset: the poller never queries its
+/// events again, and its pool's retain is released. Their records stay pending, for the reclaim.
 pub(crate) fn forget_context(context: CUcontext) {
     poller::forget_context(context.addr());
+}
+
+/// Runs `reset` (a reset of the primary context `context`) while the poller queries nothing, and
+/// if it succeeds forgets the context before the poller looks again (the reset destroyed its
+/// events; their records stay pending, for the reclaim). If it fails, nothing is forgotten: the
+/// context lives on and its events still complete.
+pub(crate) fn around_reset<T, E>(
+    context: CUcontext,
+    reset: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    poller::around_reset(context.addr(), reset)
 }

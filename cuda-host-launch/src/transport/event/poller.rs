@@ -28,6 +28,7 @@ use crate::record::layout::{Op, RecordHeader};
 use crate::record::ticket_id::TicketId;
 use crate::record::tickets;
 use crate::support::error::Error;
+use crate::support::exit_gate;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::transport::low_latency::{add_poller_cpu_time, thread_cpu_time};
 
@@ -124,7 +125,24 @@ pub(super) fn wake_or_start(shared: &mut Shared) -> Result<(), Error> {
 
 /// See [`super::forget_context`].
 pub(super) fn forget_context(context: usize) {
+    forget_locked(&mut queues(), context);
+}
+
+/// See [`super::around_reset`].
+pub(super) fn around_reset<T, E>(
+    context: usize,
+    reset: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    // The poller queries only with this lock held: while the reset runs, it queries nothing.
     let mut queues = queues();
+    let result = reset();
+    if result.is_ok() {
+        forget_locked(&mut queues, context);
+    }
+    result
+}
+
+fn forget_locked(queues: &mut Queues, context: usize) {
     queues.by_stream.retain(|&(c, _, _), _| c != context);
     let mut shared = shared();
     shared.incoming.retain(|entry| entry.context != context);
@@ -220,8 +238,9 @@ fn complete(driver: &cuda_sys::Driver, ticket: TicketId, context: usize, current
     };
     if *current != context {
         // Callbacks may call CUDA: in the stream's context.
-        // SAFETY: the context is retained by its pool while the entry waited; a failure (a reset
-        // meanwhile) leaves the thread's context as it was.
+        // SAFETY: a primary context, retained by its pool while the entry waited; a reset since
+        // (its handle then dead: measured, the driver refuses it) leaves the thread's context as
+        // it was.
         if unsafe { driver.cuCtxSetCurrent(ptr::with_exposed_provenance_mut(context)) }.is_ok() {
             *current = context;
         }
@@ -229,6 +248,14 @@ fn complete(driver: &cuda_sys::Driver, ticket: TicketId, context: usize, current
     // SAFETY: the claim above makes the record ours to run, once, on this thread; its payload is
     // sound to run here (the enqueue's contract).
     unsafe { RecordHeader::dispatch(header, Op::Run) };
+    // A callback (or a waker) may have made another context current: read it back, so the next
+    // entry's is set again if it differs.
+    let mut now = ptr::null_mut();
+    // SAFETY: a valid out-pointer.
+    *current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
+        Ok(()) => now.expose_provenance(),
+        Err(_) => 0,
+    };
     if slot.state.run_over(ticket.generation(), claim) {
         // SAFETY: ownership passes to the cleanup queue.
         unsafe { release::push(header) };
@@ -252,6 +279,12 @@ fn poll_loop() {
     let mut idle_since: Option<Instant> = None;
     let released = loop {
         let settings = poller_settings();
+        // Once the process is exiting this thread parks for good (no query after the driver's
+        // teardown); until then the exit handler waits for the round in progress.
+        exit_gate::arm_or_stop();
+        let Some(work) = exit_gate::begin_driver_work() else {
+            continue;
+        };
         let mut queues = queues();
         {
             let mut shared = shared();
@@ -298,6 +331,7 @@ fn poll_loop() {
         for entry in done.drain(..) {
             complete(driver, entry.ticket, entry.context, &mut current_context);
         }
+        drop(work);
         let used = thread_cpu_time().saturating_sub(cpu_start);
         add_poller_cpu_time(used.saturating_sub(cpu_counted));
         cpu_counted = used;
