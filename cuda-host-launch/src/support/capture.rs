@@ -60,6 +60,18 @@ pub(crate) fn capture_of(driver: &cuda_sys::Driver, stream: CUstream) -> Result<
     Ok(Capture::Active { id, graph })
 }
 
+/// The second look of an enqueue that the driver cannot make atomic with its first (a flag write,
+/// an event record): whether a capture another thread began since the first look may have taken
+/// what was just enqueued on `stream`. `Some` with the error to return if so; an unknown state
+/// (the query failed) counts as captured.
+pub(crate) fn captured_since(driver: &cuda_sys::Driver, stream: CUstream) -> Option<Error> {
+    match capture_of(driver, stream) {
+        Ok(Capture::None) => None,
+        Ok(Capture::Active { id, .. }) => Some(capture_active(stream, id)),
+        Err(e) => Some(e),
+    }
+}
+
 /// The graph `stream` captures into, on drivers 11.3–12.2 where the table's (12.3) signature of
 /// `cuStreamGetCaptureInfo` is not available: the table's 11.3 variant, `cuStreamGetCaptureInfo_v2`
 /// (gated: `DriverTooOld` below 11.3, where only the 10.1 signature exists).

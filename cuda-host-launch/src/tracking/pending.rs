@@ -16,7 +16,9 @@ use std::ptr::NonNull;
 use cuda_sys::types::CUcontext;
 
 use crate::reaper::release;
+use crate::record::launch_state::Claim;
 use crate::record::layout::RecordHeader;
+use crate::record::ticket_id::TicketId;
 use crate::record::tickets::{self, HeldTicket};
 use crate::support::error::Error;
 
@@ -36,6 +38,31 @@ pub(crate) unsafe fn track(
 ) -> Result<HeldTicket, Error> {
     // SAFETY: the caller's promise.
     unsafe { tickets::track(header, context) }.ok_or(Error::TooManyPendingLaunches)
+}
+
+/// Runs the launch of ticket `id` once, if this call wins it: claims it (one compare-and-swap, which
+/// a reclaim races; a call of another generation, such as a replay of a graph that captured a
+/// run-once launch, finds nothing to claim and touches only the ticket), hands its record to `run`,
+/// then queues the record for release, unless its launcher still holds it (see
+/// `record::launch_state`). Takes no lock and allocates nothing: the trampoline's path on the
+/// driver's thread, and the event poller's.
+#[inline(always)]
+pub(crate) fn run_launch(id: TicketId, run: impl FnOnce(NonNull<RecordHeader>)) {
+    let Some(ticket) = tickets::ticket(id.index()) else {
+        return;
+    };
+    let Claim::Run(claim) = ticket.state.claim_run(id.generation()) else {
+        return;
+    };
+    let Some(header) = ticket.record() else {
+        return;
+    };
+    // The claim makes the launch's live record this call's to run, once.
+    run(header);
+    if ticket.state.run_over(id.generation(), claim) {
+        // SAFETY: ownership passes to the cleanup queue (no one else holds the record any more).
+        unsafe { release::push(header) };
+    }
 }
 
 /// Takes every pending (never run) launch of `context` and hands its record to the cleanup queue,

@@ -14,11 +14,10 @@ use super::user_object::GraphOwnedRecord;
 use crate::reaper::mode::CleanupMode;
 use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::{self, release};
-use crate::record::launch_state::{Claim, LaunchOver};
+use crate::record::launch_state::LaunchOver;
 use crate::record::layout::{Op, RecordHeader, SharedPayload};
 use crate::record::payload::PanicCarrier;
 use crate::record::ticket_id::TicketId;
-use crate::record::tickets;
 use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
 use crate::support::error::Error;
 use crate::support::host_thread::{HostFunctionScope, refuse_inside_host_function};
@@ -127,28 +126,14 @@ pub(crate) unsafe extern "C" fn trampoline(user_data: *mut c_void) {
     let Some(id) = TicketId::from_user_data(user_data) else {
         return;
     };
-    let Some(ticket) = tickets::ticket(id.index()) else {
-        return;
-    };
     // A call of a launch that ran already, was reclaimed, or is over (a replay of a graph that
-    // captured a run-once launch, after the first) is not this call's to run: it touches nothing
-    // but the ticket, which is never freed.
-    let Claim::Run(claim) = ticket.state.claim_run(id.generation()) else {
-        return;
-    };
-    let Some(header) = ticket.record() else {
-        return;
-    };
-    {
+    // captured a run-once launch, after the first) is not this call's to run.
+    pending::run_launch(id, |header| {
         let _scope = HostFunctionScope::enter();
-        // SAFETY: the claim above makes the launch's live record ours to run, once, on this
-        // thread.
+        // SAFETY: `run_launch` hands the launch's live record claimed for this call, to run once
+        // on this thread.
         unsafe { RecordHeader::dispatch(header, Op::Run) };
-    }
-    if ticket.state.run_over(id.generation(), claim) {
-        // SAFETY: ownership passes to the cleanup queue (no one else holds the record any more).
-        unsafe { release::push(header) };
-    }
+    });
 }
 
 /// The host function for repeatable records: runs the payload and keeps the record (its graph owns

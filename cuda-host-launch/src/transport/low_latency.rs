@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use cuda_sys::types::{CUcontext, CUdeviceptr};
 
 use super::completion_state::CompletionState;
-use crate::support::capture::{Capture, capture_active, capture_of};
+use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
@@ -189,12 +189,7 @@ pub(crate) fn register(
         return Err(e.into());
     }
     // A capture begun by another thread since the look above took the write into its graph.
-    let captured = match capture_of(driver, raw) {
-        Ok(Capture::None) => None,
-        Ok(Capture::Active { id, .. }) => Some(capture_active(raw, id)),
-        // Unknown: taken as captured.
-        Err(e) => Some(e),
-    };
+    let captured = captured_since(driver, raw);
     if let Some(error) = captured {
         // The slot is the graph's for good.
         CAPTURED_SLOTS

@@ -46,7 +46,9 @@ use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::{self, release};
 use crate::record::launch_state::LaunchOver;
 use crate::record::ticket_id::TicketId;
-use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
+use crate::support::capture::{
+    Capture, capture_active, capture_graph_legacy, capture_of, captured_since,
+};
 use crate::support::error::Error;
 use crate::support::host_thread::refuse_inside_host_function;
 use crate::support::raw_stream::{AsRawStream, context_of};
@@ -156,12 +158,7 @@ pub(crate) unsafe fn enqueue(
         return Err(cuda_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
     }
     // A capture another thread began since the first look may hold the event.
-    let captured = match capture_of(driver, stream) {
-        Ok(Capture::None) => None,
-        Ok(Capture::Active { id, .. }) => Some(capture_active(stream, id)),
-        // Unknown: taken as captured.
-        Err(e) => Some(e),
-    };
+    let captured = captured_since(driver, stream);
     let ticket_id = ticket.id;
     // The poller (or a reclaim) owns it from here. Nothing else can have claimed it meanwhile (the
     // poller has not seen it yet), but the protocol is followed all the same.

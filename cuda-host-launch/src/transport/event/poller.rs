@@ -22,14 +22,12 @@ use std::time::{Duration, Instant};
 use cuda_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Shared, shared};
-use crate::reaper::release;
-use crate::record::launch_state::Claim;
 use crate::record::layout::{Op, RecordHeader};
 use crate::record::ticket_id::TicketId;
-use crate::record::tickets;
 use crate::support::error::Error;
 use crate::support::exit_gate;
 use crate::support::relaxed_capture::enter_relaxed_mode;
+use crate::tracking::pending;
 use crate::transport::low_latency::{add_poller_cpu_time, thread_cpu_time};
 
 /// How the event poller waits (see the module's docs). [`set_poller_settings`] changes them for the
@@ -227,39 +225,27 @@ fn scan(
 /// Completes one entry's record on this thread, as the trampoline would on the driver's: claims
 /// it through its ticket (a reclaim may have taken it), runs its payload, queues it for release.
 fn complete(driver: &cuda_sys::Driver, ticket: TicketId, context: usize, current: &mut usize) {
-    let Some(slot) = tickets::ticket(ticket.index()) else {
-        return;
-    };
-    let Claim::Run(claim) = slot.state.claim_run(ticket.generation()) else {
-        return;
-    };
-    let Some(header) = slot.record() else {
-        return;
-    };
-    if *current != context {
-        // Callbacks may call CUDA: in the stream's context.
-        // SAFETY: a primary context, retained by its pool while the entry waited; a reset since
-        // (its handle then dead: measured, the driver refuses it) leaves the thread's context as
-        // it was.
-        if unsafe { driver.cuCtxSetCurrent(ptr::with_exposed_provenance_mut(context)) }.is_ok() {
-            *current = context;
+    pending::run_launch(ticket, |header| {
+        if *current != context {
+            // Callbacks may call CUDA: in the stream's context. (What is current afterwards is
+            // read back below.)
+            // SAFETY: a primary context, retained by its pool while the entry waited; a reset
+            // since (its handle then dead: measured, the driver refuses it) leaves the thread's
+            // context as it was.
+            let _ = unsafe { driver.cuCtxSetCurrent(ptr::with_exposed_provenance_mut(context)) };
         }
-    }
-    // SAFETY: the claim above makes the record ours to run, once, on this thread; its payload is
-    // sound to run here (the enqueue's contract).
-    unsafe { RecordHeader::dispatch(header, Op::Run) };
-    // A callback (or a waker) may have made another context current: read it back, so the next
-    // entry's is set again if it differs.
-    let mut now = ptr::null_mut();
-    // SAFETY: a valid out-pointer.
-    *current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
-        Ok(()) => now.expose_provenance(),
-        Err(_) => 0,
-    };
-    if slot.state.run_over(ticket.generation(), claim) {
-        // SAFETY: ownership passes to the cleanup queue.
-        unsafe { release::push(header) };
-    }
+        // SAFETY: `run_launch` hands the record claimed for this call, to run once on this thread;
+        // its payload is sound to run here (the enqueue's contract).
+        unsafe { RecordHeader::dispatch(header, Op::Run) };
+        // A callback (or a waker) may have made another context current: read it back, so the
+        // next entry's is set again if it differs.
+        let mut now = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        *current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
+            Ok(()) => now.expose_provenance(),
+            Err(_) => 0,
+        };
+    });
 }
 
 fn poll_loop() {
