@@ -3,7 +3,7 @@
 
 use std::ptr;
 
-use cuda_sys::{DefaultStream, Error, Function, ResolutionPath, driver};
+use cuda_sys::{DefaultStream, Error, Function, MissingReason, ResolutionPath, driver};
 use cuda_workspace::isolated_test;
 
 #[test]
@@ -166,17 +166,35 @@ isolated_test! {
             d.cuStreamSynchronize(ptr::null_mut()).unwrap();
             d.cuStreamQuery(ptr::null_mut()).unwrap();
         }
-        let (mut resolved, mut gated) = (0, 0);
+        // Variants without a per-thread twin, of functions with per-thread variants, have no
+        // per-thread answer (`MissingReason::NoPerThreadVariant`); every other entry within the
+        // driver's version resolves.
+        let (mut resolved, mut gated, mut no_twin) = (0, 0, Vec::new());
         for &f in Function::ALL {
+            let info = f.info();
+            let expect_no_twin = info.per_thread_export.is_none()
+                && Function::ALL
+                    .iter()
+                    .any(|g| g.info().symbol == info.symbol && g.info().per_thread_export.is_some());
             match d.resolve(f) {
-                Ok(_) => resolved += 1,
+                Ok(_) => {
+                    assert!(!expect_no_twin, "{}: resolved in per-thread mode", f.name());
+                    resolved += 1
+                }
                 Err(Error::DriverTooOld { .. }) => gated += 1,
+                Err(Error::SymbolMissing {
+                    reason: MissingReason::NoPerThreadVariant,
+                    ..
+                }) if expect_no_twin => no_twin.push(f.name()),
                 Err(e) => panic!("{}: {e}", f.name()),
             }
         }
         println!(
             "per-thread mode: cuStreamSynchronize -> {per_thread:p} (the _ptsz variant); table \
-             walk: {resolved} resolved, {gated} gated, 0 missing"
+             walk: {resolved} resolved, {gated} gated, {} without a per-thread variant ({}), 0 \
+             missing otherwise",
+            no_twin.len(),
+            no_twin.join(", ")
         );
     }
 }

@@ -44,9 +44,9 @@ pub enum Error {
     /// The installed driver does not provide a function at the ABI version the table binds, though
     /// its version number says it could. Other functions are unaffected.
     #[error(
-        "the installed driver ({found}) does not provide {function} (ABI version {}): {reason}. \
-         Upgrade the NVIDIA driver, or do without this function",
-        DriverVersion(*required as i32)
+        "the installed driver ({found}) does not provide {function} (ABI version {}): {reason}. {}",
+        DriverVersion(*required as i32),
+        .reason.advice()
     )]
     SymbolMissing {
         /// The table name of the function.
@@ -131,6 +131,24 @@ pub enum MissingReason {
     Rejected,
     /// The library does not export the symbol (drivers older than 11.3 are looked up by export).
     NotExported,
+    /// The driver is loaded for per-thread default-stream semantics, and this ABI version of the
+    /// function has no per-thread variant: the driver offers one only for newer ABI versions of
+    /// the function (`cuMemcpyAtoA` at 2000; `cuGetProcAddress` answers
+    /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`).
+    NoPerThreadVariant,
+}
+
+impl MissingReason {
+    /// What to do about it.
+    pub fn advice(self) -> &'static str {
+        match self {
+            MissingReason::NoPerThreadVariant => {
+                "Call the function's newest variant, or this one through `Driver::legacy()` \
+                 (legacy default-stream semantics)"
+            }
+            _ => "Upgrade the NVIDIA driver, or do without this function",
+        }
+    }
 }
 
 impl fmt::Display for MissingReason {
@@ -144,6 +162,10 @@ impl fmt::Display for MissingReason {
                 "cuGetProcAddress rejected the request (CUDA_ERROR_INVALID_VALUE)"
             }
             MissingReason::NotExported => "the library does not export it",
+            MissingReason::NoPerThreadVariant => {
+                "this ABI version has no per-thread default-stream variant (the driver has one \
+                 only for newer ABI versions of the function)"
+            }
         })
     }
 }

@@ -56,6 +56,7 @@ const SLOT_MISSING_NOT_FOUND: usize = 2;
 const SLOT_MISSING_VERSION: usize = 3;
 const SLOT_MISSING_REJECTED: usize = 4;
 const SLOT_MISSING_NOT_EXPORTED: usize = 5;
+const SLOT_MISSING_NO_PER_THREAD: usize = 6;
 /// Slot values up to this one are sentinels (`0` = not yet resolved).
 pub(crate) const SLOT_LAST_SENTINEL: usize = 15;
 
@@ -73,6 +74,32 @@ pub(crate) fn variant(info: &FunctionInfo, mode: DefaultStream) -> (u32, &'stati
     match (mode, info.per_thread_export, info.per_thread_version) {
         (DefaultStream::PerThread, Some(export), Some(version)) => (version, export),
         _ => (info.version, info.export),
+    }
+}
+
+/// `VersionNotSufficient` for a per-thread lookup of an ABI variant without a per-thread twin,
+/// of a function that has per-thread variants in newer ABI versions, is
+/// [`MissingReason::NoPerThreadVariant`]: the driver finds per-thread variants only (the H200's
+/// 13.0 driver for `cuMemcpyAtoA` at 2000), and no newer driver will change that.
+fn per_thread_reason(
+    reason: MissingReason,
+    function: Function,
+    mode: DefaultStream,
+) -> MissingReason {
+    let info = function.info();
+    let has_per_thread_sibling = || {
+        Function::ALL
+            .iter()
+            .any(|f| f.info().symbol == info.symbol && f.info().per_thread_export.is_some())
+    };
+    if reason == MissingReason::VersionNotSufficient
+        && mode == DefaultStream::PerThread
+        && info.per_thread_export.is_none()
+        && has_per_thread_sibling()
+    {
+        MissingReason::NoPerThreadVariant
+    } else {
+        reason
     }
 }
 
@@ -105,6 +132,9 @@ impl Loaded {
             SLOT_MISSING_NOT_EXPORTED => {
                 Some(CallErrorKind::SymbolMissing(MissingReason::NotExported))
             }
+            SLOT_MISSING_NO_PER_THREAD => Some(CallErrorKind::SymbolMissing(
+                MissingReason::NoPerThreadVariant,
+            )),
             _ => None,
         };
         if let Some(kind) = cached_kind {
@@ -121,11 +151,13 @@ impl Loaded {
                 Ok(p.as_ptr())
             }
             Lookup::Missing(reason) => {
+                let reason = per_thread_reason(reason, function, mode);
                 let sentinel = match reason {
                     MissingReason::NotFound => SLOT_MISSING_NOT_FOUND,
                     MissingReason::VersionNotSufficient => SLOT_MISSING_VERSION,
                     MissingReason::Rejected => SLOT_MISSING_REJECTED,
                     MissingReason::NotExported => SLOT_MISSING_NOT_EXPORTED,
+                    MissingReason::NoPerThreadVariant => SLOT_MISSING_NO_PER_THREAD,
                 };
                 slot.store(ptr::without_provenance_mut(sentinel), Ordering::Release);
                 Err(unavailable(CallErrorKind::SymbolMissing(reason)))
@@ -265,4 +297,52 @@ fn driver_text(
     // data, which stays mapped for the life of the process because the library is never unloaded.
     let text: &'static CStr = unsafe { CStr::from_ptr(text) };
     text.to_str().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::per_thread_reason;
+    use crate::error::MissingReason::{NoPerThreadVariant, NotFound, VersionNotSufficient};
+    use crate::streams::DefaultStream::{Legacy, PerThread};
+    use crate::table::Function;
+
+    #[test]
+    fn only_a_twinless_variant_of_a_function_with_per_thread_variants_lacks_a_per_thread_one() {
+        let old = Function::cuMemcpyAtoA_v2000;
+        assert_eq!(
+            per_thread_reason(VersionNotSufficient, old, PerThread),
+            NoPerThreadVariant
+        );
+        assert_eq!(
+            per_thread_reason(VersionNotSufficient, old, Legacy),
+            VersionNotSufficient
+        );
+        assert_eq!(per_thread_reason(NotFound, old, PerThread), NotFound);
+        // Its newest variant has a twin; a function without per-thread variants has no such case.
+        let newest = Function::cuMemcpyAtoA;
+        assert_eq!(
+            per_thread_reason(VersionNotSufficient, newest, PerThread),
+            VersionNotSufficient
+        );
+        let no_twins = Function::cuMemAlloc;
+        assert_eq!(
+            per_thread_reason(VersionNotSufficient, no_twins, PerThread),
+            VersionNotSufficient
+        );
+    }
+
+    #[test]
+    fn the_advice_for_a_missing_per_thread_variant_is_not_to_upgrade() {
+        let e = crate::Error::SymbolMissing {
+            function: "cuMemcpyAtoA_v2000",
+            required: 2000,
+            found: crate::DriverVersion(13000),
+            reason: NoPerThreadVariant,
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("Driver::legacy()") && !text.contains("Upgrade"),
+            "{text}"
+        );
+    }
 }

@@ -30,13 +30,14 @@ fn capture_status(driver: &Driver, stream: CUstream) -> CUstreamCaptureStatus {
 }
 
 fn capture_id(driver: &Driver, stream: CUstream) -> cuuint64_t {
-    let mut id = 0;
-    let null = ptr::null_mut();
-    // SAFETY: `id` is a valid out-pointer; the others are null (optional).
+    let (mut status, mut id) = (CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE, 0);
+    let null: *mut c_void = ptr::null_mut();
+    // SAFETY: `status` and `id` are valid out-pointers (the status is required: a null one is
+    // `CUDA_ERROR_INVALID_VALUE`); the others are null (optional).
     unsafe {
         driver.cuStreamGetCaptureInfo(
             stream,
-            null,
+            &mut status,
             &mut id,
             null.cast(),
             null.cast(),
@@ -116,6 +117,33 @@ fn another_thread_queries_during_a_capture(
 }
 
 cases! {
+    /// `cuStreamGetCaptureInfo`'s status output is required: a null one is
+    /// `CUDA_ERROR_INVALID_VALUE`, capturing or not; the other outputs are optional.
+    fn the_capture_info_status_output_is_required(cx) {
+        let stream = cx.stream();
+        let null: *mut c_void = ptr::null_mut();
+        let info = |status: *mut CUstreamCaptureStatus| {
+            let mut id = 0;
+            // SAFETY: a live stream; `id` is a valid out-pointer, `status` one or null.
+            code(unsafe { cx.driver.cuStreamGetCaptureInfo(stream, status, &mut id, null.cast(), null.cast(), null.cast(), null.cast()) })
+        };
+        let mut status = ACTIVE;
+        assert_eq!(info(ptr::null_mut()), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(info(&mut status), None);
+        assert_eq!(status, NONE);
+        // SAFETY: a live stream.
+        unsafe { cx.driver.cuStreamBeginCapture(stream, GLOBAL) }.unwrap();
+        assert_eq!(info(ptr::null_mut()), Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(info(&mut status), None);
+        assert_eq!(status, ACTIVE);
+        let mut graph: CUgraph = ptr::null_mut();
+        // SAFETY: a valid out-pointer; the empty graph the capture made, destroyed once.
+        unsafe {
+            cx.driver.cuStreamEndCapture(stream, &mut graph).unwrap();
+            cx.driver.cuGraphDestroy(graph).unwrap();
+        }
+    }
+
     /// Under capture `cuLaunchHostFunc` adds one host node with the function and data (and runs
     /// nothing); the capture info names the capture, its graph and that node; every launch of the
     /// executable graph runs the function.

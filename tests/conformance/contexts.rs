@@ -7,7 +7,7 @@ use std::time::Duration;
 use cuda_sys::types::{CUcontext, CUresult};
 use cuda_workspace::testing::bump;
 
-use super::harness::{Log, SETTLE, Tagged, cases, code, data, leak, log_tag};
+use super::harness::{Cx, Log, SETTLE, Tagged, cases, code, data, leak, log_tag};
 
 cases! {
     /// `cuCtxDestroy` with host functions pending runs them first, then returns success; the
@@ -65,30 +65,18 @@ cases! {
     }
 
     /// After a sticky error (a trapping kernel), host functions pending in the context never run,
-    /// later launches still return success but never run, and synchronize and query calls return
-    /// `CUDA_ERROR_LAUNCH_FAILED`. `cuDevicePrimaryCtxReset` clears it: new work runs.
-    fn a_sticky_error_stops_host_functions_until_the_context_is_reset(cx) {
-        let (held, other) = (cx.stream(), cx.stream());
-        let count = leak(AtomicUsize::new(0));
-        let hold = cx.hold(held);
-        // SAFETY: `count` is leaked (the functions never run anyway).
-        unsafe { cx.driver.cuLaunchHostFunc(held, Some(bump), data(count)) }.unwrap();
-        cx.sticky_error(other);
-        // Released (by the drop) now: its word's memory goes with the context's reset below.
-        drop(hold);
-        // SAFETY: live streams; `count` is leaked.
-        unsafe {
-            cx.driver.cuLaunchHostFunc(held, Some(bump), data(count)).unwrap();
-            let failed = Some(CUresult::CUDA_ERROR_LAUNCH_FAILED);
-            assert_eq!(code(cx.driver.cuStreamSynchronize(held)), failed);
-            assert_eq!(code(cx.driver.cuStreamQuery(held)), failed);
-            assert_eq!(code(cx.driver.cuCtxSynchronize()), failed);
-        }
-        std::thread::sleep(SETTLE);
-        assert_eq!(count.load(Ordering::SeqCst), 0, "a host function ran after the sticky error");
+    /// later launches still return success but never run, synchronize and query calls return
+    /// `CUDA_ERROR_LAUNCH_FAILED`, and `cuDevicePrimaryCtxReset` succeeds.
+    fn a_sticky_error_stops_host_functions_and_the_reset_succeeds(cx) {
+        sticky_error_then_reset(cx);
+    }
 
-        // SAFETY: the streams are not used after the reset.
-        unsafe { cx.driver.cuDevicePrimaryCtxReset(cx.device) }.unwrap();
+    /// The fake's recovery: after a sticky error and the reset, the primary context retained
+    /// again runs new work. (Not so on the H200's 13.0 driver: see the differences list.)
+    fn after_a_sticky_error_and_the_reset_the_context_runs_new_work(cx) {
+        assert!(cx.is_fake(), "not run on the real driver: after a trap its work may never complete");
+        sticky_error_then_reset(cx);
+        let count = leak(AtomicUsize::new(0));
         let mut context: CUcontext = ptr::null_mut();
         // SAFETY: a valid out-pointer.
         unsafe {
@@ -104,9 +92,10 @@ cases! {
         assert_eq!(count.load(Ordering::SeqCst), 1);
     }
 
-    /// The last release of a primary context with a sticky error clears it: retained again, the
-    /// context runs new work.
-    fn the_last_release_of_a_primary_context_clears_its_sticky_error(cx) {
+    /// The fake's recovery: the last release of a primary context with a sticky error clears it:
+    /// retained again, the context runs new work. (Not so on the H200's 13.0 driver: see the
+    /// differences list.)
+    fn after_a_sticky_error_the_last_release_clears_it(cx) {
         let stream = cx.stream();
         cx.sticky_error(stream);
         // SAFETY: no arguments.
@@ -145,4 +134,40 @@ cases! {
         unsafe { cx.driver.cuDevicePrimaryCtxGetState(cx.device, &mut flags, &mut active) }.unwrap();
         assert_eq!(active, 1);
     }
+}
+
+/// A held stream with a host function pending, a sticky error from another stream, a launch
+/// after it: nothing runs, the calls report the error, and the primary context's reset succeeds.
+/// Each step is logged (stderr), so a case that hangs on the real driver says where.
+fn sticky_error_then_reset(cx: &Cx) {
+    let (held, other) = (cx.stream(), cx.stream());
+    let count = leak(AtomicUsize::new(0));
+    let hold = cx.hold(held);
+    // SAFETY: `count` is leaked (the functions never run anyway).
+    unsafe { cx.driver.cuLaunchHostFunc(held, Some(bump), data(count)) }.unwrap();
+    eprintln!("sticky error: a host function pending behind a hold");
+    cx.sticky_error(other);
+    eprintln!("sticky error: the trap's error is there");
+    // Released (by the drop) now: its word's memory goes with the context's reset below.
+    drop(hold);
+    // SAFETY: live streams; `count` is leaked.
+    unsafe {
+        cx.driver
+            .cuLaunchHostFunc(held, Some(bump), data(count))
+            .unwrap();
+        let failed = Some(CUresult::CUDA_ERROR_LAUNCH_FAILED);
+        assert_eq!(code(cx.driver.cuStreamSynchronize(held)), failed);
+        eprintln!("sticky error: the held stream's synchronize failed");
+        assert_eq!(code(cx.driver.cuStreamQuery(held)), failed);
+        assert_eq!(code(cx.driver.cuCtxSynchronize()), failed);
+    }
+    std::thread::sleep(SETTLE);
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        0,
+        "a host function ran after the sticky error"
+    );
+    // SAFETY: the streams are not used after the reset.
+    unsafe { cx.driver.cuDevicePrimaryCtxReset(cx.device) }.unwrap();
+    eprintln!("sticky error: the reset succeeded");
 }

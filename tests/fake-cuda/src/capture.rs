@@ -179,8 +179,9 @@ unsafe fn is_capturing_export(
     Ok(())
 }
 
-/// Every version of `cuStreamGetCaptureInfo`; each output may be null. The dependency and edge
-/// arrays stay valid until the stream's next capture operation, as the real driver's do.
+/// Every version of `cuStreamGetCaptureInfo`; the status output is required (null:
+/// `CUDA_ERROR_INVALID_VALUE`, as on the real driver), the others may be null. The dependency and
+/// edge arrays stay valid until the stream's next capture operation, as the real driver's do.
 #[allow(clippy::too_many_arguments)]
 unsafe fn capture_info(
     handle: CUstream,
@@ -192,6 +193,7 @@ unsafe fn capture_info(
     num_out: *mut usize,
     per_thread: bool,
 ) -> Res {
+    ensure(!status_out.is_null(), INVALID_VALUE)?;
     let mut st = lock();
     let s = resolve(&mut st, handle, per_thread)?;
     let (status, id, graph) = reported(status(&st, s));
@@ -204,12 +206,11 @@ unsafe fn capture_info(
         ),
         None => (std::ptr::null(), std::ptr::null(), 0),
     };
-    // SAFETY: each output is written only when non-null; the caller passes valid places for them.
+    // SAFETY: the status output is non-null (checked), each other output is written only when non-null;
+    // the caller passes valid places for them.
     // The node array is `usize` handles, the same size and layout as `CUgraphNode` pointers.
     unsafe {
-        if !status_out.is_null() {
-            status_out.write(status);
-        }
+        status_out.write(status);
         if !id_out.is_null() {
             id_out.write(id);
         }

@@ -170,6 +170,15 @@ unsafe fn memcpy_htod(dst: CUdeviceptr, src: *const c_void, n: usize) -> Res {
 export!("cuMemcpyHtoD", cuMemcpyHtoD_v2 => memcpy_htod(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize));
 export!("cuMemcpyHtoD", cuMemcpyHtoD_v2_ptds => memcpy_htod(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize));
 
+/// The ABI 2000 variant (32-bit device pointer and size), which has no per-thread twin: the
+/// fake's one symbol whose variants are partly per-thread, as on the real driver, for
+/// `cuGetProcAddress`'s per-thread answers.
+unsafe fn memcpy_htod_v1(dst: c_uint, src: *const c_void, n: c_uint) -> Res {
+    // SAFETY: as the caller's contract for the 64-bit variant, which this one widens into.
+    unsafe { memcpy_htod(CUdeviceptr::from(dst), src, n as usize) }
+}
+export!("cuMemcpyHtoD", cuMemcpyHtoD => memcpy_htod_v1(dstDevice: c_uint, srcHost: *const c_void, ByteCount: c_uint));
+
 unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> Res {
     let st = lock();
     check_range(&st, src as usize, n)?;

@@ -92,7 +92,10 @@ variants! {
     "cuMemHostGetDevicePointer" => [(3020, crate::memory::cuMemHostGetDevicePointer_v2)],
     "cuMemHostRegister" => [(6050, crate::memory::cuMemHostRegister_v2)],
     "cuMemHostUnregister" => [(4000, crate::memory::cuMemHostUnregister)],
-    "cuMemcpyHtoD" => [(3020, crate::memory::cuMemcpyHtoD_v2, crate::memory::cuMemcpyHtoD_v2_ptds)],
+    "cuMemcpyHtoD" => [
+        (2000, crate::memory::cuMemcpyHtoD),
+        (3020, crate::memory::cuMemcpyHtoD_v2, crate::memory::cuMemcpyHtoD_v2_ptds),
+    ],
     "cuMemcpyDtoH" => [(3020, crate::memory::cuMemcpyDtoH_v2, crate::memory::cuMemcpyDtoH_v2_ptds)],
     "cuMemsetD8" => [(3020, crate::memory::cuMemsetD8_v2, crate::memory::cuMemsetD8_v2_ptds)],
     "cuStreamCreate" => [(2000, crate::stream::cuStreamCreate)],
@@ -200,13 +203,18 @@ fn find(symbol: &CStr, version: c_int, flags: cuuint64_t) -> Found {
     // Like the real driver: a per-thread twin has its own ABI version, CUDA 7.0 at the earliest
     // (`PFN_cuStreamSynchronize_v7000_ptsz`), so asking for `cuStreamSynchronize` at 2000 with the
     // per-thread flag finds nothing (`VERSION_NOT_SUFFICIENT`, seen on the H200's 13.0 driver).
+    // And a symbol with per-thread variants finds only those in per-thread mode: its older
+    // variants without a twin are not found then (`cuMemcpyAtoA` at 2000, `VERSION_NOT_SUFFICIENT`
+    // on the same driver; symbols without any per-thread variant answer with their legacy ones).
+    let has_twins = variants.iter().any(|v| v.per_thread.is_some());
     let effective = |v: &Variant| match (per_thread, v.per_thread) {
-        (true, Some(_)) => v.version.max(PER_THREAD_FIRST_VERSION),
-        _ => v.version,
+        (true, Some(_)) => Some(v.version.max(PER_THREAD_FIRST_VERSION)),
+        (true, None) if has_twins => None,
+        _ => Some(v.version),
     };
     let newest = variants
         .iter()
-        .filter(|v| effective(v) <= version)
+        .filter(|v| effective(v).is_some_and(|e| e <= version))
         .max_by_key(|v| v.version);
     match newest {
         None => Found::VersionNotSufficient,
