@@ -302,6 +302,40 @@ isolated_test! {
         assert_eq!(fake().live_objects("events"), 0, "the pool's events destroyed");
         assert_eq!(fake().live_objects("primary_retains"), retains - 1, "its retain let go");
     }
+
+    /// An enqueue wakes a poller that parks with nothing pending, whether it parked with nothing
+    /// to do or just completed everything: no release waits out the idle park (10 s here). An
+    /// enqueue while work is pending does not wake it; the poller finds it on its own.
+    fn an_enqueue_wakes_the_poller_parked_with_nothing_pending(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_secs(10),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let mut slowest = Duration::ZERO;
+        for i in 0..200u32 {
+            let start = Instant::now();
+            release_after(&stream, drops.owner()).unwrap();
+            if i % 2 == 0 {
+                // Right away too: the poller may be between its last completion and its park.
+                release_after(&stream, drops.owner()).unwrap();
+            }
+            while pending_launches(None) != 0 {
+                assert!(start.elapsed() < Duration::from_secs(2), "release {i} waited for the idle park");
+                std::hint::spin_loop();
+            }
+            slowest = slowest.max(start.elapsed());
+            // Let the poller park (or not yet), differently each time.
+            std::thread::sleep(Duration::from_micros(u64::from(i % 7) * 100));
+        }
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 300);
+        assert!(slowest < Duration::from_secs(1), "slowest release: {slowest:?}");
+    }
 }
 
 isolated_test! {

@@ -225,8 +225,7 @@ cases! {
     }
 
     /// A stream that waits on an event recorded in a capture joins it (same id); its work depends
-    /// on the origin's; ending the capture on the joined stream is refused
-    /// (`CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`); ending it on the origin ends it for both.
+    /// on the origin's; ending the capture on the origin ends it for both.
     fn a_stream_forked_into_a_capture_joins_it(cx) {
         let (origin, fork) = (cx.stream(), cx.stream());
         let log = leak(Log::default());
@@ -246,10 +245,6 @@ cases! {
             cx.driver.cuEventRecord(joined, fork).unwrap();
             cx.driver.cuStreamWaitEvent(origin, joined, 0).unwrap();
             cx.driver.cuLaunchHostFunc(origin, Some(log_tag), Tagged::data(log, b'C')).unwrap();
-            assert_eq!(
-                code(cx.driver.cuStreamEndCapture(fork, &mut graph)),
-                Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED)
-            );
             cx.driver.cuStreamEndCapture(origin, &mut graph).unwrap();
             assert_eq!(capture_status(cx.driver, fork), NONE);
         }
@@ -262,6 +257,36 @@ cases! {
             cx.driver.cuStreamSynchronize(origin).unwrap();
         }
         assert_eq!(log.tags(), b"ABC");
+    }
+
+    /// Ending a capture on a stream that joined it, not its origin, is refused
+    /// (`CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`) and invalidates the capture: ending it on the
+    /// origin then returns `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` and no graph.
+    fn ending_a_capture_on_a_joined_stream_is_refused_and_invalidates_it(cx) {
+        let (origin, fork) = (cx.stream(), cx.stream());
+        let (mut forked, mut joined): (CUevent, CUevent) = (ptr::null_mut(), ptr::null_mut());
+        let mut graph: CUgraph = ptr::null_mut();
+        // SAFETY: valid out-pointers and live streams.
+        unsafe {
+            cx.driver.cuEventCreate(&mut forked, 0).unwrap();
+            cx.driver.cuEventCreate(&mut joined, 0).unwrap();
+            cx.driver.cuStreamBeginCapture(origin, GLOBAL).unwrap();
+            cx.driver.cuEventRecord(forked, origin).unwrap();
+            cx.driver.cuStreamWaitEvent(fork, forked, 0).unwrap();
+            cx.driver.cuEventRecord(joined, fork).unwrap();
+            cx.driver.cuStreamWaitEvent(origin, joined, 0).unwrap();
+            assert_eq!(
+                code(cx.driver.cuStreamEndCapture(fork, &mut graph)),
+                Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNMATCHED)
+            );
+            assert_eq!(
+                code(cx.driver.cuStreamEndCapture(origin, &mut graph)),
+                Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)
+            );
+            assert!(graph.is_null());
+            assert_eq!(capture_status(cx.driver, fork), NONE);
+            assert_eq!(capture_status(cx.driver, origin), NONE);
+        }
     }
 
     /// While thread A captures in `GLOBAL` mode, thread B (in its default, `GLOBAL`, interaction

@@ -142,11 +142,13 @@ cases! {
 fn sticky_error_then_reset(cx: &Cx) {
     let (held, other) = (cx.stream(), cx.stream());
     let count = leak(AtomicUsize::new(0));
+    let trap = cx.trap();
+    eprintln!("sticky error: the trap is ready");
     let hold = cx.hold(held);
     // SAFETY: `count` is leaked (the functions never run anyway).
     unsafe { cx.driver.cuLaunchHostFunc(held, Some(bump), data(count)) }.unwrap();
     eprintln!("sticky error: a host function pending behind a hold");
-    cx.sticky_error(other);
+    trap.fire(other);
     eprintln!("sticky error: the trap's error is there");
     // Released (by the drop) now: its word's memory goes with the context's reset below.
     drop(hold);

@@ -249,25 +249,18 @@ impl Cx {
     /// on the fake through its control function, on the real driver with the test kernels'
     /// `trap_now` (then waits until the error is there).
     pub fn sticky_error(&self, stream: CUstream) {
-        match self.target {
-            Target::Fake => {
-                assert_eq!(
-                    fake().poison_context(ptr::null_mut()),
-                    CUresult::CUDA_SUCCESS
-                );
-            }
-            Target::Real => {
-                let kernels = cuda_workspace::gpu::Kernels::load_current(self.driver);
-                kernels.trap(stream);
-                // SAFETY: a live stream. (Not the whole context: other streams may be held.)
-                let synchronized = unsafe { self.driver.cuStreamSynchronize(stream) };
-                assert_eq!(
-                    code(synchronized),
-                    Some(CUresult::CUDA_ERROR_LAUNCH_FAILED),
-                    "the trap's sticky error"
-                );
-            }
-        }
+        self.trap().fire(stream);
+    }
+
+    /// What [`Cx::sticky_error`] needs, made ready now: on the real driver the test kernels'
+    /// module is loaded here (a module load may wait for the context's streams, so a case that
+    /// holds one loads it first).
+    pub fn trap(&self) -> Trap<'_> {
+        let kernels = match self.target {
+            Target::Fake => None,
+            Target::Real => Some(cuda_workspace::gpu::Kernels::load_current(self.driver)),
+        };
+        Trap { cx: self, kernels }
     }
 
     /// The address `dlsym` finds for `export` in the loaded driver library.
@@ -419,3 +412,33 @@ pub struct Shared<T>(pub T);
 unsafe impl<T> Send for Shared<T> {}
 // SAFETY: as above.
 unsafe impl<T> Sync for Shared<T> {}
+
+/// A sticky error made ready ([`Cx::trap`]).
+pub struct Trap<'a> {
+    cx: &'a Cx,
+    kernels: Option<cuda_workspace::gpu::Kernels>,
+}
+
+impl Trap<'_> {
+    /// Gives the current context a sticky error through `stream` (see [`Cx::sticky_error`]).
+    pub fn fire(&self, stream: CUstream) {
+        match &self.kernels {
+            None => {
+                assert_eq!(
+                    fake().poison_context(ptr::null_mut()),
+                    CUresult::CUDA_SUCCESS
+                );
+            }
+            Some(kernels) => {
+                kernels.trap(stream);
+                // SAFETY: a live stream. (Not the whole context: other streams may be held.)
+                let synchronized = unsafe { self.cx.driver.cuStreamSynchronize(stream) };
+                assert_eq!(
+                    code(synchronized),
+                    Some(CUresult::CUDA_ERROR_LAUNCH_FAILED),
+                    "the trap's sticky error"
+                );
+            }
+        }
+    }
+}

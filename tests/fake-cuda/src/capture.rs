@@ -144,8 +144,13 @@ unsafe fn end_capture(handle: CUstream, ph_graph: *mut CUgraph, per_thread: bool
         .as_ref()
         .map(|c| c.id)
         .ok_or(ILLEGAL_STATE)?;
-    let capture = st.captures.get(&id).ok_or(ILLEGAL_STATE)?;
-    ensure(capture.origin == s, CAPTURE_UNMATCHED)?;
+    let capture = st.captures.get_mut(&id).ok_or(ILLEGAL_STATE)?;
+    if capture.origin != s {
+        // Refused, and the capture is invalidated (as the 13.0 driver does: measured by the
+        // conformance suite).
+        capture.invalidated = true;
+        return Err(CAPTURE_UNMATCHED);
+    }
     let Some(capture) = st.captures.remove(&id) else {
         return Err(ILLEGAL_STATE);
     };
