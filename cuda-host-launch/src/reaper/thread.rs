@@ -7,6 +7,7 @@ use super::mode::{CleanupMode, REAPER_START, cleanup_mode};
 use super::release::{QUEUE, ReaperContext, Scratch, release_batch};
 use crate::record::pool;
 use crate::support::error::Error;
+use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::RelaxedCaptureMode;
 use crate::support::sync::lock;
 use crate::support::{exit_gate, forked_child};
@@ -87,16 +88,6 @@ fn reaper_loop() {
         relaxed.enter_once_loaded();
         exit_gate::arm_or_stop();
         release_batch(QUEUE.take_all(), &mut scratch);
-    }
-}
-
-/// Asks Linux to wake this thread's sleeps within 1 µs of their deadline rather than the default
-/// 50 µs slack, so the reaper's poll interval is what it says. Elsewhere a no-op.
-fn precise_sleeps() {
-    #[cfg(target_os = "linux")]
-    // SAFETY: PR_SET_TIMERSLACK takes an integer (nanoseconds) and only affects this thread.
-    unsafe {
-        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
     }
 }
 

@@ -15,6 +15,8 @@ pub(crate) mod own_line;
 #[cfg(not(loom))]
 pub(crate) mod panic_report;
 #[cfg(not(loom))]
+pub(crate) mod precise_sleeps;
+#[cfg(not(loom))]
 pub(crate) mod raw_stream;
 #[cfg(not(loom))]
 pub(crate) mod relaxed_capture;

@@ -88,6 +88,10 @@ struct Shared {
     incoming: Vec<Entry>,
     /// The poller thread, if one runs.
     poller: Option<std::thread::Thread>,
+    /// Whether the poller parks, or is about to, with nothing pending: only then does an enqueue
+    /// wake it. While anything is pending it looks at `incoming` on its own (spinning, or every
+    /// interval), and an enqueue makes no system call.
+    poller_idle: bool,
 }
 
 static SHARED: LazyLock<Mutex<Shared>> = LazyLock::new(Mutex::default);
