@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use cuda_sys::types::{CUevent, CUresult};
 
-use super::{Entry, Shared, shared};
+use super::{Entry, Incoming, incoming, pools};
 use crate::record::layout::{Op, RecordHeader};
 use crate::record::ticket_id::TicketId;
 use crate::support::error::Error;
@@ -112,12 +112,12 @@ fn queues() -> MutexGuard<'static, Queues> {
 
 /// Wakes the poller if it parks with nothing pending (otherwise it finds the new entry on its
 /// own), or starts it if none runs.
-pub(super) fn wake_or_start(shared: &mut Shared) -> Result<(), Error> {
-    if let Some(thread) = &shared.poller {
-        if shared.poller_idle {
+pub(super) fn wake_or_start(incoming: &mut Incoming) -> Result<(), Error> {
+    if let Some(thread) = &incoming.poller {
+        if incoming.poller_idle {
             // Under the lock the poller set it under: it parks after, or has parked; either way
             // the unpark's token wakes it.
-            shared.poller_idle = false;
+            incoming.poller_idle = false;
             thread.unpark();
         }
         return Ok(());
@@ -126,7 +126,7 @@ pub(super) fn wake_or_start(shared: &mut Shared) -> Result<(), Error> {
         .name("cuda-hl-events".into())
         .spawn(poll_loop)
         .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
-    shared.poller = Some(thread.thread().clone());
+    incoming.poller = Some(thread.thread().clone());
     Ok(())
 }
 
@@ -151,10 +151,9 @@ pub(super) fn around_reset<T, E>(
 
 fn forget_locked(queues: &mut Queues, context: usize) {
     queues.by_stream.retain(|&(c, _, _), _| c != context);
-    let mut shared = shared();
-    shared.incoming.retain(|entry| entry.context != context);
+    incoming().entries.retain(|entry| entry.context != context);
     if let Some(driver) = cuda_sys::Driver::get() {
-        shared.pools.forget(driver, context);
+        pools().forget(driver, context);
     }
 }
 
@@ -260,7 +259,7 @@ fn complete(driver: &cuda_sys::Driver, ticket: TicketId, context: usize, current
 fn poll_loop() {
     let Some(driver) = cuda_sys::Driver::get() else {
         // Never: an enqueue loaded the driver before starting this thread.
-        shared().poller = None;
+        incoming().poller = None;
         return;
     };
     // Callbacks and wakers are users' code, and queries are "unsafe" calls in the capture sense.
@@ -283,9 +282,11 @@ fn poll_loop() {
             continue;
         };
         let mut queues = queues();
-        {
-            let mut shared = shared();
-            for entry in shared.incoming.drain(..) {
+        // While work is pending and nothing was handed over, the hand-over's lock is left to the
+        // enqueuing threads.
+        if queues.by_stream.is_empty() || super::HANDED_OVER.swap(false, Ordering::Acquire) {
+            let mut incoming = incoming();
+            for entry in incoming.entries.drain(..) {
                 queues
                     .by_stream
                     .entry((entry.context, entry.stream, entry.thread))
@@ -294,15 +295,21 @@ fn poll_loop() {
             }
             if queues.by_stream.is_empty() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() >= settings.idle_exit && !shared.pools.any_out() {
-                    let released = shared.pools.give_back_idle(driver);
-                    shared.poller = None;
-                    shared.poller_idle = false;
-                    break released;
+                if idle.elapsed() >= settings.idle_exit {
+                    // Under the hand-over's lock, then the pools': an enqueue that took an event
+                    // keeps this thread (its event is out); one that has not yet finds no poller
+                    // and starts another.
+                    let mut pools = pools();
+                    if !pools.any_out() {
+                        let released = pools.give_back_idle(driver);
+                        incoming.poller = None;
+                        incoming.poller_idle = false;
+                        break released;
+                    }
                 }
             } else {
                 idle_since = None;
-                shared.poller_idle = false;
+                incoming.poller_idle = false;
             }
         }
         for queue in queues.by_stream.values_mut() {
@@ -312,9 +319,9 @@ fn poll_loop() {
         let nothing_pending = queues.by_stream.is_empty();
         if !done.is_empty() || !stranded.is_empty() {
             // Under the queues' lock: a reset cannot forget a pool between the query and this.
-            let mut shared = shared();
+            let mut pools = pools();
             for entry in &done {
-                shared.pools.give_back(
+                pools.give_back(
                     driver,
                     entry.context,
                     ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event) as CUevent,
@@ -322,7 +329,7 @@ fn poll_loop() {
             }
             for entry in stranded.drain(..) {
                 // Its record stays pending (counted, reclaimed with its context).
-                shared.pools.strand(entry.context);
+                pools.strand(entry.context);
             }
         }
         drop(queues);
@@ -339,13 +346,13 @@ fn poll_loop() {
             last_progress = now;
         }
         if nothing_pending {
-            let mut shared = shared();
-            if shared.incoming.is_empty() {
+            let mut incoming = incoming();
+            if incoming.entries.is_empty() {
                 // Nothing pending or incoming, under the lock the enqueues push under: the next
                 // enqueue wakes this thread (its unpark's token ends the park even if it comes
                 // first).
-                shared.poller_idle = true;
-                drop(shared);
+                incoming.poller_idle = true;
+                drop(incoming);
                 std::thread::park_timeout(settings.idle_exit);
             }
         } else if now.duration_since(last_progress) < settings.spin {
