@@ -65,17 +65,23 @@ cases! {
     }
 
     /// After a sticky error (a trapping kernel), host functions pending in the context never run,
-    /// later launches still return success but never run, synchronize and query calls return
-    /// `CUDA_ERROR_LAUNCH_FAILED`, and `cuDevicePrimaryCtxReset` succeeds.
+    /// synchronize and query calls return `CUDA_ERROR_LAUNCH_FAILED`, and
+    /// `cuDevicePrimaryCtxReset` succeeds.
     fn a_sticky_error_stops_host_functions_and_the_reset_succeeds(cx) {
-        sticky_error_then_reset(cx);
+        sticky_error_then_reset(cx, false);
+    }
+
+    /// The fake accepts a launch after the sticky error has surfaced (and never runs it). (The
+    /// 13.0 driver refuses it: see the differences list.)
+    fn a_launch_after_a_surfaced_sticky_error_is_accepted(cx) {
+        sticky_error_then_reset(cx, true);
     }
 
     /// The fake's recovery: after a sticky error and the reset, the primary context retained
     /// again runs new work. (Not so on the H200's 13.0 driver: see the differences list.)
     fn after_a_sticky_error_and_the_reset_the_context_runs_new_work(cx) {
         assert!(cx.is_fake(), "not run on the real driver: after a trap its work may never complete");
-        sticky_error_then_reset(cx);
+        sticky_error_then_reset(cx, false);
         let count = leak(AtomicUsize::new(0));
         let mut context: CUcontext = ptr::null_mut();
         // SAFETY: a valid out-pointer.
@@ -136,10 +142,11 @@ cases! {
     }
 }
 
-/// A held stream with a host function pending, a sticky error from another stream, a launch
-/// after it: nothing runs, the calls report the error, and the primary context's reset succeeds.
-/// Each step is logged (stderr), so a case that hangs on the real driver says where.
-fn sticky_error_then_reset(cx: &Cx) {
+/// A held stream with a host function pending, a sticky error from another stream (and, if
+/// `launch_after`, a launch after it, which must be accepted): nothing runs, the calls report the
+/// error, and the primary context's reset succeeds. Each step is logged (stderr), so a case that
+/// hangs on the real driver says where.
+fn sticky_error_then_reset(cx: &Cx, launch_after: bool) {
     let (held, other) = (cx.stream(), cx.stream());
     let count = leak(AtomicUsize::new(0));
     let trap = cx.trap();
@@ -154,9 +161,11 @@ fn sticky_error_then_reset(cx: &Cx) {
     drop(hold);
     // SAFETY: live streams; `count` is leaked.
     unsafe {
-        cx.driver
-            .cuLaunchHostFunc(held, Some(bump), data(count))
-            .unwrap();
+        if launch_after {
+            cx.driver
+                .cuLaunchHostFunc(held, Some(bump), data(count))
+                .unwrap();
+        }
         let failed = Some(CUresult::CUDA_ERROR_LAUNCH_FAILED);
         assert_eq!(code(cx.driver.cuStreamSynchronize(held)), failed);
         eprintln!("sticky error: the held stream's synchronize failed");
