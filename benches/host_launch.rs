@@ -21,6 +21,8 @@ use cuda_host_launch::{
 use cuda_sys::types::{CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
+#[path = "host_launch/event_ring.rs"]
+mod event_ring;
 #[path = "host_launch/thread_costs.rs"]
 mod thread_costs;
 
@@ -61,10 +63,16 @@ enum Method {
     ReleaseAfter,
     /// `spawn_after` with a closure capturing a value: an event; the closure runs on the poller.
     SpawnAfter,
+    /// The event transport's floor: `cuEventRecord` from a ring, a thread querying in order
+    /// (`event_ring.rs`).
+    RawEventRing,
+    /// `release_after` with the poller kept off the launching thread's way: no spinning, a look
+    /// every 200 µs (how much of the enqueue is meeting a spinning poller).
+    ReleaseAfterQuietPoller,
 }
 
 /// The methods every table runs.
-const METHODS: [Method; 11] = [
+const METHODS: [Method; 13] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
@@ -76,6 +84,8 @@ const METHODS: [Method; 11] = [
     Method::RawWithBusyHostFn500,
     Method::ReleaseAfter,
     Method::SpawnAfter,
+    Method::RawEventRing,
+    Method::ReleaseAfterQuietPoller,
 ];
 
 impl Method {
@@ -92,6 +102,8 @@ impl Method {
             Method::RawWithBusyHostFn500 => "  part: floor, host fn busy 500 ns",
             Method::ReleaseAfter => "release_after + owner (event, no host fn)",
             Method::SpawnAfter => "spawn_after closure (event, runs on the poller)",
+            Method::RawEventRing => "  part: event floor: cuEventRecord ring + a poller",
+            Method::ReleaseAfterQuietPoller => "  part: release_after, poller looks every 200 µs",
         }
     }
     fn key(self) -> &'static str {
@@ -107,6 +119,8 @@ impl Method {
             Method::RawWithBusyHostFn500 => "raw_host_fn_busy_500ns",
             Method::ReleaseAfter => "release_after",
             Method::SpawnAfter => "spawn_after",
+            Method::RawEventRing => "raw_event_ring",
+            Method::ReleaseAfterQuietPoller => "release_after_quiet_poller",
         }
     }
 }
@@ -330,9 +344,17 @@ fn paired_ratios(per_method: &[Vec<f64>], k: usize) -> Vec<f64> {
 
 struct Bench {
     gpu: Gpu,
+    /// The event transport's floor ([`Method::RawEventRing`]).
+    ring: event_ring::EventRing,
 }
 
 impl Bench {
+    fn open() -> Bench {
+        let gpu = Gpu::open();
+        let ring = event_ring::EventRing::new(gpu.driver, gpu.context.raw());
+        Bench { gpu, ring }
+    }
+
     /// Asks the driver whether `stream` captures, as our launches do (`cuStreamGetCaptureInfo`,
     /// for the status, the capture's id and its graph): the parts that add this call to the floor.
     #[inline(always)]
@@ -416,7 +438,10 @@ impl Bench {
                 let code = unsafe { launch(stream.raw(), Some(busy), ns as *mut c_void) };
                 assert_eq!(code, CUresult::CUDA_SUCCESS);
             }
-            Method::ReleaseAfter => release_after(stream, [value; 2]).unwrap(),
+            Method::ReleaseAfter | Method::ReleaseAfterQuietPoller => {
+                release_after(stream, [value; 2]).unwrap()
+            }
+            Method::RawEventRing => self.ring.record(stream.raw()),
             Method::SpawnAfter => spawn_after(stream, move || {
                 std::hint::black_box(value);
             })
@@ -452,6 +477,15 @@ impl Bench {
     fn enqueue_and_throughput(&self, method: Method, streams: &[Stream], n: usize) -> Run {
         let driver = DRIVER_TID.load(std::sync::atomic::Ordering::Relaxed);
         let (launcher_before, driver_before) = (blocking_waits(0), blocking_waits(driver));
+        match method {
+            Method::RawEventRing => self.ring.start(streams.len() == 1),
+            Method::ReleaseAfterQuietPoller => set_poller_settings(PollerSettings {
+                spin: Duration::ZERO,
+                interval: Duration::from_micros(200),
+                ..PollerSettings::DEFAULT
+            }),
+            _ => {}
+        }
         let started = Instant::now();
         for i in 0..n {
             self.launch(method, &streams[i % streams.len()], i as u64);
@@ -461,13 +495,24 @@ impl Bench {
         for s in streams {
             s.synchronize().unwrap();
         }
-        if matches!(method, Method::ReleaseAfter | Method::SpawnAfter) {
+        if matches!(
+            method,
+            Method::ReleaseAfter | Method::SpawnAfter | Method::ReleaseAfterQuietPoller
+        ) {
             // End to end: until the poller has completed every one (the stream got there first).
             while pending_launches(None) > 0 {
                 std::thread::yield_now();
             }
         }
+        if method == Method::RawEventRing {
+            self.ring.wait_all();
+        }
         let total = started.elapsed();
+        match method {
+            Method::RawEventRing => self.ring.stop(),
+            Method::ReleaseAfterQuietPoller => set_poller_settings(PollerSettings::DEFAULT),
+            _ => {}
+        }
         let driver_after = blocking_waits(driver);
         flush(Duration::from_secs(30)).unwrap();
         let per_launch = |before: Option<u64>, after: Option<u64>| match (before, after) {
@@ -858,7 +903,7 @@ fn gated_call_cost(bench: &Bench) -> (f64, f64) {
 /// floor ns, owner and closure enqueue ratios, floor per second, owner and closure throughput
 /// ratios (paired ratios, medians over the repetitions).
 fn variant_child() {
-    let bench = Bench { gpu: Gpu::open() };
+    let bench = Bench::open();
     let one = vec![Stream::new(&bench.gpu.context).unwrap()];
     let four: Vec<Stream> = (0..4)
         .map(|_| Stream::new(&bench.gpu.context).unwrap())
@@ -1010,7 +1055,7 @@ fn main() {
         variant_child();
         return;
     }
-    let bench = Bench { gpu: Gpu::open() };
+    let bench = Bench::open();
     let device = cuda_host_launch::Device::get(0).unwrap().name().unwrap();
     let version = bench.gpu.driver.version();
     let one = vec![Stream::new(&bench.gpu.context).unwrap()];
