@@ -14,6 +14,14 @@
 //! - `Event`: no host function. The stream records an event, which the event poller of this crate
 //!   queries (see [`spawn_after`](crate::spawn_after)).
 //!
+//! **Which to choose.** `HostFunction` is the default: it costs no CPU while a future waits, and
+//! takes any stream of any context. `Event` wakes sooner and costs less to enqueue, but its poller
+//! spends CPU while futures are pending (it spins briefly after each completion, then looks on a
+//! timer), and it takes only streams of primary contexts, outside captures. `LowLatency` wakes
+//! soonest and keeps a core busy while futures wait. `BENCHMARKS.md` has the measured figures.
+//! [`host_launch_async`] always wakes from its own host function: the result exists only once
+//! that function has run, on the driver's thread, so another transport would only add a step.
+//!
 //! A future whose context fails (a sticky error) resolves to [`Error::ContextLost`] once the
 //! context is reset or destroyed and its pending launches reclaimed (see [`crate::reclaim_pending`]):
 //! the driver never runs the host function, so without the reclaim it could never resolve.
