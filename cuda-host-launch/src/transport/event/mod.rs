@@ -36,7 +36,6 @@
 mod poller;
 mod pools;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use cuda_sys::types::{CUcontext, CUresult};
@@ -98,9 +97,6 @@ struct Incoming {
 }
 
 static INCOMING: LazyLock<Mutex<Incoming>> = LazyLock::new(Mutex::default);
-/// Set after each hand-over (under its lock), cleared by the poller before it looks (see
-/// `poller`): a spinning poller takes the hand-over's lock only when there is something new.
-static HANDED_OVER: AtomicBool = AtomicBool::new(false);
 static POOLS: LazyLock<Mutex<pools::Pools>> = LazyLock::new(Mutex::default);
 
 fn incoming() -> MutexGuard<'static, Incoming> {
@@ -194,7 +190,6 @@ pub(crate) unsafe fn enqueue(
         event: event.expose_provenance(),
         ticket: ticket_id,
     });
-    HANDED_OVER.store(true, Ordering::Release);
     let started = poller::wake_or_start(&mut incoming);
     drop(incoming);
     started?;

@@ -282,9 +282,7 @@ fn poll_loop() {
             continue;
         };
         let mut queues = queues();
-        // While work is pending and nothing was handed over, the hand-over's lock is left to the
-        // enqueuing threads.
-        if queues.by_stream.is_empty() || super::HANDED_OVER.swap(false, Ordering::Acquire) {
+        {
             let mut incoming = incoming();
             for entry in incoming.entries.drain(..) {
                 queues
