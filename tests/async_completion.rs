@@ -64,7 +64,9 @@ fn completions_resolve_in_stream_order_in_both_modes() {
     let context = fake_primary_context();
     for mode in MODES {
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream");
         let ran = Arc::new(AtomicUsize::new(0));
         let mut futures = Vec::new();
         for i in 0..5 {
@@ -81,7 +83,7 @@ fn completions_resolve_in_stream_order_in_both_modes() {
                 "{mode:?}: nothing ran while the stream is held"
             );
         }
-        fake().release_hold(hold);
+        hold.release();
         for (before, f) in futures {
             block_on(f).unwrap();
             assert!(
@@ -181,7 +183,9 @@ isolated_test! {
             if round == 1 {
                 before = cuda_workspace::gpu::heap_in_use(); // after a warm-up round
             }
-            let hold = fake().hold_stream(stream.raw());
+            let hold = fake()
+                .hold_stream(stream.raw())
+                .expect("the fake could not hold the stream");
             for mode in MODES {
                 // A bigger warm-up round fills the record pool and the allocator's caches.
                 let count = if round == 0 { 1_000 } else { 200 };
@@ -198,7 +202,7 @@ isolated_test! {
                 }
                 drop(host_launch_async(&stream, || vec![0u8; 64]).unwrap());
             }
-            fake().release_hold(hold);
+            hold.release();
             stream.synchronize().unwrap();
             // The low-latency poller sees the last flags within its sleep step.
             std::thread::sleep(Duration::from_millis(20));
@@ -232,7 +236,7 @@ isolated_test! {
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let host = completion(&stream).unwrap();
         let low = CompletionMode::LowLatency.completion(&stream).unwrap();
         let value = host_launch_async(&stream, || 1).unwrap();
@@ -252,8 +256,10 @@ isolated_test! {
             launch_host_function_with_bytes(&stream, Some(bump_from_bytes), &address_bytes::<200>(&ran))
         }
         .unwrap();
-        fake().poison_context(context.raw());
-        fake().release_hold(hold);
+        fake()
+            .poison_context(context.raw())
+            .expect("the fake could not poison the context");
+        hold.release();
         drop(stream);
         // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
         let reclaimed = unsafe { context.reset() }.unwrap();

@@ -13,7 +13,8 @@ use cuda_host_launch::{
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    Drops, Owner, PATIENCE, REAPER_NAME, ThreadInfo, fake, fake_primary_context, threads_named,
+    Drops, Hold, Owner, PATIENCE, REAPER_NAME, ThreadInfo, fake, fake_primary_context,
+    threads_named,
 };
 
 /// Launches a closure owning `owner` on `stream` and waits until it has run.
@@ -36,9 +37,10 @@ fn assert_dropped_here(drops: &Drops, n: usize) {
 
 /// Launches a closure owning `owner` on `stream` behind a hold, so it cannot run (and be queued)
 /// before the launch's own drain; returns the hold.
-fn launch_held(stream: &Stream, owner: Owner) -> u64 {
-    let hold = fake().hold_stream(stream.raw());
-    assert_ne!(hold, 0);
+fn launch_held(stream: &Stream, owner: Owner) -> Hold<'static> {
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
     host_launch(stream, move || {
         let _keep = &owner;
     })
@@ -47,8 +49,8 @@ fn launch_held(stream: &Stream, owner: Owner) -> u64 {
 }
 
 /// Lets `hold` go and waits for `stream`.
-fn finish(stream: &Stream, hold: u64) {
-    fake().release_hold(hold);
+fn finish(stream: &Stream, hold: Hold) {
+    hold.release();
     stream.synchronize().unwrap();
 }
 

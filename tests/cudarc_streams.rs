@@ -61,7 +61,9 @@ isolated_test! {
         assert_eq!(stream.as_raw_stream(), stream.cu_stream() as CUstream);
         assert_eq!(stream.context_hint(), Some(cu_context));
 
-        let held = fake().hold_stream(stream.as_raw_stream());
+        let held = fake()
+            .hold_stream(stream.as_raw_stream())
+            .expect("the fake could not hold the stream");
         let dropped_by = Arc::new(std::sync::Mutex::new(Vec::new()));
         let owner = NamedDrop(Arc::clone(&dropped_by));
         let ran = Arc::new(AtomicUsize::new(0));
@@ -72,7 +74,7 @@ isolated_test! {
         })
         .unwrap();
         assert_eq!(pending_launches(Some(cu_context)), 1, "counted in cudarc's context");
-        fake().release_hold(held);
+        held.release();
         stream.synchronize().unwrap();
         flush(PATIENCE).unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 1);

@@ -12,7 +12,7 @@ use cuda_host_launch::{Error, Graph, LaunchOptions, Stream, add_host_node, flush
 use cuda_sys::types::{CUgraph, CUresult, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    PATIENCE, Probe, ThreadInfo, fake, fake_primary_context, load_fake_driver,
+    PATIENCE, Probe, ThreadInfo, fake, fake_primary_context, load_fake_driver, wait_until,
 };
 
 const OOM: CUresult = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
@@ -110,7 +110,7 @@ fn rollback(via: Via, fault: &str, here: bool) {
     flush(PATIENCE).unwrap();
     assert_eq!(bad.drops.dropped(), 1, "released more than once");
     assert_eq!(fake().referenced_user_objects(), 0);
-    fake().wait_until("every user object's destructor", PATIENCE, || {
+    wait_until("every user object's destructor", PATIENCE, || {
         fake().live_user_objects() == 0
     });
     assert_eq!(fake().driver_thread_call_count(""), 0);

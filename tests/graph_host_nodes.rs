@@ -14,7 +14,7 @@ use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{
-    Drops, PATIENCE, RanOn, ThreadInfo, fake, fake_primary_context, load_fake_driver,
+    Drops, PATIENCE, RanOn, ThreadInfo, fake, fake_primary_context, load_fake_driver, wait_until,
 };
 
 const RELAXED: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -169,7 +169,9 @@ fn a_repeatable_launch_on_a_stream_that_is_not_capturing_runs_once_and_drops_its
     let stream = Stream::new(&context).unwrap();
     let drops = Drops::new();
     let (runs, ran_on) = (Arc::new(AtomicUsize::new(0)), RanOn::new());
-    let hold = fake().hold_stream(stream.raw());
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
     {
         let (owner, runs, ran_on) = (drops.owner(), Arc::clone(&runs), Arc::clone(&ran_on));
         LaunchOptions::default()
@@ -182,7 +184,7 @@ fn a_repeatable_launch_on_a_stream_that_is_not_capturing_runs_once_and_drops_its
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     assert_eq!(drops.dropped(), 0);
-    fake().release_hold(hold);
+    hold.release();
     stream.synchronize().unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_dropped_by_the_reaper(&drops, 1, &ran_on.only());
@@ -257,20 +259,20 @@ isolated_test! {
 
         // The last executable graph goes while a launch of it waits behind a hold: the launch
         // keeps the owners alive until it has run.
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         second.launch(&stream).unwrap();
         drop(second);
         flush(PATIENCE).unwrap();
         assert_eq!(fake().referenced_user_objects(), 1);
         assert_eq!(drops.dropped(), 0, "dropped while a launch was in flight");
-        fake().release_hold(hold);
+        hold.release();
         stream.synchronize().unwrap();
         assert_eq!(runs.load(Ordering::SeqCst), 3);
 
         assert_dropped_by_the_reaper(&drops, 1, &ran_on.only());
         assert_eq!(fake().referenced_user_objects(), 0);
         let destroyed = || fake().live_user_objects() == 0;
-        fake().wait_until("the user object's destructor", PATIENCE, destroyed);
+        wait_until("the user object's destructor", PATIENCE, destroyed);
         // Still exactly once.
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 1);

@@ -127,7 +127,7 @@ isolated_test! {
     fn only_the_launch_the_driver_refuses_fails(FAKE_CUDA_FAIL = "cuLaunchHostFunc@2=2") {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let ran = Arc::new(AtomicUsize::new(0));
         let all = Drops::new();
         let mut results = Vec::new();
@@ -149,7 +149,7 @@ isolated_test! {
         let (third, dropped) = results.next().unwrap();
         assert!(third.is_ok() && dropped == 1, "{third:?}");
 
-        fake().release_hold(hold);
+        hold.release();
         stream.synchronize().unwrap();
         all.wait_dropped(3);
         assert_eq!(ran.load(Ordering::SeqCst), 2);
@@ -164,7 +164,7 @@ isolated_test! {
     fn after_a_sticky_error_functions_never_run_and_flush_does_not_wait_for_them() {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let drops = Drops::new();
         let ran = Arc::new(AtomicUsize::new(0));
         let launch = |drops: &Arc<Drops>| {
@@ -175,9 +175,9 @@ isolated_test! {
             })
         };
         launch(&drops).unwrap();
-        assert_eq!(fake().poison_context(context.raw()), CUresult::CUDA_SUCCESS);
+        assert_eq!(fake().poison_context(context.raw()), Ok(()));
         launch(&drops).unwrap();
-        fake().release_hold(hold);
+        hold.release();
         let err = stream.synchronize().unwrap_err();
         assert_eq!(err.cuda_code(), Some(CUresult::CUDA_ERROR_LAUNCH_FAILED));
         cuda_host_launch::flush(std::time::Duration::from_secs(1)).unwrap();

@@ -18,7 +18,9 @@ use cuda_host_launch::{
     launch_host_function_with_bytes,
 };
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{Drops, PATIENCE, RanOn, ThreadInfo, fake, fake_primary_context};
+use cuda_workspace::testing::{
+    Drops, PATIENCE, RanOn, ThreadInfo, fake, fake_primary_context, wait_until,
+};
 
 unsafe extern "C" fn nothing(_: *mut c_void) {}
 
@@ -175,7 +177,7 @@ isolated_test! {
         // The drop returned without destroying anything on this, the driver's, thread. (The reaper
         // may already have destroyed them meanwhile, on its own thread.)
         assert_eq!(on_driver, [0, 0, 0], "destroyed by the drop, on the driver's thread");
-        fake().wait_until("the deferred destructions", PATIENCE, || {
+        wait_until("the deferred destructions", PATIENCE, || {
             flush(PATIENCE).unwrap();
             names.iter().all(|n| fake().call_count(n) == 1)
         });

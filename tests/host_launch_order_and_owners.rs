@@ -94,8 +94,9 @@ fn a_closure_launch_returns_while_the_stream_is_held_and_runs_in_stream_order() 
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
     let other = Stream::new(&context).unwrap();
-    let hold = fake().hold_stream(stream.raw());
-    assert_ne!(hold, 0, "the fake could not hold the stream");
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
 
     let input = Arc::new(AtomicU32::new(0));
     let seen = Arc::new(AtomicU32::new(u32::MAX));
@@ -153,7 +154,7 @@ fn a_closure_launch_returns_while_the_stream_is_held_and_runs_in_stream_order() 
 
     // The test thread writes after the launch returned; the function reads it when it runs.
     input.store(42, Ordering::SeqCst);
-    fake().release_hold(hold);
+    hold.release();
 
     after.synchronize().unwrap();
     assert!(
@@ -174,8 +175,9 @@ fn a_closure_launch_returns_while_the_stream_is_held_and_runs_in_stream_order() 
 fn a_raw_launch_returns_while_the_stream_is_held_and_sees_what_was_written_before_it_ran() {
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
-    let hold = fake().hold_stream(stream.raw());
-    assert_ne!(hold, 0);
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
     let shared = Arc::new(Shared::default());
     // SAFETY: `read_input` only touches the `Shared` that the owner (a clone of the Arc) keeps
     // alive, and does not unwind.
@@ -207,7 +209,7 @@ fn a_raw_launch_returns_while_the_stream_is_held_and_sees_what_was_written_befor
         })
         .unwrap();
     }
-    fake().release_hold(hold);
+    hold.release();
     stream.synchronize().unwrap();
     assert!(shared.returned.load(Ordering::SeqCst));
     assert_eq!(shared.seen.load(Ordering::SeqCst), 7);
@@ -224,7 +226,9 @@ fn a_closures_captures_are_dropped_once_after_it_returned_by_the_reaper() {
     let drops = Drops::new();
     let returned = Arc::new(AtomicBool::new(false));
     let ran_on = RanOn::new();
-    let hold = fake().hold_stream(stream.raw());
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
     {
         let owner = drops.owner_watching(&returned);
         let (returned, ran_on) = (Arc::clone(&returned), Arc::clone(&ran_on));
@@ -237,7 +241,7 @@ fn a_closures_captures_are_dropped_once_after_it_returned_by_the_reaper() {
         .unwrap();
     }
     assert_eq!(drops.dropped(), 0, "dropped before the stream reached it");
-    fake().release_hold(hold);
+    hold.release();
     stream.synchronize().unwrap();
     flush(FLUSH).unwrap();
     let records = drops.wait_dropped(1);
@@ -294,7 +298,9 @@ unsafe extern "C" fn note_address(data: *mut c_void) {
 fn copied_bytes_are_what_the_caller_passed_even_if_its_buffer_changes_or_goes_away() {
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
-    let hold = fake().hold_stream(stream.raw());
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
     let mut buffer: Vec<u8> = (0..BYTES as u8).collect();
     let other: Vec<u8> = (0..BYTES as u8).rev().collect();
     // SAFETY: `copy_out` reads exactly `BYTES` bytes and does not unwind.
@@ -310,7 +316,7 @@ fn copied_bytes_are_what_the_caller_passed_even_if_its_buffer_changes_or_goes_aw
     // SAFETY: `note_address` reads nothing.
     unsafe { launch_host_function_with_bytes(&stream, Some(note_address), &[]) }.unwrap();
     assert!(BYTES_SEEN.lock().unwrap().is_empty(), "ran while held");
-    fake().release_hold(hold);
+    hold.release();
     stream.synchronize().unwrap();
     flush(FLUSH).unwrap();
 
@@ -339,7 +345,9 @@ fn a_stream_made_through_cuda_sys_alone_works_through_raw_stream() {
     let stream = unsafe { RawStream::from_raw(raw) };
     assert_eq!(stream.raw(), raw);
 
-    let hold = fake().hold_stream(raw);
+    let hold = fake()
+        .hold_stream(raw)
+        .expect("the fake could not hold the stream");
     let drops = Drops::new();
     let ran = Arc::new(AtomicU32::new(0));
     {
@@ -362,7 +370,7 @@ fn a_stream_made_through_cuda_sys_alone_works_through_raw_stream() {
     }
     .unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), 0);
-    fake().release_hold(hold);
+    hold.release();
     // SAFETY: a live stream, destroyed once, after its last use.
     unsafe {
         driver.cuStreamSynchronize(raw).unwrap();
@@ -378,8 +386,9 @@ fn a_stream_made_through_cuda_sys_alone_works_through_raw_stream() {
 /// `launch_on` waiting for it.
 fn launch_behind_a_hold(hold_on: RawStream, launch_on: RawStream) {
     let driver = cuda_sys::driver().unwrap();
-    let hold = fake().hold_stream(hold_on.raw());
-    assert_ne!(hold, 0, "the fake could not hold {hold_on:?}");
+    let hold = fake()
+        .hold_stream(hold_on.raw())
+        .unwrap_or_else(|| panic!("the fake could not hold {hold_on:?}"));
     let ran = Arc::new(AtomicBool::new(false));
     let drops = Drops::new();
     {
@@ -395,7 +404,7 @@ fn launch_behind_a_hold(hold_on: RawStream, launch_on: RawStream) {
         !ran.load(Ordering::SeqCst),
         "ran while {hold_on:?} was held"
     );
-    fake().release_hold(hold);
+    hold.release();
     // SAFETY: a special handle, with a current context on this thread.
     unsafe { driver.cuStreamSynchronize(launch_on.raw()) }.unwrap();
     assert!(ran.load(Ordering::SeqCst), "{launch_on:?}");

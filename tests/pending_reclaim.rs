@@ -86,11 +86,15 @@ fn poisoned_with_pending_launches() -> (
     let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
     let stream = Stream::new(&context).unwrap();
     let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let hold = fake().hold_stream(stream.raw());
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
     launch_counted(&stream, &ran, &dropped);
     assert_eq!(context.pending_launches(), N);
-    fake().poison_context(context.raw());
-    fake().release_hold(hold);
+    fake()
+        .poison_context(context.raw())
+        .expect("the fake could not poison the context");
+    hold.release();
     (context, stream, ran, dropped)
 }
 
@@ -153,13 +157,13 @@ isolated_test! {
             d.cuCtxCreate(&mut context, ptr::null_mut(), 0, device).unwrap();
             d.cuStreamCreate(&mut raw, 0).unwrap();
         }
-        let hold = fake().hold_stream(raw);
+        let hold = fake().hold_stream(raw).expect("the fake could not hold the stream");
         let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         // SAFETY: `raw` is live until the context is destroyed, after the launches.
         let stream = unsafe { RawStream::from_raw(raw) };
         launch_counted(stream, &ran, &dropped);
         assert_eq!(pending_launches(Some(context)), N);
-        fake().release_hold(hold);
+        hold.release();
         // SAFETY: our context, destroyed once; it runs the pending host functions first.
         unsafe { d.cuCtxDestroy(context) }.unwrap();
         // SAFETY: destroyed; nothing launches into it.
@@ -181,7 +185,7 @@ isolated_test! {
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
         let stream = Stream::new(&context).unwrap();
         let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         // Every third launch is refused (out of memory); the others stay pending behind the hold.
         let mut refused = 0;
         for i in 0..30 {
@@ -200,8 +204,10 @@ isolated_test! {
         assert_eq!(refused, 10);
         assert_eq!(dropped.load(Ordering::SeqCst), 10, "the refused launches' owners");
         assert_eq!(context.pending_launches(), 20);
-        fake().poison_context(context.raw());
-        fake().release_hold(hold);
+        fake()
+            .poison_context(context.raw())
+            .expect("the fake could not poison the context");
+        hold.release();
         drop(stream);
         // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
         assert_eq!(unsafe { context.reset() }.unwrap(), 20);
@@ -226,7 +232,8 @@ isolated_test! {
             d.cuCtxCreate(&mut other, ptr::null_mut(), 0, device).unwrap();
             d.cuStreamCreate(&mut raw, 0).unwrap();
         }
-        let holds = [fake().hold_stream(on_primary.raw()), fake().hold_stream(raw)];
+        let [on_primary_hold, other_hold] = [on_primary.raw(), raw]
+            .map(|s| fake().hold_stream(s).expect("the fake could not hold the stream"));
         let (ran, dropped) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         // SAFETY: `raw` is live until its context is destroyed.
         let on_other = unsafe { RawStream::from_raw(raw) };
@@ -235,15 +242,17 @@ isolated_test! {
         assert_eq!(pending_launches(Some(primary.raw())), N);
         assert_eq!(pending_launches(Some(other)), N);
         assert_eq!(pending_launches(None), 2 * N);
-        fake().poison_context(other);
-        fake().release_hold(holds[1]);
+        fake()
+            .poison_context(other)
+            .expect("the fake could not poison the context");
+        other_hold.release();
         // SAFETY: the second context, destroyed once (poisoned: its host functions never run).
         unsafe { d.cuCtxDestroy(other) }.expect("destroying a poisoned context of our own");
         // SAFETY: destroyed; nothing launches into it.
         assert_eq!(unsafe { reclaim_pending(other) }, N, "pooled and boxed records reclaimed");
         assert_eq!(pending_launches(Some(primary.raw())), N);
         assert_eq!(ran.load(Ordering::SeqCst), 0);
-        fake().release_hold(holds[0]);
+        on_primary_hold.release();
         on_primary.synchronize().unwrap();
         flush(Duration::from_secs(5)).unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), N, "the primary context's launches ran");

@@ -47,7 +47,7 @@ use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{
     Drops, ISOLATED_TEST_ENV, Owner, PATIENCE, ThreadInfo, fake, fake_driver_path, in_own_process,
-    test_path,
+    test_path, wait_until,
 };
 
 /// How a call ended.
@@ -771,7 +771,7 @@ const NEEDS: &[(&str, i32)] = &[
 fn assert_nothing_left(version: i32) {
     flush(PATIENCE).expect("flush");
     assert_eq!(pending_launches(None), 0, "launches pending on {version}");
-    fake().wait_until("user objects destroyed", PATIENCE, || {
+    wait_until("user objects destroyed", PATIENCE, || {
         fake().live_user_objects() == 0
     });
     for kind in [

@@ -475,7 +475,7 @@ type Counts = BTreeMap<String, ExportCalls>;
 fn counted<R>(f: impl FnOnce() -> R) -> (R, Counts) {
     fake().reset_call_counts();
     let result = f();
-    (result, fake().call_counts())
+    (result, fake().export_calls())
 }
 
 /// Calls of `name` in `counts`, the way a fault set on `name` counts them (a base name matches
@@ -1462,8 +1462,9 @@ const PENDING: usize = 4;
 /// with an owner of `drops`: the stream is held, the context poisoned, the stream dropped.
 fn pending_on_a_poisoned_context(context: &Arc<PrimaryContext>, drops: &Arc<Drops>) {
     let stream = Stream::new(context).unwrap();
-    let hold = fake().hold_stream(stream.raw());
-    assert_ne!(hold, 0);
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
     let probe = Probe::new();
     for i in 0..PENDING {
         if i % 2 == 0 {
@@ -1485,8 +1486,8 @@ fn pending_on_a_poisoned_context(context: &Arc<PrimaryContext>, drops: &Arc<Drop
             .unwrap();
         }
     }
-    assert_eq!(fake().poison_context(context.raw()), CUresult::CUDA_SUCCESS);
-    fake().release_hold(hold);
+    assert_eq!(fake().poison_context(context.raw()), Ok(()));
+    hold.release();
     drop(stream);
     assert_eq!(context.pending_launches(), PENDING);
 }

@@ -17,7 +17,7 @@ use cuda_host_launch::{
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    CountedOwner, DropCounts, PATIENCE, fake, fake_driver_path, load_fake_driver,
+    CountedOwner, DropCounts, PATIENCE, fake, fake_driver_path, load_fake_driver, wait_until,
 };
 
 const THREADS: usize = 4;
@@ -118,11 +118,13 @@ fn round(context: &std::sync::Arc<PrimaryContext>, drops: DropCounts) -> (u64, u
             std::hint::spin_loop();
         }
         let at = (RAN.load(Ordering::SeqCst), launched.load(Ordering::SeqCst));
-        fake().poison_context(context.raw());
+        fake()
+            .poison_context(context.raw())
+            .expect("the fake could not poison the context");
         at
     });
     // The launches after the poison were accepted; none of them runs.
-    fake().wait_until("the poisoned context to stop", PATIENCE, || {
+    wait_until("the poisoned context to stop", PATIENCE, || {
         fake().pending_host_functions(context.raw()) == 0
     });
     let ran = RAN.load(Ordering::SeqCst);

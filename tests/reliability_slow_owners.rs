@@ -59,8 +59,7 @@ isolated_test! {
         let ran_at: Arc<Vec<AtomicU64>> = Arc::new((0..N + M).map(|_| AtomicU64::new(0)).collect());
 
         // Batch 1: launched behind a hold, so that the host functions run back to back.
-        let hold = fake().hold_stream(stream.raw());
-        assert_ne!(hold, 0);
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         for i in 0..N {
             let (owner, ran_at) = (SlowOwner(Arc::clone(&dropped)), Arc::clone(&ran_at));
             host_launch(&stream, move || {
@@ -70,7 +69,7 @@ isolated_test! {
             .unwrap();
         }
         let released = since(base);
-        fake().release_hold(hold);
+        hold.release();
         stream.synchronize().unwrap();
         let synchronized = since(base);
         let dropped_at_sync = dropped.load(Ordering::SeqCst);

@@ -193,7 +193,7 @@ isolated_test! {
             "expected CaptureActive, got {refused:?}"
         );
         let exec = end_capture(captured.raw()).instantiate().unwrap();
-        let hold = fake().hold_stream(waiting.raw());
+        let hold = fake().hold_stream(waiting.raw()).expect("the fake could not hold the stream");
         let mut futures: Vec<_> = (0..8)
             .map(|_| CompletionMode::LowLatency.completion(&waiting).unwrap())
             .collect();
@@ -206,7 +206,7 @@ isolated_test! {
         for f in &mut futures {
             assert!(poll_with(f, &waker).is_pending(), "a replay resolved a future");
         }
-        fake().release_hold(hold);
+        hold.release();
         for f in &mut futures {
             wait_for(f, "a completion after the hold").unwrap();
         }
@@ -234,7 +234,7 @@ isolated_test! {
         wait_for(&mut unseen, "the captured completion at its replay").unwrap();
         // The poller gives the slot back just after it resolved the future.
         std::thread::sleep(Duration::from_millis(20));
-        let hold = fake().hold_stream(waiting.raw());
+        let hold = fake().hold_stream(waiting.raw()).expect("the fake could not hold the stream");
         let mut futures: Vec<_> = (0..8)
             .map(|_| CompletionMode::LowLatency.completion(&waiting).unwrap())
             .collect();
@@ -250,7 +250,7 @@ isolated_test! {
                 "a replay resolved a future whose stream is still held"
             );
         }
-        fake().release_hold(hold);
+        hold.release();
         for f in &mut futures {
             wait_for(f, "a completion after the hold").unwrap();
         }
@@ -269,13 +269,13 @@ isolated_test! {
         let reports = collect_reports();
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let panicking = Waker::from(Arc::new(PanickingWaker));
         let mut done = completion(&stream).unwrap();
         let mut value = host_launch_async(&stream, || 42).unwrap();
         assert!(poll_with(&mut done, &panicking).is_pending());
         assert!(poll_with(&mut value, &panicking).is_pending());
-        fake().release_hold(hold);
+        hold.release();
         stream.synchronize().unwrap();
         flush(PATIENCE).unwrap();
         wait_for_reports(&reports, PanicOrigin::Waker, 2);
@@ -294,14 +294,14 @@ isolated_test! {
         let reports = collect_reports();
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let panicking = Waker::from(Arc::new(PanickingWaker));
         let mut first = CompletionMode::LowLatency.completion(&stream).unwrap();
         let mut second = CompletionMode::LowLatency.completion(&stream).unwrap();
         assert!(poll_with(&mut first, &panicking).is_pending());
         let waker = thread_waker();
         assert!(poll_with(&mut second, &waker).is_pending());
-        fake().release_hold(hold);
+        hold.release();
         wait_for(&mut second, "the future beside the panicking waker").unwrap();
         wait_for(&mut first, "the future of the panicking waker").unwrap();
         wait_for_reports(&reports, PanicOrigin::Waker, 1);
@@ -393,12 +393,12 @@ isolated_test! {
         let owner = FlushingOwner(tx);
         // Held until the launch returned: else its own drain (manual mode) may find the host
         // function already run and release the owner itself.
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         host_launch(&stream, move || {
             let _keep = &owner;
         })
         .unwrap();
-        fake().release_hold(hold);
+        hold.release();
         stream.synchronize().unwrap();
         assert_eq!(cuda_host_launch::drain(), 1);
         assert_refused_at_once(rx.try_recv().expect("the owner was dropped by the drain"));

@@ -150,14 +150,13 @@ isolated_test! {
     fn low_latency_poller_wakes_in_relaxed_capture_mode() {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
-        assert_ne!(hold, 0);
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let future = CompletionMode::LowLatency.completion(&stream).unwrap();
         let waker = Arc::new(ModeRecorder::default());
         let mut future = pin!(future);
         let task_waker = Waker::from(Arc::clone(&waker));
         assert!(future.as_mut().poll(&mut Context::from_waker(&task_waker)).is_pending());
-        fake().release_hold(hold);
+        hold.release();
         let deadline = Instant::now() + PATIENCE;
         while !waker.woken.load(Ordering::SeqCst) {
             assert!(Instant::now() < deadline, "the future was never woken");
@@ -250,9 +249,12 @@ isolated_test! {
             assert!(Instant::now() < deadline, "the second host function never ran");
             std::thread::sleep(Duration::from_millis(1));
         }
-        // Pending: its host function never runs (the stream is held).
-        let hold = fake().hold_stream(stream.raw());
-        assert_ne!(hold, 0);
+        // Pending: its host function never runs (the stream is held, for good: the guard is
+        // given up, the hold kept).
+        let _hold = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream")
+            .into_token();
         let pending = CountedDeviceBuffer {
             _buffer: DeviceBuffer::new(&freed_tx),
         };

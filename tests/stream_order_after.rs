@@ -12,9 +12,11 @@ use cuda_host_launch::{
     CompletionMode, Error, PanicOrigin, PrimaryContext, RawStream, Stream, flush, pending_launches,
     poller_cpu_time, release_after, set_panic_handler, spawn_after,
 };
-use cuda_sys::types::{CUresult, CUstream, CUstreamCaptureMode};
+use cuda_sys::types::{CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_driver_path, fake_primary_context};
+use cuda_workspace::testing::{
+    Drops, Hold, ThreadInfo, fake, fake_driver_path, fake_primary_context,
+};
 
 const PATIENCE: Duration = Duration::from_secs(10);
 /// The event poller thread's name (its OS name, 15 bytes at most, is the same).
@@ -71,7 +73,7 @@ isolated_test! {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let drops = Drops::new();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         for _ in 0..100 {
             release_after(&stream, drops.owner()).unwrap();
         }
@@ -79,7 +81,7 @@ isolated_test! {
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 0, "nothing dropped while the stream is held");
         assert_eq!(context.pending_launches(), 100);
-        fake().release_hold(hold);
+        hold.release();
         let records = drops.wait_dropped(100);
         assert!(records.iter().all(|r| r.thread.is_reaper()), "{records:?}");
         assert_eq!(drops.live(), 0);
@@ -94,7 +96,10 @@ isolated_test! {
     ) {
         let context = fake_primary_context();
         let streams: Vec<Stream> = (0..4).map(|_| Stream::new(&context).unwrap()).collect();
-        let holds: Vec<u64> = streams.iter().map(|s| fake().hold_stream(s.raw())).collect();
+        let holds: Vec<Hold> = streams
+            .iter()
+            .map(|s| fake().hold_stream(s.raw()).expect("the fake could not hold the stream"))
+            .collect();
         let seen: Arc<Mutex<Vec<(usize, usize, ThreadInfo)>>> = Arc::default();
         for i in 0..250 {
             for (s, stream) in streams.iter().enumerate() {
@@ -108,7 +113,7 @@ isolated_test! {
         std::thread::sleep(Duration::from_millis(20));
         assert!(seen.lock().unwrap().is_empty(), "nothing ran while the streams are held");
         for hold in holds {
-            fake().release_hold(hold);
+            hold.release();
         }
         wait_for("1,000 callbacks", || seen.lock().unwrap().len() == 1000);
         let seen = seen.lock().unwrap();
@@ -217,11 +222,11 @@ isolated_test! {
         let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
         let stream = Stream::new(&context).unwrap();
         let drops = Drops::new();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         release_after(&stream, drops.owner()).unwrap();
         let future = CompletionMode::Event.completion(&stream).unwrap();
-        assert_eq!(fake().poison_context(context.raw()), CUresult::CUDA_SUCCESS);
-        fake().release_hold(hold);
+        assert_eq!(fake().poison_context(context.raw()), Ok(()));
+        hold.release();
         std::thread::sleep(Duration::from_millis(50));
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 0);
@@ -289,10 +294,10 @@ isolated_test! {
         });
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let future = CompletionMode::Event.completion(&stream).unwrap();
         std::thread::sleep(Duration::from_millis(5));
-        fake().release_hold(hold);
+        hold.release();
         block_on(future).unwrap();
         // The poller counts a round's CPU time after the round, whose wake-up may come first.
         wait_for("the poller's CPU time", || poller_cpu_time() > Duration::ZERO);
@@ -350,14 +355,14 @@ isolated_test! {
         let context = fake_primary_context();
         let stream = Arc::new(Stream::new(&context).unwrap());
         let (first, second) = (Drops::new(), Drops::new());
-        let hold: Arc<Mutex<Option<u64>>> = Arc::default();
+        let hold: Arc<Mutex<Option<Hold>>> = Arc::default();
         let (inner, late, held) = (Arc::clone(&stream), Arc::clone(&second), Arc::clone(&hold));
         fake().set_hook_after("cuEventRecord", 1, move || {
             // After the first thread's record, before it hands the event over: another thread
             // holds the stream, then releases behind the hold.
             let (inner, late, held) = (Arc::clone(&inner), Arc::clone(&late), Arc::clone(&held));
             std::thread::spawn(move || {
-                *held.lock().unwrap() = Some(fake().hold_stream(inner.raw()));
+                *held.lock().unwrap() = fake().hold_stream(inner.raw());
                 release_after(&*inner, late.owner()).unwrap();
             })
             .join()
@@ -368,7 +373,7 @@ isolated_test! {
         std::thread::sleep(Duration::from_millis(50));
         flush(PATIENCE).unwrap();
         assert_eq!(second.dropped(), 0, "released before the hold in front of it was let go");
-        fake().release_hold(hold.lock().unwrap().take().unwrap());
+        hold.lock().unwrap().take().expect("the hook held the stream").release();
         second.wait_dropped(1);
     }
 }
@@ -379,7 +384,7 @@ isolated_test! {
     fn a_failed_reset_leaves_pending_releases_to_complete(CUDA_SYS_LIBRARY = fake_driver_path()) {
         let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
         let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw());
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let drops = Drops::new();
         release_after(&stream, drops.owner()).unwrap();
         fake().set_fault("cuDevicePrimaryCtxReset", 1, 999);
@@ -387,7 +392,7 @@ isolated_test! {
         let reset = unsafe { context.reset() };
         fake().clear_faults();
         assert!(reset.is_err(), "{reset:?}");
-        fake().release_hold(hold);
+        hold.release();
         stream.synchronize().unwrap();
         drops.wait_dropped(1);
         assert_eq!(context.pending_launches(), 0);
@@ -405,7 +410,11 @@ isolated_test! {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings::LOW_LATENCY);
-        let _hold = fake().hold_stream(stream.raw());
+        // Held until the process exits: the guard is given up, the hold kept.
+        let _hold = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream")
+            .into_token();
         spawn_after(&stream, || {}).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         std::mem::forget(stream);

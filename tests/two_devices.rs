@@ -12,7 +12,7 @@ use cuda_host_launch::{
     Device, Graph, PrimaryContext, Stream, add_host_node, flush, host_launch, launch_host_function,
     pending_launches, release_after, spawn_after,
 };
-use cuda_sys::types::{CUresult, CUstreamCaptureMode};
+use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     DropCounts, Drops, ThreadSet, fake, fake_driver_path, load_fake_driver, thread_id,
@@ -198,7 +198,9 @@ isolated_test! {
         let contexts = contexts();
         let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
         let drops = [Drops::new(), Drops::new()];
-        let holds = [0, 1].map(|d| fake().hold_stream(streams[d].raw()));
+        let holds = [0, 1].map(|d| {
+            fake().hold_stream(streams[d].raw()).expect("the fake could not hold the stream")
+        });
         for d in 0..2 {
             for _ in 0..50 {
                 let owner = drops[d].owner();
@@ -211,9 +213,9 @@ isolated_test! {
         }
         assert_eq!(contexts[0].pending_launches(), 100);
         assert_eq!(contexts[1].pending_launches(), 100);
-        assert_eq!(fake().poison_context(contexts[1].raw()), CUresult::CUDA_SUCCESS);
+        assert_eq!(fake().poison_context(contexts[1].raw()), Ok(()));
         for hold in holds {
-            fake().release_hold(hold);
+            hold.release();
         }
         drops[0].wait_dropped(100);
         assert_eq!(contexts[0].pending_launches(), 0);
@@ -248,7 +250,7 @@ isolated_test! {
         let captured = Stream::new(&contexts[0]).unwrap();
         let work = Stream::new(&contexts[1]).unwrap();
         let drops = Drops::new();
-        let hold = fake().hold_stream(work.raw());
+        let hold = fake().hold_stream(work.raw()).expect("the fake could not hold the stream");
         for _ in 0..20 {
             let owner = drops.owner();
             host_launch(&work, move || {
@@ -266,7 +268,7 @@ isolated_test! {
         }
         .unwrap();
         host_launch(&captured, || {}).expect_err("a run-once launch is refused on a capturing stream");
-        fake().release_hold(hold);
+        hold.release();
         drops.wait_dropped(40);
         let mut graph = std::ptr::null_mut();
         // SAFETY: the capturing stream; a valid out-pointer.
@@ -286,7 +288,9 @@ isolated_test! {
     ) {
         let contexts = contexts();
         let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
-        let holds = [0, 1].map(|d| fake().hold_stream(streams[d].raw()));
+        let holds = [0, 1].map(|d| {
+            fake().hold_stream(streams[d].raw()).expect("the fake could not hold the stream")
+        });
         let seen: Arc<Mutex<Vec<(usize, usize, bool)>>> = Arc::default();
         struct ContextCheck {
             own: usize,
@@ -322,7 +326,7 @@ isolated_test! {
             }
         }
         for hold in holds {
-            fake().release_hold(hold);
+            hold.release();
         }
         for stream in &streams {
             stream.synchronize().unwrap();
@@ -353,7 +357,9 @@ isolated_test! {
         .unwrap();
         // Device 0's legacy stream is held: a release there must wait.
         contexts[0].set_current().unwrap();
-        let hold = fake().hold_stream(cuda_sys::CU_STREAM_LEGACY);
+        let hold = fake()
+            .hold_stream(cuda_sys::CU_STREAM_LEGACY)
+            .expect("the fake could not hold the stream");
         let drops = Drops::new();
         let (out, owner) = (Arc::clone(&seen), drops.owner());
         spawn_after(&stream, move || {
@@ -371,7 +377,7 @@ isolated_test! {
         let device0 = contexts[0].raw().addr();
         assert_eq!(*seen.lock().unwrap(), [device0, device0], "each callback in its stream's context");
         assert_eq!(drops.dropped(), 0, "released while device 0's legacy stream was held");
-        fake().release_hold(hold);
+        hold.release();
         drops.wait_dropped(1);
     }
 }

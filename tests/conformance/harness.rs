@@ -424,10 +424,7 @@ impl Trap<'_> {
     pub fn fire(&self, stream: CUstream) {
         match &self.kernels {
             None => {
-                assert_eq!(
-                    fake().poison_context(ptr::null_mut()),
-                    CUresult::CUDA_SUCCESS
-                );
+                assert_eq!(fake().poison_context(ptr::null_mut()), Ok(()));
             }
             Some(kernels) => {
                 kernels.trap(stream);

@@ -204,6 +204,13 @@ impl Hold<'_> {
 
     /// Lets the stream continue.
     pub fn release(self) {}
+
+    /// Gives up the guard but not the hold: the stream stays held until
+    /// [`FakeCuda::release_hold`] with the returned token, or for good (a test that leaves work
+    /// pending at process exit, say).
+    pub fn into_token(self) -> u64 {
+        std::mem::ManuallyDrop::new(self).token
+    }
 }
 
 impl Drop for Hold<'_> {
@@ -212,7 +219,21 @@ impl Drop for Hold<'_> {
     }
 }
 
+/// Calls of one export name, as [`FakeCuda::export_calls`] lists them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportCalls {
+    /// The base symbol it is a variant of (`cuLaunchHostFunc` for `cuLaunchHostFunc_v2`): a fault
+    /// or a hook set on the base name hits every variant, one set on the export name only this one.
+    pub base: String,
+    /// Calls so far.
+    pub count: u64,
+}
+
 /// The loaded fake driver's control functions, through the shared library.
+///
+/// Holding one also keeps the fake mapped when a binding's loader rejects the library and closes
+/// its own handle (the stub, a failing `cuInit`): open it first in such a test, or the fake's
+/// state (its counters, say) goes with the library.
 pub struct FakeCuda {
     library: libloading::Library,
     path: PathBuf,
@@ -226,12 +247,46 @@ impl fmt::Debug for FakeCuda {
     }
 }
 
+/// `name` as a C string (any NUL byte in it dropped).
 fn c_name(name: &str) -> CString {
     CString::new(name.replace('\0', "")).unwrap_or_default()
 }
 
+/// The control function `$export` of `$fake`'s library, as a function pointer of type `$f`.
+///
+/// `$f` is checked at compile time to be the type of this crate's own `control::$export`: the
+/// library is this crate built as a `cdylib`, so the export has that signature.
+///
+/// # Panics
+/// If the library has no such export (a fake older than this crate).
+macro_rules! control {
+    ($fake:expr, $export:ident: $f:ty) => {{
+        const _: $f = crate::control::$export;
+        // SAFETY: `$f` is the signature of `control::$export` (the constant above does not compile
+        // otherwise), which the library exports under that name.
+        unsafe { $fake.get::<$f>(concat!(stringify!($export), "\0").as_bytes()) }
+    }};
+}
+
+/// Defines methods of [`FakeCuda`] that call a control function with their arguments and return
+/// its result, both as they are: `fn name(arguments) -> result = export;`.
+macro_rules! plain_controls {
+    ($(
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? = $export:ident;
+    )*) => {
+        impl FakeCuda {$(
+            $(#[$doc])*
+            pub fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
+                control!(self, $export: extern "C" fn($($ty),*) $(-> $ret)?)($($arg),*)
+            }
+        )*}
+    };
+}
+
 impl FakeCuda {
-    /// The export `name` (NUL-terminated) as a function pointer of type `F`.
+    /// The export `name` (NUL-terminated) as a function pointer of type `F` (through `control!`,
+    /// which checks `F`).
     ///
     /// # Safety
     /// `F` must be the export's C signature (see `src/control.rs`).
@@ -244,10 +299,11 @@ impl FakeCuda {
             Ok(f) => *f,
             Err(e) => panic!(
                 "the fake driver has no {}: {e}",
-                String::from_utf8_lossy(name)
+                String::from_utf8_lossy(name.strip_suffix(b"\0").unwrap_or(name))
             ),
         }
     }
+
     /// Opens the fake library at `path` (the copy already loaded, if the process loaded it:
     /// open the same path the binding loads).
     ///
@@ -283,79 +339,77 @@ impl FakeCuda {
         &self.path
     }
 
-    /// Changes the version `cuDriverGetVersion` reports and `cuGetProcAddress` gates on (a
-    /// binding that read it at load keeps its copy: set it before, or through [`Config`]).
-    pub fn set_version(&self, version: i32) {
-        // SAFETY: the signature of fake_cuda_set_version (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn(i32)>(b"fake_cuda_set_version\0") };
-        f(version)
-    }
-
-    /// Changes the number of devices.
-    pub fn set_device_count(&self, count: i32) {
-        // SAFETY: the signature of fake_cuda_set_device_count (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn(i32)>(b"fake_cuda_set_device_count\0") };
-        f(count)
+    /// The address of the export `name` (a driver function such as `cuLaunchHostFunc_v2`, or a
+    /// control function) as `dlsym` finds it, to compare with what a binding resolved; `None` if
+    /// the library does not export it.
+    pub fn export_address(&self, name: &str) -> Option<usize> {
+        let name = c_name(name);
+        // SAFETY: the address is only returned as a number, never called or read here.
+        let symbol = unsafe { self.library.get::<*mut c_void>(name.as_bytes_with_nul()) };
+        symbol.ok().map(|s| s.addr())
     }
 
     /// Turns stub behaviour (every driver call returns 34, `CUDA_ERROR_STUB_LIBRARY`) on or off.
     pub fn set_stub(&self, on: bool) {
-        // SAFETY: the signature of fake_cuda_set_stub (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn(u32)>(b"fake_cuda_set_stub\0") };
-        f(u32::from(on))
+        control!(self, fake_cuda_set_stub: extern "C" fn(u32))(u32::from(on))
     }
 
     /// Replaces the list of base symbols `cuGetProcAddress` claims not to know (every function
     /// stays exported: `dlsym` still finds it).
     pub fn set_missing(&self, symbols: &[&str]) {
         let list = c_name(&symbols.join(","));
+        let f = control!(self, fake_cuda_set_missing: unsafe extern "C" fn(*const c_char));
         // SAFETY: a NUL-terminated list.
-        unsafe {
-            self.get::<unsafe extern "C" fn(*const c_char)>(b"fake_cuda_set_missing\0")(
-                list.as_ptr(),
-            )
-        }
+        unsafe { f(list.as_ptr()) }
     }
 
     /// Makes the `nth` call of `name` from now (1-based; 0: every call) return `code` and do
     /// nothing else. `name` is a base symbol (`cuLaunchHostFunc`: every variant) or an export name
-    /// (`cuLaunchHostFunc_v2`: that one).
+    /// (`cuLaunchHostFunc_v2`: that one). Replaces an earlier fault of that name.
     pub fn set_fault(&self, name: &str, nth: u64, code: u32) {
         let name = c_name(name);
+        let f = control!(self, fake_cuda_set_fault: unsafe extern "C" fn(*const c_char, u64, u32));
         // SAFETY: a NUL-terminated name.
-        unsafe {
-            self.get::<unsafe extern "C" fn(*const c_char, u64, u32)>(b"fake_cuda_set_fault\0")(
-                name.as_ptr(),
-                nth,
-                code,
-            )
-        }
+        unsafe { f(name.as_ptr(), nth, code) }
     }
 
-    /// Removes every fault.
-    pub fn clear_faults(&self) {
-        // SAFETY: the signature of fake_cuda_clear_faults (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn()>(b"fake_cuda_clear_faults\0") };
-        f()
+    /// Makes the `nth` call of `name` from now (1-based; 0: every call) first run `hook`, on the
+    /// calling thread, before the call does anything else (an injected fault included). `name`
+    /// is a base symbol or an export name, as for [`set_fault`](Self::set_fault). Replaces an
+    /// earlier hook of that name; a hook for one call is removed once it ran.
+    ///
+    /// The hook runs with no lock of the fake held, so it may call the driver (the code under
+    /// test's next step, another thread's capture beginning inside a launch...). It must not
+    /// panic: it is called from C, and a panic there aborts the process. It is never freed (a
+    /// test sets few); it stays reachable, so leak checkers do not report it.
+    pub fn set_hook(&self, name: &str, nth: u64, hook: impl Fn() + Send + Sync + 'static) {
+        let setter = control!(self, fake_cuda_set_hook: SetHook);
+        set_hook_with(setter, name, nth, hook);
     }
 
-    /// Blocks `stream` (null: the current context's legacy stream) with "device work" until the
-    /// hold is released, like a spinning kernel; other streams keep running. `None` if the stream
-    /// is invalid or capturing.
+    /// As [`set_hook`](Self::set_hook), but the hook runs at the end of the call, once it has done
+    /// everything but return, whatever it returns; a call refused by an injected fault does not
+    /// reach it.
+    pub fn set_hook_after(&self, name: &str, nth: u64, hook: impl Fn() + Send + Sync + 'static) {
+        let setter = control!(self, fake_cuda_set_hook_after: SetHook);
+        set_hook_with(setter, name, nth, hook);
+    }
+
+    /// Blocks `stream` (null or `CU_STREAM_LEGACY`: the current context's legacy stream;
+    /// `CU_STREAM_PER_THREAD`: the calling thread's) with "device work" until the hold is released
+    /// (dropped, or [`release_hold`](Self::release_hold) with its [`Hold::into_token`]), like a
+    /// spinning kernel; other streams keep running. `None` if the stream is invalid or capturing.
     pub fn hold_stream(&self, stream: CUstream) -> Option<Hold<'_>> {
-        // SAFETY: the signature of fake_cuda_hold_stream (src/control.rs).
-        let token =
-            unsafe { self.get::<extern "C" fn(CUstream) -> u64>(b"fake_cuda_hold_stream\0") }(
-                stream,
-            );
+        let token = control!(self, fake_cuda_hold_stream: extern "C" fn(CUstream) -> u64)(stream);
         (token != 0).then_some(Hold { fake: self, token })
     }
 
-    /// Lets a held stream continue (unknown tokens are ignored).
-    pub fn release_hold(&self, token: u64) {
-        // SAFETY: the signature of fake_cuda_release_hold (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn(u64)>(b"fake_cuda_release_hold\0") };
-        f(token)
+    /// With `on`, `cuCtxCreate` from now on gives a new context the handle of the context most
+    /// recently destroyed with `cuCtxDestroy`, as the real driver may (its handles are heap
+    /// addresses); with `!on`, fresh handles again. The new context is a different context all
+    /// the same: its own streams, its own `cuCtxGetId`.
+    pub fn reuse_context_handles(&self, on: bool) {
+        control!(self, fake_cuda_reuse_context_handles: extern "C" fn(u32))(u32::from(on))
     }
 
     /// Gives `ctx` (null: the current context) a sticky error, as a trapping kernel does: its host
@@ -366,55 +420,52 @@ impl FakeCuda {
     /// # Errors
     /// The driver's code for an invalid context (201).
     pub fn poison_context(&self, ctx: CUcontext) -> Result<(), CUresult> {
-        // SAFETY: the signature of fake_cuda_poison_context (src/control.rs).
-        let code = unsafe {
-            self.get::<extern "C" fn(CUcontext) -> CUresult>(b"fake_cuda_poison_context\0")
-        }(ctx);
-        if code == CUresult::CUDA_SUCCESS {
-            Ok(())
-        } else {
-            Err(code)
+        let poison = control!(self, fake_cuda_poison_context: extern "C" fn(CUcontext) -> CUresult);
+        match poison(ctx) {
+            CUresult::CUDA_SUCCESS => Ok(()),
+            code => Err(code),
         }
     }
 
-    /// Host functions of `ctx` (null: every context) enqueued and not yet finished.
-    pub fn pending_host_functions(&self, ctx: CUcontext) -> u64 {
-        // SAFETY: the signature of fake_cuda_pending_host_functions (src/control.rs).
-        let f = unsafe {
-            self.get::<extern "C" fn(CUcontext) -> u64>(b"fake_cuda_pending_host_functions\0")
-        };
-        f(ctx)
-    }
-
-    /// Calls so far of `name`: a base symbol counts every variant, an export name only itself.
+    /// Calls so far of `name`: a base symbol (`cuLaunchHostFunc`) counts every exported variant,
+    /// an export name (`cuLaunchHostFunc_v2`, `cuStreamSynchronize_ptsz`) only itself. Faulted
+    /// and stub calls count.
     pub fn call_count(&self, name: &str) -> u64 {
         let name = c_name(name);
+        let f = control!(self, fake_cuda_call_count: unsafe extern "C" fn(*const c_char) -> u64);
         // SAFETY: a NUL-terminated name.
-        unsafe {
-            self.get::<unsafe extern "C" fn(*const c_char) -> u64>(b"fake_cuda_call_count\0")(
-                name.as_ptr(),
-            )
-        }
+        unsafe { f(name.as_ptr()) }
     }
 
-    /// Calls of `name` (`""`: of any function) made on the fake's own threads (inside a host
-    /// function, or in a user-object destructor), where the real driver forbids CUDA calls.
+    /// Calls of `name` (as for [`call_count`](Self::call_count); `""`: of any function) made on
+    /// the fake's own threads (a context's worker, inside a host function, or the user-object
+    /// destructor thread), where the real driver forbids CUDA calls.
     pub fn driver_thread_call_count(&self, name: &str) -> u64 {
         let name = c_name(name);
+        let f = control!(
+            self,
+            fake_cuda_driver_thread_call_count: unsafe extern "C" fn(*const c_char) -> u64
+        );
         // SAFETY: a NUL-terminated name.
-        unsafe {
-            self.get::<unsafe extern "C" fn(*const c_char) -> u64>(
-                b"fake_cuda_driver_thread_call_count\0",
-            )(name.as_ptr())
-        }
+        unsafe { f(name.as_ptr()) }
     }
 
     /// Every call counted since the last [`reset_call_counts`](Self::reset_call_counts), by
-    /// export name.
+    /// export name. What an operation called is the difference between two of these, or this
+    /// after a reset.
     pub fn call_counts(&self) -> BTreeMap<String, u64> {
-        type Counts = unsafe extern "C" fn(*mut c_char, usize) -> usize;
-        // SAFETY: the signature of fake_cuda_call_counts (src/control.rs).
-        let counts = unsafe { self.get::<Counts>(b"fake_cuda_call_counts\0") };
+        self.export_calls()
+            .into_iter()
+            .map(|(export, calls)| (export, calls.count))
+            .collect()
+    }
+
+    /// As [`call_counts`](Self::call_counts), with the base symbol of each export name.
+    pub fn export_calls(&self) -> BTreeMap<String, ExportCalls> {
+        let counts = control!(
+            self,
+            fake_cuda_call_counts: unsafe extern "C" fn(*mut c_char, usize) -> usize
+        );
         let mut buffer = vec![0u8; 4096];
         let len = loop {
             // SAFETY: `buffer` has `buffer.len()` writable bytes.
@@ -428,43 +479,148 @@ impl FakeCuda {
             .lines()
             .filter_map(|line| {
                 let mut fields = line.split(' ');
-                let (export, _base, count) = (fields.next()?, fields.next()?, fields.next()?);
-                Some((export.to_string(), count.parse().ok()?))
+                let (export, base, count) = (fields.next()?, fields.next()?, fields.next()?);
+                let calls = ExportCalls {
+                    base: base.to_string(),
+                    count: count.parse().ok()?,
+                };
+                Some((export.to_string(), calls))
             })
             .collect()
     }
 
-    /// Sets every call counter back to 0.
-    pub fn reset_call_counts(&self) {
-        // SAFETY: the signature of fake_cuda_reset_call_counts (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn()>(b"fake_cuda_reset_call_counts\0") };
-        f()
+    /// The `syncMode` the last `cuLaunchHostFunc_v2` call got (0 `CU_HOST_TASK_BLOCKING`, 1
+    /// `CU_HOST_TASK_SPINWAIT`); `None` before any.
+    pub fn last_launch_sync_mode(&self) -> Option<u32> {
+        self.last_sync_mode(0)
+    }
+
+    /// The `syncMode` of the last host node added through `cuGraphAddNode` (as for
+    /// [`last_launch_sync_mode`](Self::last_launch_sync_mode)); `None` before any.
+    pub fn last_host_node_sync_mode(&self) -> Option<u32> {
+        self.last_sync_mode(1)
+    }
+
+    /// `fake_cuda_last_sync_mode(which)`, with `None` for its "none yet".
+    fn last_sync_mode(&self, which: u32) -> Option<u32> {
+        let mode = control!(self, fake_cuda_last_sync_mode: extern "C" fn(u32) -> u32)(which);
+        (mode != u32::MAX).then_some(mode)
     }
 
     /// Live driver objects of `kind`: `streams`, `events`, `graphs`, `graph_execs`,
-    /// `graph_nodes`, `contexts` (created ones), `primary_retains`, `holds`,
-    /// `host_registrations`. For leak checks.
+    /// `graph_nodes`, `contexts` (made with `cuCtxCreate`), `primary_retains` (of device 0),
+    /// `holds`, `host_registrations` (`cuMemHostRegister`); 0 for an unknown kind. For leak
+    /// checks.
     pub fn live_objects(&self, kind: &str) -> u64 {
         let kind = c_name(kind);
+        let f = control!(self, fake_cuda_live_objects: unsafe extern "C" fn(*const c_char) -> u64);
         // SAFETY: a NUL-terminated kind.
-        unsafe {
-            self.get::<unsafe extern "C" fn(*const c_char) -> u64>(b"fake_cuda_live_objects\0")(
-                kind.as_ptr(),
-            )
-        }
+        unsafe { f(kind.as_ptr()) }
     }
+
+    /// Whether the fake's teardown at process exit has run (see
+    /// [`calls_after_teardown`](Self::calls_after_teardown)).
+    pub fn torn_down(&self) -> bool {
+        control!(self, fake_cuda_torn_down: extern "C" fn() -> u32)() != 0
+    }
+}
+
+/// The signature of `fake_cuda_set_hook` and `fake_cuda_set_hook_after`.
+type SetHook = unsafe extern "C" fn(*const c_char, u64, extern "C" fn(*mut c_void), *mut c_void);
+
+/// Sets `hook` for `name` and `nth` through `setter` (see [`FakeCuda::set_hook`]).
+fn set_hook_with(setter: SetHook, name: &str, nth: u64, hook: impl Fn() + Send + Sync + 'static) {
+    type Hook = Box<dyn Fn() + Send + Sync>;
+    extern "C" fn run(arg: *mut c_void) {
+        // SAFETY: `arg` is a leaked `Hook` below, never freed; only shared references to it are
+        // made, and it is `Sync`, so calls on several threads at once are fine.
+        let hook = unsafe { &*arg.cast::<Hook>() };
+        hook();
+    }
+    /// Every hook set, kept reachable (a hook the fake removed once it ran is not freed, and a
+    /// leak checker must not report it).
+    static SET: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+    let hook: *mut Hook = Box::into_raw(Box::new(Box::new(hook)));
+    SET.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(hook.expose_provenance());
+    let name = c_name(name);
+    // SAFETY: `name` is NUL-terminated; the hook lives for ever.
+    unsafe { setter(name.as_ptr(), nth, run, hook.cast()) }
+}
+
+plain_controls! {
+    /// Changes the version `cuDriverGetVersion` reports and `cuGetProcAddress` gates on (a
+    /// binding that read it at load keeps its copy: set it before, or through [`Config`]).
+    fn set_version(version: i32) = fake_cuda_set_version;
+
+    /// Changes the number of devices.
+    fn set_device_count(count: i32) = fake_cuda_set_device_count;
+
+    /// Removes every fault (those of `FAKE_CUDA_FAIL` included).
+    fn clear_faults() = fake_cuda_clear_faults;
+
+    /// Removes every hook.
+    fn clear_hooks() = fake_cuda_clear_hooks;
+
+    /// Lets a held stream continue (unknown tokens are ignored).
+    fn release_hold(token: u64) = fake_cuda_release_hold;
+
+    /// Makes the next `count` capture queries (`cuStreamGetCaptureInfo`, `cuStreamIsCapturing`)
+    /// of a capturing stream answer "not capturing": a stand-in for a capture that another thread
+    /// begins just after the code under test looked (queries of streams that are not capturing do
+    /// not count).
+    fn hide_capture(count: u64) = fake_cuda_hide_capture;
+
+    /// Host functions (and stream callbacks, and host nodes of launched graphs) of `ctx` (null:
+    /// every context) enqueued and not yet finished, the one running now included.
+    fn pending_host_functions(ctx: CUcontext) -> u64 = fake_cuda_pending_host_functions;
+
+    /// Sets every call counter back to 0 (those of
+    /// [`driver_thread_call_count`](FakeCuda::driver_thread_call_count) included).
+    fn reset_call_counts() = fake_cuda_reset_call_counts;
+
+    /// With `on`, only the calling thread's driver calls are counted and may meet an injected
+    /// fault ([`set_fault`](FakeCuda::set_fault)): the code under test's own threads call the
+    /// driver at moments of their own. With `!on`, every thread's again.
+    fn focus_calls_on_this_thread(on: bool) = fake_cuda_focus_calls_on_this_thread;
+
+    /// Calls of `cuGetProcAddress` (`which` = 1) or `cuGetProcAddress_v2` (`which` = 2); 0 for any
+    /// other `which`.
+    fn proc_address_calls(which: u32) -> u64 = fake_cuda_proc_address_calls;
+
+    /// The `flags` of the last `cuGetProcAddress*` call (1 `CU_GET_PROC_ADDRESS_LEGACY_STREAM`, 2
+    /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`; 0 before any).
+    fn last_proc_address_flags() -> u64 = fake_cuda_last_proc_address_flags;
+
+    /// The `cudaVersion` of the last `cuGetProcAddress*` call (0 before any).
+    fn last_proc_address_version() -> i32 = fake_cuda_last_proc_address_version;
 
     /// User objects whose destructor has not returned yet.
-    pub fn live_user_objects(&self) -> u64 {
-        // SAFETY: the signature of fake_cuda_live_user_objects (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_live_user_objects\0") };
-        f()
-    }
+    fn live_user_objects() -> u64 = fake_cuda_live_user_objects;
+
+    /// User objects that still have a reference (the user's, a graph's, an executable graph's or
+    /// a launch's): their destructor has not been queued yet. Drops with the call that releases
+    /// the last reference, unlike [`live_user_objects`](FakeCuda::live_user_objects), which
+    /// waits for the destructor to return.
+    fn referenced_user_objects() -> u64 = fake_cuda_referenced_user_objects;
 
     /// Driver threads (one per context that has had stream work) running now.
-    pub fn driver_thread_count(&self) -> u64 {
-        // SAFETY: the signature of fake_cuda_driver_thread_count (src/control.rs).
-        let f = unsafe { self.get::<extern "C" fn() -> u64>(b"fake_cuda_driver_thread_count\0") };
-        f()
-    }
+    fn driver_thread_count() -> u64 = fake_cuda_driver_thread_count;
+
+    /// The depth of the calling thread's current-context stack (`cuCtxPushCurrent` pushes,
+    /// `cuCtxPopCurrent` pops, `cuCtxSetCurrent` replaces the top): for checks that the code under
+    /// test leaves the stack as it found it.
+    fn context_stack_depth() -> u64 = fake_cuda_context_stack_depth;
+
+    /// The calling thread's stream-capture interaction mode, as
+    /// `cuThreadExchangeStreamCaptureMode` last set it: 0 `GLOBAL` (the default), 1
+    /// `THREAD_LOCAL`, 2 `RELAXED`.
+    fn capture_interaction_mode() -> u32 = fake_cuda_capture_interaction_mode;
+
+    /// Driver calls made after the fake's teardown at process exit (an exit handler the fake
+    /// registers at the first `cuInit`, after which every call returns 4,
+    /// `CUDA_ERROR_DEINITIALIZED`): for an exit handler of a test, registered before the driver
+    /// was initialised, so that it runs after the teardown.
+    fn calls_after_teardown() -> u64 = fake_cuda_calls_after_teardown;
 }
