@@ -71,9 +71,10 @@ cases! {
         sticky_error_then_reset(cx, false);
     }
 
-    /// The fake accepts a launch after the sticky error has surfaced (and never runs it). (The
-    /// 13.0 driver refuses it: see the differences list.)
-    fn a_launch_after_a_surfaced_sticky_error_is_accepted(cx) {
+    /// Once the sticky error has surfaced (a synchronize returned it), a launch is refused with
+    /// it (`CUDA_ERROR_LAUNCH_FAILED`). (Launches made before it surfaced are accepted and never
+    /// run: `gpu_reliability`.)
+    fn a_launch_after_a_surfaced_sticky_error_is_refused(cx) {
         sticky_error_then_reset(cx, true);
     }
 
@@ -143,8 +144,8 @@ cases! {
 }
 
 /// A held stream with a host function pending, a sticky error from another stream (and, if
-/// `launch_after`, a launch after it, which must be accepted): nothing runs, the calls report the
-/// error, and the primary context's reset succeeds. Each step is logged (stderr), so a case that
+/// `launch_after`, a launch after it has surfaced, which is refused): nothing runs, the calls
+/// report the error, and the primary context's reset succeeds. Each step is logged (stderr), so a case that
 /// hangs on the real driver says where.
 fn sticky_error_then_reset(cx: &Cx, launch_after: bool) {
     let (held, other) = (cx.stream(), cx.stream());
@@ -162,9 +163,8 @@ fn sticky_error_then_reset(cx: &Cx, launch_after: bool) {
     // SAFETY: live streams; `count` is leaked.
     unsafe {
         if launch_after {
-            cx.driver
-                .cuLaunchHostFunc(held, Some(bump), data(count))
-                .unwrap();
+            let launched = cx.driver.cuLaunchHostFunc(held, Some(bump), data(count));
+            assert_eq!(code(launched), Some(CUresult::CUDA_ERROR_LAUNCH_FAILED));
         }
         let failed = Some(CUresult::CUDA_ERROR_LAUNCH_FAILED);
         assert_eq!(code(cx.driver.cuStreamSynchronize(held)), failed);

@@ -247,7 +247,7 @@ impl Cx {
 
     /// Gives the current context a sticky error, as a trapping kernel does, through `stream`:
     /// on the fake through its control function, on the real driver with the test kernels'
-    /// `trap_now` (then waits until the error is there).
+    /// `trap_now`; then synchronizes `stream`, which returns the error (it has surfaced).
     pub fn sticky_error(&self, stream: CUstream) {
         self.trap().fire(stream);
     }
@@ -423,19 +423,16 @@ impl Trap<'_> {
     /// Gives the current context a sticky error through `stream` (see [`Cx::sticky_error`]).
     pub fn fire(&self, stream: CUstream) {
         match &self.kernels {
-            None => {
-                assert_eq!(fake().poison_context(ptr::null_mut()), Ok(()));
-            }
-            Some(kernels) => {
-                kernels.trap(stream);
-                // SAFETY: a live stream. (Not the whole context: other streams may be held.)
-                let synchronized = unsafe { self.cx.driver.cuStreamSynchronize(stream) };
-                assert_eq!(
-                    code(synchronized),
-                    Some(CUresult::CUDA_ERROR_LAUNCH_FAILED),
-                    "the trap's sticky error"
-                );
-            }
+            None => assert_eq!(fake().poison_context(ptr::null_mut()), Ok(())),
+            Some(kernels) => kernels.trap(stream),
         }
+        // Waits until the error is there, and has surfaced (later enqueues are refused).
+        // SAFETY: a live stream. (Not the whole context: other streams may be held.)
+        let synchronized = unsafe { self.cx.driver.cuStreamSynchronize(stream) };
+        assert_eq!(
+            code(synchronized),
+            Some(CUresult::CUDA_ERROR_LAUNCH_FAILED),
+            "the trap's sticky error"
+        );
     }
 }

@@ -87,6 +87,7 @@ fn create(st: &mut State, device: CUdevice, primary: bool, flags: u32) -> usize 
             flags,
             closing: false,
             poisoned: Arc::new(AtomicBool::new(false)),
+            surfaced: AtomicBool::new(false),
             legacy_stream: 0,
             per_thread_streams: BTreeMap::new(),
             streams: Vec::new(),
@@ -110,6 +111,7 @@ fn reset_primary(st: std::sync::MutexGuard<'static, State>, ctx: usize) {
         c.closing = false;
         c.stop = false;
         c.poisoned = Arc::new(AtomicBool::new(false));
+        c.surfaced = AtomicBool::new(false);
         c.per_thread_streams.clear();
         c.streams.clear();
         c.cursor = 0;

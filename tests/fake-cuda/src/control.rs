@@ -274,8 +274,9 @@ pub extern "C" fn fake_cuda_release_hold(token: u64) {
 }
 
 /// A sticky error in `ctx` (null: the current context), as after a trapping kernel: from now on
-/// its host functions never run (pending ones included), `cuLaunchHostFunc` still returns 0, and
-/// synchronize/query calls return 719 (`CUDA_ERROR_LAUNCH_FAILED`). Cleared only by the last
+/// its host functions never run (pending ones included), synchronize/query calls return 719
+/// (`CUDA_ERROR_LAUNCH_FAILED`), and `cuLaunchHostFunc` (any enqueue) returns 0 until one of them
+/// has reported the error, 719 after (as the real driver does once the error has surfaced). Cleared only by the last
 /// release or a reset of a primary context. Returns 0, or 201 for an invalid context.
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_poison_context(ctx: CUcontext) -> CUresult {

@@ -22,8 +22,11 @@ const DISABLE_TIMING: c_uint = 2;
 /// `CU_EVENT_WAIT_EXTERNAL`, the one wait flag.
 const WAIT_EXTERNAL: c_uint = 1;
 
+/// Whether the event's context has a sticky error, which the caller reports now.
 fn event_ctx_poisoned(st: &State, event: &Event) -> bool {
-    st.contexts.get(&event.ctx).is_some_and(|c| c.is_poisoned())
+    st.contexts
+        .get(&event.ctx)
+        .is_some_and(|c| c.reports_poison())
 }
 
 export!("cuEventCreate", cuEventCreate => event_create(phEvent: *mut CUevent, Flags: c_uint));

@@ -49,7 +49,8 @@
 //!   context (or the last release/reset of a primary one) first runs all its pending work, then
 //!   joins its thread.
 //! - Sticky errors ([`control::fake_cuda_poison_context`]): pending and later host functions of the
-//!   context never run, `cuLaunchHostFunc` still returns 0, and synchronize/query calls return 719.
+//!   context never run, synchronize/query calls return 719, and `cuLaunchHostFunc` (any enqueue)
+//!   returns 0 until one of them has reported the error, 719 after (as on the H200's driver).
 //! - Events: record, query, synchronize, `cuEventElapsedTime` (host time between the driver thread
 //!   completing the two records; `CU_EVENT_DISABLE_TIMING` honoured), and an event recorded in a
 //!   capture is a marker: querying it gives `CUDA_ERROR_CAPTURED_EVENT` and invalidates the

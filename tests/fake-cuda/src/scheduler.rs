@@ -29,16 +29,21 @@ pub(crate) fn on_worker_of(ctx: usize) -> bool {
 }
 
 /// Appends `op` to `stream` (valid, not capturing), starting the context's worker if needed. On a
-/// poisoned context the operation is dropped and the call still succeeds, as the real driver does.
+/// poisoned context the operation is dropped, and the call succeeds until the error has surfaced
+/// (a synchronize or query reported it), then returns it: as the real driver does.
 pub(crate) fn enqueue(st: &mut State, stream: usize, op: Op) -> CUresult {
     let Some(ctx) = st.streams.get(&stream).map(|s| s.ctx) else {
         discard(st, op);
         return SUCCESS;
     };
-    let poisoned = st.contexts.get(&ctx).is_none_or(|c| c.is_poisoned());
-    if poisoned {
+    let Some(c) = st.contexts.get(&ctx) else {
         discard(st, op);
         return SUCCESS;
+    };
+    if c.is_poisoned() {
+        let refused = c.refuses_work();
+        discard(st, op);
+        return if refused { LAUNCH_FAILED } else { SUCCESS };
     }
     if let Err(code) = ensure_worker(st, ctx) {
         discard(st, op);
@@ -332,7 +337,7 @@ pub(crate) fn wait_stream(mut st: Guard, stream: usize) -> CUresult {
         let Some(c) = st.contexts.get(&s.ctx) else {
             return SUCCESS;
         };
-        if c.is_poisoned() {
+        if c.reports_poison() {
             return LAUNCH_FAILED;
         }
         if s.idle() {
@@ -351,7 +356,7 @@ pub(crate) fn wait_context(mut st: Guard, ctx: usize) -> CUresult {
         let Some(c) = st.contexts.get(&ctx) else {
             return SUCCESS;
         };
-        if c.is_poisoned() {
+        if c.reports_poison() {
             return LAUNCH_FAILED;
         }
         if context_idle(&st, ctx) {

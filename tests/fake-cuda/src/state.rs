@@ -134,6 +134,10 @@ pub(crate) struct Context {
     pub(crate) closing: bool,
     /// A sticky error: nothing of this context runs any more.
     pub(crate) poisoned: Arc<AtomicBool>,
+    /// The sticky error has been reported (a synchronize or query returned it): from then on
+    /// work enqueued in the context is refused with it, as the real driver refuses it once the
+    /// error has surfaced (before, it accepts work and never runs it).
+    pub(crate) surfaced: AtomicBool,
     pub(crate) legacy_stream: usize,
     /// Thread number → that thread's per-thread default stream.
     pub(crate) per_thread_streams: BTreeMap<u64, usize>,
@@ -153,6 +157,21 @@ impl Context {
 
     pub(crate) fn is_poisoned(&self) -> bool {
         self.poisoned.load(Ordering::Acquire)
+    }
+
+    /// Whether the context has a sticky error, which the caller reports now (so later enqueues
+    /// are refused: see [`Context::surfaced`]).
+    pub(crate) fn reports_poison(&self) -> bool {
+        let poisoned = self.is_poisoned();
+        if poisoned {
+            self.surfaced.store(true, Ordering::Release);
+        }
+        poisoned
+    }
+
+    /// Whether work enqueued now is refused (the sticky error has surfaced).
+    pub(crate) fn refuses_work(&self) -> bool {
+        self.is_poisoned() && self.surfaced.load(Ordering::Acquire)
     }
 }
 

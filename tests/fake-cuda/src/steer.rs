@@ -413,9 +413,9 @@ impl FakeCuda {
     }
 
     /// Gives `ctx` (null: the current context) a sticky error, as a trapping kernel does: its host
-    /// functions never run again (pending ones included), launches still return success,
-    /// synchronize and query calls return 719. Cleared by a reset or the last release of a
-    /// primary context.
+    /// functions never run again (pending ones included), synchronize and query calls return
+    /// 719, and launches return success until one of those has reported the error, 719 after.
+    /// Cleared by a reset or the last release of a primary context.
     ///
     /// # Errors
     /// The driver's code for an invalid context (201).

@@ -154,7 +154,7 @@ unsafe fn stream_query(handle: CUstream, per_thread: bool) -> Res {
     let s = resolve(&mut st, handle, per_thread)?;
     let stream = stream(&st, s);
     ensure(
-        !check_context(&st, stream.ctx)?.is_poisoned(),
+        !check_context(&st, stream.ctx)?.reports_poison(),
         LAUNCH_FAILED,
     )?;
     ensure(stream.capture.is_none(), CAPTURE_UNSUPPORTED)?;
