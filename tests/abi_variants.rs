@@ -147,7 +147,23 @@ fn the_pre_11_3_path_chooses_the_versioned_export(version: i32) {
         v2,
         "the 32-bit cuMemAlloc export was returned"
     );
-    // A version the table does not have for the symbol: the export named so, as before.
+    // Per-thread: a version without a per-thread twin finds nothing (as `cuGetProcAddress`
+    // answers), not the plain-named 32-bit export of another ABI; 7000 is the `_ptds` twin.
+    assert!(matches!(
+        driver.get_proc_address("cuMemcpyHtoD", 3020, DefaultStream::PerThread),
+        Err(Error::SymbolMissing {
+            reason: MissingReason::VersionNotSufficient,
+            ..
+        })
+    ));
+    let per_thread = driver
+        .get_proc_address("cuMemcpyHtoD", 7000, DefaultStream::PerThread)
+        .unwrap();
+    assert_eq!(
+        Some(per_thread.addr().get()),
+        fake().export_address("cuMemcpyHtoD_v2_ptds")
+    );
+    // A symbol the table does not have: the export named so, as before.
     assert!(matches!(
         driver.get_proc_address("cuNoSuchFunction", 2000, DefaultStream::Legacy),
         Err(Error::SymbolMissing {

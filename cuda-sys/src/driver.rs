@@ -451,7 +451,7 @@ impl Driver {
     ) -> Result<NonNull<c_void>, Error> {
         let name =
             CString::new(symbol).map_err(|_| Error::InvalidSymbolName(symbol.to_string()))?;
-        let export = export_of(&name, version, mode).unwrap_or(&name);
+        let export = export_of(&name, version, mode);
         match self.loaded.lookup(&name, version, export, mode) {
             Lookup::Found(p) => Ok(p),
             other => Err(self.loaded.lookup_error(other, "(lookup)", version)),
@@ -459,26 +459,24 @@ impl Driver {
     }
 }
 
-/// The table's export for `symbol` at ABI `version` in `mode`, if the table has that variant.
-fn export_of(
-    symbol: &CString,
-    version: u32,
-    mode: DefaultStream,
-) -> Option<&'static std::ffi::CStr> {
-    Function::ALL
+/// The export to look up for `symbol` at ABI `version` in `mode` on drivers older than 11.3: the
+/// table's choice for that variant (as its entries resolve, [`resolve::variant`]); `None` if the
+/// table has the symbol but no such variant in this mode (a per-thread request of a version
+/// without a per-thread twin must not find the legacy export of another ABI); `symbol` itself if
+/// the table does not know it.
+fn export_of(symbol: &CString, version: u32, mode: DefaultStream) -> Option<&std::ffi::CStr> {
+    let mut known = Function::ALL
         .iter()
         .map(|f| f.info())
-        .find_map(|info: &FunctionInfo| {
-            if info.symbol != symbol.as_c_str() {
-                return None;
-            }
-            match (mode, info.per_thread_export, info.per_thread_version) {
-                (DefaultStream::PerThread, Some(export), Some(v)) if v == version => Some(export),
-                (DefaultStream::PerThread, Some(_), Some(_)) => None,
-                _ if info.version == version => Some(info.export),
-                _ => None,
-            }
-        })
+        .filter(|info| info.symbol == symbol.as_c_str())
+        .peekable();
+    if known.peek().is_none() {
+        return Some(symbol.as_c_str());
+    }
+    known.find_map(|info: &FunctionInfo| {
+        let (v, export) = resolve::variant(info, mode);
+        (v == version).then_some(export)
+    })
 }
 
 /// Opens the library (the first candidate that is a driver) and initialises it.

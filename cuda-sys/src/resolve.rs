@@ -144,7 +144,7 @@ impl Loaded {
             slot.store(ptr::without_provenance_mut(SLOT_TOO_OLD), Ordering::Release);
             return Err(unavailable(CallErrorKind::DriverTooOld));
         }
-        match self.lookup(info.symbol, version, export, mode) {
+        match self.lookup(info.symbol, version, Some(export), mode) {
             Lookup::Found(p) => {
                 // Racing threads store the same address; the first store wins nothing over the rest.
                 slot.store(p.as_ptr(), Ordering::Release);
@@ -167,12 +167,13 @@ impl Loaded {
     }
 
     /// One lookup of `symbol` at `version` with `mode`'s flag; on drivers older than 11.3, of the
-    /// export `export`.
+    /// export `export` (`None`: that version has no export in this mode, as `cuGetProcAddress`'s
+    /// `VERSION_NOT_SUFFICIENT`).
     pub(crate) fn lookup(
         &self,
         symbol: &CStr,
         version: u32,
-        export: &CStr,
+        export: Option<&CStr>,
         mode: DefaultStream,
     ) -> Lookup {
         let flags = mode.proc_address_flag();
@@ -200,10 +201,15 @@ impl Loaded {
                 let rc = unsafe { get(symbol.as_ptr(), &mut pfn, version, flags) };
                 interpret(rc, pfn, None, "cuGetProcAddress")
             }
-            ResolutionPath::Exports => match library::address(&self.library, export) {
-                Some(p) => Lookup::Found(p),
-                None => Lookup::Missing(MissingReason::NotExported),
-            },
+            ResolutionPath::Exports => {
+                match export.and_then(|e| library::address(&self.library, e)) {
+                    Some(p) => Lookup::Found(p),
+                    None if export.is_none() => {
+                        Lookup::Missing(MissingReason::VersionNotSufficient)
+                    }
+                    None => Lookup::Missing(MissingReason::NotExported),
+                }
+            }
         }
     }
 
