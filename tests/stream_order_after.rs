@@ -309,6 +309,30 @@ isolated_test! {
         assert_eq!(fake().live_objects("primary_retains"), retains - 1, "its retain let go");
     }
 
+    /// A release runs no users' code on the poller, which then makes no context call for it: per
+    /// release, `cuCtxGetCurrent` is called once (by the reaper, after the owner's drop), not
+    /// twice.
+    fn the_poller_makes_no_context_call_for_a_release(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        const N: u64 = 200;
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap(); // starts the poller and the reaper
+        wait_for("the first release", || pending_launches(None) == 0);
+        flush(PATIENCE).unwrap();
+        let before = fake().call_count("cuCtxGetCurrent");
+        let hold = fake().hold_stream(stream.raw()).unwrap();
+        for _ in 0..N {
+            release_after(&stream, drops.owner()).unwrap();
+        }
+        hold.release();
+        wait_for("the releases", || pending_launches(None) == 0);
+        flush(PATIENCE).unwrap();
+        let calls = fake().call_count("cuCtxGetCurrent") - before;
+        assert_eq!(drops.dropped(), N as usize + 1);
+        assert!(calls <= N + 5, "{calls} cuCtxGetCurrent calls for {N} releases");
+    }
+
     /// An enqueue wakes a poller that parks with nothing pending, whether it parked with nothing
     /// to do or just completed everything: no release waits out the idle park (10 s here). An
     /// enqueue while work is pending does not wake it; the poller finds it on its own.

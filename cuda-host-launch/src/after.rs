@@ -23,7 +23,7 @@ use crate::record::payload::DeferredDrop;
 use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
-use crate::transport::event::{self, OnCapture};
+use crate::transport::event::{self, Work};
 
 pub use crate::transport::event::{PollerSettings, poller_settings, set_poller_settings};
 
@@ -57,7 +57,7 @@ pub use crate::transport::event::{PollerSettings, poller_settings, set_poller_se
 pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) -> Result<(), Error> {
     let record = OwnedRecord::new(DeferredDrop(owners));
     // SAFETY: the payload's run does nothing; its owners are dropped with the record.
-    unsafe { event::enqueue(&stream, record, OnCapture::TieToGraph) }
+    unsafe { event::enqueue(&stream, record, Work::Release) }
 }
 
 /// Runs `f` once all work enqueued on `stream` before this call has completed, on the poller thread
@@ -92,7 +92,7 @@ where
     let record = OwnedRecord::new(Callback(Some(f)));
     // SAFETY: the payload's run calls a `Send` closure once on the poller's thread, catching
     // panics.
-    unsafe { event::enqueue(&stream, record, OnCapture::Refuse) }
+    unsafe { event::enqueue(&stream, record, Work::Call) }
 }
 
 /// A [`spawn_after`] callback: called once, its panic reported where it ran.

@@ -45,7 +45,7 @@ use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::completion_state::CompletionState;
-use crate::transport::event::{self, OnCapture};
+use crate::transport::event::{self, Work};
 use crate::transport::host_function::{Runs, enqueue};
 use crate::transport::low_latency;
 use crate::transport::options::LaunchOptions;
@@ -148,7 +148,7 @@ impl CompletionMode {
                     waker_panic: None,
                 });
                 // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-                unsafe { event::enqueue(&stream, record, OnCapture::Refuse)? };
+                unsafe { event::enqueue(&stream, record, Work::Call)? };
             }
         }
         Ok(Completion { shared })

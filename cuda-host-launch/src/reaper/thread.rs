@@ -64,7 +64,7 @@ fn reaper_loop() {
     let poll = env_micros(REAPER_POLL_ENV).unwrap_or(DEFAULT_POLL);
     let linger = env_micros(REAPER_LINGER_ENV).unwrap_or(DEFAULT_LINGER);
     let mut idle_since: Option<Instant> = None;
-    // Owners are dropped with their launch's context current on this thread.
+    // Owners are dropped with no context current on this thread (see `ReaperContext`).
     let mut scratch = Scratch::default();
     scratch.context = Some(ReaperContext::default());
     loop {

@@ -56,15 +56,18 @@ use crate::tracking::pending;
 
 pub use poller::{PollerSettings, poller_settings, set_poller_settings};
 
-/// What a stream-ordered record does on a stream that is capturing when it is enqueued.
+/// What a stream-ordered record does when its event completes, which also says what it does on a
+/// stream that is capturing when it is enqueued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OnCapture {
-    /// The capture's graph owns the record (its owners live until the graph and its executables
-    /// are gone); nothing is recorded.
-    TieToGraph,
-    /// Refused with [`Error::CaptureActive`]: the record's run cannot be ordered after work that
-    /// only exists in a graph.
-    Refuse,
+pub(crate) enum Work {
+    /// Nothing runs: the record only holds owners, which its release drops. On a capturing
+    /// stream the capture's graph owns the record (its owners live until the graph and its
+    /// executables are gone); nothing is recorded.
+    Release,
+    /// Users' code runs on the poller (a callback, a future's wake), in the stream's context. On a
+    /// capturing stream it is refused with [`Error::CaptureActive`]: the run cannot be ordered
+    /// after work that only exists in a graph.
+    Call,
 }
 
 /// One recorded event and the record to complete when it completes.
@@ -78,6 +81,7 @@ struct Entry {
     thread: u64,
     event: usize,
     ticket: TicketId,
+    work: Work,
 }
 
 /// The hand-over from the enqueuing threads to the poller. Its own lock, apart from the pools',
@@ -118,7 +122,7 @@ fn pools() -> MutexGuard<'static, pools::Pools> {
 pub(crate) unsafe fn enqueue(
     stream: &impl AsRawStream,
     record: OwnedRecord,
-    on_capture: OnCapture,
+    work: Work,
 ) -> Result<(), Error> {
     let hint = stream.context_hint();
     let stream = stream.as_raw_stream();
@@ -129,9 +133,9 @@ pub(crate) unsafe fn enqueue(
     // 12.0: streams are told apart by their id (see the module's docs).
     let stream_id = driver.raw().cuStreamGetId()?;
     if let Capture::Active { id, graph } = capture_of(driver, stream)? {
-        return match on_capture {
-            OnCapture::Refuse => Err(capture_active(stream, id)),
-            OnCapture::TieToGraph => {
+        return match work {
+            Work::Call => Err(capture_active(stream, id)),
+            Work::Release => {
                 let graph = if graph.is_null() {
                     capture_graph_legacy(driver, stream)?
                 } else {
@@ -189,6 +193,7 @@ pub(crate) unsafe fn enqueue(
         thread: thread_number(),
         event: event.expose_provenance(),
         ticket: ticket_id,
+        work,
     });
     let started = poller::wake_or_start(&mut incoming);
     drop(incoming);

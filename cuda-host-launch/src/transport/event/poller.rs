@@ -23,9 +23,8 @@ use std::time::{Duration, Instant};
 
 use cuda_sys::types::{CUevent, CUresult};
 
-use super::{Entry, Incoming, incoming, pools};
+use super::{Entry, Incoming, Work, incoming, pools};
 use crate::record::layout::{Op, RecordHeader};
-use crate::record::ticket_id::TicketId;
 use crate::support::error::Error;
 use crate::support::exit_gate;
 use crate::support::precise_sleeps::precise_sleeps;
@@ -232,27 +231,33 @@ fn scan(
 
 /// Completes one entry's record on this thread, as the trampoline would on the driver's: claims
 /// it through its ticket (a reclaim may have taken it), runs its payload, queues it for release.
-fn complete(driver: &cuda_sys::Driver, ticket: TicketId, context: usize, current: &mut usize) {
-    pending::run_launch(ticket, |header| {
-        if *current != context {
+/// Only a record that runs users' code ([`Work::Call`]) needs its stream's context current; a
+/// release's payload does nothing here.
+fn complete(driver: &cuda_sys::Driver, entry: &Entry, current: &mut usize) {
+    pending::run_launch(entry.ticket, |header| {
+        let calls = entry.work == Work::Call;
+        if calls && *current != entry.context {
             // Callbacks may call CUDA: in the stream's context. (What is current afterwards is
             // read back below.)
             // SAFETY: a primary context, retained by its pool while the entry waited; a reset
             // since (its handle then dead: measured, the driver refuses it) leaves the thread's
             // context as it was.
-            let _ = unsafe { driver.cuCtxSetCurrent(ptr::with_exposed_provenance_mut(context)) };
+            let _ =
+                unsafe { driver.cuCtxSetCurrent(ptr::with_exposed_provenance_mut(entry.context)) };
         }
         // SAFETY: `run_launch` hands the record claimed for this call, to run once on this thread;
         // its payload is sound to run here (the enqueue's contract).
         unsafe { RecordHeader::dispatch(header, Op::Run) };
-        // A callback (or a waker) may have made another context current: read it back, so the
-        // next entry's is set again if it differs.
-        let mut now = ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        *current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
-            Ok(()) => now.expose_provenance(),
-            Err(_) => 0,
-        };
+        if calls {
+            // A callback (or a waker) may have made another context current: read it back, so
+            // the next entry's is set again if it differs.
+            let mut now = ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            *current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
+                Ok(()) => now.expose_provenance(),
+                Err(_) => 0,
+            };
+        }
     });
 }
 
@@ -333,17 +338,24 @@ fn poll_loop() {
         drop(queues);
         let progress = !done.is_empty();
         for entry in done.drain(..) {
-            complete(driver, entry.ticket, entry.context, &mut current_context);
+            complete(driver, &entry, &mut current_context);
         }
         drop(work);
-        let used = thread_cpu_time().saturating_sub(cpu_start);
-        add_poller_cpu_time(used.saturating_sub(cpu_counted));
-        cpu_counted = used;
         let now = Instant::now();
         if progress {
             last_progress = now;
         }
-        if nothing_pending {
+        let spin = !nothing_pending && now.duration_since(last_progress) < settings.spin;
+        // The thread's CPU time (a system call: not in the vDSO) is counted after a round that
+        // completed something and before a park, not on every spinning round.
+        if progress || !spin {
+            let used = thread_cpu_time().saturating_sub(cpu_start);
+            add_poller_cpu_time(used.saturating_sub(cpu_counted));
+            cpu_counted = used;
+        }
+        if spin {
+            std::hint::spin_loop();
+        } else if nothing_pending {
             let mut incoming = incoming();
             if incoming.entries.is_empty() {
                 // Nothing pending or incoming, under the lock the enqueues push under: the next
@@ -353,8 +365,6 @@ fn poll_loop() {
                 drop(incoming);
                 std::thread::park_timeout(settings.idle_exit);
             }
-        } else if now.duration_since(last_progress) < settings.spin {
-            std::hint::spin_loop();
         } else {
             std::thread::park_timeout(settings.interval);
         }
