@@ -48,7 +48,7 @@ pub use thread_set::{ThreadSet, thread_id};
 
 use std::ffi::OsStr;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -56,36 +56,19 @@ use std::time::{Duration, Instant};
 use cuda_sys::types::{CUcontext, CUdevice};
 use cuda_sys::{Driver, LoadOptions};
 
-/// The fake driver library built beside the running test or example: in its folder, its `deps/`,
-/// or `../deps/` (Cargo puts test binaries in `target/<profile>/deps/`, examples in
-/// `target/<profile>/examples/`, and a dependency's `cdylib` in `target/<profile>/deps/`).
+/// The fake driver library built beside the running test or example ([`fake_cuda::steer::locate`]:
+/// `FAKE_CUDA_LIBRARY`, else the binary's folder, its `deps/` or `../deps/`).
 ///
 /// # Panics
 /// If it is not there (build it with `cargo test`, or `cargo build -p fake-cuda` into the same
 /// target folder).
 pub fn fake_driver_path() -> PathBuf {
-    let exe = std::env::current_exe().expect("the path of the running test binary");
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    let name = fake_cuda::steer::library_file_name();
-    let candidates = [
-        dir.join(&name),
-        dir.join("deps").join(&name),
-        dir.join("..").join("deps").join(&name),
-    ];
-    match candidates.iter().find(|p| p.is_file()) {
-        Some(found) => found.canonicalize().unwrap_or_else(|_| found.clone()),
-        None => panic!(
-            "the fake CUDA driver ({name}) is not beside {}: looked at {}. It is built by `cargo \
-             test` (the root package depends on tests/fake-cuda); otherwise run `cargo build \
-             -p fake-cuda` with the same target folder",
-            exe.display(),
-            candidates
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    fake_cuda::steer::locate().unwrap_or_else(|e| {
+        panic!(
+            "{e}. It is built by `cargo test` (the root package depends on tests/fake-cuda); \
+             otherwise run `cargo build -p fake-cuda` with the same target folder"
+        )
+    })
 }
 
 /// Loads the fake driver as this process's driver (legacy default stream), or returns it if it is

@@ -18,13 +18,10 @@ use cuda_workspace::testing::{CountedOwner, DropCounts, REAPER_NAME};
 const PATIENCE: Duration = Duration::from_secs(60);
 const POLLER: &str = "cuda-hl-events";
 
+/// Waits until `done` holds, or fails after [`PATIENCE`].
 #[track_caller]
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    cuda_workspace::testing::wait_until(what, PATIENCE, done);
 }
 
 /// Drops not made by the reaper (a driver thread, the poller, a caller): must stay 0.

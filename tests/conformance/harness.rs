@@ -16,7 +16,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cuda_sys::Driver;
 use cuda_sys::types::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream};
@@ -331,12 +331,8 @@ pub fn code(result: Result<(), impl Into<cuda_sys::Error>>) -> Option<CUresult> 
 /// # Panics
 /// After [`WAIT`], naming `what`.
 #[track_caller]
-pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+pub fn wait_until(what: &str, done: impl FnMut() -> bool) {
+    cuda_workspace::testing::wait_until(what, WAIT, done);
 }
 
 /// `value` as a host function's `userData`.

@@ -44,18 +44,27 @@ pub(crate) fn releasing_here() -> bool {
     DEPTH.with(Cell::get) > 0
 }
 
+/// Counts work in progress that the exit handler waits for, unless the process is exiting (then
+/// returns `false` and counts nothing). The SeqCst pair (this increment then the look at CLOSED,
+/// against the handler's store to CLOSED then its look at RELEASING): either the handler sees
+/// this work and waits for it, or this work sees the handler's mark and does not start.
+#[inline]
+fn enter() -> bool {
+    RELEASING.fetch_add(1, Ordering::SeqCst);
+    if CLOSED.load(Ordering::SeqCst) {
+        RELEASING.fetch_sub(1, Ordering::SeqCst);
+        return false;
+    }
+    true
+}
+
 /// A release in progress: the exit handler waits for it to end.
 pub(crate) struct Releasing(());
 
 /// Begins a release, unless the process is exiting.
 #[inline]
 pub(crate) fn begin_releasing() -> Option<Releasing> {
-    // The SeqCst pair (this increment then the look at CLOSED, against the handler's store to
-    // CLOSED then its look at RELEASING): either the handler sees this release and waits for it,
-    // or this release sees the handler's mark and does not start.
-    RELEASING.fetch_add(1, Ordering::SeqCst);
-    if CLOSED.load(Ordering::SeqCst) {
-        RELEASING.fetch_sub(1, Ordering::SeqCst);
+    if !enter() {
         return None;
     }
     DEPTH.with(|d| d.set(d.get() + 1));
@@ -86,13 +95,7 @@ pub(crate) struct DriverWork(());
 /// Begins driver work, unless the process is exiting.
 #[inline]
 pub(crate) fn begin_driver_work() -> Option<DriverWork> {
-    // The same SeqCst pair as `begin_releasing`'s.
-    RELEASING.fetch_add(1, Ordering::SeqCst);
-    if CLOSED.load(Ordering::SeqCst) {
-        RELEASING.fetch_sub(1, Ordering::SeqCst);
-        return None;
-    }
-    Some(DriverWork(()))
+    enter().then_some(DriverWork(()))
 }
 
 impl Drop for DriverWork {

@@ -11,7 +11,7 @@ use cuda_sys::types::CUresult;
 
 use crate::config::config;
 use crate::errors::{DEINITIALIZED, NOT_INITIALIZED, STUB_LIBRARY, UNKNOWN};
-use crate::state::relock;
+use crate::state::{relock, thread_number};
 
 /// An injected failure: the `nth` call (1-based, counted from when the fault was set; 0 = every
 /// call) of a function returns `code` and does nothing else.
@@ -53,24 +53,12 @@ static INITIALIZED: AtomicBool = AtomicBool::new(false);
 /// When not 0: the number of the only thread whose calls are counted and may meet a fault (see
 /// [`focus_on_this_thread`]).
 static FOCUS: AtomicU64 = AtomicU64::new(0);
-static NEXT_THREAD_NUMBER: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
     /// Whether this thread is one of the driver's own: a context's worker (which runs host
     /// functions) or the user-object destructor thread. A const-initialised `Cell` needs no
     /// destructor, so it is cheap on every thread.
     static DRIVER_THREAD: Cell<bool> = const { Cell::new(false) };
-    /// The thread's number for [`FOCUS`] (0 until it needs one).
-    static THREAD_NUMBER: Cell<u64> = const { Cell::new(0) };
-}
-
-fn thread_number() -> u64 {
-    THREAD_NUMBER.with(|n| {
-        if n.get() == 0 {
-            n.set(NEXT_THREAD_NUMBER.fetch_add(1, Ordering::Relaxed));
-        }
-        n.get()
-    })
 }
 
 /// From now on, only the calling thread's calls are counted and may meet an injected fault

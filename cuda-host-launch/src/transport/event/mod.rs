@@ -52,6 +52,7 @@ use crate::support::capture::{
 use crate::support::error::Error;
 use crate::support::host_thread::refuse_inside_host_function;
 use crate::support::raw_stream::{AsRawStream, context_of};
+use crate::support::sync::lock;
 use crate::tracking::pending;
 
 pub use poller::{PollerSettings, poller_settings, set_poller_settings};
@@ -104,11 +105,11 @@ static INCOMING: LazyLock<Mutex<Incoming>> = LazyLock::new(Mutex::default);
 static POOLS: LazyLock<Mutex<pools::Pools>> = LazyLock::new(Mutex::default);
 
 fn incoming() -> MutexGuard<'static, Incoming> {
-    INCOMING.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&INCOMING)
 }
 
 fn pools() -> MutexGuard<'static, pools::Pools> {
-    POOLS.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&POOLS)
 }
 
 /// Records an event on `stream` and hands `record` to the poller, which completes it (runs its

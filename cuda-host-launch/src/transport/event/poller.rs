@@ -29,6 +29,7 @@ use crate::support::error::Error;
 use crate::support::exit_gate;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
+use crate::support::sync::lock;
 use crate::tracking::pending;
 use crate::transport::low_latency::{add_poller_cpu_time, thread_cpu_time};
 
@@ -106,7 +107,7 @@ struct Queues {
 static QUEUES: LazyLock<Mutex<Queues>> = LazyLock::new(Mutex::default);
 
 fn queues() -> MutexGuard<'static, Queues> {
-    QUEUES.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&QUEUES)
 }
 
 /// Wakes the poller if it parks with nothing pending (otherwise it finds the new entry on its
