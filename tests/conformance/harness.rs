@@ -55,24 +55,45 @@ pub fn target() -> Target {
     }
 }
 
-/// The reason `differences.txt` gives for `case`, if it lists it.
-pub fn listed(case: &str) -> Option<&'static str> {
-    differences()
-        .find(|(name, _)| *name == case)
-        .map(|(_, reason)| reason)
+/// A case `differences.txt` lists.
+#[derive(Debug, Clone, Copy)]
+pub struct Listed {
+    /// The case's name.
+    pub name: &'static str,
+    /// Why the drivers differ.
+    pub reason: &'static str,
+    /// Marked `[not run]`: not run on the real driver at all (it may hang or deadlock there), so
+    /// reported as not run rather than checked to fail.
+    pub not_run: bool,
 }
 
-/// Every `(case, reason)` of `differences.txt` (blank lines and `#` comments skipped).
+/// What `differences.txt` says of `case`, if it lists it.
+pub fn listed(case: &str) -> Option<Listed> {
+    differences().find(|listed| listed.name == case)
+}
+
+/// Every case of `differences.txt`: `case-name: reason` or `case-name [not run]: reason` (blank
+/// lines and `#` comments skipped).
 ///
 /// # Panics
-/// On a line that is not `case-name: reason`.
-pub fn differences() -> impl Iterator<Item = (&'static str, &'static str)> {
+/// On a line that is neither.
+pub fn differences() -> impl Iterator<Item = Listed> {
     DIFFERENCES
         .lines()
         .map(str::trim)
         .filter(|line| !line.is_empty() && !line.starts_with('#'))
         .map(|line| match line.split_once(':') {
-            Some((name, reason)) if !reason.trim().is_empty() => (name.trim(), reason.trim()),
+            Some((name, reason)) if !reason.trim().is_empty() => {
+                let (name, not_run) = match name.trim().strip_suffix("[not run]") {
+                    Some(name) => (name.trim(), true),
+                    None => (name.trim(), false),
+                };
+                Listed {
+                    name,
+                    reason: reason.trim(),
+                    not_run,
+                }
+            }
             _ => panic!("differences.txt: {line:?} is not `case-name: reason`"),
         })
 }
@@ -114,7 +135,17 @@ fn run_here(name: &str, body: impl FnOnce(&Cx)) {
     let cx = Cx::open();
     match (cx.target, listed(name)) {
         (Target::Fake, _) | (Target::Real, None) => body(&cx),
-        (Target::Real, Some(reason)) => {
+        (
+            Target::Real,
+            Some(Listed {
+                reason,
+                not_run: true,
+                ..
+            }),
+        ) => {
+            println!("{name}: not run on the real driver, as listed ({reason})");
+        }
+        (Target::Real, Some(Listed { reason, .. })) => {
             // Expected to fail: keep its panic message off stderr, and report it.
             let hook = std::panic::take_hook();
             std::panic::set_hook(Box::new(|_| {}));
@@ -205,11 +236,6 @@ impl Cx {
                 next: AtomicUsize::new(0),
             },
         }
-    }
-
-    /// Whether this runs against the fake.
-    pub fn is_fake(&self) -> bool {
-        self.target == Target::Fake
     }
 
     /// A fresh host-mapped word, zero.
