@@ -113,17 +113,18 @@ impl PrimaryContext {
         let driver = cuda_sys::driver()?;
         let old = self.raw();
         let reset = primary_reset(driver)?;
+        let device = self.device.raw();
+        let run_reset = || {
+            // SAFETY: a valid device handle.
+            let code = unsafe { reset(device) };
+            driver.check(code, "cuDevicePrimaryCtxReset")
+        };
         // The event poller queries nothing while the reset runs, and never an event of the old
         // context after it (the reset destroys them): their entries stay pending, for the
-        // reclaim below. A failed reset forgets nothing.
-        crate::transport::event::around_reset(old, || {
-            // SAFETY: a valid device handle.
-            let code = unsafe { reset(self.device.raw()) };
-            driver.check(code, "cuDevicePrimaryCtxReset")
-        })?;
-        // SAFETY: the reset has returned: the driver will not run the old context's pending host
-        // functions any more (it ran them first, or discards them after a sticky error).
-        let reclaimed = unsafe { crate::transport::reclaim(old) };
+        // reclaim. A failed reset forgets and reclaims nothing.
+        // SAFETY: `run_reset` resets `old`, after which the driver runs none of its pending host
+        // functions (it ran them first, or discards them after a sticky error).
+        let reclaimed = unsafe { crate::transport::reset_and_reclaim(old, run_reset) }?;
         // If the old context is this thread's current one, take it off: the driver reports its
         // sticky error (719) to every later call of the thread, the retain below included. (After
         // a sticky error, cuCtxGetCurrent itself may fail that way: then the current context is a

@@ -39,6 +39,25 @@ pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
     count
 }
 
+/// Runs `reset`, the driver's reset of the primary context `context`, while the event poller
+/// queries nothing (the reset destroys the context's events), and if it succeeds reclaims the
+/// context's work as [`reclaim`] does (the event transport forgot the context under the same lock
+/// as the reset); returns how many launches. A failed reset reclaims and forgets nothing.
+///
+/// # Safety
+/// `reset` resets `context` (then, as for [`reclaim`], the driver runs none of its host functions
+/// any more).
+pub(crate) unsafe fn reset_and_reclaim<E>(
+    context: CUcontext,
+    reset: impl FnOnce() -> Result<(), E>,
+) -> Result<usize, E> {
+    event::around_reset(context, reset)?;
+    // SAFETY: the reset has returned (the caller's promise).
+    let count = unsafe { pending::reclaim(context) };
+    low_latency::fail_context(context);
+    Ok(count)
+}
+
 /// Releases, through the cleanup queue, the owners of every launch into `context` whose host
 /// function has not run, and returns how many.
 ///
