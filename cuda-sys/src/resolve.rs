@@ -49,14 +49,26 @@ pub(crate) struct Loaded {
     pub(crate) bootstrap: Bootstrap,
 }
 
-/// A slot's value once its entry resolved to an error; any larger value is the function's address.
-/// No function lives in the first page of the address space, so these never collide with one.
-const SLOT_TOO_OLD: usize = 1;
-const SLOT_MISSING_NOT_FOUND: usize = 2;
-const SLOT_MISSING_VERSION: usize = 3;
-const SLOT_MISSING_REJECTED: usize = 4;
-const SLOT_MISSING_NOT_EXPORTED: usize = 5;
-const SLOT_MISSING_NO_PER_THREAD: usize = 6;
+/// The errors a slot caches once its entry resolved to one: the slot holds `1 + ` the error's
+/// index here; any value above [`SLOT_LAST_SENTINEL`] is the function's address. No function lives
+/// in the first page of the address space, so these never collide with one.
+const CACHED_ERRORS: [CallErrorKind; 6] = [
+    CallErrorKind::DriverTooOld,
+    CallErrorKind::SymbolMissing(MissingReason::NotFound),
+    CallErrorKind::SymbolMissing(MissingReason::VersionNotSufficient),
+    CallErrorKind::SymbolMissing(MissingReason::Rejected),
+    CallErrorKind::SymbolMissing(MissingReason::NotExported),
+    CallErrorKind::SymbolMissing(MissingReason::NoPerThreadVariant),
+];
+const _: () = assert!(CACHED_ERRORS.len() <= SLOT_LAST_SENTINEL);
+
+/// The slot value that caches `kind` (one of [`CACHED_ERRORS`]).
+fn sentinel(kind: CallErrorKind) -> *mut c_void {
+    let index = CACHED_ERRORS.iter().position(|k| *k == kind);
+    // Not cached (never: each caller passes a listed kind) reads as "not yet resolved".
+    ptr::without_provenance_mut(index.map_or(0, |i| i + 1))
+}
+
 /// Slot values up to this one are sentinels (`0` = not yet resolved).
 pub(crate) const SLOT_LAST_SENTINEL: usize = 15;
 
@@ -122,26 +134,15 @@ impl Loaded {
             // Another thread resolved it since the caller looked.
             return Ok(cached);
         }
-        let cached_kind = match cached.addr() {
-            SLOT_TOO_OLD => Some(CallErrorKind::DriverTooOld),
-            SLOT_MISSING_NOT_FOUND => Some(CallErrorKind::SymbolMissing(MissingReason::NotFound)),
-            SLOT_MISSING_VERSION => Some(CallErrorKind::SymbolMissing(
-                MissingReason::VersionNotSufficient,
-            )),
-            SLOT_MISSING_REJECTED => Some(CallErrorKind::SymbolMissing(MissingReason::Rejected)),
-            SLOT_MISSING_NOT_EXPORTED => {
-                Some(CallErrorKind::SymbolMissing(MissingReason::NotExported))
-            }
-            SLOT_MISSING_NO_PER_THREAD => Some(CallErrorKind::SymbolMissing(
-                MissingReason::NoPerThreadVariant,
-            )),
-            _ => None,
-        };
+        let cached_kind = cached
+            .addr()
+            .checked_sub(1)
+            .and_then(|i| CACHED_ERRORS.get(i).copied());
         if let Some(kind) = cached_kind {
             return Err(unavailable(kind));
         }
         if version > self.version.0 as u32 {
-            slot.store(ptr::without_provenance_mut(SLOT_TOO_OLD), Ordering::Release);
+            slot.store(sentinel(CallErrorKind::DriverTooOld), Ordering::Release);
             return Err(unavailable(CallErrorKind::DriverTooOld));
         }
         match self.lookup(info.symbol, version, Some(export), mode) {
@@ -152,15 +153,9 @@ impl Loaded {
             }
             Lookup::Missing(reason) => {
                 let reason = per_thread_reason(reason, function, mode);
-                let sentinel = match reason {
-                    MissingReason::NotFound => SLOT_MISSING_NOT_FOUND,
-                    MissingReason::VersionNotSufficient => SLOT_MISSING_VERSION,
-                    MissingReason::Rejected => SLOT_MISSING_REJECTED,
-                    MissingReason::NotExported => SLOT_MISSING_NOT_EXPORTED,
-                    MissingReason::NoPerThreadVariant => SLOT_MISSING_NO_PER_THREAD,
-                };
-                slot.store(ptr::without_provenance_mut(sentinel), Ordering::Release);
-                Err(unavailable(CallErrorKind::SymbolMissing(reason)))
+                let kind = CallErrorKind::SymbolMissing(reason);
+                slot.store(sentinel(kind), Ordering::Release);
+                Err(unavailable(kind))
             }
             Lookup::Failed(code, _) => Err(CallError::lookup_failed(function, code)),
         }
@@ -335,6 +330,15 @@ mod tests {
             per_thread_reason(VersionNotSufficient, no_twins, PerThread),
             VersionNotSufficient
         );
+    }
+
+    #[test]
+    fn every_cached_error_has_its_own_sentinel_below_any_address() {
+        for (i, &kind) in super::CACHED_ERRORS.iter().enumerate() {
+            let value = super::sentinel(kind).addr();
+            assert_eq!(value, i + 1);
+            assert!(value <= super::SLOT_LAST_SENTINEL);
+        }
     }
 
     #[test]
