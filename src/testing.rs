@@ -157,6 +157,15 @@ pub fn fake() -> &'static FakeCuda {
     FAKE.get_or_init(|| FakeCuda::open(&fake_driver_path()).unwrap_or_else(|e| panic!("{e}")))
 }
 
+/// A panic's message (`&str` or `String` payloads), or `<non-string panic>`.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "<non-string panic>".into())
+}
+
 /// Waits until `done()` holds (polling it every millisecond), or panics after `timeout` with
 /// `what`.
 ///

@@ -23,7 +23,6 @@
 //! Found: on drivers before 11.0, dropping the last `PrimaryContext` never releases it (see the
 //! ignored test `the_last_primary_context_is_released_on_a_10_2_driver`).
 
-use std::any::Any;
 use std::ffi::c_void;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -47,7 +46,7 @@ use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{
     Drops, ISOLATED_TEST_ENV, Owner, PATIENCE, ThreadInfo, fake, fake_driver_path, in_own_process,
-    test_path, wait_until,
+    panic_text, test_path, wait_until,
 };
 
 /// How a call ended.
@@ -104,14 +103,6 @@ fn too_old_on(function: &str, version: i32) -> bool {
 /// The loaded driver's version.
 fn driver_version() -> i32 {
     Driver::get().map_or(0, |d| d.version().0)
-}
-
-fn panic_text(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "<non-string panic>".into())
 }
 
 /// The runs and owners of one launch.

@@ -10,7 +10,6 @@
 //!   real driver a case must pass unless `differences.txt` lists it; a listed case must fail
 //!   there (else the list is stale and the case fails, saying so).
 
-use std::any::Any;
 use std::ffi::{OsString, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
@@ -20,7 +19,9 @@ use std::time::Duration;
 
 use cuda_sys::Driver;
 use cuda_sys::types::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream};
-use cuda_workspace::testing::{fake, fake_driver_path, in_own_process, os_thread, test_path};
+use cuda_workspace::testing::{
+    fake, fake_driver_path, in_own_process, os_thread, panic_text, test_path,
+};
 
 /// The environment variable that selects the driver.
 pub const DRIVER_ENV: &str = "CONFORMANCE_DRIVER";
@@ -121,14 +122,6 @@ pub fn run(module: &str, name: &str, body: impl FnOnce(&Cx)) {
         Target::Real => Vec::new(),
     };
     in_own_process(&test_path(module, name), &envs, || run_here(name, body));
-}
-
-fn panic_text(payload: &(dyn Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "<non-string panic>".into())
 }
 
 fn run_here(name: &str, body: impl FnOnce(&Cx)) {
