@@ -15,8 +15,9 @@ use std::ptr::NonNull;
 
 use cuda_sys::types::CUcontext;
 
+use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::release;
-use crate::record::launch_state::Claim;
+use crate::record::launch_state::{Claim, LaunchOver};
 use crate::record::layout::RecordHeader;
 use crate::record::ticket_id::TicketId;
 use crate::record::tickets::{self, HeldTicket};
@@ -38,6 +39,41 @@ pub(crate) unsafe fn track(
 ) -> Result<HeldTicket, Error> {
     // SAFETY: the caller's promise.
     unsafe { tickets::track(header, context) }.ok_or(Error::TooManyPendingLaunches)
+}
+
+/// A record tracked for its launch ([`track_record`]): the caller owns `header` until its launch
+/// call has returned, and then either releases it (refused) or [`hands it over`](Tracked::hand_over).
+pub(crate) struct Tracked {
+    pub(crate) header: NonNull<RecordHeader>,
+    pub(crate) ticket: HeldTicket,
+}
+
+/// Tracks `record`, about to be launched into `context` ([`track`]); if that fails the record is
+/// released here.
+#[inline]
+pub(crate) fn track_record(record: OwnedRecord, context: CUcontext) -> Result<Tracked, Error> {
+    let header = record.into_raw();
+    // SAFETY: a live record (run-once, or a repeatable one that runs once), ours, untracked.
+    match unsafe { track(header, context) } {
+        Ok(ticket) => Ok(Tracked { header, ticket }),
+        Err(e) => {
+            // SAFETY: `header` came from `into_raw` just above; nobody else has it.
+            drop(unsafe { OwnedRecord::from_raw(header) });
+            Err(e)
+        }
+    }
+}
+
+impl Tracked {
+    /// The launch call succeeded: hands the launch over to whoever runs it (the driver's thread,
+    /// the poller), or queues the record for release if that already ran it.
+    #[inline]
+    pub(crate) fn hand_over(self) {
+        if self.ticket.launched() == LaunchOver::Push {
+            // SAFETY: the launch has run and no one else holds the record.
+            unsafe { release::push(self.header) };
+        }
+    }
 }
 
 /// Runs the launch of ticket `id` once, if this call wins it: claims it (one compare-and-swap, which

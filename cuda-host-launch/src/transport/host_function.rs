@@ -14,7 +14,6 @@ use super::user_object::GraphOwnedRecord;
 use crate::reaper::mode::CleanupMode;
 use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::{self, release};
-use crate::record::launch_state::LaunchOver;
 use crate::record::layout::{Op, RecordHeader, SharedPayload};
 use crate::record::payload::PanicCarrier;
 use crate::record::ticket_id::TicketId;
@@ -55,35 +54,23 @@ pub(crate) unsafe fn enqueue(
     match (capture, runs) {
         (Capture::None, _) => {
             let context = context_of(driver, stream, hint)?;
-            let header = record.into_raw();
             // Tracked (a ticket, held by this thread) from before the launch until released, so a
             // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
-            // SAFETY: a live run-once (or once-run repeatable) record, ours, untracked.
-            let ticket = match unsafe { pending::track(header, context) } {
-                Ok(ticket) => ticket,
-                Err(e) => {
-                    // SAFETY: `header` came from `into_raw` just above; nobody else has it.
-                    drop(unsafe { OwnedRecord::from_raw(header) });
-                    return Err(e);
-                }
-            };
+            let tracked = pending::track_record(record, context)?;
             // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
             // queues it; the ticket is never freed, so any call (even a late one) is sound. The
             // stream's validity is the `AsRawStream` guarantee.
             let (code, function) =
-                unsafe { call.call(stream, trampoline, ticket.id.as_user_data()) };
+                unsafe { call.call(stream, trampoline, tracked.ticket.id.as_user_data()) };
             if code != CUresult::CUDA_SUCCESS {
                 // The driver did not take it: it is ours again (a reclaim never takes a launch
                 // still inside its launch call), released here.
-                // SAFETY: `header` came from `into_raw` just above and the driver refused it.
-                drop(unsafe { OwnedRecord::from_raw(header) });
+                // SAFETY: `header` came from `into_raw` in `track_record` and the driver refused it.
+                drop(unsafe { OwnedRecord::from_raw(tracked.header) });
                 return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
             }
             // The driver has it: hand it over (or, if its host function already ran, queue it).
-            if ticket.launched() == LaunchOver::Push {
-                // SAFETY: the host function has run and no one else holds the record.
-                unsafe { release::push(header) };
-            }
+            tracked.hand_over();
         }
         (Capture::Active { id, .. }, Runs::Once) => return Err(capture_active(stream, id)),
         (Capture::Active { graph, .. }, Runs::Repeatable) => {

@@ -44,7 +44,6 @@ use super::user_object::GraphOwnedRecord;
 use crate::reaper::mode::CleanupMode;
 use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::{self, release};
-use crate::record::launch_state::LaunchOver;
 use crate::record::ticket_id::TicketId;
 use crate::support::capture::{
     Capture, capture_active, capture_graph_legacy, capture_of, captured_since,
@@ -153,13 +152,9 @@ pub(crate) unsafe fn enqueue(
     let code = unsafe { stream_id(stream, &mut id) };
     driver.check(code, "cuStreamGetId")?;
     let event = pools().take(driver, context)?;
-    let header = record.into_raw();
-    // SAFETY: a live run-once record, ours, untracked.
-    let ticket = match unsafe { pending::track(header, context) } {
-        Ok(ticket) => ticket,
+    let tracked = match pending::track_record(record, context) {
+        Ok(tracked) => tracked,
         Err(e) => {
-            // SAFETY: `header` came from `into_raw` just above; nobody else has it.
-            drop(unsafe { OwnedRecord::from_raw(header) });
             pools().give_back(driver, context.addr(), event);
             return Err(e);
         }
@@ -168,20 +163,17 @@ pub(crate) unsafe fn enqueue(
     let code = unsafe { record_event(event, stream) };
     if code != CUresult::CUDA_SUCCESS {
         // Not recorded: the record is ours again (held: no reclaim takes it), released here.
-        // SAFETY: `header` came from `into_raw` above and nobody else has it.
-        drop(unsafe { OwnedRecord::from_raw(header) });
+        // SAFETY: `header` came from `into_raw` in `track_record` and nobody else has it.
+        drop(unsafe { OwnedRecord::from_raw(tracked.header) });
         pools().give_back(driver, context.addr(), event);
         return Err(cuda_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
     }
     // A capture another thread began since the first look may hold the event.
     let captured = captured_since(driver, stream);
-    let ticket_id = ticket.id;
+    let ticket_id = tracked.ticket.id;
     // The poller (or a reclaim) owns it from here. Nothing else can have claimed it meanwhile (the
     // poller has not seen it yet), but the protocol is followed all the same.
-    if ticket.launched() == LaunchOver::Push {
-        // SAFETY: the record ran and nobody else holds it.
-        unsafe { release::push(header) };
-    }
+    tracked.hand_over();
     if let Some(error) = captured {
         // Never queried: pending until the context's reset reclaims it.
         pools().strand(context.addr());
