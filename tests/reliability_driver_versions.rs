@@ -38,7 +38,8 @@ use cuda_host_launch::{
     LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, cleanup_mode, cleanup_stats,
     completion, defer_drop, drain, flush, host_launch, host_launch_async, in_host_function,
     launch_host_function, launch_host_function_with_bytes, pending_launches, poller_cpu_time,
-    reclaim_pending, reset_panic_handler, set_cleanup_mode, set_panic_handler,
+    reclaim_pending, release_after, reset_panic_handler, set_cleanup_mode, set_panic_handler,
+    spawn_after,
 };
 use cuda_sys::types::{CUdevice_attribute, CUgraph, CUstreamCaptureMode};
 use cuda_sys::{Driver, Function};
@@ -387,6 +388,20 @@ fn launches<S: AsRawStream + Copy>(t: &mut Tally, stream: S) {
     t.call("completion_with(LowLatency)", || {
         block_on(CompletionMode::LowLatency.completion(stream)?)
     });
+    t.call("completion_with(Event)", || {
+        block_on(CompletionMode::Event.completion(stream)?)
+    });
+    t.call("completion_with(HostFunction)", || {
+        block_on(CompletionMode::HostFunction.completion(stream)?)
+    });
+    t.launch("spawn_after", true, |r, o| {
+        spawn_after(stream, closure(r, o))
+    });
+    // Nothing runs at completion: the owner is dropped once, whether the call worked or not.
+    let drops = Drops::new();
+    t.call("release_after", || release_after(stream, drops.owner()));
+    drops.wait_dropped(1);
+    assert_eq!(drops.dropped(), 1, "release_after: the owner dropped once");
 }
 
 unsafe extern "C" fn ignore(_: *mut c_void) {}

@@ -261,6 +261,31 @@ isolated_test! {
         unsafe { driver.cuCtxDestroy(created) }.unwrap();
     }
 
+    /// With no primary context on the device, a created context's stream is refused without a
+    /// retain of the primary context, which would create one (a context's worth of device memory)
+    /// only to destroy it again.
+    fn no_primary_context_is_made_to_refuse_a_created_contexts_stream(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let driver = cuda_workspace::testing::load_fake_driver();
+        let mut created = std::ptr::null_mut();
+        // SAFETY: valid out-pointer, flags 0, device 0.
+        unsafe { driver.cuCtxCreate(&mut created, std::ptr::null_mut(), 0, 0) }.unwrap();
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: `created` is current (cuCtxCreate makes it so); a valid out-pointer.
+        unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
+        // SAFETY: the stream is live until destroyed below.
+        let raw = unsafe { RawStream::from_raw(stream) };
+        let refused = spawn_after(raw, || {});
+        assert!(matches!(refused, Err(Error::NotPrimaryContext { .. })), "{refused:?}");
+        assert_eq!(fake().call_count("cuDevicePrimaryCtxRetain"), 0);
+        // SAFETY: ours, destroyed once each.
+        unsafe {
+            driver.cuStreamDestroy(stream).unwrap();
+            driver.cuCtxDestroy(created).unwrap();
+        }
+    }
+
     /// While another thread captures in global mode, the poller's queries (and the releases they
     /// complete) leave that capture intact: the poller is in relaxed mode.
     fn the_poller_never_breaks_another_threads_global_capture(

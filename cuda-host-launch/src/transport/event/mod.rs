@@ -54,7 +54,7 @@ use crate::support::raw_stream::{AsRawStream, context_of};
 use crate::support::sync::lock;
 use crate::tracking::pending;
 
-pub use poller::{PollerSettings, poller_settings, set_poller_settings};
+pub use poller::{poller_settings, set_poller_settings};
 
 /// What a stream-ordered record does when its event completes, which also says what it does on a
 /// stream that is capturing when it is enqueued.
@@ -130,6 +130,13 @@ pub(crate) unsafe fn enqueue(
     let mode = reaper::thread::prepare()?;
     let driver = cuda_sys::driver()?;
     let record_event = driver.raw().cuEventRecord()?;
+    // What the poller calls for this entry, resolved now: a driver without them refuses the work
+    // here, rather than leave it pending for good.
+    driver.raw().cuEventQuery()?;
+    if work == Work::Call {
+        driver.raw().cuCtxSetCurrent()?;
+        driver.raw().cuCtxGetCurrent()?;
+    }
     // 12.0: streams are told apart by their id (see the module's docs).
     let stream_id = driver.raw().cuStreamGetId()?;
     if let Capture::Active { id, graph } = capture_of(driver, stream)? {

@@ -124,6 +124,18 @@ impl Pool {
             // SAFETY: a valid out-pointer; `context` is current.
             unsafe { driver.cuCtxGetDevice(&mut device) }
         })?;
+        // Resolved before the retain: a retain must be released again.
+        driver.raw().cuDevicePrimaryCtxRelease()?;
+        let (mut flags, mut active) = (0, 0);
+        // SAFETY: a device the driver just named; valid out-pointers.
+        unsafe { driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)? };
+        if active == 0 {
+            // The device's primary context does not exist, so `context` is not it; a retain would
+            // create one (a context's worth of device memory) only to destroy it again.
+            return Err(Error::NotPrimaryContext {
+                context: context.addr(),
+            });
+        }
         let mut primary: CUcontext = ptr::null_mut();
         // SAFETY: a device the driver just named; a valid out-pointer.
         unsafe { driver.cuDevicePrimaryCtxRetain(&mut primary, device)? };
