@@ -286,6 +286,28 @@ isolated_test! {
         }
     }
 
+    /// While work waits long, the poller's pauses grow with the wait (up to `max_interval`, 1 ms):
+    /// 300 ms of waiting cost a few hundred queries, not one per 20 µs; and the release still
+    /// comes soon after the stream gets there.
+    fn a_long_wait_costs_few_queries(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        release_after(&stream, drops.owner()).unwrap();
+        let before = fake().call_count("cuEventQuery");
+        std::thread::sleep(Duration::from_millis(300));
+        let queries = fake().call_count("cuEventQuery") - before;
+        let released = Instant::now();
+        hold.release();
+        drops.wait_dropped(1);
+        let late = released.elapsed();
+        // Spinning for 20 µs, about 16 pauses of 20 µs, about 60 growing ones to 16 ms, then one
+        // per millisecond: about 370 rounds and the spinning's queries.
+        assert!(queries < 1_500, "{queries} queries in 300 ms of waiting");
+        assert!(late < Duration::from_millis(200), "released {late:?} after the stream got there");
+    }
+
     /// While another thread captures in global mode, the poller's queries (and the releases they
     /// complete) leave that capture intact: the poller is in relaxed mode.
     fn the_poller_never_breaks_another_threads_global_capture(

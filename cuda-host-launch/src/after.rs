@@ -25,7 +25,8 @@ use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::event::{self, Work};
 
-pub use crate::transport::event::{PollerSettings, poller_settings, set_poller_settings};
+pub use crate::transport::event::{poller_settings, set_poller_settings};
+pub use crate::transport::poller_pace::PollerSettings;
 
 /// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
 /// them on a thread of this crate (the cleanup queue's: never a driver thread, never the caller's

@@ -151,9 +151,9 @@ pub use support::raw_stream::{AsRawStream, RawStream};
 #[cfg(not(loom))]
 pub use tracking::pending::{launch_ticket_bytes, pending_launches};
 #[cfg(not(loom))]
-pub use transport::low_latency::poller_cpu_time;
-#[cfg(not(loom))]
 pub use transport::options::{HostTaskSyncMode, LaunchOptions};
+#[cfg(not(loom))]
+pub use transport::poller_pace::poller_cpu_time;
 #[cfg(not(loom))]
 pub use transport::reclaim_pending;
 

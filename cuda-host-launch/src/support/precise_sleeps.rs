@@ -1,4 +1,4 @@
-//! Timer precision for this crate's own threads (the reaper, the event poller), whose short sleeps
+//! Timer precision for this crate's own threads (the reaper, the pollers), whose short sleeps
 //! are part of their latency.
 
 /// Asks Linux to wake the calling thread's sleeps and timed parks within 1 µs of their deadline

@@ -24,10 +24,11 @@
 //!   goes unseen: that future resolves only when the graph is replayed, and later replays write
 //!   its old value, which resolves no later future of the slot (a later future there could only be
 //!   delayed forever if a replay overwrote its value before the poller saw it).
-//! - **The poller** scans the waiting flags. After progress it spins (a busy core) for
-//!   [`SPIN`], then sleeps in growing steps up to [`MAX_SLEEP`]; a new registration wakes it. With
-//!   nothing waiting for [`IDLE_EXIT`] it exits: no thread when no future waits. Its CPU time is
-//!   counted ([`poller_cpu_time`]).
+//! - **The poller** scans the waiting flags. It paces itself as the event poller does
+//!   (`poller_pace`), with its own [`PACE`]: it spins after news, then parks for pauses that grow
+//!   with the wait; a new registration wakes it. With nothing waiting for a while it exits: no
+//!   thread when no future waits. Its CPU time is counted
+//!   ([`poller_cpu_time`](crate::poller_cpu_time)).
 //! - **A lost context** (reset or destroyed after a sticky error: the flag will never be written)
 //!   fails its futures when its pending launches are reclaimed ([`fail_context`]), and its pages are
 //!   dropped (the driver forgot their registration with the context).
@@ -41,19 +42,23 @@ use std::time::{Duration, Instant};
 use cuda_sys::types::{CUcontext, CUdeviceptr};
 
 use super::completion_state::CompletionState;
+use super::poller_pace::{Pace, PollerSettings, Wait};
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
+use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::raw_stream::{AsRawStream, context_of};
 use crate::support::{forked_child, relaxed_capture};
 
-/// Spinning time after the last progress before the poller starts to sleep.
-pub const SPIN: Duration = Duration::from_micros(200);
-/// The longest sleep between scans while futures wait.
-pub const MAX_SLEEP: Duration = Duration::from_millis(1);
-/// The poller exits after this long with nothing waiting.
-pub const IDLE_EXIT: Duration = Duration::from_millis(100);
+/// How the poller waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
+/// to 1 ms; it exits after 100 ms with nothing waiting.
+const PACE: PollerSettings = PollerSettings {
+    spin: Duration::from_micros(200),
+    interval: Duration::from_micros(10),
+    max_interval: Duration::from_millis(1),
+    idle_exit: Duration::from_millis(100),
+};
 
 const PAGE_BYTES: usize = 4096;
 const SLOTS_PER_PAGE: usize = PAGE_BYTES / 8;
@@ -128,8 +133,6 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     poller: None,
 });
 
-static POLLER_CPU_NS: AtomicU64 = AtomicU64::new(0);
-
 /// The next value a flag write writes: never 0 (a slot's value while it waits), never repeated.
 static NEXT_VALUE: AtomicU64 = AtomicU64::new(1);
 
@@ -143,19 +146,6 @@ static QUARANTINE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 fn registry() -> MutexGuard<'static, Registry> {
     REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// CPU time this crate's poller threads (the low-latency flags' and the events') have used so far.
-pub fn poller_cpu_time() -> Duration {
-    Duration::from_nanos(POLLER_CPU_NS.load(Ordering::Relaxed))
-}
-
-/// Counts CPU time of a poller thread in [`poller_cpu_time`].
-pub(crate) fn add_poller_cpu_time(used: Duration) {
-    POLLER_CPU_NS.fetch_add(
-        u64::try_from(used.as_nanos()).unwrap_or(u64::MAX),
-        Ordering::Relaxed,
-    );
 }
 
 /// Enqueues the flag write for `shared` on `stream` and hands it to the poller.
@@ -335,39 +325,23 @@ pub(crate) fn fail_context(context: CUcontext) {
     }
 }
 
-/// The calling thread's CPU time (zero where the system cannot tell).
-pub(crate) fn thread_cpu_time() -> Duration {
-    #[cfg(target_os = "linux")]
-    {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: a valid timespec to write.
-        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
-            return Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
-        }
-    }
-    Duration::ZERO
-}
-
 fn poll_loop() {
     // Wakers are users' code: never in the default capture interaction (see `relaxed_capture`).
     // The driver is loaded (`register` used it before starting this thread).
     let _ = relaxed_capture::enter_relaxed_mode();
-    let cpu_start = thread_cpu_time();
-    let mut cpu_counted = Duration::ZERO;
+    // Its timed parks are short: keep them so.
+    precise_sleeps();
+    let mut pace = Pace::start();
     let mut waiting: Vec<Entry> = Vec::new();
-    let mut last_progress = Instant::now();
     let mut idle_since: Option<Instant> = None;
-    let mut sleep = Duration::from_micros(10);
     loop {
+        let was_idle = waiting.is_empty();
         let lost = {
             let mut reg = registry();
             waiting.append(&mut reg.incoming);
             if waiting.is_empty() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() >= IDLE_EXIT {
+                if idle.elapsed() >= PACE.idle_exit {
                     reg.poller = None;
                     reg.lost.clear();
                     break;
@@ -397,28 +371,19 @@ fn poll_loop() {
             true
         });
         let now = Instant::now();
-        if waiting.len() < before {
-            last_progress = now;
-            sleep = Duration::from_micros(10);
+        let progress = waiting.len() < before;
+        if progress || (was_idle && !waiting.is_empty()) {
+            pace.news(now);
         }
-        let used = thread_cpu_time().saturating_sub(cpu_start);
-        POLLER_CPU_NS.fetch_add(
-            used.saturating_sub(cpu_counted).as_nanos() as u64,
-            Ordering::Relaxed,
-        );
-        cpu_counted = used;
-        if waiting.is_empty() {
-            std::thread::park_timeout(IDLE_EXIT);
-        } else if now.duration_since(last_progress) < SPIN {
-            std::hint::spin_loop();
-        } else {
-            std::thread::park_timeout(sleep);
-            sleep = (sleep * 2).min(MAX_SLEEP);
+        let wait = (!waiting.is_empty()).then(|| pace.wait(now, &PACE));
+        if progress || wait != Some(Wait::Spin) {
+            pace.count_cpu();
+        }
+        match wait {
+            Some(Wait::Spin) => std::hint::spin_loop(),
+            Some(Wait::Park(pause)) => std::thread::park_timeout(pause),
+            None => std::thread::park_timeout(PACE.idle_exit),
         }
     }
-    let used = thread_cpu_time().saturating_sub(cpu_start);
-    POLLER_CPU_NS.fetch_add(
-        used.saturating_sub(cpu_counted).as_nanos() as u64,
-        Ordering::Relaxed,
-    );
+    pace.count_cpu();
 }

@@ -1,13 +1,15 @@
 //! The event poller: one thread of this crate that queries the recorded events, newest of each
 //! stream first, and completes their records on its own thread.
 //!
-//! - **Adaptive**: after progress it spins for [`PollerSettings::spin`] (a busy core, the lowest
-//!   latency), then queries every [`PollerSettings::interval`] (a timer), and with nothing pending
-//!   it parks; after [`PollerSettings::idle_exit`] with nothing pending it gives the idle event
-//!   pools back and exits: no thread, no wake-up and no CPU while idle. A new entry wakes (or
-//!   starts) it only if it parks with nothing pending; while anything is pending it picks new
-//!   entries up on its own, so a burst of enqueues makes no system call. Its timed parks ask
-//!   Linux for 1 µs timer slack (the default 50 µs would stretch a 20 µs interval threefold).
+//! - **Adaptive** (see `transport::poller_pace`): after news (a completion, or work arriving
+//!   while nothing was pending) it spins for [`PollerSettings::spin`] (a busy core, the lowest
+//!   latency), then parks between rounds for pauses that grow with the wait, from
+//!   [`PollerSettings::interval`] to [`PollerSettings::max_interval`]; with nothing pending it
+//!   parks until woken, and after [`PollerSettings::idle_exit`] it gives the idle event pools back
+//!   and exits: no thread, no wake-up and no CPU while idle. A new entry wakes (or starts) it only
+//!   if it parks with nothing pending; while anything is pending it picks new entries up on its
+//!   own, so a burst of enqueues makes no system call. Its timed parks ask Linux for 1 µs timer
+//!   slack (the default 50 µs would stretch a 20 µs pause threefold).
 //! - **Relaxed capture mode**: it puts itself in `CU_STREAM_CAPTURE_MODE_RELAXED` first, so its
 //!   queries (and the callbacks it runs) never break another thread's global-mode capture.
 //! - **Locks**: [`QUEUES`] (the per-stream queues) is held while it queries and while it gives
@@ -31,46 +33,11 @@ use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
 use crate::tracking::pending;
-use crate::transport::low_latency::{add_poller_cpu_time, thread_cpu_time};
-
-/// How the event poller waits (see the module's docs). [`set_poller_settings`] changes them for the
-/// whole process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PollerSettings {
-    /// How long the poller spins (queries without pause) after it completed something, while
-    /// work is pending. `Duration::MAX`: spin for as long as anything is pending
-    /// ([`PollerSettings::LOW_LATENCY`]).
-    pub spin: Duration,
-    /// The pause between two rounds of queries once it stopped spinning.
-    pub interval: Duration,
-    /// How long the poller stays with nothing pending before its thread exits.
-    pub idle_exit: Duration,
-}
-
-impl PollerSettings {
-    /// The defaults: spin 20 µs after progress, then query every 20 µs; exit after 100 ms idle.
-    pub const DEFAULT: PollerSettings = PollerSettings {
-        spin: Duration::from_micros(20),
-        interval: Duration::from_micros(20),
-        idle_exit: Duration::from_millis(100),
-    };
-
-    /// Spin while anything is pending: the lowest latency, a busy core meanwhile.
-    pub const LOW_LATENCY: PollerSettings = PollerSettings {
-        spin: Duration::MAX,
-        interval: Duration::from_micros(20),
-        idle_exit: Duration::from_millis(100),
-    };
-}
-
-impl Default for PollerSettings {
-    fn default() -> Self {
-        PollerSettings::DEFAULT
-    }
-}
+use crate::transport::poller_pace::{Pace, PollerSettings, Wait};
 
 static SPIN_NS: AtomicU64 = AtomicU64::new(20_000);
 static INTERVAL_NS: AtomicU64 = AtomicU64::new(20_000);
+static MAX_INTERVAL_NS: AtomicU64 = AtomicU64::new(1_000_000);
 static IDLE_EXIT_NS: AtomicU64 = AtomicU64::new(100_000_000);
 
 fn nanos(d: Duration) -> u64 {
@@ -81,6 +48,7 @@ fn nanos(d: Duration) -> u64 {
 pub fn set_poller_settings(settings: PollerSettings) {
     SPIN_NS.store(nanos(settings.spin), Ordering::Relaxed);
     INTERVAL_NS.store(nanos(settings.interval), Ordering::Relaxed);
+    MAX_INTERVAL_NS.store(nanos(settings.max_interval), Ordering::Relaxed);
     IDLE_EXIT_NS.store(nanos(settings.idle_exit), Ordering::Relaxed);
 }
 
@@ -94,6 +62,7 @@ pub fn poller_settings() -> PollerSettings {
             Duration::from_nanos(spin)
         },
         interval: Duration::from_nanos(INTERVAL_NS.load(Ordering::Relaxed)),
+        max_interval: Duration::from_nanos(MAX_INTERVAL_NS.load(Ordering::Relaxed)),
         idle_exit: Duration::from_nanos(IDLE_EXIT_NS.load(Ordering::Relaxed)),
     }
 }
@@ -272,12 +241,10 @@ fn poll_loop() {
     let _ = enter_relaxed_mode();
     // Its timed parks (the interval) are short: keep them so.
     precise_sleeps();
-    let cpu_start = thread_cpu_time();
-    let mut cpu_counted = Duration::ZERO;
+    let mut pace = Pace::start();
     let mut done: Vec<Entry> = Vec::new();
     let mut stranded: Vec<Entry> = Vec::new();
     let mut current_context = 0;
-    let mut last_progress = Instant::now();
     let mut idle_since: Option<Instant> = None;
     let released = loop {
         let settings = poller_settings();
@@ -288,6 +255,7 @@ fn poll_loop() {
             continue;
         };
         let mut queues = queues();
+        let was_idle = queues.by_stream.is_empty();
         {
             let mut incoming = incoming();
             for entry in incoming.entries.drain(..) {
@@ -343,37 +311,32 @@ fn poll_loop() {
         }
         drop(work);
         let now = Instant::now();
-        if progress {
-            last_progress = now;
+        if progress || (was_idle && !nothing_pending) {
+            pace.news(now);
         }
-        let spin = !nothing_pending && now.duration_since(last_progress) < settings.spin;
-        // The thread's CPU time (a system call: not in the vDSO) is counted after a round that
-        // completed something and before a park, not on every spinning round.
-        if progress || !spin {
-            let used = thread_cpu_time().saturating_sub(cpu_start);
-            add_poller_cpu_time(used.saturating_sub(cpu_counted));
-            cpu_counted = used;
+        let wait = (!nothing_pending).then(|| pace.wait(now, &settings));
+        if progress || wait != Some(Wait::Spin) {
+            pace.count_cpu();
         }
-        if spin {
-            std::hint::spin_loop();
-        } else if nothing_pending {
-            let mut incoming = incoming();
-            if incoming.entries.is_empty() {
-                // Nothing pending or incoming, under the lock the enqueues push under: the next
-                // enqueue wakes this thread (its unpark's token ends the park even if it comes
-                // first).
-                incoming.poller_idle = true;
-                drop(incoming);
-                std::thread::park_timeout(settings.idle_exit);
+        match wait {
+            Some(Wait::Spin) => std::hint::spin_loop(),
+            Some(Wait::Park(pause)) => std::thread::park_timeout(pause),
+            None => {
+                let mut incoming = incoming();
+                if incoming.entries.is_empty() {
+                    // Nothing pending or incoming, under the lock the enqueues push under: the
+                    // next enqueue wakes this thread (its unpark's token ends the park even if it
+                    // comes first).
+                    incoming.poller_idle = true;
+                    drop(incoming);
+                    std::thread::park_timeout(settings.idle_exit);
+                }
             }
-        } else {
-            std::thread::park_timeout(settings.interval);
         }
     };
     // With no lock held: a reclaim takes them.
     for (device, context) in released {
         super::pools::after_release(driver, device, context);
     }
-    let used = thread_cpu_time().saturating_sub(cpu_start);
-    add_poller_cpu_time(used.saturating_sub(cpu_counted));
+    pace.count_cpu();
 }

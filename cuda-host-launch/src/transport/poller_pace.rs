@@ -1,0 +1,185 @@
+//! How this crate's poller threads (the low-latency flags' and the events') wait between rounds,
+//! and the CPU time they used ([`poller_cpu_time`]).
+//!
+//! After news (a completion, or work arriving while nothing was pending) a poller spins for
+//! [`PollerSettings::spin`]: a busy core, the lowest latency. Then it parks between rounds, each
+//! pause a sixteenth of the time waited since the news, at least [`PollerSettings::interval`] and
+//! at most [`PollerSettings::max_interval`]. So a completion is seen at most about 1/16 of its
+//! wait late (or `interval`, or `max_interval`), and a long wait costs few rounds: about 50 in
+//! the first 16 ms with the defaults, then one per `max_interval`. With nothing pending a poller
+//! parks until new work wakes it, and exits after [`PollerSettings::idle_exit`].
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How a poller waits (see the module's docs). For the event poller, [`set_poller_settings`]
+/// changes them for the whole process.
+///
+/// [`set_poller_settings`]: crate::set_poller_settings
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollerSettings {
+    /// How long the poller spins (looks without pause) after news, while work is pending.
+    /// `Duration::MAX`: spin for as long as anything is pending ([`PollerSettings::LOW_LATENCY`]).
+    pub spin: Duration,
+    /// The shortest pause between two rounds once it stopped spinning.
+    pub interval: Duration,
+    /// The longest pause between two rounds while work is pending: how late, at most, the poller
+    /// sees a completion after a long wait.
+    pub max_interval: Duration,
+    /// How long the poller stays with nothing pending before its thread exits.
+    pub idle_exit: Duration,
+}
+
+impl PollerSettings {
+    /// The event poller's defaults: spin 20 µs after news, then pauses from 20 µs to 1 ms; exit
+    /// after 100 ms idle.
+    pub const DEFAULT: PollerSettings = PollerSettings {
+        spin: Duration::from_micros(20),
+        interval: Duration::from_micros(20),
+        max_interval: Duration::from_millis(1),
+        idle_exit: Duration::from_millis(100),
+    };
+
+    /// Spin while anything is pending: the lowest latency, a busy core meanwhile.
+    pub const LOW_LATENCY: PollerSettings = PollerSettings {
+        spin: Duration::MAX,
+        ..PollerSettings::DEFAULT
+    };
+}
+
+impl Default for PollerSettings {
+    fn default() -> Self {
+        PollerSettings::DEFAULT
+    }
+}
+
+/// What a poller does after a round in which work stayed pending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Look again at once.
+    Spin,
+    /// Park this long (an unpark ends it early).
+    Park(Duration),
+}
+
+/// One poller thread's clock (the time of its last news) and CPU account.
+pub(crate) struct Pace {
+    news: Instant,
+    cpu_start: Duration,
+    cpu_counted: Duration,
+}
+
+impl Pace {
+    /// For the calling thread, the poller's, from now.
+    pub(crate) fn start() -> Pace {
+        let cpu_start = thread_cpu_time();
+        Pace {
+            news: Instant::now(),
+            cpu_start,
+            cpu_counted: Duration::ZERO,
+        }
+    }
+
+    /// Something completed, or work arrived while nothing was pending: spin again.
+    pub(crate) fn news(&mut self, now: Instant) {
+        self.news = now;
+    }
+
+    /// How to wait at `now` with work pending (see the module's docs).
+    pub(crate) fn wait(&self, now: Instant, settings: &PollerSettings) -> Wait {
+        let waited = now.saturating_duration_since(self.news);
+        if waited < settings.spin {
+            return Wait::Spin;
+        }
+        Wait::Park(
+            (waited / 16)
+                .min(settings.max_interval)
+                .max(settings.interval),
+        )
+    }
+
+    /// Adds the thread's CPU time since the last count to [`poller_cpu_time`]. A system call (the
+    /// thread's CPU clock is not in the vDSO): once per park, not on every spinning round.
+    pub(crate) fn count_cpu(&mut self) {
+        let used = thread_cpu_time().saturating_sub(self.cpu_start);
+        let new = used.saturating_sub(self.cpu_counted);
+        POLLER_CPU_NS.fetch_add(
+            u64::try_from(new.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.cpu_counted = used;
+    }
+}
+
+static POLLER_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
+/// CPU time this crate's poller threads (the low-latency flags' and the events') have used so far.
+pub fn poller_cpu_time() -> Duration {
+    Duration::from_nanos(POLLER_CPU_NS.load(Ordering::Relaxed))
+}
+
+/// The calling thread's CPU time (zero where the system cannot tell).
+fn thread_cpu_time() -> Duration {
+    #[cfg(target_os = "linux")]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec to write.
+        if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32);
+        }
+    }
+    Duration::ZERO
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spins_after_news_then_pauses_grow_with_the_wait_within_bounds() {
+        let settings = PollerSettings::DEFAULT;
+        let mut pace = Pace::start();
+        let t0 = Instant::now();
+        pace.news(t0);
+        let at = |micros| pace.wait(t0 + Duration::from_micros(micros), &settings);
+        assert_eq!(at(0), Wait::Spin);
+        assert_eq!(at(19), Wait::Spin);
+        assert_eq!(at(20), Wait::Park(Duration::from_micros(20)));
+        assert_eq!(at(320), Wait::Park(Duration::from_micros(20)));
+        assert_eq!(at(1_600), Wait::Park(Duration::from_micros(100)));
+        assert_eq!(at(16_000), Wait::Park(Duration::from_millis(1)));
+        assert_eq!(at(10_000_000), Wait::Park(Duration::from_millis(1)));
+        // News restarts the clock.
+        pace.news(t0 + Duration::from_millis(50));
+        assert_eq!(
+            pace.wait(t0 + Duration::from_millis(50), &settings),
+            Wait::Spin
+        );
+        // A clock before the news (another thread's `now`) spins rather than panics.
+        assert_eq!(pace.wait(t0, &settings), Wait::Spin);
+    }
+
+    #[test]
+    fn spinning_without_end_and_bounds_that_cross_do_not_panic() {
+        let pace = Pace::start();
+        let later = Instant::now() + Duration::from_secs(3600);
+        assert_eq!(
+            pace.wait(later, &PollerSettings::LOW_LATENCY),
+            Wait::Spin,
+            "LOW_LATENCY spins while anything is pending"
+        );
+        let crossed = PollerSettings {
+            interval: Duration::from_millis(5),
+            max_interval: Duration::from_millis(1),
+            ..PollerSettings::DEFAULT
+        };
+        // The shortest pause wins over a longest pause set below it.
+        assert_eq!(
+            pace.wait(later, &crossed),
+            Wait::Park(Duration::from_millis(5))
+        );
+    }
+}
