@@ -1,4 +1,4 @@
-//! Futures of stream work (`completion`, `host_launch_async`), in both completion modes, against
+//! Futures of stream work (`completion`, `host_launch_async`), in every completion mode, against
 //! the fake driver: under a minimal executor (below) and under tokio.
 
 use std::future::Future;
@@ -16,7 +16,12 @@ use cuda_workspace::isolated_test;
 use cuda_workspace::testing::owners::{ThreadInfo, fake_primary_context};
 use cuda_workspace::testing::{address_bytes, bump_from_bytes, fake, fake_driver_path};
 
-const MODES: [CompletionMode; 2] = [CompletionMode::HostFunction, CompletionMode::LowLatency];
+const MODES: [CompletionMode; 4] = [
+    CompletionMode::Auto,
+    CompletionMode::Event,
+    CompletionMode::HostFunction,
+    CompletionMode::LowLatency,
+];
 
 /// Counts its drop.
 struct Counted(Arc<AtomicUsize>);
@@ -60,7 +65,7 @@ fn poll_once<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
 }
 
 #[test]
-fn completions_resolve_in_stream_order_in_both_modes() {
+fn completions_resolve_in_stream_order_in_every_mode() {
     let context = fake_primary_context();
     for mode in MODES {
         let stream = Stream::new(&context).unwrap();
@@ -212,7 +217,7 @@ isolated_test! {
             }
         }
         let after = cuda_workspace::gpu::heap_in_use();
-        assert_eq!(waker_drops.all.load(Ordering::SeqCst), (1_000 + 41 * 200) * 2, "each waker dropped once");
+        assert_eq!(waker_drops.all.load(Ordering::SeqCst), (1_000 + 41 * 200) * MODES.len(), "each waker dropped once");
         assert_eq!(
             waker_drops.on_driver_thread.load(Ordering::SeqCst),
             0,
@@ -291,7 +296,7 @@ fn completions_work_under_tokio() {
         let mut handles = Vec::new();
         for i in 0..100u32 {
             let value = host_launch_async(&stream, move || i * 2).unwrap();
-            let done = (MODES[(i % 2) as usize]).completion(&stream).unwrap();
+            let done = (MODES[(i % 4) as usize]).completion(&stream).unwrap();
             handles.push(tokio::spawn(async move {
                 let v = value.await.unwrap();
                 done.await.unwrap();
@@ -307,4 +312,85 @@ fn completions_work_under_tokio() {
             tokio::time::timeout(Duration::from_secs(5), completion(&stream).unwrap()).await;
         assert!(matches!(timed, Ok(Ok(()))));
     });
+}
+
+/// A stream of a context made with `cuCtxCreate` (current on the calling thread), and the context.
+fn created_context_stream() -> (cuda_sys::types::CUcontext, cuda_sys::types::CUstream) {
+    let driver = cuda_sys::driver().unwrap();
+    let mut created = std::ptr::null_mut();
+    // SAFETY: valid out-pointer, flags 0, device 0.
+    unsafe { driver.cuCtxCreate(&mut created, std::ptr::null_mut(), 0, 0) }.unwrap();
+    let mut stream = std::ptr::null_mut();
+    // SAFETY: `created` is current (cuCtxCreate makes it so); a valid out-pointer.
+    unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
+    (created, stream)
+}
+
+/// How many events and host functions the fake driver was given so far.
+fn enqueued() -> (u64, u64) {
+    (
+        fake().call_count("cuEventRecord"),
+        fake().call_count("cuLaunchHostFunc"),
+    )
+}
+
+isolated_test! {
+    /// `completion` (`Auto`) records an event on a stream of a primary context, enqueues a host
+    /// function on a stream of a created context, and refuses a capturing stream as every mode
+    /// does.
+    fn auto_uses_an_event_where_it_can_and_a_host_function_elsewhere(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        assert_eq!(CompletionMode::default(), CompletionMode::Auto);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (events, host_functions) = enqueued();
+        block_on(completion(&stream).unwrap()).unwrap();
+        assert_eq!(enqueued(), (events + 1, host_functions), "one event, no host function");
+
+        let (created, raw) = created_context_stream();
+        // SAFETY: the stream is live until destroyed below.
+        let other = unsafe { cuda_host_launch::RawStream::from_raw(raw) };
+        block_on(completion(other).unwrap()).unwrap();
+        assert_eq!(enqueued(), (events + 1, host_functions + 1), "a host function");
+
+        let driver = cuda_sys::driver().unwrap();
+        // SAFETY: a live stream.
+        unsafe {
+            driver.cuStreamBeginCapture(
+                stream.raw(),
+                cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        }
+        .unwrap();
+        let refused = completion(&stream);
+        assert!(matches!(refused, Err(Error::CaptureActive { .. })), "{refused:?}");
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: the capture begun above; a valid out-pointer.
+        unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();
+        // SAFETY: the capture's graph, destroyed once; then our stream and context, once each.
+        unsafe {
+            driver.cuGraphDestroy(graph).unwrap();
+            driver.cuStreamDestroy(raw).unwrap();
+            driver.cuCtxDestroy(created).unwrap();
+        }
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// Before CUDA 12.0 (no `cuStreamGetId`) `completion` uses a host function.
+    fn auto_uses_a_host_function_before_cuda_12(
+        FAKE_CUDA_VERSION = "11080",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (events, host_functions) = enqueued();
+        block_on(completion(&stream).unwrap()).unwrap();
+        assert_eq!(enqueued(), (events, host_functions + 1));
+        let refused = CompletionMode::Event.completion(&stream);
+        assert!(
+            matches!(refused, Err(Error::Cuda(cuda_sys::Error::DriverTooOld { .. }))),
+            "{refused:?}"
+        );
+    }
 }

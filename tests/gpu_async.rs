@@ -1,4 +1,4 @@
-//! Futures of stream work on the real GPU, in both completion modes. Opt-in: `--ignored
+//! Futures of stream work on the real GPU, in every completion mode. Opt-in: `--ignored
 //! --test-threads=1`, or the bundle of `scripts/gpu-bundle`.
 
 use std::future::Future;
@@ -14,7 +14,12 @@ use cuda_host_launch::{
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 use cuda_workspace::isolated_test;
 
-const MODES: [CompletionMode; 2] = [CompletionMode::HostFunction, CompletionMode::LowLatency];
+const MODES: [CompletionMode; 4] = [
+    CompletionMode::Auto,
+    CompletionMode::Event,
+    CompletionMode::HostFunction,
+    CompletionMode::LowLatency,
+];
 
 struct ThreadWaker(std::thread::Thread);
 impl Wake for ThreadWaker {
@@ -182,15 +187,17 @@ isolated_test! {
     gpu.kernels.trap(stream.raw());
     let host = CompletionMode::HostFunction.completion(&stream).unwrap();
     let low = CompletionMode::LowLatency.completion(&stream).unwrap();
+    let auto = CompletionMode::Auto.completion(&stream).unwrap();
     let value = host_launch_async(&stream, || 7).unwrap();
     assert!(stream.synchronize().is_err());
     drop(stream);
     // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
     let reclaimed = unsafe { gpu.context.reset() }.unwrap();
-    let results = (block_on(host), block_on(low), block_on(value));
+    let results = (block_on(host), block_on(low), block_on(value), block_on(auto));
     println!("after a trap and the reset ({reclaimed} launches reclaimed): {results:?}");
     assert!(matches!(results.0, Err(Error::ContextLost)));
     assert!(matches!(results.1, Err(Error::ContextLost)));
     assert!(matches!(results.2, Err(Error::ContextLost)));
+    assert!(matches!(results.3, Err(Error::ContextLost)));
 }
 }

@@ -2,25 +2,29 @@
 //! [`host_launch_async`] (a closure's result, in stream order). Runtime-agnostic: only
 //! `std::task::Waker`.
 //!
-//! Three ways to learn that the stream got there ([`CompletionMode`]):
-//! - `HostFunction` (the default): a host function of this crate completes the future and wakes
-//!   the task with `wake_by_ref` on the driver's thread. The wake waits for the driver's thread
-//!   to wake up (tens of microseconds), and that thread is shared with every other host function
-//!   of the context.
+//! Four ways to learn that the stream got there ([`CompletionMode`]):
+//! - `Auto` (the default, and [`completion`]): `Event` where it can, else `HostFunction` (a
+//!   stream of a context made with `cuCtxCreate`, or a driver before 12.0).
+//! - `Event`: no host function. The stream records an event, which the event poller of this crate
+//!   queries (see [`spawn_after`](crate::spawn_after)); the poller spins briefly after news, then
+//!   looks at pauses that grow with the wait (1/16 of it, 20 µs to 1 ms: see
+//!   [`PollerSettings`](crate::PollerSettings)).
+//! - `HostFunction`: a host function of this crate completes the future and wakes the task with
+//!   `wake_by_ref` on the driver's thread. The wake waits for the driver's thread to wake up (tens
+//!   of microseconds), and that thread is shared with every other host function of the context.
 //! - `LowLatency`: no host function. The stream writes a flag into host memory
 //!   (`cuStreamWriteValue64`) and a poller thread of this crate wakes the task (see
-//!   `transport/low_latency.rs`): a few microseconds, at the cost of a core that spins briefly
-//!   while futures wait.
-//! - `Event`: no host function. The stream records an event, which the event poller of this crate
-//!   queries (see [`spawn_after`](crate::spawn_after)).
+//!   `transport/low_latency.rs`): a few microseconds, at the cost of a core that spins for 200 µs
+//!   after each completion while futures wait.
 //!
-//! **Which to choose.** `HostFunction` is the default: it costs no CPU while a future waits, and
-//! takes any stream of any context. `Event` wakes sooner and costs less to enqueue, but its poller
-//! spends CPU while futures are pending (it spins briefly after each completion, then looks on a
-//! timer), and it takes only streams of primary contexts, outside captures. `LowLatency` wakes
-//! soonest and keeps a core busy while futures wait. `BENCHMARKS.md` has the measured figures.
-//! [`host_launch_async`] always wakes from its own host function: the result exists only once
-//! that function has run, on the driver's thread, so another transport would only add a step.
+//! **Which to choose.** `Auto`, unless one of these matters more than the default's latency and
+//! enqueue cost, which `BENCHMARKS.md` gives measured: `HostFunction` costs no CPU at all while a
+//! future waits (the event poller costs a little, more in the first milliseconds of a wait than
+//! later) and wakes within tens of microseconds even after a long wait (the event poller may see a
+//! completion up to 1/16 of the wait late, at most 1 ms). `LowLatency` wakes soonest and keeps a
+//! core busy meanwhile. [`host_launch_async`] always wakes from its own host function: the result
+//! exists only once that function has run, on the driver's thread, so another transport would only
+//! add a step.
 //!
 //! A future whose context fails (a sticky error) resolves to [`Error::ContextLost`] once the
 //! context is reset or destroyed and its pending launches reclaimed (see [`crate::reclaim_pending`]):
@@ -50,11 +54,14 @@ use crate::transport::host_function::{Runs, enqueue};
 use crate::transport::low_latency;
 use crate::transport::options::LaunchOptions;
 
-/// How a completion learns that the stream reached it.
+/// How a completion learns that the stream reached it (see the module's docs for which to choose).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum CompletionMode {
-    /// A host function of this crate (the default).
+    /// `Event` where it can, `HostFunction` for a stream of a context that is not a device's
+    /// primary context, or on a driver before 12.0 (the default).
     #[default]
+    Auto,
+    /// A host function of this crate: no CPU while the future waits, any stream of any context.
     HostFunction,
     /// A flag written by the stream into host memory and a polling thread: lower latency, no
     /// host function, some CPU while futures wait. Needs CUDA 12.0 (`cuCtxGetId`).
@@ -91,11 +98,13 @@ impl std::fmt::Debug for Completion {
     }
 }
 
-/// A future of all work enqueued on `stream` so far, by a host function of this crate.
+/// A future of all work enqueued on `stream` so far ([`CompletionMode::Auto`]: an event the
+/// crate's poller queries where it can, a host function elsewhere).
 ///
 /// # Errors
-/// As [`host_launch`](crate::host_launch): the driver cannot be loaded, the launch is refused (a
-/// capturing stream, a driver error), or this is a host function.
+/// As [`spawn_after`](crate::spawn_after) or [`host_launch`](crate::host_launch): the driver
+/// cannot be loaded, the stream is capturing ([`Error::CaptureActive`]), a driver error, or this
+/// is a host function.
 ///
 /// # Examples
 /// ```no_run
@@ -106,21 +115,25 @@ impl std::fmt::Debug for Completion {
 /// # Ok(()) }
 /// ```
 pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
-    CompletionMode::HostFunction.completion(stream)
+    CompletionMode::Auto.completion(stream)
 }
 
 impl CompletionMode {
     /// [`completion`] in this mode.
     ///
     /// # Errors
-    /// As [`completion`]; in `LowLatency` mode also the errors of `cuStreamWriteValue64`, of
-    /// `cuCtxGetId` (`DriverTooOld` before 12.0) and of registering the flag memory
-    /// (`cuMemHostRegister`). A capturing stream is refused with [`Error::CaptureActive`] in both
-    /// modes. In `LowLatency` mode the stream is looked at again after the flag write: a capture
-    /// another thread began meanwhile took the write into its graph, and the completion is refused
-    /// too (that flag slot is never used again, so replays of the graph resolve nothing). A
-    /// capture begun and also ended while this call runs goes unseen: that future resolves at the
-    /// graph's first replay, and no later future is resolved by a replay.
+    /// A capturing stream is refused with [`Error::CaptureActive`] in every mode.
+    /// - `Auto`: as [`completion`].
+    /// - `Event`: as [`spawn_after`](crate::spawn_after), [`Error::NotPrimaryContext`] included
+    ///   (a capture another thread began while this call ran is refused too).
+    /// - `HostFunction`: as [`host_launch`](crate::host_launch).
+    /// - `LowLatency`: the errors of `cuStreamWriteValue64`, of `cuCtxGetId` (`DriverTooOld`
+    ///   before 12.0) and of registering the flag memory (`cuMemHostRegister`). The stream is
+    ///   looked at again after the flag write: a capture another thread began meanwhile took the
+    ///   write into its graph, and the completion is refused too (that flag slot is never used
+    ///   again, so replays of the graph resolve nothing). A capture begun and also ended while this
+    ///   call runs goes unseen: that future resolves at the graph's first replay, and no later
+    ///   future is resolved by a replay.
     ///
     /// # Examples
     /// ```no_run
@@ -131,31 +144,67 @@ impl CompletionMode {
     /// # Ok(()) }
     /// ```
     pub fn completion<S: AsRawStream>(self, stream: S) -> Result<Completion, Error> {
-        let shared = CompletionState::new();
-        match self {
-            CompletionMode::HostFunction => {
-                let record = OwnedRecord::new(CompletionPayload {
-                    shared: Arc::clone(&shared),
-                    waker_panic: None,
-                });
-                // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-                unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+        let shared = match self {
+            CompletionMode::Auto => match by_event(&stream) {
+                Err(e) if event_unavailable(&e) => by_host_function(&stream),
+                done => done,
+            }?,
+            CompletionMode::Event => by_event(&stream)?,
+            CompletionMode::HostFunction => by_host_function(&stream)?,
+            CompletionMode::LowLatency => {
+                let shared = CompletionState::new();
+                low_latency::register(&stream, Arc::clone(&shared))?;
+                shared
             }
-            CompletionMode::LowLatency => low_latency::register(&stream, Arc::clone(&shared))?,
-            CompletionMode::Event => {
-                let record = OwnedRecord::new(CompletionPayload {
-                    shared: Arc::clone(&shared),
-                    waker_panic: None,
-                });
-                // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-                unsafe { event::enqueue(&stream, record, Work::Call)? };
-            }
-        }
+        };
         Ok(Completion { shared })
     }
 }
 
-/// The record of a host-function completion.
+/// A completion's record: runs when the stream got there.
+fn completion_record(shared: &Arc<CompletionState<()>>) -> OwnedRecord {
+    OwnedRecord::new(CompletionPayload {
+        shared: Arc::clone(shared),
+        waker_panic: None,
+    })
+}
+
+/// `CompletionMode::HostFunction`'s enqueue.
+fn by_host_function(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>>, Error> {
+    let shared = CompletionState::new();
+    // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
+    unsafe {
+        enqueue(
+            stream,
+            completion_record(&shared),
+            Runs::Once,
+            &LaunchOptions::default(),
+        )?
+    };
+    Ok(shared)
+}
+
+/// `CompletionMode::Event`'s enqueue.
+fn by_event(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>>, Error> {
+    let shared = CompletionState::new();
+    // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
+    unsafe { event::enqueue(stream, completion_record(&shared), Work::Call)? };
+    Ok(shared)
+}
+
+/// Whether `Event` refused a completion for a reason that `HostFunction` does not share (then
+/// nothing was enqueued, and the refused future was never seen).
+fn event_unavailable(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::NotPrimaryContext { .. }
+            | Error::Cuda(
+                cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }
+            )
+    )
+}
+
+/// The record of a host-function or event completion.
 struct CompletionPayload {
     shared: Arc<CompletionState<()>>,
     /// The waker's panic when the run woke it, carried to the releasing thread.
