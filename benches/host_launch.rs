@@ -38,6 +38,18 @@ fn reps() -> usize {
 /// Repetitions in each variant child process.
 const VARIANT_REPS: usize = 7;
 const LATENCY_SAMPLES: usize = 2_000;
+/// The event poller's settings for the default-poller rows: `PollerSettings::DEFAULT`, or with
+/// `BENCH_POLLER_MAX_INTERVAL_US=N` its longest pause set to N µs (to compare settings).
+fn default_poller() -> PollerSettings {
+    let max = std::env::var("BENCH_POLLER_MAX_INTERVAL_US")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    PollerSettings {
+        max_interval: max.map_or(PollerSettings::DEFAULT.max_interval, Duration::from_micros),
+        ..PollerSettings::DEFAULT
+    }
+}
+
 /// Samples of a completion after a long kernel (about 20 ms each).
 const LONG_WAIT_SAMPLES: usize = 50;
 const PENDING: usize = 20_000;
@@ -484,7 +496,7 @@ impl Bench {
             Method::ReleaseAfterQuietPoller => set_poller_settings(PollerSettings {
                 spin: Duration::ZERO,
                 interval: Duration::from_micros(200),
-                ..PollerSettings::DEFAULT
+                ..default_poller()
             }),
             _ => {}
         }
@@ -512,7 +524,7 @@ impl Bench {
         let total = started.elapsed();
         match method {
             Method::RawEventRing => self.ring.stop(),
-            Method::ReleaseAfterQuietPoller => set_poller_settings(PollerSettings::DEFAULT),
+            Method::ReleaseAfterQuietPoller => set_poller_settings(default_poller()),
             _ => {}
         }
         let driver_after = blocking_waits(driver);
@@ -1060,6 +1072,7 @@ fn main() {
         return;
     }
     let bench = Bench::open();
+    set_poller_settings(default_poller());
     let device = cuda_host_launch::Device::get(0).unwrap().name().unwrap();
     let version = bench.gpu.driver.version();
     let one = vec![Stream::new(&bench.gpu.context).unwrap()];
@@ -1109,8 +1122,10 @@ fn main() {
          Absolute figures: medians over the repetitions. Ratios: the median (and quartiles) over the\n\
          repetitions of each repetition's figure over the floor's in the same repetition.\n\
          L waits / D waits: times the launching thread (while enqueuing) and the driver's\n\
-         host-function thread (until the synchronize) blocked, per launch (median).\n{pinned}\n",
-        reps()
+         host-function thread (until the synchronize) blocked, per launch (median).\n\
+         Event poller (default rows): {:?}.\n{pinned}\n",
+        reps(),
+        default_poller()
     );
     json.push_str(&format!(
         "{{\n  \"device\": {device:?},\n  \"driver_version\": {},\n  \"n\": {N},\n  \"reps\": {},\n  \"pinning\": {pinned:?},\n  \"throughput\": {{",
@@ -1259,7 +1274,7 @@ fn main() {
     set_poller_settings(PollerSettings::LOW_LATENCY);
     let spawn_spinning = latency(&bench, Method::SpawnAfter, &one[0], LATENCY_SAMPLES);
     let release_spinning = latency(&bench, Method::ReleaseAfter, &one[0], LATENCY_SAMPLES);
-    set_poller_settings(PollerSettings::DEFAULT);
+    set_poller_settings(default_poller());
     let _ = writeln!(
         table,
         "latency, kernel's write seen by a host spinner -> host function or callback starts, owner dropped ({LATENCY_SAMPLES} samples, µs):"

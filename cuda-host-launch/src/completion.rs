@@ -7,7 +7,7 @@
 //!   stream of a context made with `cuCtxCreate`, or a driver before 12.0).
 //! - `Event`: no host function. The stream records an event, which the event poller of this crate
 //!   queries (see [`spawn_after`](crate::spawn_after)); the poller spins briefly after news, then
-//!   looks at pauses that grow with the wait (1/16 of it, 20 µs to 1 ms: see
+//!   looks at pauses that grow with the wait (1/16 of it, 20 µs to 250 µs: see
 //!   [`PollerSettings`](crate::PollerSettings)).
 //! - `HostFunction`: a host function of this crate completes the future and wakes the task with
 //!   `wake_by_ref` on the driver's thread. The wake waits for the driver's thread to wake up (tens
@@ -21,7 +21,7 @@
 //! enqueue cost, which `BENCHMARKS.md` gives measured: `HostFunction` costs no CPU at all while a
 //! future waits (the event poller costs a little, more in the first milliseconds of a wait than
 //! later) and wakes within tens of microseconds even after a long wait (the event poller may see a
-//! completion up to 1/16 of the wait late, at most 1 ms). `LowLatency` wakes soonest and keeps a
+//! completion up to 1/16 of the wait late, at most 250 µs). `LowLatency` wakes soonest and keeps a
 //! core busy meanwhile. [`host_launch_async`] always wakes from its own host function: the result
 //! exists only once that function has run, on the driver's thread, so another transport would only
 //! add a step.

@@ -35,10 +35,13 @@ use crate::support::sync::lock;
 use crate::tracking::pending;
 use crate::transport::poller_pace::{Pace, PollerSettings, Wait};
 
-static SPIN_NS: AtomicU64 = AtomicU64::new(20_000);
-static INTERVAL_NS: AtomicU64 = AtomicU64::new(20_000);
-static MAX_INTERVAL_NS: AtomicU64 = AtomicU64::new(1_000_000);
-static IDLE_EXIT_NS: AtomicU64 = AtomicU64::new(100_000_000);
+// The settings in force, each as nanoseconds (`u64::MAX`: `Duration::MAX`), from the defaults.
+static SPIN_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.spin.as_nanos() as u64);
+static INTERVAL_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.interval.as_nanos() as u64);
+static MAX_INTERVAL_NS: AtomicU64 =
+    AtomicU64::new(PollerSettings::DEFAULT.max_interval.as_nanos() as u64);
+static IDLE_EXIT_NS: AtomicU64 =
+    AtomicU64::new(PollerSettings::DEFAULT.idle_exit.as_nanos() as u64);
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
