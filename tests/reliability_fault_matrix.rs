@@ -1,8 +1,10 @@
 //! Every driver call the crates make, failing in turn, at each of its positions in an operation.
 //!
 //! For each operation (every launch form on a plain stream and on the special streams, the futures
-//! of `completion`/`completion_with` (both modes, and a first low-latency completion in a new
-//! context, which registers its page of flags) and `host_launch_async`, repeatable launches and a
+//! of `completion`/`completion_with` (the default, an event where the driver has the event
+//! transport; a host function; the low-latency flags, and a first low-latency completion in a new
+//! context, which registers its page of flags) and `host_launch_async`, `release_after` and
+//! `spawn_after`, repeatable launches and a
 //! refused run-once launch on a capturing stream, graph host nodes, graph, stream, event, context
 //! and device calls, and the `Drop`s that destroy driver objects), the test first
 //! learns which driver functions one successful run calls, from the fake's call counters (reset,
@@ -15,7 +17,10 @@
 //!   (what leaks then is listed in [`TOLERATED`]);
 //! - the owners of the launch are dropped exactly once (a run-once launch: on the caller's thread,
 //!   before the error returns), and the function never runs;
-//! - nothing is left pending (`pending_launches`, the fake's pending host functions), no node is
+//! - nothing is left pending (`pending_launches`, the fake's pending host functions), except the
+//!   record of an event-based operation whose look after the record failed (see
+//!   [`CAPTURE_QUERIES`]): it stays pending, and a reset of the context drops its owners once; no
+//!   node is
 //!   left in the graph or capture (the capture can still be ended, and replaying the graph runs only
 //!   the node added before), no driver object, user object or context-stack entry is left behind;
 //! - nothing was called on a driver thread;
@@ -56,7 +61,7 @@ use cuda_host_launch::{
     CompletionMode, Device, Error, Event, Graph, GraphExec, GraphNode, HostTaskSyncMode,
     LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, completion, host_launch,
     host_launch_async, launch_host_function, launch_host_function_with_bytes, pending_launches,
-    reclaim_pending,
+    reclaim_pending, release_after, spawn_after,
 };
 use cuda_sys::Driver;
 use cuda_sys::types::{
@@ -133,6 +138,11 @@ const TOLERATED: &[(&str, &str, &str)] = &[
 /// the record would risk a use after free: the owners are never dropped.
 const DELIBERATE_LEAK: (&str, &str) = ("cuGraphRetainUserObject", "cuUserObjectRelease");
 
+/// The capture queries: their last call in an event-based operation is the look after the
+/// event's record, whose failure leaves the record pending until the context's reset (it is then
+/// reclaimed: the test resets the context and checks that its owners are dropped once).
+const CAPTURE_QUERIES: &[&str] = &["cuStreamIsCapturing", "cuStreamGetCaptureInfo"];
+
 /// Leaks this test finds and reports as a bug (see the module docs): (operation, failing call).
 const KNOWN_LEAKS: &[(&str, &str)] = &[];
 
@@ -176,9 +186,12 @@ enum Op {
     HostLaunchOnRawStream,
     HostLaunchOnLegacyStream,
     Completion,
+    CompletionHostFunction,
     CompletionLowLatency,
     CompletionLowLatencyNewContext,
     HostLaunchAsync,
+    ReleaseAfter,
+    SpawnAfter,
     CapturedHostLaunchRepeatable,
     CapturedLaunchRepeatable,
     CapturedWithSyncMode,
@@ -224,9 +237,12 @@ const OPS: &[Op] = &[
     Op::HostLaunchOnRawStream,
     Op::HostLaunchOnLegacyStream,
     Op::Completion,
+    Op::CompletionHostFunction,
     Op::CompletionLowLatency,
     Op::CompletionLowLatencyNewContext,
     Op::HostLaunchAsync,
+    Op::ReleaseAfter,
+    Op::SpawnAfter,
     Op::CapturedHostLaunchRepeatable,
     Op::CapturedLaunchRepeatable,
     Op::CapturedWithSyncMode,
@@ -278,6 +294,12 @@ enum Family {
 }
 
 impl Op {
+    /// Whether it records an event for the event poller (`completion`'s `Auto` does where the
+    /// driver has the event transport: `events`).
+    fn by_event(self, events: bool) -> bool {
+        matches!(self, Op::ReleaseAfter | Op::SpawnAfter) || (self == Op::Completion && events)
+    }
+
     fn family(self) -> Family {
         use Op::*;
         match self {
@@ -290,9 +312,12 @@ impl Op {
             | HostLaunchOnRawStream
             | HostLaunchOnLegacyStream
             | Completion
+            | CompletionHostFunction
             | CompletionLowLatency
             | CompletionLowLatencyNewContext
-            | HostLaunchAsync => Family::Launch,
+            | HostLaunchAsync
+            | ReleaseAfter
+            | SpawnAfter => Family::Launch,
             CapturedHostLaunchRepeatable
             | CapturedLaunchRepeatable
             | CapturedWithSyncMode
@@ -316,10 +341,13 @@ impl Op {
             LaunchRepeatable => "launch_host_function_repeatable (not capturing)",
             HostLaunchOnRawStream => "host_launch(RawStream)",
             HostLaunchOnLegacyStream => "host_launch(RawStream::LEGACY)",
-            Completion => "completion",
+            Completion => "completion (Auto: an event)",
+            CompletionHostFunction => "completion_with(HostFunction)",
             CompletionLowLatency => "completion_with(LowLatency)",
             CompletionLowLatencyNewContext => "completion_with(LowLatency, a new context)",
             HostLaunchAsync => "host_launch_async",
+            ReleaseAfter => "release_after",
+            SpawnAfter => "spawn_after",
             CapturedHostLaunchRepeatable => "host_launch_repeatable (capturing)",
             CapturedLaunchRepeatable => "launch_host_function_repeatable (capturing)",
             CapturedWithSyncMode => "host_launch_repeatable(sync mode, capturing)",
@@ -361,13 +389,58 @@ impl Op {
 struct Env {
     driver: &'static Driver,
     context: Arc<PrimaryContext>,
-    /// For launches and graph launches.
-    stream: Stream,
-    /// Captured by the capture family.
-    capture: Stream,
+    /// For launches and graph launches (`None` only while the context is reset).
+    stream: Option<Stream>,
+    /// Captured by the capture family (as `stream`).
+    capture: Option<Stream>,
     spin: LaunchOptions,
     /// User objects deliberately left referenced so far (see [`DELIBERATE_LEAK`]).
     stranded: u64,
+    /// Event-based operations whose record waited for a reset (see [`CAPTURE_QUERIES`]).
+    strands: usize,
+    /// Whether the driver has the event transport (12.0+).
+    events: bool,
+}
+
+impl Env {
+    fn stream(&self) -> &Stream {
+        self.stream.as_ref().expect("the stream")
+    }
+
+    fn capture(&self) -> &Stream {
+        self.capture.as_ref().expect("the capture stream")
+    }
+
+    /// Resets the primary context (its streams dropped first, then made again), which reclaims
+    /// what an event-based operation left pending, then gives the event poller its pool again (as
+    /// every case before found it).
+    fn reset_context(&mut self) {
+        drop(self.stream.take());
+        drop(self.capture.take());
+        // SAFETY: every stream of the context is dropped, and nothing made in it is used after
+        // the reset.
+        unsafe { self.context.reset() }.expect("the reset");
+        self.context.set_current().unwrap();
+        self.stream = Some(Stream::new_non_blocking(&self.context).unwrap());
+        self.capture = Some(Stream::new_non_blocking(&self.context).unwrap());
+        self.events = warm_event_pool(self.stream());
+    }
+}
+
+/// Makes the event poller's pool of the stream's context (one release through it), where the
+/// driver has the event transport (12.0+); returns whether it has.
+fn warm_event_pool(stream: &Stream) -> bool {
+    match release_after(stream, ()) {
+        Ok(()) => {}
+        Err(Error::Cuda(cuda_sys::Error::DriverTooOld { .. })) => return false,
+        Err(e) => panic!("release_after: {e}"),
+    }
+    cuda_workspace::testing::wait_until(
+        "the warming release",
+        cuda_workspace::testing::PATIENCE,
+        || pending_launches(None) == 0,
+    );
+    true
 }
 
 /// The future a completion or `host_launch_async` returned, with its output as a number.
@@ -502,6 +575,8 @@ struct Fault {
     export: String,
     base: String,
     nth: u64,
+    /// Whether it is the last call of the export in a successful run.
+    last: bool,
 }
 
 impl Fault {
@@ -510,11 +585,14 @@ impl Fault {
     }
 }
 
-/// Begins a capture on `env.capture`.
+/// Begins a capture on `env.capture()`.
 fn begin_capture(env: &Env) {
     // SAFETY: a live stream.
-    unsafe { env.driver.cuStreamBeginCapture(env.capture.raw(), RELAXED) }
-        .expect("cuStreamBeginCapture");
+    unsafe {
+        env.driver
+            .cuStreamBeginCapture(env.capture().raw(), RELAXED)
+    }
+    .expect("cuStreamBeginCapture");
 }
 
 /// Prepares a run of `op` (nothing here is counted). `Err` if the driver cannot do it at all.
@@ -525,7 +603,7 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
             begin_capture(env);
             let baseline = Probe::new();
             let options = LaunchOptions::default();
-            let added = options.host_launch_repeatable(&env.capture, baseline.closure());
+            let added = options.host_launch_repeatable(&env.capture(), baseline.closure());
             match added {
                 Ok(()) => run.baseline = Some(baseline),
                 // Without user objects (before 11.3) nothing repeatable can be captured, but a
@@ -550,7 +628,7 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
         Op::EventRecord | Op::EventIsComplete => run.event = Some(Event::new(&env.context)?),
         Op::EventMakeWait | Op::EventSynchronize => {
             let event = Event::new(&env.context)?;
-            event.record(&env.stream)?;
+            event.record(&env.stream())?;
             run.event = Some(event);
         }
         Op::GraphClone | Op::GraphInstantiate | Op::GraphLaunch | Op::GraphNodeTypes => {
@@ -617,43 +695,50 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
     let probe = &run.probe;
     let default = LaunchOptions::default();
     match op {
-        Op::HostLaunch => host_launch(&env.stream, probe.closure()),
-        Op::HostLaunchWithSyncMode => env.spin.host_launch(&env.stream, probe.closure()),
+        Op::HostLaunch => host_launch(&env.stream(), probe.closure()),
+        Op::HostLaunchWithSyncMode => env.spin.host_launch(&env.stream(), probe.closure()),
         // SAFETY: `bump` only touches the counter, which the owners keep alive; it does not unwind.
         Op::LaunchHostFunction => unsafe {
-            launch_host_function(&env.stream, Some(bump), probe.data(), probe.owners())
+            launch_host_function(&env.stream(), Some(bump), probe.data(), probe.owners())
         },
         // SAFETY: the bytes are the address of the probe's counter, alive until after the run.
         Op::LaunchWithBytes => unsafe {
             launch_host_function_with_bytes(
-                &env.stream,
+                &env.stream(),
                 Some(bump_from_bytes),
                 &probe.address_bytes(),
             )
         },
-        Op::HostLaunchRepeatable => default.host_launch_repeatable(&env.stream, probe.closure()),
+        Op::HostLaunchRepeatable => default.host_launch_repeatable(&env.stream(), probe.closure()),
         // SAFETY: as for `LaunchHostFunction`; `bump` may run any number of times.
         Op::LaunchRepeatable => unsafe {
             default.launch_host_function_repeatable(
-                &env.stream,
+                &env.stream(),
                 Some(bump),
                 probe.data(),
                 probe.owners(),
             )
         },
         Op::HostLaunchOnRawStream => {
-            // SAFETY: `env.stream` outlives the launch.
-            let raw = unsafe { RawStream::from_raw(env.stream.raw()) };
+            // SAFETY: `env.stream()` outlives the launch.
+            let raw = unsafe { RawStream::from_raw(env.stream().raw()) };
             host_launch(raw, probe.closure())
         }
         Op::HostLaunchOnLegacyStream => host_launch(RawStream::LEGACY, probe.closure()),
         Op::Completion => {
-            let done = completion(&env.stream)?;
+            let done = completion(&env.stream())?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
+        Op::CompletionHostFunction => {
+            let done = CompletionMode::HostFunction.completion(env.stream())?;
+            run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
+            Ok(())
+        }
+        Op::ReleaseAfter => release_after(env.stream(), probe.owners()),
+        Op::SpawnAfter => spawn_after(env.stream(), probe.closure()),
         Op::CompletionLowLatency => {
-            let done = CompletionMode::LowLatency.completion(&env.stream)?;
+            let done = CompletionMode::LowLatency.completion(&env.stream())?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
@@ -667,7 +752,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         }
         Op::HostLaunchAsync => {
             let (runs, owner) = (probe.counter(), probe.drops.owner());
-            let value = host_launch_async(&env.stream, move || {
+            let value = host_launch_async(&env.stream(), move || {
                 let _keep = &owner;
                 runs.fetch_add(1, Ordering::SeqCst) + 7
             })?;
@@ -675,12 +760,12 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             Ok(())
         }
         Op::CapturedHostLaunchRepeatable => {
-            default.host_launch_repeatable(&env.capture, probe.closure())
+            default.host_launch_repeatable(&env.capture(), probe.closure())
         }
         // SAFETY: as for `LaunchRepeatable`.
         Op::CapturedLaunchRepeatable => unsafe {
             default.launch_host_function_repeatable(
-                &env.capture,
+                &env.capture(),
                 Some(bump),
                 probe.data(),
                 probe.owners(),
@@ -688,8 +773,8 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         },
         Op::CapturedWithSyncMode => env
             .spin
-            .host_launch_repeatable(&env.capture, probe.closure()),
-        Op::CapturedRunOnceRefused => match host_launch(&env.capture, probe.closure()) {
+            .host_launch_repeatable(&env.capture(), probe.closure()),
+        Op::CapturedRunOnceRefused => match host_launch(&env.capture(), probe.closure()) {
             Err(Error::CaptureActive { .. }) => {
                 let records = probe.drops.records();
                 assert_eq!(records.len(), 1, "refused, but the owner lives on");
@@ -741,14 +826,14 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             run.stream = Some(Stream::new_non_blocking(&env.context)?);
             Ok(())
         }
-        Op::StreamSynchronize => env.stream.synchronize(),
-        Op::StreamIsIdle => env.stream.is_idle().map(|idle| assert!(idle)),
+        Op::StreamSynchronize => env.stream().synchronize(),
+        Op::StreamIsIdle => env.stream().is_idle().map(|idle| assert!(idle)),
         Op::EventNew => {
             run.event = Some(Event::new(&env.context)?);
             Ok(())
         }
-        Op::EventRecord => event(run).record(&env.stream),
-        Op::EventMakeWait => event(run).make_wait(&env.stream),
+        Op::EventRecord => event(run).record(&env.stream()),
+        Op::EventMakeWait => event(run).make_wait(&env.stream()),
         Op::EventSynchronize => event(run).synchronize(),
         Op::EventIsComplete => event(run).is_complete().map(drop),
         Op::GraphNew => {
@@ -763,7 +848,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             run.exec = Some(graph(run).instantiate()?);
             Ok(())
         }
-        Op::GraphLaunch => run.exec.as_ref().expect("an exec").launch(&env.stream),
+        Op::GraphLaunch => run.exec.as_ref().expect("an exec").launch(&env.stream()),
         Op::GraphNodeTypes => {
             let types = graph(run).node_types()?;
             assert_eq!(types.len(), 2);
@@ -831,7 +916,10 @@ fn event(run: &Run) -> &Event {
 fn end_capture(env: &Env) -> Result<Graph, cuda_sys::Error> {
     let mut raw: CUgraph = ptr::null_mut();
     // SAFETY: a live stream; a valid out-pointer.
-    unsafe { env.driver.cuStreamEndCapture(env.capture.raw(), &mut raw)? };
+    unsafe {
+        env.driver
+            .cuStreamEndCapture(env.capture().raw(), &mut raw)?
+    };
     // SAFETY: the graph the capture made, owned by nobody else.
     Ok(unsafe { Graph::from_raw(raw) })
 }
@@ -878,6 +966,14 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
         outcome.rollback.map(|f| (&f.export, f.nth))
     );
     let failed = outcome.result.is_err();
+    // The second look of an event-based enqueue (after the record) that cannot tell whether a
+    // capture began meanwhile: a capture may hold the event, so the record is never queried and
+    // waits for the context's reset (never early), as `release_after` documents.
+    let stranded = failed
+        && op.by_event(env.events)
+        && outcome
+            .fault
+            .is_some_and(|f| f.last && CAPTURE_QUERIES.contains(&f.base.as_str()));
     let tolerated = op.family() == Family::Drop
         || outcome.fault.is_some_and(|f| {
             TOLERATED
@@ -901,7 +997,7 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
             .any(|(a, b, _)| *a == f.base && *b == r.base)
     });
     let made = run.probe.drops.made();
-    if failed && op.family() == Family::Launch {
+    if failed && !stranded && op.family() == Family::Launch {
         assert_eq!(
             outcome.dropped_at_once, made,
             "{label}: the owners outlived the error"
@@ -912,7 +1008,16 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
         );
     }
     let mut effects = Effects::default();
-    if failed {
+    if stranded {
+        assert_eq!(
+            (outcome.pending_at_once, outcome.dropped_at_once),
+            (1, 0),
+            "{label}: the record waits for the context's reset"
+        );
+        env.reset_context();
+        run.probe.drops.wait_dropped(made);
+        env.strands += 1;
+    } else if failed {
         assert_eq!(
             outcome.pending_at_once, 0,
             "{label}: a failed launch is still pending"
@@ -955,7 +1060,7 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
             if op == Op::HostLaunchOnLegacyStream {
                 env.context.synchronize().expect("synchronize");
             } else {
-                env.stream.synchronize().expect("synchronize");
+                env.stream().synchronize().expect("synchronize");
             }
             if let Some(future) = run.future.take() {
                 let value = block_on(future).unwrap_or_else(|e| panic!("{label}: {e}"));
@@ -970,10 +1075,23 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
                     assert_eq!(reclaim_pending(context), 0, "{label}: reclaimed");
                 }
             }
-            // A completion's host function (or flag write) is the crate's, not the probe's.
+            if op.by_event(env.events) {
+                // The poller completes it after the stream got there.
+                cuda_workspace::testing::wait_until(
+                    &label,
+                    cuda_workspace::testing::PATIENCE,
+                    || pending_launches(None) == 0,
+                );
+            }
+            // A completion's host function (or flag write, or event) is the crate's, not the
+            // probe's; a release runs nothing.
             let completion_only = matches!(
                 op,
-                Op::Completion | Op::CompletionLowLatency | Op::CompletionLowLatencyNewContext
+                Op::Completion
+                    | Op::CompletionHostFunction
+                    | Op::CompletionLowLatency
+                    | Op::CompletionLowLatencyNewContext
+                    | Op::ReleaseAfter
             );
             let runs = launched && !completion_only;
             assert_eq!(run.probe.runs(), usize::from(runs), "{label}: runs");
@@ -1006,11 +1124,11 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
                 assert_eq!(copies, usize::from(launched), "{label}: the copy's nodes");
             }
             Op::GraphLaunch => {
-                env.stream.synchronize().expect("synchronize");
+                env.stream().synchronize().expect("synchronize");
                 let baseline = run.baseline.as_ref().expect("baseline").runs();
                 assert_eq!(baseline, usize::from(launched), "{label}: graph runs");
             }
-            Op::EventRecord | Op::EventMakeWait => env.stream.synchronize().expect("sync"),
+            Op::EventRecord | Op::EventMakeWait => env.stream().synchronize().expect("sync"),
             _ => {}
         },
         Family::Drop => {}
@@ -1052,8 +1170,10 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
         "{label}: owners dropped"
     );
     for record in run.probe.drops.records() {
+        // A `spawn_after` closure's captures go when it returns, on the event poller.
+        let poller = op == Op::SpawnAfter && record.thread.os_name == "cuda-hl-events";
         assert!(
-            record.thread.same_as(&me) || record.thread.is_reaper(),
+            record.thread.same_as(&me) || record.thread.is_reaper() || poller,
             "{label}: owners dropped on {:?}, neither the caller's thread nor the reaper",
             record.thread
         );
@@ -1098,8 +1218,8 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
 /// was added.
 fn replay(env: &Env, graph: &Graph, run: &Run, added: bool, label: &str) {
     let exec = graph.instantiate().expect("instantiate");
-    exec.launch(&env.stream).expect("launch");
-    env.stream.synchronize().expect("synchronize");
+    exec.launch(&env.stream()).expect("launch");
+    env.stream().synchronize().expect("synchronize");
     let baseline = run.baseline.as_ref().expect("baseline").runs();
     assert_eq!(baseline, 1, "{label}: the node added before did not run");
     assert_eq!(
@@ -1286,22 +1406,26 @@ fn matrix(env: &mut Env, op: Op, report: &mut Report) {
     let mut rollback_cases = 0;
     let mut rollback_names = BTreeSet::new();
     for (export, calls) in &success {
-        for nth in 1..=matched(&success, export) {
+        let count = matched(&success, export);
+        for nth in 1..=count {
             let fault = Fault {
                 export: export.clone(),
                 base: calls.base.clone(),
                 nth,
+                last: nth == count,
             };
             let (failing, effects) = case(env, op, Some(&fault), None);
             report.note(op, &fault, effects);
             cases += 1;
             // The error path's own calls, failing too.
             for (r_export, r_calls) in failing.iter().filter(|(e, _)| !success.contains_key(*e)) {
-                for r_nth in 1..=matched(&failing, r_export) {
+                let r_count = matched(&failing, r_export);
+                for r_nth in 1..=r_count {
                     let rollback = Fault {
                         export: r_export.clone(),
                         base: r_calls.base.clone(),
                         nth: r_nth,
+                        last: r_nth == r_count,
                     };
                     let (counts, effects) = case(env, op, Some(&fault), Some(&rollback));
                     report.note(op, &fault, effects);
@@ -1340,12 +1464,21 @@ fn fault_matrix(version: i32) -> usize {
     context.set_current().unwrap();
     let mut env = Env {
         driver,
-        stream: Stream::new_non_blocking(&context).unwrap(),
-        capture: Stream::new_non_blocking(&context).unwrap(),
+        stream: Some(Stream::new_non_blocking(&context).unwrap()),
+        capture: Some(Stream::new_non_blocking(&context).unwrap()),
         context,
         spin: LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait),
         stranded: 0,
+        strands: 0,
+        events: false,
     };
+    // The event poller keeps its pool for the whole run (a pool made or given back during a case
+    // would count as events made or destroyed by it), made now.
+    cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+        idle_exit: Duration::from_secs(3600),
+        ..cuda_host_launch::PollerSettings::DEFAULT
+    });
+    env.events = warm_event_pool(env.stream());
     // Only this thread's calls are counted and faulted: the reaper's own (the context it makes
     // current for each launch's owners) come at moments of their own.
     fake().focus_calls_on_this_thread(true);
@@ -1379,6 +1512,13 @@ fn fault_matrix(version: i32) -> usize {
     }
     for detail in &report.leak_details {
         println!("    {detail}");
+    }
+    if env.strands > 0 {
+        println!(
+            "  {} event-based records left pending by a failed look after the record, each \
+             reclaimed by a reset of the context",
+            env.strands
+        );
     }
     if env.stranded > 0 {
         println!(
@@ -1497,10 +1637,12 @@ fn faults_of(counts: &Counts) -> Vec<Fault> {
     counts
         .iter()
         .flat_map(|(export, calls)| {
-            (1..=matched(counts, export)).map(move |nth| Fault {
+            let count = matched(counts, export);
+            (1..=count).map(move |nth| Fault {
                 export: export.clone(),
                 base: calls.base.clone(),
                 nth,
+                last: nth == count,
             })
         })
         .collect()
