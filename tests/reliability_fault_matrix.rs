@@ -603,7 +603,7 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
             begin_capture(env);
             let baseline = Probe::new();
             let options = LaunchOptions::default();
-            let added = options.host_launch_repeatable(&env.capture(), baseline.closure());
+            let added = options.host_launch_repeatable(env.capture(), baseline.closure());
             match added {
                 Ok(()) => run.baseline = Some(baseline),
                 // Without user objects (before 11.3) nothing repeatable can be captured, but a
@@ -628,7 +628,7 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
         Op::EventRecord | Op::EventIsComplete => run.event = Some(Event::new(&env.context)?),
         Op::EventMakeWait | Op::EventSynchronize => {
             let event = Event::new(&env.context)?;
-            event.record(&env.stream())?;
+            event.record(env.stream())?;
             run.event = Some(event);
         }
         Op::GraphClone | Op::GraphInstantiate | Op::GraphLaunch | Op::GraphNodeTypes => {
@@ -695,25 +695,25 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
     let probe = &run.probe;
     let default = LaunchOptions::default();
     match op {
-        Op::HostLaunch => host_launch(&env.stream(), probe.closure()),
-        Op::HostLaunchWithSyncMode => env.spin.host_launch(&env.stream(), probe.closure()),
+        Op::HostLaunch => host_launch(env.stream(), probe.closure()),
+        Op::HostLaunchWithSyncMode => env.spin.host_launch(env.stream(), probe.closure()),
         // SAFETY: `bump` only touches the counter, which the owners keep alive; it does not unwind.
         Op::LaunchHostFunction => unsafe {
-            launch_host_function(&env.stream(), Some(bump), probe.data(), probe.owners())
+            launch_host_function(env.stream(), Some(bump), probe.data(), probe.owners())
         },
         // SAFETY: the bytes are the address of the probe's counter, alive until after the run.
         Op::LaunchWithBytes => unsafe {
             launch_host_function_with_bytes(
-                &env.stream(),
+                env.stream(),
                 Some(bump_from_bytes),
                 &probe.address_bytes(),
             )
         },
-        Op::HostLaunchRepeatable => default.host_launch_repeatable(&env.stream(), probe.closure()),
+        Op::HostLaunchRepeatable => default.host_launch_repeatable(env.stream(), probe.closure()),
         // SAFETY: as for `LaunchHostFunction`; `bump` may run any number of times.
         Op::LaunchRepeatable => unsafe {
             default.launch_host_function_repeatable(
-                &env.stream(),
+                env.stream(),
                 Some(bump),
                 probe.data(),
                 probe.owners(),
@@ -726,7 +726,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         }
         Op::HostLaunchOnLegacyStream => host_launch(RawStream::LEGACY, probe.closure()),
         Op::Completion => {
-            let done = completion(&env.stream())?;
+            let done = completion(env.stream())?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
@@ -738,7 +738,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         Op::ReleaseAfter => release_after(env.stream(), probe.owners()),
         Op::SpawnAfter => spawn_after(env.stream(), probe.closure()),
         Op::CompletionLowLatency => {
-            let done = CompletionMode::LowLatency.completion(&env.stream())?;
+            let done = CompletionMode::LowLatency.completion(env.stream())?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
@@ -752,7 +752,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         }
         Op::HostLaunchAsync => {
             let (runs, owner) = (probe.counter(), probe.drops.owner());
-            let value = host_launch_async(&env.stream(), move || {
+            let value = host_launch_async(env.stream(), move || {
                 let _keep = &owner;
                 runs.fetch_add(1, Ordering::SeqCst) + 7
             })?;
@@ -760,12 +760,12 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             Ok(())
         }
         Op::CapturedHostLaunchRepeatable => {
-            default.host_launch_repeatable(&env.capture(), probe.closure())
+            default.host_launch_repeatable(env.capture(), probe.closure())
         }
         // SAFETY: as for `LaunchRepeatable`.
         Op::CapturedLaunchRepeatable => unsafe {
             default.launch_host_function_repeatable(
-                &env.capture(),
+                env.capture(),
                 Some(bump),
                 probe.data(),
                 probe.owners(),
@@ -773,8 +773,8 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         },
         Op::CapturedWithSyncMode => env
             .spin
-            .host_launch_repeatable(&env.capture(), probe.closure()),
-        Op::CapturedRunOnceRefused => match host_launch(&env.capture(), probe.closure()) {
+            .host_launch_repeatable(env.capture(), probe.closure()),
+        Op::CapturedRunOnceRefused => match host_launch(env.capture(), probe.closure()) {
             Err(Error::CaptureActive { .. }) => {
                 let records = probe.drops.records();
                 assert_eq!(records.len(), 1, "refused, but the owner lives on");
@@ -832,8 +832,8 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             run.event = Some(Event::new(&env.context)?);
             Ok(())
         }
-        Op::EventRecord => event(run).record(&env.stream()),
-        Op::EventMakeWait => event(run).make_wait(&env.stream()),
+        Op::EventRecord => event(run).record(env.stream()),
+        Op::EventMakeWait => event(run).make_wait(env.stream()),
         Op::EventSynchronize => event(run).synchronize(),
         Op::EventIsComplete => event(run).is_complete().map(drop),
         Op::GraphNew => {
@@ -848,7 +848,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             run.exec = Some(graph(run).instantiate()?);
             Ok(())
         }
-        Op::GraphLaunch => run.exec.as_ref().expect("an exec").launch(&env.stream()),
+        Op::GraphLaunch => run.exec.as_ref().expect("an exec").launch(env.stream()),
         Op::GraphNodeTypes => {
             let types = graph(run).node_types()?;
             assert_eq!(types.len(), 2);
@@ -1218,7 +1218,7 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
 /// was added.
 fn replay(env: &Env, graph: &Graph, run: &Run, added: bool, label: &str) {
     let exec = graph.instantiate().expect("instantiate");
-    exec.launch(&env.stream()).expect("launch");
+    exec.launch(env.stream()).expect("launch");
     env.stream().synchronize().expect("synchronize");
     let baseline = run.baseline.as_ref().expect("baseline").runs();
     assert_eq!(baseline, 1, "{label}: the node added before did not run");
