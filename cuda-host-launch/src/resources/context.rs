@@ -5,11 +5,12 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use cuda_sys::types::{CUcontext, CUctx_st, CUdevice, CUresult};
+use cuda_sys::types::{CUcontext, CUctx_st, CUdevice};
 
 use super::device::Device;
 use crate::reaper::defer_drop::defer_drop;
 use crate::support::error::Error;
+use crate::transport::primary_release::{self, PrimaryCall};
 
 /// A retained primary context (`cuDevicePrimaryCtxRetain`), released on drop.
 ///
@@ -143,10 +144,8 @@ impl PrimaryContext {
         let mut new = ptr::null_mut();
         // SAFETY: a valid device and out-pointer.
         if unsafe { driver.cuDevicePrimaryCtxRetain(&mut new, self.device.raw()) }.is_ok() {
-            if let Ok(release) = primary_release(driver) {
-                // SAFETY: we retained just above; our own retain keeps the context alive.
-                let _ = unsafe { release(self.device.raw()) };
-            }
+            // SAFETY: we retained just above; our own retain keeps the context alive.
+            let _ = unsafe { primary_release::release(driver, self.device.raw()) };
             self.raw.store(new, Ordering::Release);
         }
         Ok(reclaimed)
@@ -199,18 +198,8 @@ struct Release(CUdevice, CUcontext);
 // SAFETY: a device ordinal and a context handle: tokens the driver accepts from any thread.
 unsafe impl Send for Release {}
 
-/// A device-only primary-context call (`fn(CUdevice) -> CUresult`).
-type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
-
-/// `cuDevicePrimaryCtxRelease`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
+/// `cuDevicePrimaryCtxReset`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
 /// 7.0 variant, which has the same signature: the newest the driver has.
-fn primary_release(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    Ok(driver
-        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)?
-        .0)
-}
-
-/// `cuDevicePrimaryCtxReset`, with the same fallback.
 fn primary_reset(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
     Ok(driver
         .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)?
@@ -222,21 +211,10 @@ impl Drop for Release {
         let Ok(driver) = cuda_sys::driver() else {
             return;
         };
-        let Ok(release) = primary_release(driver) else {
-            return;
-        };
         // SAFETY: the device's primary context was retained once by this value's owner.
-        if unsafe { release(self.0) } != CUresult::CUDA_SUCCESS {
-            return;
-        }
-        // The last release resets the context: its pending host functions will never run.
-        let (mut flags, mut active) = (0, 0);
-        // SAFETY: a valid device handle and out-pointers.
-        let state = unsafe { driver.cuDevicePrimaryCtxGetState(self.0, &mut flags, &mut active) };
-        if state.is_ok() && active == 0 {
-            // SAFETY: the context is inactive (reset by the last release): the driver will not
-            // run its host functions any more; no one holds it to launch into it.
-            unsafe { crate::transport::reclaim(self.1) };
+        if unsafe { primary_release::release(driver, self.0) } {
+            // The last release resets the context: its pending host functions will never run.
+            primary_release::reclaim_if_destroyed(driver, self.0, self.1);
         }
     }
 }

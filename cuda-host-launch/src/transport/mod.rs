@@ -22,6 +22,7 @@ pub(crate) mod host_function;
 pub(crate) mod low_latency;
 pub(crate) mod options;
 pub(crate) mod poller_pace;
+pub(crate) mod primary_release;
 pub(crate) mod user_object;
 pub(crate) mod waker_slot;
 

@@ -34,6 +34,7 @@ use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
 use crate::tracking::pending;
 use crate::transport::poller_pace::{Pace, PollerSettings, Wait};
+use crate::transport::primary_release;
 
 // The settings in force, each as nanoseconds (`u64::MAX`: `Duration::MAX`), from the defaults.
 static SPIN_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.spin.as_nanos() as u64);
@@ -339,7 +340,11 @@ fn poll_loop() {
     };
     // With no lock held: a reclaim takes them.
     for (device, context) in released {
-        super::pools::after_release(driver, device, context);
+        primary_release::reclaim_if_destroyed(
+            driver,
+            device,
+            ptr::with_exposed_provenance_mut(context),
+        );
     }
     pace.count_cpu();
 }

@@ -13,6 +13,7 @@ use std::ptr;
 use cuda_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
 use crate::support::error::Error;
+use crate::transport::primary_release;
 
 /// Events made at once when a pool runs dry (one push and pop of the context for all).
 const BATCH: usize = 32;
@@ -89,7 +90,7 @@ impl Pools {
 
     /// Destroys the free events of every pool with none out and none stranded, and releases its
     /// context. Called by the poller when it goes idle. Returns the device and context of each
-    /// release, for [`after_release`].
+    /// release, for [`primary_release::reclaim_if_destroyed`].
     pub(super) fn give_back_idle(&mut self, driver: &cuda_sys::Driver) -> Vec<(CUdevice, usize)> {
         let mut released = Vec::new();
         self.by_context.retain(|&context, pool| {
@@ -102,7 +103,7 @@ impl Pools {
                 let _ = unsafe { driver.cuEventDestroy(ptr::with_exposed_provenance_mut(event)) };
             }
             // SAFETY: the pool retained the device's primary context once, in `new`.
-            let _ = unsafe { release_primary(driver, pool.device) };
+            unsafe { primary_release::release(driver, pool.device) };
             false
         });
         released
@@ -125,7 +126,7 @@ impl Pool {
             unsafe { driver.cuCtxGetDevice(&mut device) }
         })?;
         // Resolved before the retain: a retain must be released again.
-        driver.raw().cuDevicePrimaryCtxRelease()?;
+        primary_release::release_function(driver)?;
         let (mut flags, mut active) = (0, 0);
         // SAFETY: a device the driver just named; valid out-pointers.
         unsafe { driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active)? };
@@ -142,7 +143,7 @@ impl Pool {
         if primary != context {
             // Not the primary context: let the retain go again.
             // SAFETY: retained just above.
-            let _ = unsafe { release_primary(driver, device) };
+            unsafe { primary_release::release(driver, device) };
             return Err(Error::NotPrimaryContext {
                 context: context.addr(),
             });
@@ -176,32 +177,8 @@ impl Pool {
 
     fn release(self, driver: &cuda_sys::Driver) {
         // SAFETY: the pool retained the device's primary context once, in `new`.
-        let _ = unsafe { release_primary(driver, self.device) };
+        unsafe { primary_release::release(driver, self.device) };
     }
-}
-
-/// After a pool's release of a primary context (with no lock held): if it was the last retain, the
-/// context is gone, and host functions pending in it (after a sticky error) will never run:
-/// reclaim them, as the last release of a [`PrimaryContext`](crate::PrimaryContext) does.
-pub(super) fn after_release(driver: &cuda_sys::Driver, device: CUdevice, context: usize) {
-    let (mut flags, mut active) = (0, 0);
-    // SAFETY: a valid device handle and out-pointers.
-    let state = unsafe { driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) };
-    if state.is_ok() && active == 0 {
-        // SAFETY: the context is inactive (destroyed by the last release): the driver will not
-        // run its host functions any more.
-        unsafe { crate::transport::reclaim(ptr::with_exposed_provenance_mut(context)) };
-    }
-}
-
-/// `cuDevicePrimaryCtxRelease` (its 11.0 ABI; the event transport needs 12.0).
-///
-/// # Safety
-/// The caller holds a retain of `device`'s primary context.
-unsafe fn release_primary(driver: &cuda_sys::Driver, device: CUdevice) -> Result<(), Error> {
-    // SAFETY: the caller's retain.
-    unsafe { driver.cuDevicePrimaryCtxRelease(device)? };
-    Ok(())
 }
 
 /// Runs `f` with `context` pushed as the calling thread's current context.
