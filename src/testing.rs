@@ -166,6 +166,17 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "<non-string panic>".into())
 }
 
+/// Keeps the panics a test provokes on purpose off stderr: from now on, in the whole process, a
+/// panic whose message `expected` accepts prints nothing; others print as before.
+pub fn quiet_expected_panics(expected: fn(&str) -> bool) {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if !expected(&panic_text(info.payload())) {
+            default(info);
+        }
+    }));
+}
+
 /// Waits until `done()` holds (polling it every millisecond), or panics after `timeout` with
 /// `what`.
 ///

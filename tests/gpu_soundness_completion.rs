@@ -86,12 +86,7 @@ isolated_test! {
     /// reported as `PanicOrigin::Waker`; the futures resolve and the process goes on.
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
     fn a_panicking_waker_is_reported_not_aborting() {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if info.payload().downcast_ref::<&str>() != Some(&"the waker panicked") {
-                default(info);
-            }
-        }));
+        cuda_workspace::testing::quiet_expected_panics(|m| m == "the waker panicked");
         let reports = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&reports);
         set_panic_handler(move |report| {

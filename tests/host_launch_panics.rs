@@ -30,18 +30,7 @@ fn collect_reports() -> Reports {
             ThreadInfo::current(),
         ));
     });
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let quiet = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied())
-            .is_some_and(|m| m.contains(EXPECTED));
-        if !quiet {
-            default(info);
-        }
-    }));
+    cuda_workspace::testing::quiet_expected_panics(|m| m.contains(EXPECTED));
     reports
 }
 

@@ -147,17 +147,7 @@ const EXPECTED: &str = "[expected panic]";
 
 /// Keeps this test's own panics quiet (others still print).
 fn quiet_expected_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let message = info
-            .payload()
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| info.payload().downcast_ref::<&str>().copied());
-        if !message.is_some_and(|m| m.contains(EXPECTED)) {
-            default(info);
-        }
-    }));
+    cuda_workspace::testing::quiet_expected_panics(|m| m.contains(EXPECTED));
 }
 
 /// An owner whose `Drop` counts, then panics.

@@ -84,17 +84,9 @@ fn wait_for<F: Future + Unpin>(future: &mut F, what: &str) -> F::Output {
 /// The panics the tests below provoke on purpose print nothing; others (a failed assertion) print
 /// as usual.
 fn quiet_expected_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .copied()
-            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
-        if !matches!(message, Some("the waker panicked" | "reported")) {
-            default(info);
-        }
-    }));
+    cuda_workspace::testing::quiet_expected_panics(|m| {
+        matches!(m, "the waker panicked" | "reported")
+    });
 }
 
 /// Quiets the expected panics and collects the reports of the crate's panic handler.
