@@ -1332,7 +1332,7 @@ fn main() {
         cuda_host_launch::CompletionMode::Event,
     ];
     // Short waits (a kernel of about 100 µs), then long ones (about 20 ms: the event poller's
-    // pauses have grown to 1 ms), whose poller CPU per second of waiting is the figure to read.
+    // pauses have grown to 250 µs), whose poller CPU per second of waiting is the figure to read.
     for (k, (kernel, samples, cycles)) in [
         ("100 µs", LATENCY_SAMPLES, 200_000),
         ("20 ms", LONG_WAIT_SAMPLES, 40_000_000),

@@ -308,6 +308,38 @@ isolated_test! {
         assert!(late < Duration::from_millis(200), "released {late:?} after the stream got there");
     }
 
+    /// Work enqueued while the poller waits long for other work is seen soon: its enqueue wakes
+    /// the poller parked for a grown pause, and its own wait starts the pauses over. (Before, a
+    /// callback behind nothing waited out the pause that another stream's long wait had grown.)
+    fn work_enqueued_during_a_long_pause_is_seen_soon(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+            max_interval: Duration::from_secs(1),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = fake_primary_context();
+        let held = Stream::new(&context).unwrap();
+        let free = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(held.raw()).expect("the fake could not hold the stream");
+        let drops = Drops::new();
+        release_after(&held, drops.owner()).unwrap();
+        let mut slowest = Duration::ZERO;
+        for _ in 0..3 {
+            // The pause grows to about 100 ms (a sixteenth of 1.6 s).
+            std::thread::sleep(Duration::from_millis(1_600));
+            let (sent, ran) = std::sync::mpsc::channel();
+            let start = Instant::now();
+            spawn_after(&free, move || {
+                let _ = sent.send(Instant::now());
+            })
+            .unwrap();
+            let ran = ran.recv_timeout(PATIENCE).expect("the callback ran");
+            slowest = slowest.max(ran.saturating_duration_since(start));
+        }
+        hold.release();
+        drops.wait_dropped(1);
+        assert!(slowest < Duration::from_millis(30), "slowest callback: {slowest:?} after its enqueue");
+    }
+
     /// While another thread captures in global mode, the poller's queries (and the releases they
     /// complete) leave that capture intact: the poller is in relaxed mode.
     fn the_poller_never_breaks_another_threads_global_capture(

@@ -6,9 +6,14 @@
 //! - `Auto` (the default, and [`completion`]): `Event` where it can, else `HostFunction` (a
 //!   stream of a context made with `cuCtxCreate`, or a driver before 12.0).
 //! - `Event`: no host function. The stream records an event, which the event poller of this crate
-//!   queries (see [`spawn_after`](crate::spawn_after)); the poller spins briefly after news, then
-//!   looks at pauses that grow with the wait (1/16 of it, 20 µs to 250 µs: see
-//!   [`PollerSettings`](crate::PollerSettings)).
+//!   (thread `cuda-hl-events`, which also wakes the task) queries (see
+//!   [`spawn_after`](crate::spawn_after)); the poller spins briefly after news, then looks at
+//!   pauses that grow with the wait (1/16 of it, 20 µs to 250 µs: see
+//!   [`PollerSettings`](crate::PollerSettings)). While it has events in a context the crate
+//!   retains that primary context (until about 100 ms after the last completion), so a raw
+//!   `cuDevicePrimaryCtxReset` meanwhile breaks its contract: reset through
+//!   [`PrimaryContext::reset`](crate::PrimaryContext::reset) (`RELIABILITY.md`, "Primary contexts
+//!   only").
 //! - `HostFunction`: a host function of this crate completes the future and wakes the task with
 //!   `wake_by_ref` on the driver's thread. The wake waits for the driver's thread to wake up (tens
 //!   of microseconds), and that thread is shared with every other host function of the context.
@@ -19,10 +24,11 @@
 //!
 //! **Which to choose.** `Auto`, unless one of these matters more than the default's latency and
 //! enqueue cost, which `BENCHMARKS.md` gives measured: `HostFunction` costs no CPU at all while a
-//! future waits (the event poller costs a little, more in the first milliseconds of a wait than
-//! later) and wakes within tens of microseconds even after a long wait (the event poller may see a
-//! completion up to 1/16 of the wait late, at most 250 µs). `LowLatency` wakes soonest and keeps a
-//! core busy meanwhile. [`host_launch_async`] always wakes from its own host function: the result
+//! future waits, where the event poller costs CPU for as long as any future waits (on the H200:
+//! about 40 % of a core while 100 µs kernels were awaited back to back, about 4.5 % during 20 ms
+//! waits), and its wake-up does not depend on how long the wait was (tens of microseconds; the
+//! event poller sees a completion up to 1/16 of its wait late, at most 250 µs). `LowLatency` wakes
+//! soonest and keeps a core busy meanwhile. [`host_launch_async`] always wakes from its own host function: the result
 //! exists only once that function has run, on the driver's thread, so another transport would only
 //! add a step.
 //!

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use cuda_sys::types::{CUcontext, CUdeviceptr};
 
 use super::completion_state::CompletionState;
-use super::poller_pace::{Pace, PollerSettings, Wait};
+use super::poller_pace::{Pace, PollerSettings, Round, Wait};
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
@@ -337,8 +337,9 @@ fn poll_loop() {
     let mut idle_since: Option<Instant> = None;
     loop {
         let was_idle = waiting.is_empty();
-        let lost = {
+        let (lost, arrived) = {
             let mut reg = registry();
+            let arrived = !reg.incoming.is_empty();
             waiting.append(&mut reg.incoming);
             if waiting.is_empty() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
@@ -350,7 +351,7 @@ fn poll_loop() {
             } else {
                 idle_since = None;
             }
-            std::mem::take(&mut reg.lost)
+            (std::mem::take(&mut reg.lost), arrived)
         };
         let before = waiting.len();
         waiting.retain(|entry| {
@@ -371,16 +372,14 @@ fn poll_loop() {
             }
             true
         });
-        let now = Instant::now();
-        let progress = waiting.len() < before;
-        if progress || (was_idle && !waiting.is_empty()) {
-            pace.news(now);
-        }
-        let wait = (!waiting.is_empty()).then(|| pace.wait(now, &PACE));
-        if progress || wait != Some(Wait::Spin) {
-            pace.count_cpu();
-        }
-        match wait {
+        let round = Round {
+            progress: waiting.len() < before,
+            arrived,
+            was_idle,
+            pending: !waiting.is_empty(),
+        };
+        // A registration always unparks this thread: it parks for the pause whatever its length.
+        match pace.after_round(Instant::now(), round, &PACE) {
             Some(Wait::Spin) => std::hint::spin_loop(),
             Some(Wait::Park(pause)) => std::thread::park_timeout(pause),
             None => std::thread::park_timeout(PACE.idle_exit),

@@ -3,14 +3,17 @@
 //!
 //! After news (a completion, or work arriving while nothing was pending) a poller spins for
 //! [`PollerSettings::spin`]: a busy core, the lowest latency. Then it parks between rounds, each
-//! pause a sixteenth of the time waited since the news, at least [`PollerSettings::interval`] and
-//! at most [`PollerSettings::max_interval`]. So a completion is seen at most about 1/16 of its
-//! wait late (or `interval`, or `max_interval`), and a long wait costs few rounds: about 55 in
-//! the first 4 ms with the defaults, then one per `max_interval` (4,000 a second).
+//! pause a sixteenth of the time waited since the last news or arrival of work, at least
+//! [`PollerSettings::interval`] and at most [`PollerSettings::max_interval`] (and never over a
+//! second). A poller that parks for longer than `interval` is woken by new work (the event
+//! poller's enqueue wakes it then; the low-latency poller's always does), so every completion is
+//! seen at most about 1/16 of its own wait late (or `interval`, or `max_interval`), and a long
+//! wait costs few rounds: about 55 in the first 4 ms with the defaults, then one per
+//! `max_interval` (4,000 a second).
 //!
-//! The default `max_interval` (250 µs) was chosen on the H200: after 20 ms kernels, 1 ms made an
-//! event completion about 470 µs late at the median (a host function: about 230 µs), 250 µs about
-//! 160 µs, 100 µs about 70 µs; the event poller's CPU time was 3.7 %, 5.5 % and 7 % of the wait.
+//! The default `max_interval` (250 µs) was chosen on the H200: after 20 ms kernels, 1 ms made the
+//! default completion about 470 µs late at the median (a host function: about 230 µs), 250 µs
+//! about 160 µs, 100 µs about 70 µs; its poller's CPU time was 3.7 %, 5.5 % and 7 % of the wait.
 //! With nothing pending a poller parks until new work wakes it, and exits after
 //! [`PollerSettings::idle_exit`].
 
@@ -29,7 +32,8 @@ pub struct PollerSettings {
     /// The shortest pause between two rounds once it stopped spinning.
     pub interval: Duration,
     /// The longest pause between two rounds while work is pending: how late, at most, the poller
-    /// sees a completion after a long wait.
+    /// sees a completion after a long wait. Pauses never exceed one second, whatever this and
+    /// `interval` say.
     pub max_interval: Duration,
     /// How long the poller stays with nothing pending before its thread exits.
     pub idle_exit: Duration,
@@ -67,9 +71,28 @@ pub(crate) enum Wait {
     Park(Duration),
 }
 
-/// One poller thread's clock (the time of its last news) and CPU account.
+/// The longest pause, whatever the settings say.
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// What a poller saw in one round.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Round {
+    /// Something completed.
+    pub(crate) progress: bool,
+    /// New work arrived.
+    pub(crate) arrived: bool,
+    /// Nothing was pending before this round's arrivals.
+    pub(crate) was_idle: bool,
+    /// Work is still pending after the round.
+    pub(crate) pending: bool,
+}
+
+/// One poller thread's clocks and CPU account.
 pub(crate) struct Pace {
+    /// The last news (a completion, or work arriving with nothing pending): it spins after it.
     news: Instant,
+    /// The last news or arrival of work: its pauses grow with the time since.
+    waiting_since: Instant,
     cpu_start: Duration,
     cpu_counted: Duration,
 }
@@ -78,28 +101,47 @@ impl Pace {
     /// For the calling thread, the poller's, from now.
     pub(crate) fn start() -> Pace {
         let cpu_start = thread_cpu_time();
+        let now = Instant::now();
         Pace {
-            news: Instant::now(),
+            news: now,
+            waiting_since: now,
             cpu_start,
             cpu_counted: Duration::ZERO,
         }
     }
 
-    /// Something completed, or work arrived while nothing was pending: spin again.
-    pub(crate) fn news(&mut self, now: Instant) {
-        self.news = now;
+    /// Takes in what a round at `now` saw, and says how to wait with work pending (`None`:
+    /// nothing is pending, the caller parks until woken). Counts the CPU time where due.
+    pub(crate) fn after_round(
+        &mut self,
+        now: Instant,
+        round: Round,
+        settings: &PollerSettings,
+    ) -> Option<Wait> {
+        if round.progress || (round.arrived && round.was_idle) {
+            self.news = now;
+            self.waiting_since = now;
+        } else if round.arrived {
+            self.waiting_since = now;
+        }
+        let wait = round.pending.then(|| self.wait(now, settings));
+        if round.progress || wait != Some(Wait::Spin) {
+            self.count_cpu();
+        }
+        wait
     }
 
     /// How to wait at `now` with work pending (see the module's docs).
-    pub(crate) fn wait(&self, now: Instant, settings: &PollerSettings) -> Wait {
-        let waited = now.saturating_duration_since(self.news);
-        if waited < settings.spin {
+    fn wait(&self, now: Instant, settings: &PollerSettings) -> Wait {
+        if now.saturating_duration_since(self.news) < settings.spin {
             return Wait::Spin;
         }
+        let waited = now.saturating_duration_since(self.waiting_since);
         Wait::Park(
             (waited / 16)
                 .min(settings.max_interval)
-                .max(settings.interval),
+                .max(settings.interval)
+                .min(LONGEST_PAUSE),
         )
     }
 
@@ -143,32 +185,80 @@ fn thread_cpu_time() -> Duration {
 mod tests {
     use super::*;
 
+    const PENDING: Round = Round {
+        progress: false,
+        arrived: false,
+        was_idle: false,
+        pending: true,
+    };
+
     #[test]
     fn spins_after_news_then_pauses_grow_with_the_wait_within_bounds() {
         let settings = PollerSettings::DEFAULT;
         let mut pace = Pace::start();
         let t0 = Instant::now();
-        pace.news(t0);
+        let news = Round {
+            progress: true,
+            ..PENDING
+        };
+        assert_eq!(pace.after_round(t0, news, &settings), Some(Wait::Spin));
         let at = |micros| pace.wait(t0 + Duration::from_micros(micros), &settings);
-        assert_eq!(at(0), Wait::Spin);
         assert_eq!(at(19), Wait::Spin);
         assert_eq!(at(20), Wait::Park(Duration::from_micros(20)));
         assert_eq!(at(320), Wait::Park(Duration::from_micros(20)));
         assert_eq!(at(1_600), Wait::Park(Duration::from_micros(100)));
         assert_eq!(at(4_000), Wait::Park(Duration::from_micros(250)));
         assert_eq!(at(10_000_000), Wait::Park(Duration::from_micros(250)));
-        // News restarts the clock.
-        pace.news(t0 + Duration::from_millis(50));
-        assert_eq!(
-            pace.wait(t0 + Duration::from_millis(50), &settings),
-            Wait::Spin
-        );
         // A clock before the news (another thread's `now`) spins rather than panics.
-        assert_eq!(pace.wait(t0, &settings), Wait::Spin);
+        let before = t0.checked_sub(Duration::from_millis(1)).unwrap_or(t0);
+        assert_eq!(pace.wait(before, &settings), Wait::Spin);
+        // Nothing pending: the caller parks until woken.
+        let idle = Round {
+            pending: false,
+            ..PENDING
+        };
+        assert_eq!(pace.after_round(t0, idle, &settings), None);
     }
 
     #[test]
-    fn spinning_without_end_and_bounds_that_cross_do_not_panic() {
+    fn work_arriving_restarts_the_pauses_and_after_idle_the_spin() {
+        let settings = PollerSettings::DEFAULT;
+        let mut pace = Pace::start();
+        let t0 = Instant::now();
+        let long = t0 + Duration::from_millis(50);
+        let news = Round {
+            progress: true,
+            ..PENDING
+        };
+        pace.after_round(t0, news, &settings);
+        assert_eq!(
+            pace.after_round(long, PENDING, &settings),
+            Some(Wait::Park(Duration::from_micros(250)))
+        );
+        // Work arriving while other work is pending: short pauses again, no spin.
+        let arrived = Round {
+            arrived: true,
+            ..PENDING
+        };
+        assert_eq!(
+            pace.after_round(long, arrived, &settings),
+            Some(Wait::Park(Duration::from_micros(20)))
+        );
+        // Work arriving while nothing was pending: news, so it spins.
+        let after_idle = Round {
+            arrived: true,
+            was_idle: true,
+            ..PENDING
+        };
+        let later = long + Duration::from_millis(50);
+        assert_eq!(
+            pace.after_round(later, after_idle, &settings),
+            Some(Wait::Spin)
+        );
+    }
+
+    #[test]
+    fn spinning_without_end_and_bounds_that_cross_or_overflow_do_not_panic() {
         let pace = Pace::start();
         let later = Instant::now() + Duration::from_secs(3600);
         assert_eq!(
@@ -186,5 +276,11 @@ mod tests {
             pace.wait(later, &crossed),
             Wait::Park(Duration::from_millis(5))
         );
+        let huge = PollerSettings {
+            interval: Duration::MAX,
+            max_interval: Duration::MAX,
+            ..PollerSettings::DEFAULT
+        };
+        assert_eq!(pace.wait(later, &huge), Wait::Park(LONGEST_PAUSE));
     }
 }

@@ -94,10 +94,11 @@ struct Incoming {
     entries: Vec<Entry>,
     /// The poller thread, if one runs.
     poller: Option<std::thread::Thread>,
-    /// Whether the poller parks, or is about to, with nothing pending: only then does an enqueue
-    /// wake it. While anything is pending it looks at `entries` on its own (spinning, or every
-    /// interval), and an enqueue makes no system call.
-    poller_idle: bool,
+    /// Whether the poller parks, or is about to, for longer than an enqueue should wait: with
+    /// nothing pending, or for a pause longer than its shortest (see `transport::poller_pace`).
+    /// Only then does an enqueue wake it; otherwise it looks at `entries` soon on its own, and an
+    /// enqueue makes no system call.
+    wake_on_enqueue: bool,
 }
 
 static INCOMING: LazyLock<Mutex<Incoming>> = LazyLock::new(Mutex::default);

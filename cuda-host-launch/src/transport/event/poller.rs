@@ -7,9 +7,10 @@
 //!   [`PollerSettings::interval`] to [`PollerSettings::max_interval`]; with nothing pending it
 //!   parks until woken, and after [`PollerSettings::idle_exit`] it gives the idle event pools back
 //!   and exits: no thread, no wake-up and no CPU while idle. A new entry wakes (or starts) it only
-//!   if it parks with nothing pending; while anything is pending it picks new entries up on its
-//!   own, so a burst of enqueues makes no system call. Its timed parks ask Linux for 1 µs timer
-//!   slack (the default 50 µs would stretch a 20 µs pause threefold).
+//!   if it parks with nothing pending or for a pause longer than `interval`; otherwise it picks
+//!   new entries up within `interval` on its own, so a burst of enqueues makes no system call. Its
+//!   timed parks ask Linux for 1 µs timer slack (the default 50 µs would stretch a 20 µs pause
+//!   threefold).
 //! - **Relaxed capture mode**: it puts itself in `CU_STREAM_CAPTURE_MODE_RELAXED` first, so its
 //!   queries (and the callbacks it runs) never break another thread's global-mode capture.
 //! - **Locks**: [`QUEUES`] (the per-stream queues) is held while it queries and while it gives
@@ -33,7 +34,7 @@ use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
 use crate::tracking::pending;
-use crate::transport::poller_pace::{Pace, PollerSettings, Wait};
+use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait};
 use crate::transport::primary_release;
 
 // The settings in force, each as nanoseconds (`u64::MAX`: `Duration::MAX`), from the defaults.
@@ -83,14 +84,14 @@ fn queues() -> MutexGuard<'static, Queues> {
     lock(&QUEUES)
 }
 
-/// Wakes the poller if it parks with nothing pending (otherwise it finds the new entry on its
-/// own), or starts it if none runs.
+/// Wakes the poller if it parks long (otherwise it finds the new entry soon on its own), or starts
+/// it if none runs.
 pub(super) fn wake_or_start(incoming: &mut Incoming) -> Result<(), Error> {
     if let Some(thread) = &incoming.poller {
-        if incoming.poller_idle {
+        if incoming.wake_on_enqueue {
             // Under the lock the poller set it under: it parks after, or has parked; either way
             // the unpark's token wakes it.
-            incoming.poller_idle = false;
+            incoming.wake_on_enqueue = false;
             thread.unpark();
         }
         return Ok(());
@@ -235,6 +236,20 @@ fn complete(driver: &cuda_sys::Driver, entry: &Entry, current: &mut usize) {
     });
 }
 
+/// Parks for up to `pause`, unless entries are waiting already; an enqueue meanwhile ends the park
+/// (see [`Incoming::wake_on_enqueue`]).
+fn park_unless_enqueued(pause: Duration) {
+    let mut incoming = incoming();
+    if !incoming.entries.is_empty() {
+        return;
+    }
+    // Under the lock the enqueues push under: the next enqueue wakes this thread (its unpark's
+    // token ends the park even if it comes first).
+    incoming.wake_on_enqueue = true;
+    drop(incoming);
+    std::thread::park_timeout(pause);
+}
+
 fn poll_loop() {
     let Some(driver) = cuda_sys::Driver::get() else {
         // Never: an enqueue loaded the driver before starting this thread.
@@ -260,8 +275,12 @@ fn poll_loop() {
         };
         let mut queues = queues();
         let was_idle = queues.by_stream.is_empty();
+        let arrived;
         {
             let mut incoming = incoming();
+            // It is looking now: an enqueue need not wake it.
+            incoming.wake_on_enqueue = false;
+            arrived = !incoming.entries.is_empty();
             for entry in incoming.entries.drain(..) {
                 queues
                     .by_stream
@@ -279,13 +298,11 @@ fn poll_loop() {
                     if !pools.any_out() {
                         let released = pools.give_back_idle(driver);
                         incoming.poller = None;
-                        incoming.poller_idle = false;
                         break released;
                     }
                 }
             } else {
                 idle_since = None;
-                incoming.poller_idle = false;
             }
         }
         for queue in queues.by_stream.values_mut() {
@@ -314,28 +331,21 @@ fn poll_loop() {
             complete(driver, &entry, &mut current_context);
         }
         drop(work);
-        let now = Instant::now();
-        if progress || (was_idle && !nothing_pending) {
-            pace.news(now);
-        }
-        let wait = (!nothing_pending).then(|| pace.wait(now, &settings));
-        if progress || wait != Some(Wait::Spin) {
-            pace.count_cpu();
-        }
-        match wait {
+        let round = Round {
+            progress,
+            arrived,
+            was_idle,
+            pending: !nothing_pending,
+        };
+        match pace.after_round(Instant::now(), round, &settings) {
             Some(Wait::Spin) => std::hint::spin_loop(),
-            Some(Wait::Park(pause)) => std::thread::park_timeout(pause),
-            None => {
-                let mut incoming = incoming();
-                if incoming.entries.is_empty() {
-                    // Nothing pending or incoming, under the lock the enqueues push under: the
-                    // next enqueue wakes this thread (its unpark's token ends the park even if it
-                    // comes first).
-                    incoming.poller_idle = true;
-                    drop(incoming);
-                    std::thread::park_timeout(settings.idle_exit);
-                }
+            // A short pause: work enqueued meanwhile waits for it.
+            Some(Wait::Park(pause)) if pause <= settings.interval => {
+                std::thread::park_timeout(pause);
             }
+            // A longer one, or nothing pending: an enqueue wakes it.
+            Some(Wait::Park(pause)) => park_unless_enqueued(pause),
+            None => park_unless_enqueued(settings.idle_exit),
         }
     };
     // With no lock held: a reclaim takes them.
