@@ -11,6 +11,7 @@
 //!   [`drop_counts`]: one counter per owner for load tests ([`DropCounts`]); [`probe`]: a counting
 //!   host function and its owners ([`Probe`]); [`thread_set`]: the threads that ran host functions
 //!   or dropped owners ([`ThreadSet`]). The last three serve the GPU tests as well.
+//!   [`created_context`]: a context made with `cuCtxCreate` and a stream of it.
 //! - [`in_own_process`] and [`isolated_test!`](crate::isolated_test) run a test in a process of its
 //!   own, with its own environment: the driver is loaded once per process and reads its
 //!   configuration (`CUDA_SYS_*`, `FAKE_CUDA_*`) once, so a test that needs a particular driver
@@ -33,11 +34,13 @@
 //! # fn main() {}
 //! ```
 
+pub mod created_context;
 pub mod drop_counts;
 pub mod owners;
 pub mod probe;
 pub mod thread_set;
 
+pub use created_context::CreatedContext;
 pub use drop_counts::{CountedOwner, DropCounts};
 pub use owners::{
     DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, fake_primary_context,

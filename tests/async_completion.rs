@@ -14,7 +14,9 @@ use cuda_host_launch::{
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::owners::{ThreadInfo, fake_primary_context};
-use cuda_workspace::testing::{address_bytes, bump_from_bytes, fake, fake_driver_path};
+use cuda_workspace::testing::{
+    CreatedContext, address_bytes, bump_from_bytes, fake, fake_driver_path,
+};
 
 const MODES: [CompletionMode; 4] = [
     CompletionMode::Auto,
@@ -304,18 +306,6 @@ fn completions_work_under_tokio() {
     });
 }
 
-/// A stream of a context made with `cuCtxCreate` (current on the calling thread), and the context.
-fn created_context_stream() -> (cuda_sys::types::CUcontext, cuda_sys::types::CUstream) {
-    let driver = cuda_sys::driver().unwrap();
-    let mut created = std::ptr::null_mut();
-    // SAFETY: valid out-pointer, flags 0, device 0.
-    unsafe { driver.cuCtxCreate(&mut created, std::ptr::null_mut(), 0, 0) }.unwrap();
-    let mut stream = std::ptr::null_mut();
-    // SAFETY: `created` is current (cuCtxCreate makes it so); a valid out-pointer.
-    unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
-    (created, stream)
-}
-
 /// How many events and host functions the fake driver was given so far.
 fn enqueued() -> (u64, u64) {
     (
@@ -338,11 +328,21 @@ isolated_test! {
         block_on(completion(&stream).unwrap()).unwrap();
         assert_eq!(enqueued(), (events + 1, host_functions), "one event, no host function");
 
-        let (created, raw) = created_context_stream();
-        // SAFETY: the stream is live until destroyed below.
-        let other = unsafe { cuda_host_launch::RawStream::from_raw(raw) };
-        block_on(completion(other).unwrap()).unwrap();
+        // A created context: a host function. The refused event attempt leaves nothing behind
+        // (no event, no retain), and the next completion there asks nothing more to refuse it.
+        let created = CreatedContext::new();
+        let objects = || (fake().live_objects("events"), fake().live_objects("primary_retains"));
+        let before = objects();
+        // SAFETY: used while `created` lives.
+        block_on(completion(unsafe { created.raw_stream() }).unwrap()).unwrap();
         assert_eq!(enqueued(), (events + 1, host_functions + 1), "a host function");
+        assert_eq!(objects(), before, "events and primary retains");
+        let asked = fake().call_count("cuDevicePrimaryCtxGetState");
+        // SAFETY: as above.
+        block_on(completion(unsafe { created.raw_stream() }).unwrap()).unwrap();
+        assert_eq!(enqueued(), (events + 1, host_functions + 2));
+        assert_eq!(fake().call_count("cuDevicePrimaryCtxGetState"), asked, "asked again");
+        drop(created);
 
         let driver = cuda_sys::driver().unwrap();
         // SAFETY: a live stream.
@@ -358,12 +358,8 @@ isolated_test! {
         let mut graph = std::ptr::null_mut();
         // SAFETY: the capture begun above; a valid out-pointer.
         unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();
-        // SAFETY: the capture's graph, destroyed once; then our stream and context, once each.
-        unsafe {
-            driver.cuGraphDestroy(graph).unwrap();
-            driver.cuStreamDestroy(raw).unwrap();
-            driver.cuCtxDestroy(created).unwrap();
-        }
+        // SAFETY: the capture's graph, destroyed once.
+        unsafe { driver.cuGraphDestroy(graph) }.unwrap();
         assert_eq!(pending_launches(None), 0);
     }
 

@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    CompletionMode, Error, PanicOrigin, PrimaryContext, RawStream, Stream, flush, pending_launches,
+    CompletionMode, Error, PanicOrigin, PrimaryContext, Stream, flush, pending_launches,
     poller_cpu_time, release_after, set_panic_handler, spawn_after,
 };
 use cuda_sys::types::{CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    Drops, Hold, ThreadInfo, fake, fake_driver_path, fake_primary_context,
+    CreatedContext, Drops, Hold, ThreadInfo, fake, fake_driver_path, fake_primary_context,
 };
 
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -240,25 +240,14 @@ isolated_test! {
     /// for its poller); the owners are dropped on the calling thread.
     fn a_stream_of_a_created_context_is_refused(CUDA_SYS_LIBRARY = fake_driver_path()) {
         fake_primary_context();
-        let driver = cuda_sys::driver().unwrap();
-        let mut created = std::ptr::null_mut();
-        // SAFETY: valid out-pointer, flags 0, device 0.
-        unsafe { driver.cuCtxCreate(&mut created, std::ptr::null_mut(), 0, 0) }.unwrap();
-        let mut stream = std::ptr::null_mut();
-        // SAFETY: `created` is current (cuCtxCreate makes it so); a valid out-pointer.
-        unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
+        let created = CreatedContext::new();
         let drops = Drops::new();
-        // SAFETY: the stream is live until destroyed below.
-        let raw = unsafe { RawStream::from_raw(stream) };
-        let refused = release_after(raw, drops.owner());
+        // SAFETY: used while `created` lives.
+        let refused = release_after(unsafe { created.raw_stream() }, drops.owner());
         assert!(matches!(refused, Err(Error::NotPrimaryContext { .. })), "{refused:?}");
         let records = drops.records();
         assert_eq!(records.len(), 1);
         assert!(records[0].thread.same_as(&ThreadInfo::current()));
-        // SAFETY: ours, destroyed once.
-        unsafe { driver.cuStreamDestroy(stream) }.unwrap();
-        // SAFETY: ours, destroyed once.
-        unsafe { driver.cuCtxDestroy(created) }.unwrap();
     }
 
     /// With no primary context on the device, a created context's stream is refused without a
@@ -267,23 +256,12 @@ isolated_test! {
     fn no_primary_context_is_made_to_refuse_a_created_contexts_stream(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
-        let driver = cuda_workspace::testing::load_fake_driver();
-        let mut created = std::ptr::null_mut();
-        // SAFETY: valid out-pointer, flags 0, device 0.
-        unsafe { driver.cuCtxCreate(&mut created, std::ptr::null_mut(), 0, 0) }.unwrap();
-        let mut stream = std::ptr::null_mut();
-        // SAFETY: `created` is current (cuCtxCreate makes it so); a valid out-pointer.
-        unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
-        // SAFETY: the stream is live until destroyed below.
-        let raw = unsafe { RawStream::from_raw(stream) };
-        let refused = spawn_after(raw, || {});
+        cuda_workspace::testing::load_fake_driver();
+        let created = CreatedContext::new();
+        // SAFETY: used while `created` lives.
+        let refused = spawn_after(unsafe { created.raw_stream() }, || {});
         assert!(matches!(refused, Err(Error::NotPrimaryContext { .. })), "{refused:?}");
         assert_eq!(fake().call_count("cuDevicePrimaryCtxRetain"), 0);
-        // SAFETY: ours, destroyed once each.
-        unsafe {
-            driver.cuStreamDestroy(stream).unwrap();
-            driver.cuCtxDestroy(created).unwrap();
-        }
     }
 
     /// While work waits long, the poller's pauses grow with the wait (up to `max_interval`,

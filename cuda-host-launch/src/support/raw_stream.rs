@@ -92,6 +92,17 @@ unsafe impl AsRawStream for RawStream {
     }
 }
 
+/// `context`'s `cuCtxGetId` (CUDA 12.0; `DriverTooOld` before): unlike its handle, never shared
+/// with a context made after it was destroyed.
+pub(crate) fn context_id(driver: &cuda_sys::Driver, context: CUcontext) -> Result<u64, Error> {
+    let get_id = driver.raw().cuCtxGetId()?;
+    let mut id = 0;
+    // SAFETY: a context handle from the driver; a valid out-pointer.
+    let code = unsafe { get_id(context, &mut id) };
+    driver.check(code, "cuCtxGetId")?;
+    Ok(id)
+}
+
 /// The context a launch on `stream` goes to: the implementor's hint, the current context for the
 /// special handles, or `cuStreamGetCtx`.
 pub(crate) fn context_of(

@@ -48,7 +48,7 @@ use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::precise_sleeps::precise_sleeps;
-use crate::support::raw_stream::{AsRawStream, context_of};
+use crate::support::raw_stream::{AsRawStream, context_id, context_of};
 use crate::support::{forked_child, relaxed_capture};
 
 /// How the poller waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
@@ -210,19 +210,9 @@ pub(crate) fn register(
     Ok(())
 }
 
-/// `context`'s key: its handle and its `cuCtxGetId` (12.0+; `DriverTooOld` before: see the
-/// module's docs).
-fn context_key(driver: &cuda_sys::Driver, context: CUcontext) -> Result<ContextKey, Error> {
-    let get_id = driver.raw().cuCtxGetId()?;
-    let mut id = 0;
-    // SAFETY: a context handle from the driver (the stream's); a valid out-pointer.
-    let code = unsafe { get_id(context, &mut id) };
-    driver.check(code, "cuCtxGetId")?;
-    Ok((context.addr(), id))
-}
-
 fn take_slot(driver: &cuda_sys::Driver, context: CUcontext) -> Result<(Arc<Page>, u16), Error> {
-    let key = context_key(driver, context)?;
+    // 12.0: before it, `DriverTooOld` (see the module's docs).
+    let key = (context.addr(), context_id(driver, context)?);
     let mut reg = registry();
     if !reg.pages.contains_key(&key) {
         // Pages under this handle with another id are a destroyed context's (two live contexts

@@ -13,12 +13,15 @@ use std::ptr;
 use cuda_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
 use crate::support::error::Error;
+use crate::support::raw_stream::context_id;
 use crate::transport::primary_release;
 
 /// Events made at once when a pool runs dry (one push and pop of the context for all).
 const BATCH: usize = 32;
 /// Free events a pool keeps; more are destroyed as they come back.
 const MAX_FREE: usize = 4096;
+/// Contexts remembered as not primary; the oldest is forgotten beyond this.
+const MAX_NOT_PRIMARY: usize = 64;
 
 /// The events of one primary context.
 pub(super) struct Pool {
@@ -37,6 +40,10 @@ pub(super) struct Pool {
 #[derive(Default)]
 pub(super) struct Pools {
     by_context: HashMap<usize, Pool>,
+    /// Contexts found not to be primary, by handle and `cuCtxGetId` (a context made later at the
+    /// handle has another id): refused again at once, without the device and primary-context
+    /// calls that found it (`CompletionMode::Auto` asks on every completion).
+    not_primary: Vec<(usize, u64)>,
 }
 
 impl Pools {
@@ -50,7 +57,24 @@ impl Pools {
         let pool = match self.by_context.entry(context.addr()) {
             std::collections::hash_map::Entry::Occupied(pool) => pool.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(Pool::new(driver, context)?)
+                let key = (context.addr(), context_id(driver, context)?);
+                let refused = Error::NotPrimaryContext {
+                    context: context.addr(),
+                };
+                if self.not_primary.contains(&key) {
+                    return Err(refused);
+                }
+                match Pool::new(driver, context) {
+                    Ok(pool) => slot.insert(pool),
+                    Err(Error::NotPrimaryContext { .. }) => {
+                        if self.not_primary.len() >= MAX_NOT_PRIMARY {
+                            self.not_primary.remove(0);
+                        }
+                        self.not_primary.push(key);
+                        return Err(refused);
+                    }
+                    Err(e) => return Err(e),
+                }
             }
         };
         if pool.free.is_empty() {
