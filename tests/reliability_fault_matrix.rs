@@ -3,7 +3,8 @@
 //! For each operation (every launch form on a plain stream and on the special streams, the futures
 //! of `completion`/`completion_with` (the default, an event where the driver has the event
 //! transport; a host function; the low-latency flags, and a first low-latency completion in a new
-//! context, which registers its page of flags) and `host_launch_async`, `release_after` and
+//! context, which registers its page of flags; the default on a created context's stream, which
+//! finds it is not primary and falls back) and `host_launch_async`, `release_after` and
 //! `spawn_after`, repeatable launches and a
 //! refused run-once launch on a capturing stream, graph host nodes, graph, stream, event, context
 //! and device calls, and the `Drop`s that destroy driver objects), the test first
@@ -45,7 +46,9 @@
 //! Found by this matrix, and fixed (see the two tests at the end): `Stream::new`,
 //! `Stream::new_non_blocking` and `Event::new` leaked the object they created when
 //! `cuCtxPopCurrent` failed after it; a low-latency completion freed its new page of flags without
-//! unregistering it when `cuMemHostGetDevicePointer` failed.
+//! unregistering it when `cuMemHostGetDevicePointer` failed; the event pools ignored a failed
+//! `cuCtxPopCurrent`, so a completion on a created context's stream succeeded with that context
+//! left pushed on the caller's thread.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::c_void;
@@ -130,6 +133,11 @@ const TOLERATED: &[(&str, &str, &str)] = &[
         "cuCtxPopCurrent",
         "the completion works; the context that registered its flags stays pushed",
     ),
+    (
+        "completion (Auto: a created context, a host function)",
+        "cuDevicePrimaryCtxRelease",
+        "the completion works; the retain taken to compare the contexts is leaked",
+    ),
 ];
 
 /// The one failure the crate resolves by leaking: the graph refused the user object
@@ -186,6 +194,7 @@ enum Op {
     HostLaunchOnRawStream,
     HostLaunchOnLegacyStream,
     Completion,
+    CompletionInCreatedContext,
     CompletionHostFunction,
     CompletionLowLatency,
     CompletionLowLatencyNewContext,
@@ -237,6 +246,7 @@ const OPS: &[Op] = &[
     Op::HostLaunchOnRawStream,
     Op::HostLaunchOnLegacyStream,
     Op::Completion,
+    Op::CompletionInCreatedContext,
     Op::CompletionHostFunction,
     Op::CompletionLowLatency,
     Op::CompletionLowLatencyNewContext,
@@ -312,6 +322,7 @@ impl Op {
             | HostLaunchOnRawStream
             | HostLaunchOnLegacyStream
             | Completion
+            | CompletionInCreatedContext
             | CompletionHostFunction
             | CompletionLowLatency
             | CompletionLowLatencyNewContext
@@ -342,6 +353,7 @@ impl Op {
             HostLaunchOnRawStream => "host_launch(RawStream)",
             HostLaunchOnLegacyStream => "host_launch(RawStream::LEGACY)",
             Completion => "completion (Auto: an event)",
+            CompletionInCreatedContext => "completion (Auto: a created context, a host function)",
             CompletionHostFunction => "completion_with(HostFunction)",
             CompletionLowLatency => "completion_with(LowLatency)",
             CompletionLowLatencyNewContext => "completion_with(LowLatency, a new context)",
@@ -670,8 +682,9 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
             run.graph = Some(graph);
         }
         Op::DropContext => run.context = Some(PrimaryContext::retain(Device::get(0)?)?),
-        Op::CompletionLowLatencyNewContext => {
-            // A fresh context, so that the completion registers a page of flags in it.
+        Op::CompletionLowLatencyNewContext | Op::CompletionInCreatedContext => {
+            // A fresh context, so that the completion registers a page of flags in it (or finds
+            // out afresh that it is not primary, and falls back to a host function).
             let (mut context, mut stream, mut popped) =
                 (ptr::null_mut(), ptr::null_mut(), ptr::null_mut());
             // SAFETY: valid out-pointers; `cuCtxCreate` pushes the new context, which is popped
@@ -727,6 +740,14 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
         Op::HostLaunchOnLegacyStream => host_launch(RawStream::LEGACY, probe.closure()),
         Op::Completion => {
             let done = completion(env.stream())?;
+            run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
+            Ok(())
+        }
+        Op::CompletionInCreatedContext => {
+            let (_, stream) = run.own_context.expect("a context of our own");
+            // SAFETY: the stream lives until `settle` destroys it, after the completion.
+            let stream = unsafe { RawStream::from_raw(stream) };
+            let done = completion(stream)?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
@@ -1088,6 +1109,7 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
             let completion_only = matches!(
                 op,
                 Op::Completion
+                    | Op::CompletionInCreatedContext
                     | Op::CompletionHostFunction
                     | Op::CompletionLowLatency
                     | Op::CompletionLowLatencyNewContext
@@ -1247,7 +1269,7 @@ fn undo_leak(env: &Env, op: Op, raw: usize, before: &Snapshot) {
             Op::DropGraphExec if grew("graph_execs") => {
                 d.cuGraphExecDestroy(handle(raw)).expect("destroy")
             }
-            Op::DropContext if grew("primary_retains") => {
+            Op::DropContext | Op::CompletionInCreatedContext if grew("primary_retains") => {
                 release_primary(d, env.context.device().raw())
             }
             _ => {}

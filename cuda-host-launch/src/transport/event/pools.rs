@@ -205,7 +205,8 @@ impl Pool {
     }
 }
 
-/// Runs `f` with `context` pushed as the calling thread's current context.
+/// Runs `f` with `context` pushed as the calling thread's current context. A failed pop is an
+/// error too.
 fn pushed(
     driver: &cuda_sys::Driver,
     context: CUcontext,
@@ -216,6 +217,9 @@ fn pushed(
     let result = f();
     let mut popped = ptr::null_mut();
     // SAFETY: pushed just above; a valid out-pointer.
-    let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
-    Ok(result?)
+    let pop = unsafe { driver.cuCtxPopCurrent(&mut popped) };
+    // `f`'s error first; then a failed pop, which left the context on the caller's stack (the
+    // caller hears of it rather than find it there).
+    result?;
+    Ok(pop?)
 }
