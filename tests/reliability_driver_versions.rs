@@ -762,6 +762,10 @@ const NEEDS: &[(&str, i32)] = &[
     ("add_host_node_raw", 11030),
     ("Graph::instantiate", 11040),
     ("completion_with(LowLatency)", 12000),
+    ("completion_with(Event)", 12000),
+    ("completion_with(HostFunction)", 10000),
+    ("release_after", 12000),
+    ("spawn_after", 12000),
     ("cuStreamWriteValue32", 11070),
     ("cuStreamGetId", 12000),
     ("cuCtxCreate", 12050),
@@ -780,14 +784,11 @@ fn assert_nothing_left(version: i32) {
     wait_until("user objects destroyed", PATIENCE, || {
         fake().live_user_objects() == 0
     });
-    for kind in [
-        "graphs",
-        "graph_execs",
-        "events",
-        "streams",
-        "contexts",
-        "holds",
-    ] {
+    // The event poller gives its pool's events back once idle (100 ms).
+    wait_until("the event pools given back", PATIENCE, || {
+        fake().live_objects("events") == 0
+    });
+    for kind in ["graphs", "graph_execs", "streams", "contexts", "holds"] {
         assert_eq!(fake().live_objects(kind), 0, "{kind} left on {version}");
     }
 }
