@@ -140,23 +140,33 @@ impl Driver {
         let version = |e: &Entry<F>| resolve::variant(e.info(), self.default_stream()).0;
         let mut sorted: Vec<Entry<F>> = entries.to_vec();
         sorted.sort_by_key(|e| std::cmp::Reverse(version(e)));
+        match self.first_available(sorted.iter().map(|e| e.function)) {
+            // SAFETY: as in `function`: `F` is the signature of every entry of `entries`.
+            Ok((p, function)) => Ok((unsafe { cast::<F>(p) }, function)),
+            Err(Some(error)) => Err(error.into()),
+            Err(None) => Err(Error::InvalidSymbolName(
+                "(an empty list of entries given to Driver::newest)".into(),
+            )),
+        }
+    }
+
+    /// The first of `functions` this driver has, and its address; a failed lookup ends the search
+    /// at once. `Err(None)` if `functions` is empty, else the error of the last one tried.
+    fn first_available(
+        &self,
+        functions: impl IntoIterator<Item = Function>,
+    ) -> Result<(*mut c_void, Function), Option<CallError>> {
         let mut last = None;
-        for e in sorted {
-            match self.entry(e.function) {
-                // SAFETY: as in `function`: `F` is this entry's own signature.
-                Ok(p) => return Ok((unsafe { cast::<F>(p) }, e.function)),
+        for function in functions {
+            match self.entry(function) {
+                Ok(p) => return Ok((p, function)),
                 Err(error) if error.kind() == CallErrorKind::LookupFailed => {
-                    return Err(error.into());
+                    return Err(Some(error));
                 }
                 Err(error) => last = Some(error),
             }
         }
-        match last {
-            Some(error) => Err(error.into()),
-            None => Err(Error::InvalidSymbolName(
-                "(an empty list of entries given to Driver::newest)".into(),
-            )),
-        }
+        Err(last)
     }
 }
 
@@ -170,22 +180,13 @@ impl Driver {
     /// If none is available, the error of the oldest ([`Error::DriverTooOld`] or
     /// [`Error::SymbolMissing`]); [`Error::Driver`] at once if a lookup itself failed.
     pub fn newest_variant<F: Copy>(&self, entry: Entry<F>) -> Result<(F, Function), Error> {
-        let mut last = None;
-        for &function in entry.family {
-            match self.entry(function) {
-                // SAFETY: every function of an entry's family has the entry's signature `F` (the
-                // generator groups them by signature; checked at compile time below).
-                Ok(p) => return Ok((unsafe { cast::<F>(p) }, function)),
-                Err(error) if error.kind() == CallErrorKind::LookupFailed => {
-                    return Err(error.into());
-                }
-                Err(error) => last = Some(error),
-            }
-        }
-        match last {
-            Some(error) => Err(error.into()),
+        match self.first_available(entry.family.iter().copied()) {
+            // SAFETY: every function of an entry's family has the entry's signature `F` (the
+            // generator groups them by signature; checked at compile time below).
+            Ok((p, function)) => Ok((unsafe { cast::<F>(p) }, function)),
+            Err(Some(error)) => Err(error.into()),
             // A family holds its own entry, so it is never empty: this only restates that.
-            None => self.function(entry).map(|f| (f, entry.function)),
+            Err(None) => self.function(entry).map(|f| (f, entry.function)),
         }
     }
 }
