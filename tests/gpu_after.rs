@@ -358,3 +358,84 @@ fn a_release_on_a_capturing_stream_is_owned_by_the_graph() {
     });
     assert_eq!(counts.more_than_once(), 0);
 }
+
+/// Checks, when dropped, that the kernel's write it stands behind is visible.
+struct SeesTheWrite(Arc<MappedU32s>, u32, Arc<AtomicUsize>);
+
+impl Drop for SeesTheWrite {
+    fn drop(&mut self) {
+        if self.0.get(0) == self.1 {
+            self.2.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The special stream handles (the legacy and per-thread default streams, and the null stream) are
+/// told apart by their ids as other streams are: a release, a callback and a default completion
+/// on each come after the kernel enqueued there before them.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn releases_callbacks_and_completions_on_the_special_streams_follow_their_kernels() {
+    use cuda_host_launch::{AsRawStream, RawStream};
+    let gpu = Gpu::open();
+    let flags = Arc::new(MappedU32s::new(gpu.driver, 1));
+    let seen = Arc::new(AtomicUsize::new(0));
+    let mut value = 0;
+    for stream in [RawStream::LEGACY, RawStream::PER_THREAD, RawStream::DEFAULT] {
+        value += 1;
+        // About 2 ms of kernel: still running when the calls below are made.
+        gpu.kernels
+            .spin_then_write(stream.as_raw_stream(), flags.device(0), value, 4_000_000);
+        release_after(
+            stream,
+            SeesTheWrite(Arc::clone(&flags), value, Arc::clone(&seen)),
+        )
+        .unwrap();
+        let (flags_in, seen_in) = (Arc::clone(&flags), Arc::clone(&seen));
+        spawn_after(stream, move || {
+            if flags_in.get(0) == value {
+                seen_in.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+        let done = cuda_host_launch::completion(stream).unwrap();
+        futures_block_on(done).unwrap();
+        assert_eq!(
+            flags.get(0),
+            value,
+            "{stream:?}: the completion came after the kernel"
+        );
+        wait_for("the release and the callback", || {
+            pending_launches(None) == 0
+        });
+        flush(PATIENCE).unwrap();
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            2 * value as usize,
+            "{stream:?}"
+        );
+        println!("{stream:?}: a release, a callback and a completion after the kernel");
+    }
+}
+
+/// Polls `future` to its end on this thread.
+fn futures_block_on<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let thread = std::thread::current();
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(thread)));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "a future never resolved");
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}

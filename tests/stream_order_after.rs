@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    CompletionMode, Error, PanicOrigin, PrimaryContext, Stream, flush, pending_launches,
-    poller_cpu_time, release_after, set_panic_handler, spawn_after,
+    AsRawStream, CompletionMode, Error, PanicOrigin, PrimaryContext, RawStream, Stream, flush,
+    pending_launches, poller_cpu_time, release_after, set_panic_handler, spawn_after,
 };
 use cuda_sys::types::{CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
@@ -234,6 +234,25 @@ isolated_test! {
         drops.wait_dropped(1);
         assert!(matches!(block_on(future), Err(Error::ContextLost)));
         assert_eq!(pending_launches(None), 0);
+    }
+
+    /// The special handles (legacy and per-thread default streams, the null stream) work as other
+    /// streams: a release waits for the held stream, and a default completion resolves.
+    fn the_special_stream_handles_work_as_other_streams(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        let context = fake_primary_context();
+        context.set_current().unwrap();
+        for stream in [RawStream::LEGACY, RawStream::PER_THREAD, RawStream::DEFAULT] {
+            let drops = Drops::new();
+            let hold = fake()
+                .hold_stream(stream.as_raw_stream())
+                .expect("the fake could not hold the stream");
+            release_after(stream, drops.owner()).unwrap();
+            std::thread::sleep(Duration::from_millis(5));
+            assert_eq!(drops.dropped(), 0, "{stream:?}: released while the stream is held");
+            hold.release();
+            drops.wait_dropped(1);
+            block_on(cuda_host_launch::completion(stream).unwrap()).unwrap();
+        }
     }
 
     /// A stream of a context made with `cuCtxCreate` is refused (the crate could not keep it alive
