@@ -406,8 +406,8 @@ isolated_test! {
     }
 
     /// An enqueue wakes a poller that parks with nothing pending, whether it parked with nothing
-    /// to do or just completed everything: no release waits out the idle park (10 s here). An
-    /// enqueue while work is pending does not wake it; the poller finds it on its own.
+    /// to do or just completed everything: no release waits out the idle park (10 s here). (An
+    /// enqueue while work is pending wakes it only from a pause longer than its shortest.)
     fn an_enqueue_wakes_the_poller_parked_with_nothing_pending(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
