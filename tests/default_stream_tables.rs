@@ -70,6 +70,59 @@ fn both_tables_call_their_own_variant(expect_flags: bool) {
     );
 }
 
+/// The per-thread table's answer is the same through every lookup path: an ABI variant without a
+/// per-thread twin, of a function that has per-thread variants, is `NoPerThreadVariant` (never its
+/// legacy export, whose default-stream semantics are not the table's). Checked for every entry the
+/// fake has (the legacy table resolves it). Returns how many had no twin.
+fn per_thread_table_walk() -> usize {
+    let legacy = load_fake_driver().legacy();
+    let per_thread = legacy.per_thread();
+    let mut no_twin = 0;
+    for &f in Function::ALL {
+        if legacy.resolve(f).is_err() {
+            continue; // not in the fake, or above its version
+        }
+        let info = f.info();
+        let expect_no_twin = info.per_thread_export.is_none()
+            && Function::ALL
+                .iter()
+                .any(|g| g.info().symbol == info.symbol && g.info().per_thread_export.is_some());
+        match per_thread.resolve(f) {
+            Ok(_) => assert!(!expect_no_twin, "{}: resolved in per-thread mode", f.name()),
+            Err(cuda_sys::Error::SymbolMissing {
+                reason: cuda_sys::MissingReason::NoPerThreadVariant,
+                ..
+            }) if expect_no_twin => no_twin += 1,
+            Err(e) if expect_no_twin => panic!("{}: {e}", f.name()),
+            // A per-thread variant the fake lacks, or above its version.
+            Err(_) => {}
+        }
+    }
+    no_twin
+}
+
+isolated_test! {
+    /// 13.0, 11.8 and 10.2 (cuGetProcAddress_v2, cuGetProcAddress, the exports) agree on which
+    /// per-thread entries do not exist.
+    fn the_per_thread_table_lacks_the_same_variants_through_every_lookup_path_13_0(
+        FAKE_CUDA_VERSION = "13000"
+    ) {
+        assert!(per_thread_table_walk() > 0);
+    }
+
+    fn the_per_thread_table_lacks_the_same_variants_through_every_lookup_path_11_8(
+        FAKE_CUDA_VERSION = "11080"
+    ) {
+        assert!(per_thread_table_walk() > 0);
+    }
+
+    fn the_per_thread_table_lacks_the_same_variants_through_every_lookup_path_10_2(
+        FAKE_CUDA_VERSION = "10020"
+    ) {
+        assert!(per_thread_table_walk() > 0);
+    }
+}
+
 isolated_test! {
     /// 13.0 (`cuGetProcAddress_v2`): flag 2 for the per-thread table, 1 for the legacy one.
     fn both_default_stream_tables_work_side_by_side_on_13_0(FAKE_CUDA_VERSION = "13000") {

@@ -473,10 +473,12 @@ fn export_of(symbol: &CString, version: u32, mode: DefaultStream) -> Option<&std
     if known.peek().is_none() {
         return Some(symbol.as_c_str());
     }
-    known.find_map(|info: &FunctionInfo| {
-        let (v, export) = resolve::variant(info, mode);
-        (v == version).then_some(export)
-    })
+    known
+        .find_map(|info: &FunctionInfo| {
+            let (v, export) = resolve::variant(info, mode);
+            (v == version).then_some(export)
+        })
+        .flatten()
 }
 
 /// Opens the library (the first candidate that is a driver) and initialises it.

@@ -134,7 +134,8 @@ pub enum MissingReason {
     /// The driver is loaded for per-thread default-stream semantics, and this ABI version of the
     /// function has no per-thread variant: the driver offers one only for newer ABI versions of
     /// the function (`cuMemcpyAtoA` at 2000; `cuGetProcAddress` answers
-    /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`).
+    /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`). Known from the table, the same on every
+    /// driver: the driver is not asked, and an older driver's legacy export is never used.
     NoPerThreadVariant,
 }
 

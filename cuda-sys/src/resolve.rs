@@ -81,38 +81,25 @@ pub(crate) enum Lookup {
     Failed(CUresult, &'static str),
 }
 
-/// The ABI version to ask for and the export to look up, for a default-stream mode.
-pub(crate) fn variant(info: &FunctionInfo, mode: DefaultStream) -> (u32, &'static CStr) {
+/// The ABI version to ask for and the export to look up, for a default-stream mode. The export is
+/// `None` where that ABI version has no variant in the mode: a per-thread lookup of a version
+/// without a per-thread twin, of a function that has per-thread variants in other ABI versions.
+/// `cuGetProcAddress` then answers `VERSION_NOT_SUFFICIENT` (the H200's 13.0 driver for
+/// `cuMemcpyAtoA` at 2000), and the exports of older drivers are not looked up either: their
+/// legacy export would give the legacy default stream's semantics in per-thread mode.
+pub(crate) fn variant(info: &FunctionInfo, mode: DefaultStream) -> (u32, Option<&'static CStr>) {
     match (mode, info.per_thread_export, info.per_thread_version) {
-        (DefaultStream::PerThread, Some(export), Some(version)) => (version, export),
-        _ => (info.version, info.export),
+        (DefaultStream::PerThread, Some(export), Some(version)) => (version, Some(export)),
+        (DefaultStream::PerThread, _, _) if has_per_thread_variants(info) => (info.version, None),
+        _ => (info.version, Some(info.export)),
     }
 }
 
-/// `VersionNotSufficient` for a per-thread lookup of an ABI variant without a per-thread twin,
-/// of a function that has per-thread variants in newer ABI versions, is
-/// [`MissingReason::NoPerThreadVariant`]: the driver finds per-thread variants only (the H200's
-/// 13.0 driver for `cuMemcpyAtoA` at 2000), and no newer driver will change that.
-fn per_thread_reason(
-    reason: MissingReason,
-    function: Function,
-    mode: DefaultStream,
-) -> MissingReason {
-    let info = function.info();
-    let has_per_thread_sibling = || {
-        Function::ALL
-            .iter()
-            .any(|f| f.info().symbol == info.symbol && f.info().per_thread_export.is_some())
-    };
-    if reason == MissingReason::VersionNotSufficient
-        && mode == DefaultStream::PerThread
-        && info.per_thread_export.is_none()
-        && has_per_thread_sibling()
-    {
-        MissingReason::NoPerThreadVariant
-    } else {
-        reason
-    }
+/// Whether `info`'s symbol has a per-thread variant in some ABI version of the table.
+fn has_per_thread_variants(info: &FunctionInfo) -> bool {
+    Function::ALL
+        .iter()
+        .any(|f| f.info().symbol == info.symbol && f.info().per_thread_export.is_some())
 }
 
 impl Loaded {
@@ -145,14 +132,21 @@ impl Loaded {
             slot.store(sentinel(CallErrorKind::DriverTooOld), Ordering::Release);
             return Err(unavailable(CallErrorKind::DriverTooOld));
         }
-        match self.lookup(info.symbol, version, Some(export), mode) {
+        if export.is_none() {
+            // No variant at this ABI version in this mode (see `variant`), and no newer driver
+            // will change that: not asked of the driver, whose lookup paths answer it differently
+            // (`VERSION_NOT_SUFFICIENT`, or not found through `cuGetProcAddress` before 12.0).
+            let kind = CallErrorKind::SymbolMissing(MissingReason::NoPerThreadVariant);
+            slot.store(sentinel(kind), Ordering::Release);
+            return Err(unavailable(kind));
+        }
+        match self.lookup(info.symbol, version, export, mode) {
             Lookup::Found(p) => {
                 // Racing threads store the same address; the first store wins nothing over the rest.
                 slot.store(p.as_ptr(), Ordering::Release);
                 Ok(p.as_ptr())
             }
             Lookup::Missing(reason) => {
-                let reason = per_thread_reason(reason, function, mode);
                 let kind = CallErrorKind::SymbolMissing(reason);
                 slot.store(sentinel(kind), Ordering::Release);
                 Err(unavailable(kind))
@@ -196,15 +190,11 @@ impl Loaded {
                 let rc = unsafe { get(symbol.as_ptr(), &mut pfn, version, flags) };
                 interpret(rc, pfn, None, "cuGetProcAddress")
             }
-            ResolutionPath::Exports => {
-                match export.and_then(|e| library::address(&self.library, e)) {
-                    Some(p) => Lookup::Found(p),
-                    None if export.is_none() => {
-                        Lookup::Missing(MissingReason::VersionNotSufficient)
-                    }
-                    None => Lookup::Missing(MissingReason::NotExported),
-                }
-            }
+            ResolutionPath::Exports => match export {
+                None => Lookup::Missing(MissingReason::VersionNotSufficient),
+                Some(e) => library::address(&self.library, e)
+                    .map_or(Lookup::Missing(MissingReason::NotExported), Lookup::Found),
+            },
         }
     }
 
@@ -302,34 +292,24 @@ fn driver_text(
 
 #[cfg(test)]
 mod tests {
-    use super::per_thread_reason;
-    use crate::error::MissingReason::{NoPerThreadVariant, NotFound, VersionNotSufficient};
+    use crate::error::MissingReason::NoPerThreadVariant;
     use crate::streams::DefaultStream::{Legacy, PerThread};
     use crate::table::Function;
 
     #[test]
     fn only_a_twinless_variant_of_a_function_with_per_thread_variants_lacks_a_per_thread_one() {
+        let variant = |f: Function, mode| super::variant(f.info(), mode);
         let old = Function::cuMemcpyAtoA_v2000;
-        assert_eq!(
-            per_thread_reason(VersionNotSufficient, old, PerThread),
-            NoPerThreadVariant
-        );
-        assert_eq!(
-            per_thread_reason(VersionNotSufficient, old, Legacy),
-            VersionNotSufficient
-        );
-        assert_eq!(per_thread_reason(NotFound, old, PerThread), NotFound);
+        assert_eq!(variant(old, PerThread), (2000, None));
+        assert_eq!(variant(old, Legacy), (2000, Some(c"cuMemcpyAtoA")));
         // Its newest variant has a twin; a function without per-thread variants has no such case.
         let newest = Function::cuMemcpyAtoA;
         assert_eq!(
-            per_thread_reason(VersionNotSufficient, newest, PerThread),
-            VersionNotSufficient
+            variant(newest, PerThread),
+            (7000, Some(c"cuMemcpyAtoA_v2_ptds"))
         );
         let no_twins = Function::cuMemAlloc;
-        assert_eq!(
-            per_thread_reason(VersionNotSufficient, no_twins, PerThread),
-            VersionNotSufficient
-        );
+        assert_eq!(variant(no_twins, PerThread), (3020, Some(c"cuMemAlloc_v2")));
     }
 
     #[test]

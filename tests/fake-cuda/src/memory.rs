@@ -4,7 +4,7 @@
 use std::alloc::Layout;
 use std::ffi::{c_uchar, c_uint, c_void};
 
-use cuda_sys::types::{CUdeviceptr, CUmodule};
+use cuda_sys::types::{CUarray, CUdeviceptr, CUmodule};
 
 use crate::context::current;
 use crate::errors::{INVALID_VALUE, NOT_SUPPORTED, OUT_OF_MEMORY, Res, ensure};
@@ -178,6 +178,42 @@ unsafe fn memcpy_htod_v1(dst: c_uint, src: *const c_void, n: c_uint) -> Res {
     unsafe { memcpy_htod(CUdeviceptr::from(dst), src, n as usize) }
 }
 export!("cuMemcpyHtoD", cuMemcpyHtoD => memcpy_htod_v1(dstDevice: c_uint, srcHost: *const c_void, ByteCount: c_uint));
+
+/// `cuMemcpyAtoA`: arrays are not modelled (every call answers `CUDA_ERROR_NOT_SUPPORTED`). Its
+/// three exports exist for how the driver's symbols are found: the ABI 2000 variant, like the real
+/// driver's, has no per-thread twin while the 3020 one has.
+unsafe fn memcpy_atoa(
+    _dst: CUarray,
+    _dst_offset: usize,
+    _src: CUarray,
+    _src_offset: usize,
+    _n: usize,
+) -> Res {
+    Err(NOT_SUPPORTED)
+}
+export!("cuMemcpyAtoA", cuMemcpyAtoA_v2 => memcpy_atoa(dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize));
+export!("cuMemcpyAtoA", cuMemcpyAtoA_v2_ptds => memcpy_atoa(dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize));
+
+/// `cuMemcpyAtoA`'s ABI 2000 variant (32-bit offsets and size).
+unsafe fn memcpy_atoa_v1(
+    dst: CUarray,
+    dst_offset: c_uint,
+    src: CUarray,
+    src_offset: c_uint,
+    n: c_uint,
+) -> Res {
+    // SAFETY: no memory is touched.
+    unsafe {
+        memcpy_atoa(
+            dst,
+            dst_offset as usize,
+            src,
+            src_offset as usize,
+            n as usize,
+        )
+    }
+}
+export!("cuMemcpyAtoA", cuMemcpyAtoA => memcpy_atoa_v1(dstArray: CUarray, dstOffset: c_uint, srcArray: CUarray, srcOffset: c_uint, ByteCount: c_uint));
 
 unsafe fn memcpy_dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize) -> Res {
     let st = lock();

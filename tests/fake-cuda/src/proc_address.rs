@@ -96,6 +96,10 @@ variants! {
         (2000, crate::memory::cuMemcpyHtoD),
         (3020, crate::memory::cuMemcpyHtoD_v2, crate::memory::cuMemcpyHtoD_v2_ptds),
     ],
+    "cuMemcpyAtoA" => [
+        (2000, crate::memory::cuMemcpyAtoA),
+        (3020, crate::memory::cuMemcpyAtoA_v2, crate::memory::cuMemcpyAtoA_v2_ptds),
+    ],
     "cuMemcpyDtoH" => [(3020, crate::memory::cuMemcpyDtoH_v2, crate::memory::cuMemcpyDtoH_v2_ptds)],
     "cuMemsetD8" => [(3020, crate::memory::cuMemsetD8_v2, crate::memory::cuMemsetD8_v2_ptds)],
     "cuStreamCreate" => [(2000, crate::stream::cuStreamCreate)],
