@@ -10,7 +10,7 @@ use cuda_sys::types::{CUcontext, CUctx_st, CUdevice};
 use super::device::Device;
 use crate::reaper::defer_drop::defer_drop;
 use crate::support::error::Error;
-use crate::transport::primary_release::{self, PrimaryCall};
+use crate::transport::primary_release::{self, reset_function};
 
 /// A retained primary context (`cuDevicePrimaryCtxRetain`), released on drop.
 ///
@@ -113,7 +113,7 @@ impl PrimaryContext {
         crate::support::host_thread::refuse_inside_host_function("PrimaryContext::reset")?;
         let driver = cuda_sys::driver()?;
         let old = self.raw();
-        let reset = primary_reset(driver)?;
+        let reset = reset_function(driver)?;
         let device = self.device.raw();
         let run_reset = || {
             // SAFETY: a valid device handle.
@@ -197,14 +197,6 @@ struct Release(CUdevice, CUcontext);
 
 // SAFETY: a device ordinal and a context handle: tokens the driver accepts from any thread.
 unsafe impl Send for Release {}
-
-/// `cuDevicePrimaryCtxReset`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
-/// 7.0 variant, which has the same signature: the newest the driver has.
-fn primary_reset(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    Ok(driver
-        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)?
-        .0)
-}
 
 impl Drop for Release {
     fn drop(&mut self) {

@@ -41,11 +41,11 @@ pub(crate) unsafe fn track(
     unsafe { tickets::track(header, context) }.ok_or(Error::TooManyPendingLaunches)
 }
 
-/// A record tracked for its launch ([`track_record`]): the caller owns `header` until its launch
-/// call has returned, and then either releases it (refused) or [`hands it over`](Tracked::hand_over).
+/// A record tracked for its launch ([`track_record`]): the caller owns it until its launch call has
+/// returned, and then either [releases it](Tracked::refused) or [hands it over](Tracked::hand_over).
 pub(crate) struct Tracked {
-    pub(crate) header: NonNull<RecordHeader>,
-    pub(crate) ticket: HeldTicket,
+    header: NonNull<RecordHeader>,
+    ticket: HeldTicket,
 }
 
 /// Tracks `record`, about to be launched into `context` ([`track`]); if that fails the record is
@@ -65,6 +65,20 @@ pub(crate) fn track_record(record: OwnedRecord, context: CUcontext) -> Result<Tr
 }
 
 impl Tracked {
+    /// The ticket to give the driver (a host function's user data, the poller's entry).
+    #[inline]
+    pub(crate) fn id(&self) -> TicketId {
+        self.ticket.id
+    }
+
+    /// The launch call failed: the driver never had the record, which is released here (on the
+    /// caller's thread, or queued if that is a host function).
+    pub(crate) fn refused(self) {
+        // SAFETY: `header` came from `into_raw` in `track_record`; the launch was refused, so nobody
+        // else has it (a reclaim never takes a launch whose ticket is still held).
+        drop(unsafe { OwnedRecord::from_raw(self.header) });
+    }
+
     /// The launch call succeeded: hands the launch over to whoever runs it (the driver's thread,
     /// the poller), or queues the record for release if that already ran it.
     #[inline]

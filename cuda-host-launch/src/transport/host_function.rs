@@ -61,12 +61,11 @@ pub(crate) unsafe fn enqueue(
             // queues it; the ticket is never freed, so any call (even a late one) is sound. The
             // stream's validity is the `AsRawStream` guarantee.
             let (code, function) =
-                unsafe { call.call(stream, trampoline, tracked.ticket.id.as_user_data()) };
+                unsafe { call.call(stream, trampoline, tracked.id().as_user_data()) };
             if code != CUresult::CUDA_SUCCESS {
                 // The driver did not take it: it is ours again (a reclaim never takes a launch
                 // still inside its launch call), released here.
-                // SAFETY: `header` came from `into_raw` in `track_record` and the driver refused it.
-                drop(unsafe { OwnedRecord::from_raw(tracked.header) });
+                tracked.refused();
                 return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
             }
             // The driver has it: hand it over (or, if its host function already ran, queue it).

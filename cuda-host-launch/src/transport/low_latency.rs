@@ -49,6 +49,7 @@ use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::raw_stream::{AsRawStream, context_id, context_of};
+use crate::support::sync::lock;
 use crate::support::{forked_child, relaxed_capture};
 
 /// How the poller waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
@@ -146,7 +147,7 @@ static CAPTURED_SLOTS: Mutex<Vec<(Arc<Page>, u16)>> = Mutex::new(Vec::new());
 static QUARANTINE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|p| p.into_inner())
+    lock(&REGISTRY)
 }
 
 /// Enqueues the flag write for `shared` on `stream` and hands it to the poller.
@@ -183,10 +184,7 @@ pub(crate) fn register(
     let captured = captured_since(driver, raw);
     if let Some(error) = captured {
         // The slot is the graph's for good.
-        CAPTURED_SLOTS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((page, slot));
+        lock(&CAPTURED_SLOTS).push((page, slot));
         return Err(error);
     }
     let mut reg = registry();
@@ -222,27 +220,19 @@ fn take_slot(driver: &cuda_sys::Driver, context: CUcontext) -> Result<(Arc<Page>
     }
     let pages = reg.pages.entry(key).or_default();
     for page in pages.iter() {
-        let mut free = page.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut free = lock(&page.free);
         if let Some(slot) = free.pop() {
             return Ok((Arc::clone(page), slot));
         }
     }
     let page = Arc::new(new_page(driver, context)?);
-    let slot = page
-        .free
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .pop()
-        .unwrap_or(0);
+    let slot = lock(&page.free).pop().unwrap_or(0);
     pages.push(Arc::clone(&page));
     Ok((page, slot))
 }
 
 fn free_slot(page: &Page, slot: u16) {
-    page.free
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .push(slot);
+    lock(&page.free).push(slot);
 }
 
 fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error> {
@@ -288,10 +278,7 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
         } else {
             // Still registered (the unregister failed too): the page is kept rather than handed
             // back to the allocator, where a later registration at its address would fail.
-            QUARANTINE
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(host.as_ptr().addr());
+            lock(&QUARANTINE).push(host.as_ptr().addr());
         }
         return Err(e.into());
     }

@@ -150,15 +150,17 @@ impl Pace {
     pub(crate) fn count_cpu(&mut self) {
         let used = thread_cpu_time().saturating_sub(self.cpu_start);
         let new = used.saturating_sub(self.cpu_counted);
-        POLLER_CPU_NS.fetch_add(
-            u64::try_from(new.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        POLLER_CPU_NS.fetch_add(nanos(new), Ordering::Relaxed);
         self.cpu_counted = used;
     }
 }
 
 static POLLER_CPU_NS: AtomicU64 = AtomicU64::new(0);
+
+/// `d` in nanoseconds, `u64::MAX` for longer than that holds (`Duration::MAX`).
+pub(crate) fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
 
 /// CPU time this crate's poller threads (the low-latency flags' and the events') have used so far.
 pub fn poller_cpu_time() -> Duration {

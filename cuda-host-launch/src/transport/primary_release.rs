@@ -1,4 +1,4 @@
-//! Letting go of a retain of a device's primary context. The last release destroys the context,
+//! Letting go of a retain of a device's primary context (and finding its reset). The last release destroys the context,
 //! and the driver then never runs the host functions pending in it (after a sticky error), nor
 //! completes its events: [`reclaim_if_destroyed`] releases what was waiting for them. Both
 //! holders of a retain use it: a [`PrimaryContext`](crate::PrimaryContext) and an event pool.
@@ -13,6 +13,13 @@ pub(crate) type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
 pub(crate) fn release_function(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
     Ok(driver
         .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)?
+        .0)
+}
+
+/// `cuDevicePrimaryCtxReset`, with the same fallback as [`release_function`].
+pub(crate) fn reset_function(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
+    Ok(driver
+        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)?
         .0)
 }
 

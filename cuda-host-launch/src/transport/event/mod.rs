@@ -155,11 +155,15 @@ pub(crate) unsafe fn enqueue(
         };
     }
     let context = context_of(driver, stream, hint)?;
+    // The pool first: it refuses a context that is not primary before anything else is asked.
+    let event = pools().take(driver, context)?;
     let mut id = 0;
     // SAFETY: a valid stream (the `AsRawStream` guarantee) and out-pointer.
     let code = unsafe { stream_id(stream, &mut id) };
-    driver.check(code, "cuStreamGetId")?;
-    let event = pools().take(driver, context)?;
+    if let Err(e) = driver.check(code, "cuStreamGetId") {
+        pools().give_back(driver, context.addr(), event);
+        return Err(e.into());
+    }
     let tracked = match pending::track_record(record, context) {
         Ok(tracked) => tracked,
         Err(e) => {
@@ -171,14 +175,13 @@ pub(crate) unsafe fn enqueue(
     let code = unsafe { record_event(event, stream) };
     if code != CUresult::CUDA_SUCCESS {
         // Not recorded: the record is ours again (held: no reclaim takes it), released here.
-        // SAFETY: `header` came from `into_raw` in `track_record` and nobody else has it.
-        drop(unsafe { OwnedRecord::from_raw(tracked.header) });
+        tracked.refused();
         pools().give_back(driver, context.addr(), event);
         return Err(cuda_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
     }
     // A capture another thread began since the first look may hold the event.
     let captured = captured_since(driver, stream);
-    let ticket_id = tracked.ticket.id;
+    let ticket_id = tracked.id();
     // The poller (or a reclaim) owns it from here. Nothing else can have claimed it meanwhile (the
     // poller has not seen it yet), but the protocol is followed all the same.
     tracked.hand_over();

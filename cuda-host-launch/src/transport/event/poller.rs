@@ -34,7 +34,7 @@ use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
 use crate::tracking::pending;
-use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait};
+use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait, nanos};
 use crate::transport::primary_release;
 
 // The settings in force, each as nanoseconds (`u64::MAX`: `Duration::MAX`), from the defaults.
@@ -44,10 +44,6 @@ static MAX_INTERVAL_NS: AtomicU64 =
     AtomicU64::new(PollerSettings::DEFAULT.max_interval.as_nanos() as u64);
 static IDLE_EXIT_NS: AtomicU64 =
     AtomicU64::new(PollerSettings::DEFAULT.idle_exit.as_nanos() as u64);
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
 
 /// Sets how the event poller waits, from its next round on.
 pub fn set_poller_settings(settings: PollerSettings) {
