@@ -169,6 +169,16 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "<non-string panic>".into())
 }
 
+/// Whether `function` is an ABI variant without a per-thread twin of a function that has per-thread
+/// variants: the per-thread table lacks it on every driver (`MissingReason::NoPerThreadVariant`).
+pub fn lacks_per_thread_variant(function: cuda_sys::Function) -> bool {
+    let info = function.info();
+    info.per_thread_export.is_none()
+        && cuda_sys::Function::ALL
+            .iter()
+            .any(|g| g.info().symbol == info.symbol && g.info().per_thread_export.is_some())
+}
+
 /// Keeps the panics a test provokes on purpose off stderr: from now on, in the whole process, a
 /// panic whose message `expected` accepts prints nothing; others print as before.
 pub fn quiet_expected_panics(expected: fn(&str) -> bool) {

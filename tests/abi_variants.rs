@@ -28,10 +28,7 @@ fn every_variant_resolves_to_its_own_export(version: i32) -> usize {
             // A variant without a per-thread twin, of a function that has per-thread variants, is
             // not in the per-thread table on any driver (never its legacy export).
             let no_twin = mode == DefaultStream::PerThread
-                && info.per_thread_export.is_none()
-                && Function::ALL.iter().any(|g| {
-                    g.info().symbol == info.symbol && g.info().per_thread_export.is_some()
-                });
+                && cuda_workspace::testing::lacks_per_thread_variant(function);
             if no_twin && required <= version as u32 {
                 assert!(
                     matches!(

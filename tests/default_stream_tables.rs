@@ -82,11 +82,7 @@ fn per_thread_table_walk() -> usize {
         if legacy.resolve(f).is_err() {
             continue; // not in the fake, or above its version
         }
-        let info = f.info();
-        let expect_no_twin = info.per_thread_export.is_none()
-            && Function::ALL
-                .iter()
-                .any(|g| g.info().symbol == info.symbol && g.info().per_thread_export.is_some());
+        let expect_no_twin = cuda_workspace::testing::lacks_per_thread_variant(f);
         match per_thread.resolve(f) {
             Ok(_) => assert!(!expect_no_twin, "{}: resolved in per-thread mode", f.name()),
             Err(cuda_sys::Error::SymbolMissing {

@@ -171,11 +171,7 @@ isolated_test! {
         // driver's version resolves.
         let (mut resolved, mut gated, mut no_twin) = (0, 0, Vec::new());
         for &f in Function::ALL {
-            let info = f.info();
-            let expect_no_twin = info.per_thread_export.is_none()
-                && Function::ALL
-                    .iter()
-                    .any(|g| g.info().symbol == info.symbol && g.info().per_thread_export.is_some());
+            let expect_no_twin = cuda_workspace::testing::lacks_per_thread_variant(f);
             match d.resolve(f) {
                 Ok(_) => {
                     assert!(!expect_no_twin, "{}: resolved in per-thread mode", f.name());
