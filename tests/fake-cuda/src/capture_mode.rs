@@ -66,6 +66,10 @@ pub(crate) fn check(base: &str) -> Res {
             prohibited = true;
         }
     }
+    drop(st);
+    if prohibited {
+        crate::oracle::invalidated_by_this_thread();
+    }
     ensure(!prohibited, CAPTURE_UNSUPPORTED)
 }
 

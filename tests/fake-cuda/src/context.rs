@@ -103,11 +103,14 @@ fn create(st: &mut State, device: CUdevice, primary: bool, flags: u32) -> usize 
     handle
 }
 
-/// Runs the pending work of a primary context, joins its worker and gives it fresh state (its
-/// handle stays the same, as the real driver's does).
+/// Runs the pending work of a primary context, joins its worker and gives it fresh state: a new
+/// context at the same handle, with a new `cuCtxGetId` (as the real driver's: measured on the
+/// H200, the handle stays and the id changes).
 fn reset_primary(st: std::sync::MutexGuard<'static, State>, ctx: usize) {
     let mut st = shut_down(st, ctx);
+    let id = st.next_id();
     if let Some(c) = st.contexts.get_mut(&ctx) {
+        c.id = id;
         c.closing = false;
         c.stop = false;
         c.poisoned = Arc::new(AtomicBool::new(false));
@@ -286,7 +289,8 @@ unsafe fn ctx_destroy(ctx: CUcontext) -> Res {
 
 export!("cuCtxGetId", cuCtxGetId => ctx_get_id(ctx: CUcontext, ctxId: *mut std::ffi::c_ulonglong));
 /// A number unique to each context for the process's life (a context created at a destroyed one's
-/// handle gets a new one). A primary context keeps its number across resets.
+/// handle gets a new one, and so does a primary context made again after its last release or a
+/// reset).
 unsafe fn ctx_get_id(ctx: CUcontext, id: *mut std::ffi::c_ulonglong) -> Res {
     ensure(!id.is_null(), INVALID_VALUE)?;
     let st = lock();

@@ -362,3 +362,65 @@ pub extern "C" fn fake_cuda_calls_after_teardown() -> u64 {
 pub extern "C" fn fake_cuda_torn_down() -> u32 {
     u32::from(crate::teardown::torn_down())
 }
+
+/// How far the stream with id `stream_id` (its `cuStreamGetId`) got: operations enqueued in stream
+/// order (captured ones are graph nodes, not counted) and completed by its driver thread (none
+/// after a sticky error). Kept after the stream is destroyed. Returns 1 and writes both if the
+/// stream ever had work, 0 otherwise (nothing written).
+///
+/// # Safety
+/// `enqueued` and `completed` are valid places to write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_stream_progress(
+    stream_id: u64,
+    enqueued: *mut u64,
+    completed: *mut u64,
+) -> u32 {
+    let Some(progress) = crate::oracle::progress(&lock(), stream_id) else {
+        return 0;
+    };
+    // SAFETY: the caller's promise.
+    unsafe {
+        enqueued.write(progress.enqueued);
+        completed.write(progress.completed);
+    }
+    1
+}
+
+/// Whether a usable context has the `cuCtxGetId` `id` (1) or none has (0): a context that was
+/// destroyed, or a primary context released for the last time or reset, lives no more (made again,
+/// it has another id).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_context_alive(id: u64) -> u32 {
+    u32::from(crate::oracle::context_alive(&lock(), id))
+}
+
+/// How many prohibited calls (see `capture_mode.rs`) invalidated a capture from a thread whose
+/// name (as the operating system knows it: 15 bytes on Linux) starts with `prefix`.
+///
+/// # Safety
+/// `prefix` is NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_invalidations_by(prefix: *const c_char) -> u64 {
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { text(prefix) }.map_or(0, crate::oracle::invalidations_by)
+}
+
+/// Driver calls made after the driver's teardown at process exit by threads whose name (as the
+/// operating system knows it: 15 bytes on Linux) starts with `prefix`: for checks that a library's
+/// own threads stop calling before the teardown, while the user's threads may still run.
+///
+/// # Safety
+/// `prefix` is NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_calls_after_teardown_by(prefix: *const c_char) -> u64 {
+    // SAFETY: the caller passes a NUL-terminated string.
+    unsafe { text(prefix) }.map_or(0, crate::teardown::calls_after_teardown_by)
+}
+
+/// Whether the context with `cuCtxGetId` `id` has a sticky error (1; see
+/// [`fake_cuda_poison_context`]) or not (0, also for a context that no longer lives).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_context_poisoned(id: u64) -> u32 {
+    u32::from(crate::oracle::context_poisoned(&lock(), id))
+}

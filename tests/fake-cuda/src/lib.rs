@@ -173,6 +173,7 @@ mod event;
 mod graph;
 mod hooks;
 mod memory;
+mod oracle;
 mod proc_address;
 mod scheduler;
 mod state;

@@ -51,6 +51,8 @@ pub(crate) fn enqueue(st: &mut State, stream: usize, op: Op) -> CUresult {
     }
     if let Some(s) = st.streams.get_mut(&stream) {
         s.queue.push_back(op);
+        let id = s.id;
+        crate::oracle::enqueued(st, id);
     }
     notify();
     SUCCESS
@@ -221,7 +223,8 @@ fn worker_main(ctx: usize) {
         let stop = c.stop;
         match take_runnable(&mut st, ctx) {
             Some((stream, op)) => {
-                st = run(st, op, ctx, &poisoned);
+                let id = st.streams.get(&stream).map_or(0, |s| s.id);
+                st = run(st, op, ctx, &poisoned, id);
                 if let Some(s) = st.streams.get_mut(&stream) {
                     s.running = None;
                 }
@@ -240,8 +243,19 @@ fn worker_main(ctx: usize) {
     notify();
 }
 
-/// Runs one operation; host code runs with the lock released.
-fn run(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool) -> Guard {
+/// Runs one operation of the stream with id `stream_id`; host code runs with the lock released.
+/// The operation counts as completed (see `oracle.rs`) once it has done its work and before it
+/// lets go of what it held (a graph launch's user objects), unless a sticky error stopped it.
+fn run(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool, stream_id: u64) -> Guard {
+    let launch = matches!(op, Op::Launch { .. });
+    st = run_op(st, op, ctx, poisoned, stream_id);
+    if !launch && !poisoned.load(Ordering::Acquire) {
+        crate::oracle::completed(&mut st, stream_id);
+    }
+    st
+}
+
+fn run_op(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool, stream_id: u64) -> Guard {
     match op {
         Op::Hold { token } => {
             st.holds.remove(&token);
@@ -294,6 +308,9 @@ fn run(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool) -> Guard {
                 }
             }
             st = lock();
+            if !poisoned.load(Ordering::Acquire) {
+                crate::oracle::completed(&mut st, stream_id);
+            }
             user_object::release_all(&mut st, &user_objects);
         }
     }

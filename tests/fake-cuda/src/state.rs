@@ -34,6 +34,8 @@ pub(crate) struct State {
     pub(crate) allocations: BTreeMap<usize, (usize, bool)>,
     /// Feeds the thread that runs user-object destructors (started on first use).
     pub(crate) destructor: Option<Sender<(HostFn, usize)>>,
+    /// Stream id → operations enqueued and completed (see `oracle.rs`).
+    pub(crate) progress: crate::oracle::ProgressMap,
     next_id: u64,
 }
 
@@ -50,6 +52,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     holds: BTreeMap::new(),
     allocations: BTreeMap::new(),
     destructor: None,
+    progress: BTreeMap::new(),
     next_id: 1,
 });
 

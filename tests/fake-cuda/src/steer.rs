@@ -523,6 +523,63 @@ impl FakeCuda {
     pub fn torn_down(&self) -> bool {
         control!(self, fake_cuda_torn_down: extern "C" fn() -> u32)() != 0
     }
+
+    /// How far the stream with `cuStreamGetId` `stream_id` got, for an oracle: operations
+    /// enqueued in stream order and completed by its driver thread (see [`StreamProgress`]).
+    /// `None` if it never had work. Kept after the stream is destroyed.
+    pub fn stream_progress(&self, stream_id: u64) -> Option<StreamProgress> {
+        let f = control!(self, fake_cuda_stream_progress: unsafe extern "C" fn(u64, *mut u64, *mut u64) -> u32);
+        let (mut enqueued, mut completed) = (0, 0);
+        // SAFETY: valid places to write.
+        let known = unsafe { f(stream_id, &mut enqueued, &mut completed) } != 0;
+        known.then_some(StreamProgress {
+            enqueued,
+            completed,
+        })
+    }
+
+    /// Driver calls made after the fake's teardown at process exit by threads whose name, as the
+    /// operating system knows it (15 bytes on Linux), starts with `prefix`.
+    pub fn calls_after_teardown_by(&self, prefix: &str) -> u64 {
+        let prefix = c_name(prefix);
+        let f = control!(self, fake_cuda_calls_after_teardown_by: unsafe extern "C" fn(*const c_char) -> u64);
+        // SAFETY: a NUL-terminated prefix.
+        unsafe { f(prefix.as_ptr()) }
+    }
+
+    /// Whether the context with `cuCtxGetId` `id` lives with a sticky error (see
+    /// [`poison_context`](Self::poison_context)).
+    pub fn context_poisoned(&self, id: u64) -> bool {
+        control!(self, fake_cuda_context_poisoned: extern "C" fn(u64) -> u32)(id) != 0
+    }
+
+    /// Whether a usable context has the `cuCtxGetId` `id`. A context destroyed, or a primary
+    /// context released for the last time or reset, lives no more: made again, it has another id.
+    pub fn context_alive(&self, id: u64) -> bool {
+        control!(self, fake_cuda_context_alive: extern "C" fn(u64) -> u32)(id) != 0
+    }
+
+    /// How many prohibited calls invalidated a capture (see the crate docs on capture-interaction
+    /// modes) from a thread whose name, as the operating system knows it (15 bytes on Linux),
+    /// starts with `prefix`: for checks that a library's own threads never break a user's capture.
+    pub fn invalidations_by(&self, prefix: &str) -> u64 {
+        let prefix = c_name(prefix);
+        let f =
+            control!(self, fake_cuda_invalidations_by: unsafe extern "C" fn(*const c_char) -> u64);
+        // SAFETY: a NUL-terminated prefix.
+        unsafe { f(prefix.as_ptr()) }
+    }
+}
+
+/// How far a stream got ([`FakeCuda::stream_progress`]): operation `n` (counted from 1 in the
+/// order of enqueue) has completed once `completed >= n`; every operation enqueued before a moment
+/// when `enqueued` was `e` has completed once `completed >= e`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamProgress {
+    /// Operations enqueued in stream order (not counting captured ones, which are graph nodes).
+    pub enqueued: u64,
+    /// Operations the driver thread finished (none after a sticky error).
+    pub completed: u64,
 }
 
 /// The signature of `fake_cuda_set_hook` and `fake_cuda_set_hook_after`.

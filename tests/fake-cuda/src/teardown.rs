@@ -29,13 +29,30 @@ pub(crate) fn register() {
     });
 }
 
-/// Whether the driver was torn down; if so, counts the call.
+/// The threads (by name, as the operating system knows them) that called after the teardown.
+static CALLERS_AFTER: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether the driver was torn down; if so, counts the call (and its thread).
 pub(crate) fn refuse_call() -> bool {
     if TORN_DOWN.load(Ordering::SeqCst) {
         CALLS_AFTER.fetch_add(1, Ordering::SeqCst);
+        let mut callers = CALLERS_AFTER.lock().unwrap_or_else(|p| p.into_inner());
+        if callers.len() < 1000 {
+            callers.push(crate::oracle::this_thread_name());
+        }
         return true;
     }
     false
+}
+
+/// Driver calls made after the teardown by threads whose name starts with `prefix`.
+pub(crate) fn calls_after_teardown_by(prefix: &str) -> u64 {
+    CALLERS_AFTER
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|name| name.starts_with(prefix))
+        .count() as u64
 }
 
 /// Driver calls made after the teardown.
