@@ -39,6 +39,7 @@ pub mod drop_counts;
 pub mod owners;
 pub mod probe;
 pub mod thread_set;
+pub mod torture;
 
 pub use created_context::CreatedContext;
 pub use drop_counts::{CountedOwner, DropCounts};
@@ -219,7 +220,7 @@ fn child_timeout() -> Duration {
 
 /// Whether the environment variable is one the driver or the fake reads, which an isolated test
 /// must not inherit by accident.
-fn driver_variable(name: &OsStr) -> bool {
+pub(crate) fn driver_variable(name: &OsStr) -> bool {
     let name = name.to_string_lossy();
     name.starts_with("CUDA_SYS_") || name.starts_with("FAKE_CUDA_")
 }
@@ -264,9 +265,45 @@ where
     for (name, value) in envs {
         command.env(name, value);
     }
+    let (status, stdout, stderr) = match run_with_timeout(command, child_timeout()) {
+        Ok((status, stdout, stderr)) => (Some(status), stdout, stderr),
+        Err(why) => (None, String::new(), why),
+    };
+    let ran_it = stdout.contains("running 1 test") && stdout.contains(" 1 passed");
+    let verdict = match status {
+        None => Some(format!("timed out after {:?}", child_timeout())),
+        Some(status) if !status.success() => Some(format!("failed ({status})")),
+        Some(_) if !ran_it => {
+            Some("did not run exactly this test (is the name its full path in the binary?)".into())
+        }
+        Some(_) => None,
+    };
+    if let Some(verdict) = verdict {
+        panic!(
+            "isolated test {test_name:?} {verdict}; env {:?}\n--- child stdout ---\n{stdout}\n--- child \
+             stderr ---\n{stderr}",
+            envs.iter()
+                .map(|(k, v)| format!("{}={}", k.as_ref().display(), v.as_ref().display()))
+                .collect::<Vec<_>>()
+        );
+    }
+    print!("{stdout}");
+    eprint!("{stderr}");
+}
+
+/// Runs `command` with its stdout and stderr captured, killing it after `timeout`. Returns its
+/// status and output, or why it did not finish (with what it printed until then).
+///
+/// # Errors
+/// If it cannot be started, or it ran past `timeout`.
+pub fn run_with_timeout(
+    mut command: Command,
+    timeout: Duration,
+) -> Result<(std::process::ExitStatus, String, String), String> {
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {} for {test_name}: {e}", exe.display()));
+        .map_err(|e| format!("cannot run {command:?}: {e}"))?;
     let read = |pipe: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {
             let mut text = Vec::new();
@@ -288,7 +325,7 @@ where
             .take()
             .map(|p| Box::new(p) as Box<dyn Read + Send>),
     );
-    let deadline = Instant::now() + child_timeout();
+    let deadline = Instant::now() + timeout;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
@@ -302,26 +339,12 @@ where
     };
     let stdout = stdout.join().unwrap_or_default();
     let stderr = stderr.join().unwrap_or_default();
-    let ran_it = stdout.contains("running 1 test") && stdout.contains(" 1 passed");
-    let verdict = match status {
-        None => Some(format!("timed out after {:?}", child_timeout())),
-        Some(status) if !status.success() => Some(format!("failed ({status})")),
-        Some(_) if !ran_it => {
-            Some("did not run exactly this test (is the name its full path in the binary?)".into())
-        }
-        Some(_) => None,
-    };
-    if let Some(verdict) = verdict {
-        panic!(
-            "isolated test {test_name:?} {verdict}; env {:?}\n--- child stdout ---\n{stdout}\n--- child \
-             stderr ---\n{stderr}",
-            envs.iter()
-                .map(|(k, v)| format!("{}={}", k.as_ref().display(), v.as_ref().display()))
-                .collect::<Vec<_>>()
-        );
+    match status {
+        Some(status) => Ok((status, stdout, stderr)),
+        None => Err(format!(
+            "timed out after {timeout:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+        )),
     }
-    print!("{stdout}");
-    eprint!("{stderr}");
 }
 
 /// The path libtest knows a test by: `module_path` without the crate name, then `name`.

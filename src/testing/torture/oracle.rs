@@ -1,0 +1,469 @@
+//! The oracle: what each owner, callback and future of a torture run must obey, judged against what
+//! the fake driver knows (how far each stream got, which contexts still live) at the moment it
+//! happens.
+//!
+//! Both facts only ever grow (a stream's completed count, a context's death), so a judgement made
+//! when a value is dropped or a callback runs is never a false alarm: if the stream had not got
+//! there and the context still lived at that moment, the crate released or ran it early.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread::ThreadId;
+
+use cuda_host_launch::Error;
+
+use super::super::fake;
+use super::script::Op;
+
+/// Where a piece of work was enqueued: the stream (by id) and how many operations the stream had
+/// before it, and the context (by id) it went to.
+#[derive(Debug, Clone, Copy)]
+pub struct Position {
+    /// The stream's `cuStreamGetId`.
+    pub stream: u64,
+    /// The stream's enqueued count when the call began: everything before it must have completed
+    /// before the work's owners go or its callback runs.
+    pub before: u64,
+    /// The context's `cuCtxGetId`.
+    pub context: u64,
+}
+
+impl Position {
+    /// Whether everything enqueued on the stream before the work has completed.
+    pub fn reached(&self) -> bool {
+        fake()
+            .stream_progress(self.stream)
+            .is_some_and(|p| p.completed >= self.before)
+            || self.before == 0
+    }
+
+    /// Whether the work's context is gone (destroyed, or a primary context released for the last
+    /// time or reset): then its work never completes, and a reclaim may release it.
+    pub fn context_dead(&self) -> bool {
+        !fake().context_alive(self.context)
+    }
+}
+
+/// A capture the world began, shared with the work enqueued into it.
+#[derive(Debug, Default)]
+pub struct CaptureRecord {
+    /// Set once the graph made from it (and every executable graph) is being destroyed.
+    pub graph_gone: AtomicBool,
+    /// The replays' stream position: owners of the graph must outlive its last replay.
+    pub replayed_before: AtomicU64,
+    /// The stream the replays ran on (its id), if any.
+    pub replay_stream: AtomicU64,
+}
+
+/// What one piece of work carries for the oracle: its owners (an [`Owner`]) and, if it has one, its
+/// callback report to the same record.
+#[derive(Debug)]
+pub struct Tracked {
+    /// A number for messages.
+    pub id: u64,
+    /// The operation, for messages.
+    pub op: Op,
+    /// The thread that made it.
+    pub thread: usize,
+    /// Where its stream was.
+    pub at: Position,
+    /// Whether it has a callback that runs once (a run-once host function, a `spawn_after`).
+    pub runs_once: bool,
+    /// Whether it has a callback at all.
+    pub has_callback: bool,
+    /// The capture its stream was in when it was enqueued (the world knew for sure).
+    pub capture: Option<Arc<CaptureRecord>>,
+    /// The callback's runs.
+    pub ran: AtomicU32,
+    /// The owners' drops.
+    pub dropped: AtomicU32,
+    /// Whether it has owners at all (bytes launches and completions have none).
+    pub owned: AtomicBool,
+    /// Whether the enqueuing call is still in progress, and on which thread.
+    pub in_call: Mutex<Option<ThreadId>>,
+    /// The owners were dropped by the enqueuing thread during the call: judged when it returns.
+    pub dropped_in_call: AtomicBool,
+    /// The enqueuing call returned an error.
+    pub failed: AtomicBool,
+}
+
+/// The run's verdicts so far.
+#[derive(Debug, Default)]
+pub struct Oracle {
+    /// What went wrong, in the order seen.
+    pub violations: Mutex<Vec<String>>,
+    /// Every tracked piece of work.
+    pub tracked: Mutex<Vec<Arc<Tracked>>>,
+    next: AtomicU64,
+}
+
+impl Oracle {
+    /// Records a violation.
+    pub fn violation(&self, text: String) {
+        let mut v = self.violations.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 200 {
+            v.push(text);
+        }
+    }
+
+    /// A new tracked piece of work, its enqueuing call in progress on this thread.
+    pub fn track(
+        &self,
+        op: Op,
+        thread: usize,
+        at: Position,
+        has_callback: bool,
+        runs_once: bool,
+        capture: Option<Arc<CaptureRecord>>,
+    ) -> Arc<Tracked> {
+        let tracked = Arc::new(Tracked {
+            id: self.next.fetch_add(1, Ordering::Relaxed),
+            op,
+            thread,
+            at,
+            runs_once,
+            has_callback,
+            capture,
+            ran: AtomicU32::new(0),
+            dropped: AtomicU32::new(0),
+            owned: AtomicBool::new(true),
+            in_call: Mutex::new(Some(std::thread::current().id())),
+            dropped_in_call: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+        });
+        self.tracked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::clone(&tracked));
+        tracked
+    }
+
+    /// The enqueuing call of `tracked` returned (`ok` or an error, `error`).
+    pub fn call_returned(&self, tracked: &Tracked, result: Result<(), &Error>) {
+        *tracked.in_call.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        match result {
+            Ok(()) => {
+                if let Some(capture) = &tracked.capture
+                    && tracked.runs_once
+                {
+                    // A run-once launch accepted on a stream that was capturing for sure: the
+                    // crate must refuse those (its host function would run on every replay).
+                    let _ = capture;
+                    self.violation(format!(
+                        "{}: a run-once operation was accepted on a capturing stream",
+                        describe(tracked)
+                    ));
+                }
+                if tracked.dropped_in_call.load(Ordering::Acquire) {
+                    self.judge_drop(tracked, "during its (successful) enqueuing call");
+                }
+            }
+            Err(error) => {
+                tracked.failed.store(true, Ordering::Release);
+                // Refused because a capture may hold what was enqueued (or the second look at the
+                // stream failed, which counts as that): pending until the context is gone.
+                let pending_allowed =
+                    matches!(error, Error::CaptureActive { .. } | Error::ReaperSpawn(_))
+                        || error.to_string().contains("Capture");
+                if !pending_allowed
+                    && tracked.owned.load(Ordering::Acquire)
+                    && tracked.dropped.load(Ordering::Acquire) == 0
+                {
+                    self.violation(format!(
+                        "{}: failed with {error} but its owners were not dropped before the error \
+                         returned",
+                        describe(tracked)
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The callback of `tracked` runs now.
+    pub fn callback_runs(&self, tracked: &Tracked) {
+        let before = tracked.ran.fetch_add(1, Ordering::AcqRel);
+        if before > 0 && tracked.runs_once {
+            self.violation(format!("{}: its callback ran twice", describe(tracked)));
+        }
+        if tracked.owned.load(Ordering::Acquire) && tracked.dropped.load(Ordering::Acquire) > 0 {
+            self.violation(format!(
+                "{}: its callback ran after its owners were dropped",
+                describe(tracked)
+            ));
+        }
+        if tracked.capture.is_none() && !tracked.at.reached() {
+            self.violation(format!(
+                "{}: its callback ran before the work enqueued before it completed",
+                describe(tracked)
+            ));
+        }
+    }
+
+    /// `tracked` has no owners (a bytes launch, a completion): only its callback or future is
+    /// judged.
+    pub fn owners_dropped_none(&self, tracked: &Tracked) {
+        tracked.owned.store(false, Ordering::Release);
+    }
+
+    /// The owners of `tracked` are dropped now, on this thread.
+    pub fn owners_dropped(&self, tracked: &Tracked) {
+        let before = tracked.dropped.fetch_add(1, Ordering::AcqRel);
+        if before > 0 {
+            self.violation(format!(
+                "{}: its owners were dropped twice",
+                describe(tracked)
+            ));
+            return;
+        }
+        if std::thread::current().name().is_none() {
+            // This binary's threads all have names (the test's, the crate's); the fake driver's
+            // threads are foreign to it.
+            self.violation(format!(
+                "{}: its owners were dropped on a driver thread ({})",
+                describe(tracked),
+                super::super::os_thread().1
+            ));
+        }
+        let in_call = *tracked.in_call.lock().unwrap_or_else(|p| p.into_inner());
+        if in_call == Some(std::thread::current().id()) {
+            // Judged once the call returns: fine if it failed.
+            tracked.dropped_in_call.store(true, Ordering::Release);
+            return;
+        }
+        if tracked.failed.load(Ordering::Acquire)
+            && !tracked.at.context_dead()
+            && tracked.capture.is_none()
+        {
+            // Refused with CaptureActive (a capture may hold its event): pending until its
+            // context is gone.
+            self.judge_drop(tracked, "after its call failed");
+            return;
+        }
+        self.judge_drop(tracked, "");
+    }
+
+    fn judge_drop(&self, tracked: &Tracked, when: &str) {
+        let at = tracked.at;
+        if at.context_dead() {
+            return;
+        }
+        let ran = tracked.ran.load(Ordering::Acquire) > 0;
+        if !at.reached() {
+            self.violation(format!(
+                "{}: its owners were dropped {when} before the work enqueued before it completed \
+                 (stream {} at {:?}, needed {}), its context alive",
+                describe(tracked),
+                at.stream,
+                fake().stream_progress(at.stream),
+                at.before
+            ));
+            return;
+        }
+        match &tracked.capture {
+            // After a sticky error the driver drops a graph's launches and lets go of what they
+            // held: its owners may go with the graph.
+            Some(_) if fake().context_poisoned(at.context) => {}
+            Some(capture) => {
+                if !ran && !capture.graph_gone.load(Ordering::Acquire) {
+                    self.violation(format!(
+                        "{}: owned by a capture's graph, its owners were dropped {when} while the \
+                         graph lives",
+                        describe(tracked)
+                    ));
+                }
+                let replays = capture.replayed_before.load(Ordering::Acquire);
+                let stream = capture.replay_stream.load(Ordering::Acquire);
+                if replays > 0 {
+                    let replayed = Position {
+                        stream,
+                        before: replays,
+                        context: at.context,
+                    };
+                    if !replayed.reached() {
+                        self.violation(format!(
+                            "{}: owned by a graph, its owners were dropped {when} before the \
+                             graph's last replay completed",
+                            describe(tracked)
+                        ));
+                    }
+                }
+            }
+            None => {
+                if tracked.has_callback && !ran && !tracked.failed.load(Ordering::Acquire) {
+                    self.violation(format!(
+                        "{}: its owners were dropped {when} without its callback having run, its \
+                         context alive (a reclaim of a live context?)",
+                        describe(tracked)
+                    ));
+                }
+            }
+        }
+    }
+
+    /// After the run, with every context gone: what was never released.
+    pub fn check_all_released(&self) {
+        let tracked = self.tracked.lock().unwrap_or_else(|p| p.into_inner());
+        let never: Vec<&Arc<Tracked>> = tracked
+            .iter()
+            .filter(|t| t.owned.load(Ordering::Acquire) && t.dropped.load(Ordering::Acquire) == 0)
+            .collect();
+        for t in never.iter().take(20) {
+            self.violation(format!(
+                "{}: its owners were never dropped (every context is gone; failed call: {})",
+                describe(t),
+                t.failed.load(Ordering::Acquire)
+            ));
+        }
+        if never.len() > 20 {
+            self.violation(format!("... {} never dropped in all", never.len()));
+        }
+    }
+
+    /// How many tracked pieces of work still hold their owners.
+    pub fn live(&self) -> usize {
+        self.tracked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|t| t.owned.load(Ordering::Acquire) && t.dropped.load(Ordering::Acquire) == 0)
+            .count()
+    }
+}
+
+/// A tracked piece of work in a message.
+pub fn describe(tracked: &Tracked) -> String {
+    format!(
+        "#{} (t{} `{}`, stream {} after {}, context {})",
+        tracked.id,
+        tracked.thread,
+        tracked.op,
+        tracked.at.stream,
+        tracked.at.before,
+        tracked.at.context
+    )
+}
+
+/// The owners handed to the crate: their `Drop` reports to the oracle.
+pub struct Owner {
+    /// The work.
+    pub tracked: Arc<Tracked>,
+    /// The oracle.
+    pub oracle: Arc<Oracle>,
+    /// Makes a context current in its `Drop` (what a binding's buffer does), so that the crate
+    /// must clear it before the next owner.
+    pub binds: Option<usize>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let on_reaper = std::thread::current().name() == Some(super::super::REAPER_NAME);
+        let launch_that_ran = self.tracked.runs_once
+            && self.tracked.capture.is_none()
+            && self.tracked.ran.load(Ordering::Acquire) > 0;
+        if on_reaper && launch_that_ran {
+            // A launch that ran: its owners are dropped with no context current (a graph's
+            // records are not launches: the crate leaves the context as their `Drop` found it).
+            if let Some(driver) = cuda_sys::Driver::get() {
+                let mut current = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                if unsafe { driver.cuCtxGetCurrent(&mut current) }.is_ok() && !current.is_null() {
+                    self.oracle.violation(format!(
+                        "{}: its owners were dropped on the reaper with a context current",
+                        describe(&self.tracked)
+                    ));
+                }
+            }
+        }
+        self.oracle.owners_dropped(&self.tracked);
+        if let (Some(context), Some(driver)) = (self.binds, cuda_sys::Driver::get()) {
+            // SAFETY: any handle: a dead one is refused by the driver (the fake never reuses one).
+            let _ =
+                unsafe { driver.cuCtxSetCurrent(std::ptr::with_exposed_provenance_mut(context)) };
+        }
+    }
+}
+
+/// A watched future: polled when woken, judged when it resolves.
+pub struct Watched {
+    /// The work it stands for.
+    pub tracked: Arc<Tracked>,
+    /// The future.
+    pub future: Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>,
+    /// Set by its waker.
+    pub woken: Arc<WakeFlag>,
+    /// Whether it resolved.
+    pub done: bool,
+}
+
+/// A waker that only counts.
+#[derive(Debug, Default)]
+pub struct WakeFlag {
+    /// Wakes since the last poll.
+    pub wakes: AtomicU32,
+}
+
+impl Wake for WakeFlag {
+    fn wake(self: Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+impl Watched {
+    /// Polls it (once); judges it if it resolved. `woken`: whether a wake came since the last poll
+    /// (a future that resolves without having been woken would hang its task).
+    pub fn poll(&mut self, oracle: &Oracle, last_look: bool) {
+        if self.done {
+            return;
+        }
+        let woken = self.woken.wakes.swap(0, Ordering::AcqRel) > 0;
+        let waker = Waker::from(Arc::clone(&self.woken));
+        let mut cx = Context::from_waker(&waker);
+        match self.future.as_mut().poll(&mut cx) {
+            Poll::Pending => {}
+            Poll::Ready(result) => {
+                self.done = true;
+                if last_look && !woken {
+                    oracle.violation(format!(
+                        "{}: the future resolved but its waker was never woken",
+                        describe(&self.tracked)
+                    ));
+                }
+                self.judge(oracle, result);
+            }
+        }
+    }
+
+    fn judge(&self, oracle: &Oracle, result: Result<(), Error>) {
+        let at = self.tracked.at;
+        match result {
+            Ok(()) => {
+                if !at.reached() && !at.context_dead() {
+                    oracle.violation(format!(
+                        "{}: the future resolved before the work enqueued before it completed",
+                        describe(&self.tracked)
+                    ));
+                }
+            }
+            Err(Error::ContextLost) => {
+                if !at.context_dead() {
+                    oracle.violation(format!(
+                        "{}: the future resolved to ContextLost, its context alive",
+                        describe(&self.tracked)
+                    ));
+                }
+            }
+            Err(Error::HostFunctionPanicked { .. }) => {}
+            Err(e) => oracle.violation(format!(
+                "{}: the future resolved to an unexpected error: {e}",
+                describe(&self.tracked)
+            )),
+        }
+    }
+}
