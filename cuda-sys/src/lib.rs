@@ -8,8 +8,8 @@
 //!   [`Driver::load_default`] is the safe standard search. This crate builds with no CUDA toolkit
 //!   and no GPU.
 //! - **Every function of `cuda.h`, and every older ABI variant, in one declarative table.** Each
-//!   entry carries the ABI version its signature binds (`cuLaunchHostFunc` 10000,
-//!   `cuStreamGetCaptureInfo` 12030, `cuStreamGetCaptureInfo_v2` 11030, `cuCtxCreate_v2` 3020, ...),
+//!   entry carries the ABI version its signature binds (`cuLaunchHostFunc` 10.0,
+//!   `cuStreamGetCaptureInfo` 12.3, `cuStreamGetCaptureInfo_v2` 11.3, `cuCtxCreate_v2` 3.2, ...),
 //!   derived from `cudaTypedefs.h` by the generator, not by hand. The [`functions`] module is the
 //!   index: one typed entry per function, and [`Driver::newest`] picks the newest variant a driver
 //!   has.
@@ -90,7 +90,9 @@ mod generated_result_codes {
 pub use driver::{Driver, LoadOptions, PER_THREAD_ENV, driver};
 pub use error::{CallError, CallErrorKind, DriverError, Error, MissingReason};
 pub use functions::RawFunctions;
-pub use library::{DEFAULT_NAMES, LIBRARY_ENV, LoadAttempt};
+pub use library::{
+    DEFAULT_NAMES, DriverLibrary, LIBRARY_ENV, LibraryKind, LibraryOrigin, LoadAttempt,
+};
 pub use resolve::ResolutionPath;
 pub use streams::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, DefaultStream};
 pub use table::{FUNCTION_COUNT, Function, FunctionInfo};
