@@ -94,7 +94,8 @@ fn invalid_env(value: String) -> Error {
 ///   for binding authors who want the raw `CUresult`.
 ///
 /// The [`functions`](crate::functions) module lists them all, one typed entry per function with its
-/// ABI version, and [`Driver::newest`] picks the newest variant a driver has among several.
+/// ABI version, and [`Driver::newest_variant`] picks the newest variant a driver has (a
+/// [`ChosenFunction`](crate::ChosenFunction), called checked with errors that name it).
 pub struct Driver {
     loaded: &'static Loaded,
     mode: DefaultStream,

@@ -11,15 +11,20 @@
 //! ```no_run
 //! use cuda_sys::functions::{cuEventElapsedTime, cuEventElapsedTime_v2000};
 //! # fn main() -> Result<(), cuda_sys::Error> {
+//! # let (start, end): (cuda_sys::types::CUevent, cuda_sys::types::CUevent) = todo!();
 //! let driver = cuda_sys::driver()?;
 //! // 12.8's ABI where the driver has it, else the 2.0 one (same signature, older semantics).
-//! let (elapsed, which) = driver.newest_variant(cuEventElapsedTime)?;
-//! println!("using {which}");
+//! let elapsed = driver.newest_variant(cuEventElapsedTime)?;
+//! println!("using {}", elapsed.function());
 //! assert_eq!(cuEventElapsedTime.variants().len(), 2);
+//! let mut ms = 0.0f32;
+//! // SAFETY: two recorded events of the current context; `ms` is a valid out-pointer. An error
+//! // names the variant that was called.
+//! unsafe { elapsed.call((&raw mut ms, start, end))? };
 //! // The same, with the list written out.
-//! let (_, same) = driver.newest(&[cuEventElapsedTime, cuEventElapsedTime_v2000])?;
-//! assert_eq!(which, same);
-//! # let _ = elapsed; Ok(()) }
+//! let same = driver.newest(&[cuEventElapsedTime, cuEventElapsedTime_v2000])?;
+//! assert_eq!(elapsed.function(), same.function());
+//! # Ok(()) }
 //! ```
 //!
 //! `src/generated/functions.rs` (generated from `cudaTypedefs.h`, never edited by hand) is the list;
@@ -29,6 +34,7 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
+use crate::chosen::ChosenFunction;
 use crate::driver::Driver;
 use crate::error::{CallError, CallErrorKind, Error};
 use crate::resolve;
@@ -129,20 +135,21 @@ impl Driver {
     }
 
     /// The newest of `entries` (variants of one function with one signature, in any order) that
-    /// this driver has, and which one it is: for binding authors who would otherwise write the
-    /// version ladder by hand. Entries newer than the driver, or that it lacks, are skipped.
+    /// this driver has: for binding authors who would otherwise write the version ladder by hand.
+    /// Entries newer than the driver, or that it lacks, are skipped. The [`ChosenFunction`] says
+    /// which was chosen and calls it checked, with errors that name it.
     ///
     /// # Errors
     /// If none is available, the error of the oldest ([`Error::DriverTooOld`] or
     /// [`Error::SymbolMissing`]); [`Error::Driver`] at once if a lookup itself failed.
     /// [`Error::InvalidSymbolName`] for an empty list.
-    pub fn newest<F: Copy>(&self, entries: &[Entry<F>]) -> Result<(F, Function), Error> {
+    pub fn newest<F: Copy>(&self, entries: &[Entry<F>]) -> Result<ChosenFunction<F>, Error> {
         let version = |e: &Entry<F>| resolve::variant(e.info(), self.default_stream()).0;
         let mut sorted: Vec<Entry<F>> = entries.to_vec();
         sorted.sort_by_key(|e| std::cmp::Reverse(version(e)));
         match self.first_available(sorted.iter().map(|e| e.function)) {
             // SAFETY: as in `function`: `F` is the signature of every entry of `entries`.
-            Ok((p, function)) => Ok((unsafe { cast::<F>(p) }, function)),
+            Ok((p, function)) => Ok(ChosenFunction::new(unsafe { cast::<F>(p) }, function)),
             Err(Some(error)) => Err(error.into()),
             Err(None) => Err(Error::InvalidSymbolName(
                 "(an empty list of entries given to Driver::newest)".into(),
@@ -171,22 +178,25 @@ impl Driver {
 }
 
 impl Driver {
-    /// The newest ABI variant of `entry`'s function with `entry`'s signature that this driver has,
-    /// and which one it is: `driver.newest_variant(cuEventElapsedTime)` is 12.8's
-    /// `cuEventElapsedTime` where the driver has it, else 2.0's `cuEventElapsedTime_v2000`. The
-    /// variants come from the table ([`Entry::variants`]); no version is written by hand.
+    /// The newest ABI variant of `entry`'s function with `entry`'s signature that this driver has:
+    /// `driver.newest_variant(cuEventElapsedTime)` is 12.8's `cuEventElapsedTime` where the
+    /// driver has it, else 2.0's `cuEventElapsedTime_v2000`. The variants come from the table
+    /// ([`Entry::variants`]); no version is written by hand. The [`ChosenFunction`] says which was
+    /// chosen and calls it checked, with errors that name it.
     ///
     /// # Errors
     /// If none is available, the error of the oldest ([`Error::DriverTooOld`] or
     /// [`Error::SymbolMissing`]); [`Error::Driver`] at once if a lookup itself failed.
-    pub fn newest_variant<F: Copy>(&self, entry: Entry<F>) -> Result<(F, Function), Error> {
+    pub fn newest_variant<F: Copy>(&self, entry: Entry<F>) -> Result<ChosenFunction<F>, Error> {
         match self.first_available(entry.family.iter().copied()) {
             // SAFETY: every function of an entry's family has the entry's signature `F` (the
             // generator groups them by signature; checked at compile time below).
-            Ok((p, function)) => Ok((unsafe { cast::<F>(p) }, function)),
+            Ok((p, function)) => Ok(ChosenFunction::new(unsafe { cast::<F>(p) }, function)),
             Err(Some(error)) => Err(error.into()),
             // A family holds its own entry, so it is never empty: this only restates that.
-            Err(None) => self.function(entry).map(|f| (f, entry.function)),
+            Err(None) => self
+                .function(entry)
+                .map(|f| ChosenFunction::new(f, entry.function)),
         }
     }
 }

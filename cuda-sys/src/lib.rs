@@ -11,8 +11,8 @@
 //!   entry carries the ABI version its signature binds (`cuLaunchHostFunc` 10.0,
 //!   `cuStreamGetCaptureInfo` 12.3, `cuStreamGetCaptureInfo_v2` 11.3, `cuCtxCreate_v2` 3.2, ...),
 //!   derived from `cudaTypedefs.h` by the generator, not by hand. The [`functions`] module is the
-//!   index: one typed entry per function, and [`Driver::newest`] picks the newest variant a driver
-//!   has.
+//!   index: one typed entry per function, and [`Driver::newest_variant`] picks the newest variant
+//!   a driver has, as a [`ChosenFunction`] whose checked call's error names the variant picked.
 //! - **Lazy, per-function, version-gated resolution.** The first call of a function resolves it
 //!   through `cuGetProcAddress_v2` (or the older ways on older drivers) and caches the pointer; later
 //!   calls cost one atomic load and a branch. A function newer than the driver returns
@@ -60,6 +60,7 @@
 
 // The modules, lowest layer first: each imports only from those above it in this list (and from the
 // generated `types`/`generated_result_codes`). DESIGN.md draws the order; scripts check it.
+mod chosen;
 mod driver;
 mod error;
 pub mod functions;
@@ -87,6 +88,7 @@ mod generated_result_codes {
     include!("generated/result_codes.rs");
 }
 
+pub use chosen::{CFunction, ChosenFunction};
 pub use driver::{Driver, LoadOptions, PER_THREAD_ENV, driver};
 pub use error::{CallError, CallErrorKind, DriverError, Error, MissingReason};
 pub use functions::RawFunctions;
