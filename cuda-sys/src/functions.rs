@@ -1,6 +1,8 @@
 //! Every driver function as a typed entry: an index of the table, one constant per function and per
 //! older ABI variant of one (`cuCtxCreate` bound at 12.5, `cuCtxCreate_v2` at 3.2, `cuCtxCreate_v3`
-//! at 11.4, ...), each carrying its exact C signature.
+//! at 11.4, ...), each carrying its exact C signature and `cuda.h`'s documentation of it (the
+//! header's Doxygen comment as Markdown: parameters, results, links to the functions, types and
+//! constants it names).
 //!
 //! The same functions are methods of [`Driver`] (checked: `driver.cuCtxCreate(..)`) and of
 //! [`RawFunctions`] (`driver.raw().cuCtxCreate()`, the C pointer). An entry is for code that picks a
@@ -27,9 +29,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `src/generated/functions.rs` (generated from `cudaTypedefs.h`, never edited by hand) is the list;
-//! `driver_function_table!` here turns it into these constants, the methods, and a compile-time
-//! check that each signature is its `PFN_` typedef. (`table.rs` reads the same list into the data.)
+//! `src/generated/functions.rs` (generated from `cuda.h` and `cudaTypedefs.h`, never edited by hand)
+//! is the list; `driver_function_table!` here turns it into these constants, the methods (each
+//! says in a line what its function does and links to its entry here), and a compile-time check
+//! that each signature is its `PFN_` typedef. (`table.rs` reads the same list into the data.)
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
@@ -213,27 +216,43 @@ unsafe fn cast<F: Copy>(p: *mut c_void) -> F {
     unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
 }
 
-/// Expands the generated list (see the module docs) into the entries and the methods.
+/// Expands the generated list (see the module docs) into the entries and the methods. Each entry
+/// carries the header's documentation, as Markdown; each method says in a line what the function
+/// does and links to its entry.
 macro_rules! driver_function_table {
     ($(
+        #[summary = $summary:literal]
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
-            $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
-            $per_thread_version:literal, $pfn:ident, [$($family:ident),* $(,)?];
+            $version:literal, $version_text:literal, $symbol:literal, $export:literal,
+            $per_thread:literal, $per_thread_version:literal, $pfn:ident,
+            [$($family:ident),* $(,)?];
     )*) => {
         $(
-            $(#[doc = $doc])*
+            #[doc = $summary]
             ///
-            #[doc = concat!("`", stringify!($name), "`, ABI version ", stringify!($version), " (`", stringify!($pfn), "`).")]
-            #[allow(non_upper_case_globals)]
+            #[doc = concat!(
+                "ABI version ", $version_text, " (`", stringify!($pfn), "`). [`Driver::",
+                stringify!($name), "`](crate::Driver::", stringify!($name), ") calls it, checked; [`",
+                "RawFunctions::", stringify!($name), "`](crate::RawFunctions::", stringify!($name),
+                ") returns its C pointer."
+            )]
+            ///
+            $(#[doc = $doc])*
+            // The generated links spell out paths that also resolve here by name: they are used
+            // where they would not (the `Function` enum in `table`) too.
+            #[allow(non_upper_case_globals, rustdoc::redundant_explicit_links)]
             pub const $name: Entry<unsafe extern "C" fn($($ty),*) -> CUresult> =
                 Entry::new(Function::$name, &[$(Function::$family),*]);
         )*
 
-        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::broken_intra_doc_links)]
+        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::redundant_explicit_links)]
         impl RawFunctions<'_> {
             $(
-                #[doc = concat!("The resolved [`", stringify!($name), "`](crate::functions::", stringify!($name), ") (ABI version ", stringify!($version), ").")]
+                #[doc = concat!(
+                    "The C function pointer of [`", stringify!($name), "`](crate::functions::",
+                    stringify!($name), ") (ABI version ", $version_text, "): ", $summary
+                )]
                 ///
                 /// # Errors
                 /// [`Error::DriverTooOld`] if the driver's version is older than the ABI version;
@@ -245,10 +264,16 @@ macro_rules! driver_function_table {
             )*
         }
 
-        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::broken_intra_doc_links)]
+        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::redundant_explicit_links)]
         impl Driver {
             $(
-                #[doc = concat!("Calls [`", stringify!($name), "`](crate::functions::", stringify!($name), ") (ABI version ", stringify!($version), ").")]
+                #[doc = $summary]
+                ///
+                #[doc = concat!(
+                    "Calls [`", stringify!($name), "`](crate::functions::", stringify!($name),
+                    ") (ABI version ", $version_text, "), whose page has the header's full ",
+                    "documentation, and checks its result."
+                )]
                 ///
                 /// # Safety
                 /// The arguments must meet the C function's contract in the CUDA Driver API

@@ -70,10 +70,12 @@ const fn optional_version(v: u32) -> Option<u32> {
 /// Expands the generated list (see the module docs) into the table.
 macro_rules! driver_function_table {
     ($(
+        #[summary = $summary:literal]
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
-            $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
-            $per_thread_version:literal, $pfn:ident, [$($family:ident),* $(,)?];
+            $version:literal, $version_text:literal, $symbol:literal, $export:literal,
+            $per_thread:literal, $per_thread_version:literal, $pfn:ident,
+            [$($family:ident),* $(,)?];
     )*) => {
         /// Every function of the table, in `cuda.h`'s order.
         #[allow(non_camel_case_types)]
@@ -81,7 +83,15 @@ macro_rules! driver_function_table {
         #[repr(u16)]
         #[non_exhaustive]
         pub enum Function {
-            $( $(#[doc = $doc])* $name, )*
+            $(
+                #[doc = $summary]
+                ///
+                #[doc = concat!(
+                    "[`functions::", stringify!($name), "`](crate::functions::",
+                    stringify!($name), ") has the header's documentation."
+                )]
+                $name,
+            )*
         }
 
         impl Function {
