@@ -138,6 +138,9 @@ static LOADING: Mutex<()> = Mutex::new(());
 /// The process's driver, loaded on first use with the options the environment gives
 /// ([`LoadOptions::from_env`]); once loaded, the table of the first load's default-stream mode.
 ///
+/// Loading initialises the driver: it calls `cuInit(0)` and `cuDriverGetVersion`, so the caller
+/// has no `cuInit` to call first (calling it again is harmless).
+///
 /// # Safety
 /// A safe function, but one that trusts the process's environment: the library it opens is
 /// trusted to be the CUDA driver (see [`Driver::load`]'s Safety section for what that covers).

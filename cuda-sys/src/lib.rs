@@ -25,11 +25,15 @@
 //!   name and description of a failing code;
 //! - `driver()?.raw().cuStreamSynchronize()?`: the C function pointer with its exact signature.
 //!
+//! [`driver`] initialises the driver itself: its first call opens the library and calls
+//! `cuInit(0)` (then `cuDriverGetVersion`), so there is no `cuInit` to call first; a failing
+//! `cuInit` is that call's [`Error::Driver`]. (Calling `cuInit` again is harmless.)
+//!
 //! ```no_run
 //! use cuda_sys::{driver, types::*};
 //!
 //! # fn main() -> Result<(), cuda_sys::Error> {
-//! let cuda = driver()?;
+//! let cuda = driver()?; // opens the library and calls cuInit(0)
 //! println!("CUDA {} ({:?})", cuda.version(), cuda.resolution_path());
 //! let mut device: CUdevice = 0;
 //! let mut context: CUcontext = std::ptr::null_mut();
