@@ -173,9 +173,9 @@ pub fn convert(doxygen: &str, link: &dyn Fn(&str) -> Option<String>) -> Result<D
     }
     let brief_text = brief.unwrap_or_default().join(" ");
     let (summary, rest) = split_summary(&brief_text);
-    let summary = inline(&summary, link, false)?;
+    let summary = inline(&summary, link, true)?;
     if !rest.is_empty() {
-        let mut first = vec![inline(&rest, link, false)?];
+        let mut first = vec![inline(&rest, link, true)?];
         if !body.is_empty() {
             first.push(String::new());
         }
@@ -342,7 +342,10 @@ impl Writer<'_> {
             "note" | "notes" => self.block("**Note:**".to_string()),
             "warning" => self.block("**Warning:**".to_string()),
             "deprecated" => self.block("**Deprecated.**".to_string()),
-            "par" | "details" => self.blank(),
+            "par" | "details" => {
+                self.close_lists();
+                self.blank();
+            }
             alias => match ALIASES.iter().find(|(a, _)| *a == alias) {
                 Some((_, text)) => self.block(text.to_string()),
                 None => {
