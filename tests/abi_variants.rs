@@ -6,6 +6,7 @@
 use cuda_sys::functions::{
     cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v2,
 };
+use cuda_sys::types::CUresult;
 use cuda_sys::{DefaultStream, DriverVersion, Error, Function, MissingReason};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{fake, load_fake_driver};
@@ -81,7 +82,7 @@ fn every_variant_resolves_to_its_own_export(version: i32) -> usize {
 
 /// The typed entries: the three `cuCtxCreate` ABIs and two `cuStreamGetCaptureInfo` ABIs, each
 /// at its version, and `Driver::newest` picking the newest the driver has among variants of one
-/// signature.
+/// signature, whose checked call names the one it picked.
 fn typed_variants_and_newest(version: i32) {
     let driver = load_fake_driver();
     let gate = |entry: Function, ok: bool| {
@@ -96,12 +97,13 @@ fn typed_variants_and_newest(version: i32) {
     assert!(driver.function(cuCtxCreate_v2).is_ok());
 
     // cuDevicePrimaryCtxRelease's 7.0 and 11.0 ABIs share a signature.
-    let (_, which) = driver
+    let which = driver
         .newest(&[
             cuda_sys::functions::cuDevicePrimaryCtxRelease_v7000,
             cuda_sys::functions::cuDevicePrimaryCtxRelease,
         ])
-        .unwrap();
+        .unwrap()
+        .function();
     let expected = if version >= 11000 {
         Function::cuDevicePrimaryCtxRelease
     } else {
@@ -117,10 +119,17 @@ fn typed_variants_and_newest(version: i32) {
             Function::cuDevicePrimaryCtxRelease_v7000
         ]
     );
-    assert_eq!(
-        driver.newest_variant(release).unwrap().1,
-        expected,
-        "on {version}"
+    let chosen = driver.newest_variant(release).unwrap();
+    assert_eq!(chosen.function(), expected, "on {version}");
+    // Its checked call's error names the variant that was called, with no name written by hand.
+    // SAFETY: device 99 does not exist: the driver refuses it and touches nothing.
+    let err = unsafe { chosen.call((99,)) }.unwrap_err();
+    assert_eq!(err.function(), expected);
+    assert_eq!(err.code(), Some(CUresult::CUDA_ERROR_INVALID_DEVICE));
+    let text = Error::from(err).to_string();
+    assert!(
+        text.starts_with(&format!("{expected} failed: CUDA_ERROR_INVALID_DEVICE")),
+        "{text}"
     );
     // cuStreamGetCaptureInfo's three ABIs have three signatures: each is its own only variant.
     assert_eq!(

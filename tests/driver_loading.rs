@@ -6,7 +6,8 @@ use std::path::Path;
 
 use cuda_sys::types::CUresult;
 use cuda_sys::{
-    DEFAULT_NAMES, DefaultStream, Driver, DriverVersion, Error, LoadOptions, ResolutionPath,
+    DEFAULT_NAMES, DefaultStream, Driver, DriverVersion, Error, LibraryOrigin, LoadOptions,
+    ResolutionPath,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{expect_error, fake, fake_driver_path};
@@ -94,24 +95,33 @@ isolated_test! {
         assert_eq!(version.to_string(), "12.4");
     }
 
-    /// A path that does not exist: `LibraryNotFound` names it with the system loader's message and
-    /// says what to do; the failure is not remembered, so a later load can succeed.
-    fn a_missing_library_is_reported_with_what_was_tried(
+    /// A `CUDA_SYS_LIBRARY` path that does not exist: `LibraryNotFound` names it with the system
+    /// loader's message, says that the variable is why only it was tried, and advises to fix or
+    /// unset the variable (not to set it, which it is); the failure is not remembered, so a later
+    /// load can succeed.
+    fn a_bad_cuda_sys_library_path_is_reported_with_the_variable_to_fix(
         CUDA_SYS_LIBRARY = "/nonexistent/libcuda.so.1",
     ) {
         let err = expect_error(cuda_sys::driver());
-        let Error::LibraryNotFound { tried } = &err else {
+        let Error::LibraryNotFound { tried, origin } = &err else {
             panic!("expected LibraryNotFound, got {err:?}");
         };
+        assert_eq!(*origin, LibraryOrigin::Environment);
         assert_eq!(tried.len(), 1, "{tried:?}");
         assert_eq!(tried[0].candidate, "/nonexistent/libcuda.so.1");
-        // The message is libloading's `Display` ("dlopen failed"); the system loader's own reason
-        // ("No such file or directory") is only in its `source()`, which cuda-sys drops today.
-        assert!(!tried[0].message.is_empty());
+        // libloading's message, then the system loader's own reason.
+        assert!(tried[0].message.contains("No such file or directory"), "{tried:?}");
         let text = err.to_string();
-        for needle in ["/nonexistent/libcuda.so.1", "CUDA_SYS_LIBRARY", "Install the NVIDIA driver"] {
+        for needle in [
+            "CUDA_SYS_LIBRARY is set, so only the library it names was tried",
+            "/nonexistent/libcuda.so.1",
+            "No such file or directory",
+            "Fix CUDA_SYS_LIBRARY",
+            "or unset it",
+        ] {
             assert!(text.contains(needle), "{needle:?} not in: {text}");
         }
+        assert!(!text.contains("set CUDA_SYS_LIBRARY to the library's full path"), "{text}");
         assert!(Driver::get().is_none());
         assert!(matches!(cuda_sys::driver(), Err(Error::LibraryNotFound { .. })));
 
@@ -121,17 +131,39 @@ isolated_test! {
         assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
     }
 
-    /// An explicit path is the only candidate: the default names are not searched after it.
+    /// `CUDA_SYS_LIBRARY` naming a library that is not a driver: the same advice, with why.
+    #[cfg(target_os = "linux")]
+    fn a_cuda_sys_library_that_is_not_a_driver_is_reported_with_the_variable_to_fix(
+        CUDA_SYS_LIBRARY = "libm.so.6",
+    ) {
+        let err = expect_error(cuda_sys::driver());
+        let text = err.to_string();
+        for needle in [
+            "CUDA_SYS_LIBRARY is set",
+            "libm.so.6 (opened, but it is not a CUDA driver: no cuInit export)",
+            "Fix CUDA_SYS_LIBRARY",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in: {text}");
+        }
+    }
+
+    /// An explicit path is the only candidate: the default names are not searched after it, and
+    /// the error says the path given to `Driver::load` failed (no environment variable is at
+    /// fault).
     fn an_explicit_path_is_the_only_candidate() {
         // SAFETY: no such file: nothing is opened.
         let err = expect_error(unsafe {
             Driver::load(LoadOptions::with_library_path("/nonexistent/libcuda.so"))
         });
-        let Error::LibraryNotFound { tried } = err else {
+        let text = err.to_string();
+        let Error::LibraryNotFound { tried, origin } = err else {
             panic!("expected LibraryNotFound, got {err:?}");
         };
+        assert_eq!(origin, LibraryOrigin::Given);
         let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
         assert_eq!(names, ["/nonexistent/libcuda.so"]);
+        assert!(text.contains("the library path given to Driver::load"), "{text}");
+        assert!(!text.contains("CUDA_SYS_LIBRARY"), "{text}");
     }
 
     /// Without a path, the default names are tried in order. This machine may have no driver (an
@@ -141,10 +173,16 @@ isolated_test! {
     fn without_a_path_the_default_names_are_tried_in_order() {
         // SAFETY: no path: the default names, as `cuda_sys::driver()` searches them.
         match unsafe { Driver::load(LoadOptions::default()) } {
-            Err(Error::LibraryNotFound { tried }) => {
+            Err(err @ Error::LibraryNotFound { .. }) => {
+                let text = err.to_string();
+                let Error::LibraryNotFound { tried, origin } = err else { unreachable!() };
+                assert_eq!(origin, LibraryOrigin::DefaultNames);
                 let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
                 assert_eq!(names, DEFAULT_NAMES);
                 assert!(tried.iter().all(|a| !a.message.is_empty()), "{tried:?}");
+                for needle in ["Install the NVIDIA driver", "or set CUDA_SYS_LIBRARY"] {
+                    assert!(text.contains(needle), "{needle:?} not in: {text}");
+                }
                 assert!(Driver::get().is_none());
             }
             Ok(driver) => {
@@ -160,8 +198,9 @@ isolated_test! {
                 assert!(!driver.path().as_os_str().is_empty());
                 assert!(std::ptr::eq(Driver::get().unwrap(), driver));
             }
-            Err(Error::StubLibrary { path }) => {
+            Err(Error::StubLibrary { path, origin }) => {
                 assert!(!path.as_os_str().is_empty());
+                assert_eq!(origin, LibraryOrigin::DefaultNames);
                 assert!(Driver::get().is_none());
             }
             // A driver without a usable GPU: the load stopped at `cuInit` (or the version query).
@@ -182,15 +221,17 @@ isolated_test! {
         // SAFETY: the C library's libm has sound initialisers and no `cuInit` export, so it is
         // refused before anything of it is called.
         let err = expect_error(unsafe { Driver::load(LoadOptions::with_library_path("libm.so.6")) });
-        let Error::LibraryNotFound { tried } = &err else {
+        let Error::LibraryNotFound { tried, origin } = &err else {
             panic!("expected LibraryNotFound, got {err:?}");
         };
+        assert_eq!(*origin, LibraryOrigin::Given);
         assert_eq!(tried.len(), 1);
         assert_eq!(tried[0].message, "opened, but it is not a CUDA driver: no cuInit export");
     }
 
-    /// The toolkit's stub (`cuInit` returns 34) is named as such, with the fix; nothing else was
-    /// called. Once the stub behaviour stops, loading works (a failed load is not remembered).
+    /// The toolkit's stub (`cuInit` returns 34) is named as such, with the fix: `CUDA_SYS_LIBRARY`
+    /// names it, so point the variable at the driver or unset it; nothing else was called. Once
+    /// the stub behaviour stops, loading works (a failed load is not remembered).
     fn the_stub_library_is_reported_with_the_fix(
         FAKE_CUDA_STUB = "1",
         CUDA_SYS_LIBRARY = fake_driver_path(),
@@ -198,12 +239,18 @@ isolated_test! {
         // The loader closes a library it rejects; keep the fake mapped so its counters survive.
         let fake = fake();
         let err = expect_error(cuda_sys::driver());
-        let Error::StubLibrary { path } = &err else {
+        let Error::StubLibrary { path, origin } = &err else {
             panic!("expected StubLibrary, got {err:?}");
         };
         assert!(same_file(path, &fake_driver_path()));
+        assert_eq!(*origin, LibraryOrigin::Environment);
         let text = err.to_string();
-        for needle in ["stub library", "CUDA_ERROR_STUB_LIBRARY", "Install the NVIDIA driver", "CUDA_SYS_LIBRARY"] {
+        for needle in [
+            "stub library",
+            "CUDA_ERROR_STUB_LIBRARY",
+            "CUDA_SYS_LIBRARY names it: set CUDA_SYS_LIBRARY to the NVIDIA driver's libcuda.so.1",
+            "or unset it",
+        ] {
             assert!(text.contains(needle), "{needle:?} not in: {text}");
         }
         assert_eq!(fake.call_count("cuInit"), 1);

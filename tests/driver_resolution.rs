@@ -6,8 +6,8 @@ use std::sync::{Arc, Barrier};
 
 use cuda_sys::types::CUstream;
 use cuda_sys::{
-    DefaultStream, Driver, DriverVersion, Error, Function, LoadOptions, MissingReason,
-    ResolutionPath,
+    DefaultStream, Driver, DriverLibrary, DriverVersion, Error, Function, LibraryKind,
+    LibraryOrigin, LoadOptions, MissingReason, ResolutionPath,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
@@ -20,18 +20,43 @@ fn assert_missing(err: &Error, path: ResolutionPath) {
             function,
             required,
             reason,
+            library,
             ..
         } => {
             assert_eq!(*function, "cuStreamQuery");
             assert_eq!(*required, 2000);
             assert_eq!(*reason, MissingReason::NotFound, "via {path:?}");
+            let library = library.as_ref().expect("the loaded library is named");
+            assert_eq!(library.kind, LibraryKind::OtherName);
+            assert_eq!(library.origin, LibraryOrigin::Given);
         }
         other => panic!("expected SymbolMissing, got {other:?}"),
     }
-    assert!(
-        err.to_string().contains("does not provide cuStreamQuery"),
-        "{err}"
-    );
+    // The fake is not NVIDIA's driver: the message names it and says it lacks the function,
+    // instead of advising a driver upgrade that would not help.
+    let text = err.to_string();
+    let fake_path = Driver::get().unwrap().path().display().to_string();
+    for needle in [
+        format!("the loaded library {fake_path} (reporting CUDA "),
+        ") lacks cuStreamQuery (ABI version 2.0)".to_string(),
+        "That library is not NVIDIA's driver (its file name is not libcuda.so*)".to_string(),
+        "use a library that provides cuStreamQuery, or load the NVIDIA driver (libcuda.so.1) \
+         instead"
+            .to_string(),
+    ] {
+        assert!(text.contains(&needle), "{needle:?} not in: {text}");
+    }
+    assert!(!text.contains("Upgrade"), "{text}");
+}
+
+/// The fake under the driver's file name: `<folder>/libcuda.so.1`, a link to it.
+#[cfg(target_os = "linux")]
+fn fake_named_libcuda() -> std::path::PathBuf {
+    let fake = fake_driver_path();
+    let folder = fake.parent().unwrap().join("fake-named-libcuda");
+    fake_cuda::steer::libcuda_folder(&fake, &folder)
+        .unwrap()
+        .join("libcuda.so.1")
 }
 
 /// `cuStreamQuery` is missing, the answer is cached, and `cuStreamSynchronize` is unaffected.
@@ -149,6 +174,55 @@ isolated_test! {
         FAKE_CUDA_VERSION = "11080",
     ) {
         missing_symbol_is_reported_and_cached(ResolutionPath::ProcAddress);
+    }
+
+    /// A symbol missing from the library `CUDA_SYS_LIBRARY` names, which is not NVIDIA's driver:
+    /// the advice is to point the variable at the driver or unset it.
+    fn a_symbol_missing_from_a_cuda_sys_library_that_is_not_the_driver_names_the_variable(
+        FAKE_CUDA_MISSING = "cuStreamQuery",
+        CUDA_SYS_LIBRARY = fake_driver_path(),
+    ) {
+        let driver = cuda_sys::driver().unwrap();
+        let err = expect_error(driver.raw().cuStreamQuery());
+        let text = err.to_string();
+        for needle in [
+            "That library is not NVIDIA's driver",
+            "or set CUDA_SYS_LIBRARY to the NVIDIA driver's libcuda.so.1 or unset it",
+        ] {
+            assert!(text.contains(needle), "{needle:?} not in: {text}");
+        }
+    }
+
+    /// The same symbol missing from a library under the driver's file name, with the lookups its
+    /// version promises (here the fake, linked as `libcuda.so.1`): that is NVIDIA's driver as far
+    /// as can be told, and the advice is to upgrade it.
+    #[cfg(target_os = "linux")]
+    fn a_symbol_missing_from_a_library_named_as_the_driver_advises_an_upgrade(
+        FAKE_CUDA_MISSING = "cuStreamQuery",
+        CUDA_SYS_LIBRARY = fake_named_libcuda(),
+    ) {
+        let driver = cuda_sys::driver().unwrap();
+        assert_eq!(driver.path(), fake_named_libcuda());
+        let err = expect_error(driver.raw().cuStreamQuery());
+        let Error::SymbolMissing { library: Some(library), .. } = &err else {
+            panic!("expected SymbolMissing naming the library, got {err:?}");
+        };
+        assert_eq!(
+            *library,
+            DriverLibrary {
+                path: fake_named_libcuda(),
+                kind: LibraryKind::NvidiaDriver,
+                origin: LibraryOrigin::Environment,
+            }
+        );
+        let text = err.to_string();
+        let expected = format!(
+            "the installed driver (CUDA 13.0, {}) does not provide cuStreamQuery (ABI version \
+             2.0): cuGetProcAddress found no such symbol. Upgrade the NVIDIA driver, or do without \
+             this function",
+            fake_named_libcuda().display()
+        );
+        assert_eq!(text, expected);
     }
 
     /// `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1` asks for the per-thread variants.

@@ -1,5 +1,5 @@
 //! A function whose ABI version is newer than the driver is refused before anything is called; on a
-//! driver new enough it resolves and runs. `cuLaunchHostFunc_v2` (13010) is the example.
+//! driver new enough it resolves and runs. `cuLaunchHostFunc_v2` (13.1) is the example.
 
 use std::ffi::c_void;
 use std::ptr;
@@ -24,10 +24,14 @@ fn assert_too_old(err: &Error, version: i32) {
         }
         other => panic!("expected DriverTooOld, got {other:?}"),
     }
-    let text = err.to_string();
-    assert!(
-        text.contains("CUDA 13.1") && text.contains("Upgrade the NVIDIA driver"),
-        "{text}"
+    // Versions read as people write them ("13.1"), never as the encoded number (13010).
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "cuLaunchHostFunc_v2 needs a driver that supports CUDA 13.1; the installed driver \
+             supports CUDA {}. Upgrade the NVIDIA driver",
+            DriverVersion(version)
+        )
     );
 }
 

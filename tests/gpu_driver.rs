@@ -3,7 +3,9 @@
 
 use std::ptr;
 
-use cuda_sys::{DefaultStream, Error, Function, MissingReason, ResolutionPath, driver};
+use cuda_sys::{
+    DefaultStream, Error, Function, LibraryKind, MissingReason, ResolutionPath, driver,
+};
 use cuda_workspace::isolated_test;
 
 #[test]
@@ -22,6 +24,32 @@ fn the_real_driver_loads_and_reports_its_version_and_path() {
         "this project's GPU runner has a 13.x driver"
     );
     assert_eq!(d.resolution_path(), ResolutionPath::ProcAddressV2);
+}
+
+/// The real driver is judged NVIDIA's (its file name is `libcuda.so*`, it exports
+/// `cuGetProcAddress_v2`): a symbol it lacks is reported with its path and the upgrade advice,
+/// not as a library that is not the driver.
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn a_symbol_the_real_driver_lacks_is_reported_as_the_drivers_with_upgrade_advice() {
+    let d = driver().expect("the NVIDIA driver loads");
+    let err = match d.get_proc_address("cuNoSuchFunction", 2000, DefaultStream::Legacy) {
+        Ok(p) => panic!("cuNoSuchFunction resolved to {p:?}"),
+        Err(e) => e,
+    };
+    match &err {
+        Error::SymbolMissing {
+            library: Some(library),
+            ..
+        } => {
+            assert_eq!(library.kind, LibraryKind::NvidiaDriver, "{library:?}");
+            assert_eq!(library.path, d.path());
+        }
+        other => panic!("expected SymbolMissing naming the library, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains("Upgrade the NVIDIA driver"), "{text}");
+    assert!(text.contains(&d.path().display().to_string()), "{text}");
 }
 
 #[test]

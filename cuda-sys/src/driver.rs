@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{CallError, DriverError, Error, MissingReason};
-use crate::library::{self, Bootstrap, LoadAttempt};
+use crate::library::{self, Bootstrap, LibraryKind, LibraryOrigin, LoadAttempt};
 use crate::resolve::{self, Loaded, Lookup, ResolutionPath, SLOT_LAST_SENTINEL};
 use crate::streams::DefaultStream;
 use crate::table::{FUNCTION_COUNT, Function, FunctionInfo};
@@ -94,7 +94,8 @@ fn invalid_env(value: String) -> Error {
 ///   for binding authors who want the raw `CUresult`.
 ///
 /// The [`functions`](crate::functions) module lists them all, one typed entry per function with its
-/// ABI version, and [`Driver::newest`] picks the newest variant a driver has among several.
+/// ABI version, and [`Driver::newest_variant`] picks the newest variant a driver has (a
+/// [`ChosenFunction`](crate::ChosenFunction), called checked with errors that name it).
 pub struct Driver {
     loaded: &'static Loaded,
     mode: DefaultStream,
@@ -137,6 +138,9 @@ static LOADING: Mutex<()> = Mutex::new(());
 /// The process's driver, loaded on first use with the options the environment gives
 /// ([`LoadOptions::from_env`]); once loaded, the table of the first load's default-stream mode.
 ///
+/// Loading initialises the driver: it calls `cuInit(0)` and `cuDriverGetVersion`, so the caller
+/// has no `cuInit` to call first (calling it again is harmless).
+///
 /// # Safety
 /// A safe function, but one that trusts the process's environment: the library it opens is
 /// trusted to be the CUDA driver (see [`Driver::load`]'s Safety section for what that covers).
@@ -173,15 +177,22 @@ pub fn driver() -> Result<&'static Driver, Error> {
 #[cold]
 fn load_from_env() -> Result<&'static Driver, Error> {
     let options = LoadOptions::from_env()?;
-    // SAFETY: the path, if any, is the one `CUDA_SYS_LIBRARY` names, which whoever set the
-    // process's environment vouches for (see `driver`'s Safety section).
-    unsafe { Driver::load(options) }
+    let origin = match options.library_path {
+        Some(_) => LibraryOrigin::Environment,
+        None => LibraryOrigin::DefaultNames,
+    };
+    // The path, if any, is the one `CUDA_SYS_LIBRARY` names, which whoever set the process's
+    // environment vouches for (see `driver`'s Safety section): as `Driver::load` of it would.
+    Driver::load_from(
+        Source::Search(options.library_path, origin),
+        options.default_stream,
+    )
 }
 
 /// Where a library to load comes from.
 enum Source {
-    /// A path, or the default names.
-    Search(Option<PathBuf>),
+    /// A path (from the environment or the caller: the origin says which), or the default names.
+    Search(Option<PathBuf>, LibraryOrigin),
     /// A library the caller opened, with the name to report for it.
     Adopted(libloading::Library, OsString),
 }
@@ -227,7 +238,14 @@ impl Driver {
     /// # let _ = driver; Ok(()) }
     /// ```
     pub unsafe fn load(options: LoadOptions) -> Result<&'static Driver, Error> {
-        Driver::load_from(Source::Search(options.library_path), options.default_stream)
+        let origin = match options.library_path {
+            Some(_) => LibraryOrigin::Given,
+            None => LibraryOrigin::DefaultNames,
+        };
+        Driver::load_from(
+            Source::Search(options.library_path, origin),
+            options.default_stream,
+        )
     }
 
     /// Loads the driver from the standard search ([`DEFAULT_NAMES`](crate::DEFAULT_NAMES): the
@@ -309,8 +327,8 @@ impl Driver {
     ) -> Result<&'static Driver, Error> {
         let loaded = tables.legacy.loaded;
         let (same, requested) = match source {
-            Source::Search(None) => (true, String::new()),
-            Source::Search(Some(p)) => (
+            Source::Search(None, _) => (true, String::new()),
+            Source::Search(Some(p), _) => (
                 p.as_os_str() == loaded.opened_as || p == &loaded.path,
                 p.display().to_string(),
             ),
@@ -434,8 +452,10 @@ impl Driver {
     /// Looks a driver symbol up directly, uncached and ungated: through `cuGetProcAddress_v2` or
     /// `cuGetProcAddress` with `version` and the flag for `mode`. On drivers older than 11.3, which
     /// have no `cuGetProcAddress`, the export of that ABI version is looked up: the table's own
-    /// (`cuMemAlloc` at 3020 is the export `cuMemAlloc_v2`) where the table has the symbol at that
-    /// version, else the export named `symbol` itself (which must then be an export's full name).
+    /// (`cuMemAlloc` at 3.2, `version` 3020, is the export `cuMemAlloc_v2`) where the table has
+    /// the symbol at that version, else the export named `symbol` itself (which must then be an
+    /// export's full name). `version` is numbered as the driver numbers versions
+    /// (`1000 * major + 10 * minor`).
     ///
     /// For binding authors who need a symbol the table does not have; for one it has, the typed
     /// entries ([`functions`](crate::functions), [`Driver::function`]) are safer.
@@ -485,10 +505,14 @@ fn export_of(symbol: &CString, version: u32, mode: DefaultStream) -> Option<&std
 fn open(source: Source) -> Result<Loaded, Error> {
     let mut tried = Vec::new();
     let mut stub = None;
+    let origin = match &source {
+        Source::Search(_, origin) => *origin,
+        Source::Adopted(..) => LibraryOrigin::Adopted,
+    };
     // Lazily: a later candidate is opened only if the ones before it failed.
     let candidates: Box<dyn Iterator<Item = (Result<libloading::Library, LoadAttempt>, OsString)>> =
         match source {
-            Source::Search(explicit) => Box::new(
+            Source::Search(explicit, _) => Box::new(
                 library::candidates(explicit.as_deref())
                     .into_iter()
                     .map(|c| (library::open(&c), c.name)),
@@ -539,6 +563,8 @@ fn open(source: Source) -> Result<Loaded, Error> {
         let version = DriverVersion(version);
         return Ok(Loaded {
             resolution: ResolutionPath::for_driver(version, &bootstrap),
+            kind: LibraryKind::judge(&path, version, &bootstrap),
+            origin,
             opened_as: candidate,
             path,
             version,
@@ -547,8 +573,8 @@ fn open(source: Source) -> Result<Loaded, Error> {
         });
     }
     match stub {
-        Some(path) => Err(Error::StubLibrary { path }),
-        None => Err(Error::LibraryNotFound { tried }),
+        Some(path) => Err(Error::StubLibrary { path, origin }),
+        None => Err(Error::LibraryNotFound { tried, origin }),
     }
 }
 
@@ -560,7 +586,8 @@ impl From<CallError> for Error {
             Some(ResolutionPath::ProcAddressV2) => "cuGetProcAddress_v2",
             _ => "cuGetProcAddress",
         };
-        error.to_error_with(via, |code, function| match TABLES.get() {
+        let library = || TABLES.get().map(|tables| tables.legacy.loaded.identity());
+        error.to_error_with(via, library, |code, function| match TABLES.get() {
             Some(tables) => tables.legacy.describe(code, Some(function)),
             None => {
                 let (name, description) = crate::error::builtin_description(code);

@@ -3,7 +3,9 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::library::LoadAttempt;
+use crate::library::{
+    DEFAULT_NAMES, DriverLibrary, LIBRARY_ENV, LibraryKind, LibraryOrigin, LoadAttempt,
+};
 use crate::table::Function;
 use crate::types::CUresult;
 use crate::version::DriverVersion;
@@ -14,40 +16,36 @@ use crate::version::DriverVersion;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// No candidate library could be opened. `tried` lists every name or path, with the loader's
-    /// message for each.
-    #[error(
-        "the NVIDIA CUDA driver library could not be loaded; tried {}. Install the NVIDIA driver \
-         (it provides {}), or set {} to the library's full path",
-        LoadAttempt::list(tried),
-        crate::library::DEFAULT_NAMES[0],
-        crate::library::LIBRARY_ENV
-    )]
+    /// No candidate library could be opened as the driver. `tried` lists every name or path, with
+    /// the loader's message for each; `origin` says where they came from (the default names, or
+    /// the one path `CUDA_SYS_LIBRARY` or the caller named), which decides what to fix.
+    #[error("{}", library_not_found(tried, *origin))]
     LibraryNotFound {
         /// Each name or path tried, in order, with why it failed.
         tried: Vec<LoadAttempt>,
+        /// Where the candidates came from.
+        origin: LibraryOrigin,
     },
 
     /// The library that opened is the CUDA toolkit's link-time stub, not the driver.
     #[error(
         "{} is the CUDA toolkit's stub library (cuInit returned CUDA_ERROR_STUB_LIBRARY, 34): it \
-         exists only for linking and cannot run anything. Install the NVIDIA driver, take the \
-         toolkit's lib64/stubs folder off LD_LIBRARY_PATH, or set {} to the real libcuda.so.1",
+         exists only for linking and cannot run anything. {}",
         path.display(),
-        crate::library::LIBRARY_ENV
+        stub_advice(*origin)
     )]
     StubLibrary {
         /// The stub's path, as the loader reported it.
         path: PathBuf,
+        /// Where the stub's name or path came from.
+        origin: LibraryOrigin,
     },
 
-    /// The installed driver does not provide a function at the ABI version the table binds, though
-    /// its version number says it could. Other functions are unaffected.
-    #[error(
-        "the installed driver ({found}) does not provide {function} (ABI version {}): {reason}. {}",
-        DriverVersion(*required as i32),
-        .reason.advice()
-    )]
+    /// The loaded library does not provide a function at the ABI version the table binds, though
+    /// its version number says it could. Other functions are unaffected. The message says which
+    /// library was loaded; if it is not NVIDIA's driver (see [`LibraryKind`]), it says so rather
+    /// than advising a driver upgrade.
+    #[error("{}", symbol_missing(function, *required, *found, *reason, library.as_ref()))]
     SymbolMissing {
         /// The table name of the function.
         function: &'static str,
@@ -57,18 +55,22 @@ pub enum Error {
         found: DriverVersion,
         /// What the lookup said.
         reason: MissingReason,
+        /// The library it was looked up in (`None` only for an error made without a loaded
+        /// driver).
+        library: Option<DriverLibrary>,
     },
 
     /// The function's ABI version is newer than the installed driver. Nothing was called.
     #[error(
-        "{function} needs a driver that supports CUDA {} ({required}); the installed driver \
-         supports CUDA {found}. Upgrade the NVIDIA driver",
+        "{function} needs a driver that supports CUDA {}; the installed driver supports CUDA \
+         {found}. Upgrade the NVIDIA driver",
         DriverVersion(*required as i32)
     )]
     DriverTooOld {
         /// The table name of the function.
         function: &'static str,
-        /// The version the function's signature binds (`1000 * major + 10 * minor`).
+        /// The version the function's signature binds (`1000 * major + 10 * minor`: 13010 is
+        /// CUDA 13.1).
         required: u32,
         /// The installed driver's version.
         found: DriverVersion,
@@ -108,6 +110,102 @@ pub enum Error {
     InvalidSymbolName(String),
 }
 
+/// [`Error::LibraryNotFound`]'s message: what was tried, and what to fix for where it came from.
+fn library_not_found(tried: &[LoadAttempt], origin: LibraryOrigin) -> String {
+    let tried_text = LoadAttempt::list(tried);
+    let driver = DEFAULT_NAMES[0];
+    match origin {
+        LibraryOrigin::Environment => format!(
+            "{LIBRARY_ENV} is set, so only the library it names was tried, and it could not be \
+             loaded as the CUDA driver: {tried_text}. Fix {LIBRARY_ENV} to name the NVIDIA driver \
+             library ({driver}, with its full path), or unset it to search for the installed driver"
+        ),
+        LibraryOrigin::Given => format!(
+            "the library path given to Driver::load could not be loaded as the CUDA driver: \
+             {tried_text}. Give the path of the NVIDIA driver library ({driver}), or load without a \
+             path to search for the installed driver"
+        ),
+        LibraryOrigin::Adopted => format!(
+            "the library given to Driver::adopt is not a CUDA driver: {tried_text}. Adopt the \
+             NVIDIA driver library ({driver})"
+        ),
+        LibraryOrigin::DefaultNames => format!(
+            "the NVIDIA CUDA driver library could not be loaded; tried {tried_text}. Install the \
+             NVIDIA driver (it provides {driver}), or set {LIBRARY_ENV} to the library's full path"
+        ),
+    }
+}
+
+/// What to do about the stub, for where its name or path came from.
+fn stub_advice(origin: LibraryOrigin) -> String {
+    let driver = DEFAULT_NAMES[0];
+    match origin {
+        LibraryOrigin::Environment => format!(
+            "{LIBRARY_ENV} names it: set {LIBRARY_ENV} to the NVIDIA driver's {driver} (install the \
+             NVIDIA driver if there is none), or unset it"
+        ),
+        LibraryOrigin::Given | LibraryOrigin::Adopted => format!(
+            "Load the NVIDIA driver's {driver} instead (install the NVIDIA driver if there is none)"
+        ),
+        LibraryOrigin::DefaultNames => format!(
+            "Install the NVIDIA driver, take the toolkit's lib64/stubs folder off LD_LIBRARY_PATH, \
+             or set {LIBRARY_ENV} to the real {driver}"
+        ),
+    }
+}
+
+/// [`Error::SymbolMissing`]'s message: which library lacks the function, and what to do, which is
+/// to upgrade only where the library is NVIDIA's driver.
+fn symbol_missing(
+    function: &str,
+    required: u32,
+    found: DriverVersion,
+    reason: MissingReason,
+    library: Option<&DriverLibrary>,
+) -> String {
+    let required = DriverVersion(required as i32);
+    let not_nvidia = library.filter(|l| l.kind != LibraryKind::NvidiaDriver);
+    match not_nvidia {
+        Some(library) if reason != MissingReason::NoPerThreadVariant => {
+            let why = match library.kind {
+                LibraryKind::MissingProcAddress if found.0 >= 12000 => format!(
+                    "it reports CUDA {found} but does not export cuGetProcAddress_v2, which every \
+                     NVIDIA driver since 12.0 does"
+                ),
+                LibraryKind::MissingProcAddress => format!(
+                    "it reports CUDA {found} but does not export cuGetProcAddress, which every \
+                     NVIDIA driver since 11.3 does"
+                ),
+                _ if cfg!(windows) => "its file name is not nvcuda.dll".to_string(),
+                _ => "its file name is not libcuda.so*".to_string(),
+            };
+            let instead = match library.origin {
+                LibraryOrigin::Environment => format!(
+                    "set {LIBRARY_ENV} to the NVIDIA driver's {} or unset it",
+                    DEFAULT_NAMES[0]
+                ),
+                _ => format!("load the NVIDIA driver ({}) instead", DEFAULT_NAMES[0]),
+            };
+            format!(
+                "the loaded library {} (reporting CUDA {found}) lacks {function} (ABI version \
+                 {required}): {reason}. That library is not NVIDIA's driver ({why}), so upgrading \
+                 the driver will not help: use a library that provides {function}, or {instead}",
+                library.path.display()
+            )
+        }
+        _ => {
+            let at = library
+                .map(|l| format!(", {}", l.path.display()))
+                .unwrap_or_default();
+            format!(
+                "the installed driver (CUDA {found}{at}) does not provide {function} (ABI version \
+                 {required}): {reason}. {}",
+                reason.advice()
+            )
+        }
+    }
+}
+
 impl Error {
     /// The driver's result code, when this error is one.
     pub fn code(&self) -> Option<CUresult> {
@@ -133,7 +231,7 @@ pub enum MissingReason {
     NotExported,
     /// The driver is loaded for per-thread default-stream semantics, and this ABI version of the
     /// function has no per-thread variant: the driver offers one only for newer ABI versions of
-    /// the function (`cuMemcpyAtoA` at 2000; `cuGetProcAddress` answers
+    /// the function (`cuMemcpyAtoA` at 2.0; `cuGetProcAddress` answers
     /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`). Known from the table, the same on every
     /// driver: the driver is not asked, and an older driver's legacy export is never used.
     NoPerThreadVariant,
@@ -352,10 +450,11 @@ impl CallError {
     }
 
     /// The rich error, with the code's name and description from `describe`; a failed lookup is
-    /// reported as `lookup_via`'s (`cuGetProcAddress_v2`, say).
+    /// reported as `lookup_via`'s (`cuGetProcAddress_v2`, say); a missing symbol names `library`'s.
     pub(crate) fn to_error_with(
         self,
         lookup_via: &'static str,
+        library: impl FnOnce() -> Option<DriverLibrary>,
         describe: impl FnOnce(CUresult, &'static str) -> DriverError,
     ) -> Error {
         let function = self.function.name();
@@ -374,6 +473,7 @@ impl CallError {
                 required: self.required,
                 found: DriverVersion(self.value),
                 reason,
+                library: library(),
             },
         }
     }

@@ -1,6 +1,8 @@
 //! Every driver function as a typed entry: an index of the table, one constant per function and per
 //! older ABI variant of one (`cuCtxCreate` bound at 12.5, `cuCtxCreate_v2` at 3.2, `cuCtxCreate_v3`
-//! at 11.4, ...), each carrying its exact C signature.
+//! at 11.4, ...), each carrying its exact C signature and `cuda.h`'s documentation of it (the
+//! header's Doxygen comment as Markdown: parameters, results, links to the functions, types and
+//! constants it names).
 //!
 //! The same functions are methods of [`Driver`] (checked: `driver.cuCtxCreate(..)`) and of
 //! [`RawFunctions`] (`driver.raw().cuCtxCreate()`, the C pointer). An entry is for code that picks a
@@ -11,24 +13,31 @@
 //! ```no_run
 //! use cuda_sys::functions::{cuEventElapsedTime, cuEventElapsedTime_v2000};
 //! # fn main() -> Result<(), cuda_sys::Error> {
+//! # let (start, end): (cuda_sys::types::CUevent, cuda_sys::types::CUevent) = todo!();
 //! let driver = cuda_sys::driver()?;
 //! // 12.8's ABI where the driver has it, else the 2.0 one (same signature, older semantics).
-//! let (elapsed, which) = driver.newest_variant(cuEventElapsedTime)?;
-//! println!("using {which}");
+//! let elapsed = driver.newest_variant(cuEventElapsedTime)?;
+//! println!("using {}", elapsed.function());
 //! assert_eq!(cuEventElapsedTime.variants().len(), 2);
+//! let mut ms = 0.0f32;
+//! // SAFETY: two recorded events of the current context; `ms` is a valid out-pointer. An error
+//! // names the variant that was called.
+//! unsafe { elapsed.call((&raw mut ms, start, end))? };
 //! // The same, with the list written out.
-//! let (_, same) = driver.newest(&[cuEventElapsedTime, cuEventElapsedTime_v2000])?;
-//! assert_eq!(which, same);
-//! # let _ = elapsed; Ok(()) }
+//! let same = driver.newest(&[cuEventElapsedTime, cuEventElapsedTime_v2000])?;
+//! assert_eq!(elapsed.function(), same.function());
+//! # Ok(()) }
 //! ```
 //!
-//! `src/generated/functions.rs` (generated from `cudaTypedefs.h`, never edited by hand) is the list;
-//! `driver_function_table!` here turns it into these constants, the methods, and a compile-time
-//! check that each signature is its `PFN_` typedef. (`table.rs` reads the same list into the data.)
+//! `src/generated/functions.rs` (generated from `cuda.h` and `cudaTypedefs.h`, never edited by hand)
+//! is the list; `driver_function_table!` here turns it into these constants, the methods (each
+//! says in a line what its function does and links to its entry here), and a compile-time check
+//! that each signature is its `PFN_` typedef. (`table.rs` reads the same list into the data.)
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
+use crate::chosen::ChosenFunction;
 use crate::driver::Driver;
 use crate::error::{CallError, CallErrorKind, Error};
 use crate::resolve;
@@ -129,20 +138,21 @@ impl Driver {
     }
 
     /// The newest of `entries` (variants of one function with one signature, in any order) that
-    /// this driver has, and which one it is: for binding authors who would otherwise write the
-    /// version ladder by hand. Entries newer than the driver, or that it lacks, are skipped.
+    /// this driver has: for binding authors who would otherwise write the version ladder by hand.
+    /// Entries newer than the driver, or that it lacks, are skipped. The [`ChosenFunction`] says
+    /// which was chosen and calls it checked, with errors that name it.
     ///
     /// # Errors
     /// If none is available, the error of the oldest ([`Error::DriverTooOld`] or
     /// [`Error::SymbolMissing`]); [`Error::Driver`] at once if a lookup itself failed.
     /// [`Error::InvalidSymbolName`] for an empty list.
-    pub fn newest<F: Copy>(&self, entries: &[Entry<F>]) -> Result<(F, Function), Error> {
+    pub fn newest<F: Copy>(&self, entries: &[Entry<F>]) -> Result<ChosenFunction<F>, Error> {
         let version = |e: &Entry<F>| resolve::variant(e.info(), self.default_stream()).0;
         let mut sorted: Vec<Entry<F>> = entries.to_vec();
         sorted.sort_by_key(|e| std::cmp::Reverse(version(e)));
         match self.first_available(sorted.iter().map(|e| e.function)) {
             // SAFETY: as in `function`: `F` is the signature of every entry of `entries`.
-            Ok((p, function)) => Ok((unsafe { cast::<F>(p) }, function)),
+            Ok((p, function)) => Ok(ChosenFunction::new(unsafe { cast::<F>(p) }, function)),
             Err(Some(error)) => Err(error.into()),
             Err(None) => Err(Error::InvalidSymbolName(
                 "(an empty list of entries given to Driver::newest)".into(),
@@ -171,22 +181,25 @@ impl Driver {
 }
 
 impl Driver {
-    /// The newest ABI variant of `entry`'s function with `entry`'s signature that this driver has,
-    /// and which one it is: `driver.newest_variant(cuEventElapsedTime)` is 12.8's
-    /// `cuEventElapsedTime` where the driver has it, else 2.0's `cuEventElapsedTime_v2000`. The
-    /// variants come from the table ([`Entry::variants`]); no version is written by hand.
+    /// The newest ABI variant of `entry`'s function with `entry`'s signature that this driver has:
+    /// `driver.newest_variant(cuEventElapsedTime)` is 12.8's `cuEventElapsedTime` where the
+    /// driver has it, else 2.0's `cuEventElapsedTime_v2000`. The variants come from the table
+    /// ([`Entry::variants`]); no version is written by hand. The [`ChosenFunction`] says which was
+    /// chosen and calls it checked, with errors that name it.
     ///
     /// # Errors
     /// If none is available, the error of the oldest ([`Error::DriverTooOld`] or
     /// [`Error::SymbolMissing`]); [`Error::Driver`] at once if a lookup itself failed.
-    pub fn newest_variant<F: Copy>(&self, entry: Entry<F>) -> Result<(F, Function), Error> {
+    pub fn newest_variant<F: Copy>(&self, entry: Entry<F>) -> Result<ChosenFunction<F>, Error> {
         match self.first_available(entry.family.iter().copied()) {
             // SAFETY: every function of an entry's family has the entry's signature `F` (the
             // generator groups them by signature; checked at compile time below).
-            Ok((p, function)) => Ok((unsafe { cast::<F>(p) }, function)),
+            Ok((p, function)) => Ok(ChosenFunction::new(unsafe { cast::<F>(p) }, function)),
             Err(Some(error)) => Err(error.into()),
             // A family holds its own entry, so it is never empty: this only restates that.
-            Err(None) => self.function(entry).map(|f| (f, entry.function)),
+            Err(None) => self
+                .function(entry)
+                .map(|f| ChosenFunction::new(f, entry.function)),
         }
     }
 }
@@ -203,27 +216,43 @@ unsafe fn cast<F: Copy>(p: *mut c_void) -> F {
     unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
 }
 
-/// Expands the generated list (see the module docs) into the entries and the methods.
+/// Expands the generated list (see the module docs) into the entries and the methods. Each entry
+/// carries the header's documentation, as Markdown; each method says in a line what the function
+/// does and links to its entry.
 macro_rules! driver_function_table {
     ($(
+        #[summary = $summary:literal]
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
-            $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
-            $per_thread_version:literal, $pfn:ident, [$($family:ident),* $(,)?];
+            $version:literal, $version_text:literal, $symbol:literal, $export:literal,
+            $per_thread:literal, $per_thread_version:literal, $pfn:ident,
+            [$($family:ident),* $(,)?];
     )*) => {
         $(
-            $(#[doc = $doc])*
+            #[doc = $summary]
             ///
-            #[doc = concat!("`", stringify!($name), "`, ABI version ", stringify!($version), " (`", stringify!($pfn), "`).")]
-            #[allow(non_upper_case_globals)]
+            #[doc = concat!(
+                "ABI version ", $version_text, " (`", stringify!($pfn), "`). [`Driver::",
+                stringify!($name), "`](crate::Driver::", stringify!($name), ") calls it, checked; [`",
+                "RawFunctions::", stringify!($name), "`](crate::RawFunctions::", stringify!($name),
+                ") returns its C pointer."
+            )]
+            ///
+            $(#[doc = $doc])*
+            // The generated links spell out paths that also resolve here by name: they are used
+            // where they would not (the `Function` enum in `table`) too.
+            #[allow(non_upper_case_globals, rustdoc::redundant_explicit_links)]
             pub const $name: Entry<unsafe extern "C" fn($($ty),*) -> CUresult> =
                 Entry::new(Function::$name, &[$(Function::$family),*]);
         )*
 
-        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::broken_intra_doc_links)]
+        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::redundant_explicit_links)]
         impl RawFunctions<'_> {
             $(
-                #[doc = concat!("The resolved [`", stringify!($name), "`](crate::functions::", stringify!($name), ") (ABI version ", stringify!($version), ").")]
+                #[doc = concat!(
+                    "The C function pointer of [`", stringify!($name), "`](crate::functions::",
+                    stringify!($name), ") (ABI version ", $version_text, "): ", $summary
+                )]
                 ///
                 /// # Errors
                 /// [`Error::DriverTooOld`] if the driver's version is older than the ABI version;
@@ -235,10 +264,16 @@ macro_rules! driver_function_table {
             )*
         }
 
-        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::broken_intra_doc_links)]
+        #[allow(non_snake_case, clippy::too_many_arguments, rustdoc::redundant_explicit_links)]
         impl Driver {
             $(
-                #[doc = concat!("Calls [`", stringify!($name), "`](crate::functions::", stringify!($name), ") (ABI version ", stringify!($version), ").")]
+                #[doc = $summary]
+                ///
+                #[doc = concat!(
+                    "Calls [`", stringify!($name), "`](crate::functions::", stringify!($name),
+                    ") (ABI version ", $version_text, "), whose page has the header's full ",
+                    "documentation, and checks its result."
+                )]
                 ///
                 /// # Safety
                 /// The arguments must meet the C function's contract in the CUDA Driver API

@@ -8,11 +8,11 @@
 //!   [`Driver::load_default`] is the safe standard search. This crate builds with no CUDA toolkit
 //!   and no GPU.
 //! - **Every function of `cuda.h`, and every older ABI variant, in one declarative table.** Each
-//!   entry carries the ABI version its signature binds (`cuLaunchHostFunc` 10000,
-//!   `cuStreamGetCaptureInfo` 12030, `cuStreamGetCaptureInfo_v2` 11030, `cuCtxCreate_v2` 3020, ...),
+//!   entry carries the ABI version its signature binds (`cuLaunchHostFunc` 10.0,
+//!   `cuStreamGetCaptureInfo` 12.3, `cuStreamGetCaptureInfo_v2` 11.3, `cuCtxCreate_v2` 3.2, ...),
 //!   derived from `cudaTypedefs.h` by the generator, not by hand. The [`functions`] module is the
-//!   index: one typed entry per function, and [`Driver::newest`] picks the newest variant a driver
-//!   has.
+//!   index: one typed entry per function, and [`Driver::newest_variant`] picks the newest variant
+//!   a driver has, as a [`ChosenFunction`] whose checked call's error names the variant picked.
 //! - **Lazy, per-function, version-gated resolution.** The first call of a function resolves it
 //!   through `cuGetProcAddress_v2` (or the older ways on older drivers) and caches the pointer; later
 //!   calls cost one atomic load and a branch. A function newer than the driver returns
@@ -25,11 +25,15 @@
 //!   name and description of a failing code;
 //! - `driver()?.raw().cuStreamSynchronize()?`: the C function pointer with its exact signature.
 //!
+//! [`driver`] initialises the driver itself: its first call opens the library and calls
+//! `cuInit(0)` (then `cuDriverGetVersion`), so there is no `cuInit` to call first; a failing
+//! `cuInit` is that call's [`Error::Driver`]. (Calling `cuInit` again is harmless.)
+//!
 //! ```no_run
 //! use cuda_sys::{driver, types::*};
 //!
 //! # fn main() -> Result<(), cuda_sys::Error> {
-//! let cuda = driver()?;
+//! let cuda = driver()?; // opens the library and calls cuInit(0)
 //! println!("CUDA {} ({:?})", cuda.version(), cuda.resolution_path());
 //! let mut device: CUdevice = 0;
 //! let mut context: CUcontext = std::ptr::null_mut();
@@ -60,6 +64,7 @@
 
 // The modules, lowest layer first: each imports only from those above it in this list (and from the
 // generated `types`/`generated_result_codes`). DESIGN.md draws the order; scripts check it.
+mod chosen;
 mod driver;
 mod error;
 pub mod functions;
@@ -87,10 +92,13 @@ mod generated_result_codes {
     include!("generated/result_codes.rs");
 }
 
+pub use chosen::{CFunction, ChosenFunction};
 pub use driver::{Driver, LoadOptions, PER_THREAD_ENV, driver};
 pub use error::{CallError, CallErrorKind, DriverError, Error, MissingReason};
 pub use functions::RawFunctions;
-pub use library::{DEFAULT_NAMES, LIBRARY_ENV, LoadAttempt};
+pub use library::{
+    DEFAULT_NAMES, DriverLibrary, LIBRARY_ENV, LibraryKind, LibraryOrigin, LoadAttempt,
+};
 pub use resolve::ResolutionPath;
 pub use streams::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, DefaultStream};
 pub use table::{FUNCTION_COUNT, Function, FunctionInfo};

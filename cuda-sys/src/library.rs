@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
 use crate::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+use crate::version::DriverVersion;
 
 /// The environment variable that names the driver library's path explicitly. Setting it makes the
 /// process trust that library as the CUDA driver (see [`driver`](crate::driver)'s Safety section).
@@ -17,6 +18,76 @@ pub const DEFAULT_NAMES: &[&str] = &["nvcuda.dll"];
 /// then the development link name (which may be the toolkit's stub, reported as such).
 #[cfg(not(windows))]
 pub const DEFAULT_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
+
+/// Where the library to load came from: what an error about it advises to fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LibraryOrigin {
+    /// The standard search for [`DEFAULT_NAMES`].
+    DefaultNames,
+    /// The path [`LIBRARY_ENV`] (`CUDA_SYS_LIBRARY`) names: the only candidate while it is set.
+    Environment,
+    /// A path given to [`Driver::load`](crate::Driver::load) in
+    /// [`LoadOptions::library_path`](crate::LoadOptions::library_path).
+    Given,
+    /// A library given to [`Driver::adopt`](crate::Driver::adopt).
+    Adopted,
+}
+
+/// What the loaded library is, as far as its file name and exports tell: NVIDIA's driver, or
+/// something else with the driver's entry points (a test double such as the workspace's fake, a
+/// shim, a renamed copy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LibraryKind {
+    /// Its file name is the driver's (`libcuda.so*`; `nvcuda.dll` on Windows) and it exports the
+    /// lookups its version promises (`cuGetProcAddress` from 11.3, `cuGetProcAddress_v2` from 12.0).
+    NvidiaDriver,
+    /// Its file name is not the driver's.
+    OtherName,
+    /// It reports a version whose drivers export `cuGetProcAddress` (11.3+) or
+    /// `cuGetProcAddress_v2` (12.0+), and lacks that export.
+    MissingProcAddress,
+}
+
+impl LibraryKind {
+    /// Judges the library mapped at `path` that reported `version` and exports `bootstrap`.
+    pub(crate) fn judge(path: &Path, version: DriverVersion, bootstrap: &Bootstrap) -> LibraryKind {
+        if !has_driver_file_name(path) {
+            LibraryKind::OtherName
+        } else if (version.0 >= 11030 && bootstrap.cu_get_proc_address.is_none())
+            || (version.0 >= 12000 && bootstrap.cu_get_proc_address_v2.is_none())
+        {
+            LibraryKind::MissingProcAddress
+        } else {
+            LibraryKind::NvidiaDriver
+        }
+    }
+}
+
+/// Whether `path`'s file name is one NVIDIA's driver installs.
+fn has_driver_file_name(path: &Path) -> bool {
+    let Some(name) = path.file_name() else {
+        return false;
+    };
+    let name = name.to_string_lossy().to_ascii_lowercase();
+    if cfg!(windows) {
+        name == "nvcuda.dll"
+    } else {
+        name.starts_with("libcuda.so")
+    }
+}
+
+/// The library the process's driver was loaded from, as errors name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverLibrary {
+    /// The file the loader mapped (see [`Driver::path`](crate::Driver::path)).
+    pub path: PathBuf,
+    /// What it is, as far as its name and exports tell.
+    pub kind: LibraryKind,
+    /// Where it came from.
+    pub origin: LibraryOrigin,
+}
 
 /// One library name or path the loader tried, and why it did not open.
 #[derive(Debug, Clone)]
@@ -208,4 +279,95 @@ pub(crate) fn mapped_path(address: *const c_void, fallback: &OsString) -> PathBu
 #[cfg(not(unix))]
 pub(crate) fn mapped_path(_address: *const c_void, fallback: &OsString) -> PathBuf {
     PathBuf::from(fallback)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::{c_char, c_int, c_uint, c_void};
+    use std::path::Path;
+
+    use super::{Bootstrap, LibraryKind};
+    use crate::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+    use crate::version::DriverVersion;
+
+    unsafe extern "C" fn init(_: c_uint) -> CUresult {
+        CUresult::CUDA_SUCCESS
+    }
+    unsafe extern "C" fn version(_: *mut c_int) -> CUresult {
+        CUresult::CUDA_SUCCESS
+    }
+    unsafe extern "C" fn v1(
+        _: *const c_char,
+        _: *mut *mut c_void,
+        _: c_int,
+        _: cuuint64_t,
+    ) -> CUresult {
+        CUresult::CUDA_SUCCESS
+    }
+    unsafe extern "C" fn v2(
+        _: *const c_char,
+        _: *mut *mut c_void,
+        _: c_int,
+        _: cuuint64_t,
+        _: *mut CUdriverProcAddressQueryResult,
+    ) -> CUresult {
+        CUresult::CUDA_SUCCESS
+    }
+
+    fn exports(v1_export: bool, v2_export: bool) -> Bootstrap {
+        Bootstrap {
+            cu_init: init,
+            cu_driver_get_version: version,
+            cu_get_proc_address_v2: v2_export.then_some(v2 as _),
+            cu_get_proc_address: v1_export.then_some(v1 as _),
+            cu_get_error_name: None,
+            cu_get_error_string: None,
+        }
+    }
+
+    #[cfg(not(windows))]
+    #[test]
+    fn only_a_library_named_libcuda_with_the_lookups_its_version_promises_is_nvidias_driver() {
+        let judge = |path: &str, v: i32, b: &Bootstrap| {
+            LibraryKind::judge(Path::new(path), DriverVersion(v), b)
+        };
+        let full = exports(true, true);
+        for name in [
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "/usr/lib/wsl/lib/libcuda.so.1",
+            "libcuda.so.580.65.06",
+            "/opt/LIBCUDA.SO",
+        ] {
+            assert_eq!(
+                judge(name, 13000, &full),
+                LibraryKind::NvidiaDriver,
+                "{name}"
+            );
+        }
+        for name in [
+            "/target/debug/deps/libfake_cuda.so",
+            "/opt/libcudart.so.13",
+            "/",
+        ] {
+            assert_eq!(judge(name, 13000, &full), LibraryKind::OtherName, "{name}");
+        }
+        let libcuda = "/usr/lib/libcuda.so.1";
+        // 12.0+ without cuGetProcAddress_v2, 11.3+ without cuGetProcAddress: not a driver's exports.
+        assert_eq!(
+            judge(libcuda, 12000, &exports(true, false)),
+            LibraryKind::MissingProcAddress
+        );
+        assert_eq!(
+            judge(libcuda, 11080, &exports(true, false)),
+            LibraryKind::NvidiaDriver
+        );
+        assert_eq!(
+            judge(libcuda, 11030, &exports(false, false)),
+            LibraryKind::MissingProcAddress
+        );
+        assert_eq!(
+            judge(libcuda, 11020, &exports(false, false)),
+            LibraryKind::NvidiaDriver
+        );
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use crate::error::{
     CallError, CallErrorKind, DriverError, Error, MissingReason, builtin_description,
 };
-use crate::library::{self, Bootstrap};
+use crate::library::{self, Bootstrap, DriverLibrary, LibraryKind, LibraryOrigin};
 use crate::streams::DefaultStream;
 use crate::table::{Function, FunctionInfo};
 use crate::types::{CUdriverProcAddressQueryResult, CUresult};
@@ -47,6 +47,9 @@ pub(crate) struct Loaded {
     pub(crate) version: DriverVersion,
     pub(crate) resolution: ResolutionPath,
     pub(crate) bootstrap: Bootstrap,
+    /// NVIDIA's driver or another library, as its name and exports tell.
+    pub(crate) kind: LibraryKind,
+    pub(crate) origin: LibraryOrigin,
 }
 
 /// The errors a slot caches once its entry resolved to one: the slot holds `1 + ` the error's
@@ -85,7 +88,7 @@ pub(crate) enum Lookup {
 /// `None` where that ABI version has no variant in the mode: a per-thread lookup of a version
 /// without a per-thread twin, of a function that has per-thread variants in other ABI versions.
 /// `cuGetProcAddress` then answers `VERSION_NOT_SUFFICIENT` (the H200's 13.0 driver for
-/// `cuMemcpyAtoA` at 2000), and the exports of older drivers are not looked up either: their
+/// `cuMemcpyAtoA` at 2.0), and the exports of older drivers are not looked up either: their
 /// legacy export would give the legacy default stream's semantics in per-thread mode.
 pub(crate) fn variant(info: &FunctionInfo, mode: DefaultStream) -> (u32, Option<&'static CStr>) {
     match (mode, info.per_thread_export, info.per_thread_version) {
@@ -198,6 +201,15 @@ impl Loaded {
         }
     }
 
+    /// The library, as errors name it.
+    pub(crate) fn identity(&self) -> DriverLibrary {
+        DriverLibrary {
+            path: self.path.clone(),
+            kind: self.kind,
+            origin: self.origin,
+        }
+    }
+
     /// A [`DriverError`] for `code`, named and described by the driver where it can, else from the
     /// pinned header.
     pub(crate) fn describe(&self, code: CUresult, function: Option<&'static str>) -> DriverError {
@@ -217,12 +229,14 @@ impl Loaded {
                 required,
                 found: self.version,
                 reason: MissingReason::NotFound,
+                library: Some(self.identity()),
             },
             Lookup::Missing(reason) => Error::SymbolMissing {
                 function,
                 required,
                 found: self.version,
                 reason,
+                library: Some(self.identity()),
             },
             Lookup::Failed(code, via) => self.describe(code, Some(via)).into(),
         }
@@ -328,6 +342,7 @@ mod tests {
             required: 2000,
             found: crate::DriverVersion(13000),
             reason: NoPerThreadVariant,
+            library: None,
         };
         let text = e.to_string();
         assert!(

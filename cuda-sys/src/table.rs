@@ -1,5 +1,6 @@
 //! The declarative table of every driver function, in the manner of cuda.core's
-//! `X(cuLaunchHostFunc, 10000)` list: what each function is (this module), not how it is called.
+//! `X(cuLaunchHostFunc, 10000)` list (10000 is CUDA 10.0): what each function is (this module),
+//! not how it is called.
 //!
 //! `generated/functions.rs` (written by `tools/codegen` from `cudaTypedefs.h`, never by hand) holds one
 //! line per function: its name, its exact C parameters, the ABI version that signature binds, the
@@ -18,15 +19,17 @@ pub struct FunctionInfo {
     pub name: &'static str,
     /// The base name `cuGetProcAddress` takes, such as `cuMemAlloc` or `cuLaunchHostFunc`.
     pub symbol: &'static CStr,
-    /// The ABI version the bound signature belongs to (`1000 * major + 10 * minor`).
+    /// The ABI version the bound signature belongs to, as the driver numbers versions
+    /// (`1000 * major + 10 * minor`: 3020 is CUDA 3.2; [`DriverVersion`](crate::DriverVersion)
+    /// prints it so).
     pub version: u32,
     /// The library export of that version (`cuMemAlloc_v2`), looked up on drivers older than 11.3.
     pub export: &'static CStr,
     /// The export with per-thread default-stream semantics (`cuStreamSynchronize_ptsz`), if any.
     pub per_thread_export: Option<&'static CStr>,
-    /// The ABI version of the per-thread variant (`7000` for `cuStreamSynchronize_ptsz`), if any:
-    /// what is asked of `cuGetProcAddress` (and gated) when the driver is loaded for per-thread
-    /// default-stream semantics.
+    /// The ABI version of the per-thread variant (7000, CUDA 7.0, for `cuStreamSynchronize_ptsz`),
+    /// if any: what is asked of `cuGetProcAddress` (and gated) when the driver is loaded for
+    /// per-thread default-stream semantics.
     pub per_thread_version: Option<u32>,
 }
 
@@ -67,10 +70,12 @@ const fn optional_version(v: u32) -> Option<u32> {
 /// Expands the generated list (see the module docs) into the table.
 macro_rules! driver_function_table {
     ($(
+        #[summary = $summary:literal]
         $(#[doc = $doc:literal])*
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
-            $version:literal, $symbol:literal, $export:literal, $per_thread:literal,
-            $per_thread_version:literal, $pfn:ident, [$($family:ident),* $(,)?];
+            $version:literal, $version_text:literal, $symbol:literal, $export:literal,
+            $per_thread:literal, $per_thread_version:literal, $pfn:ident,
+            [$($family:ident),* $(,)?];
     )*) => {
         /// Every function of the table, in `cuda.h`'s order.
         #[allow(non_camel_case_types)]
@@ -78,7 +83,15 @@ macro_rules! driver_function_table {
         #[repr(u16)]
         #[non_exhaustive]
         pub enum Function {
-            $( $(#[doc = $doc])* $name, )*
+            $(
+                #[doc = $summary]
+                ///
+                #[doc = concat!(
+                    "[`functions::", stringify!($name), "`](crate::functions::",
+                    stringify!($name), ") has the header's documentation."
+                )]
+                $name,
+            )*
         }
 
         impl Function {

@@ -8,11 +8,14 @@
 //!    typedefs, every type alias, and the result codes.
 //! 3. `table` matches each function of `cuda.h` to the one `PFN_` typedef whose signature its
 //!    declaration has, adds an entry for every other typedef (the older ABI variants), and emits the
-//!    declarative table (`functions.rs`) and a report (`REPORT.md`).
+//!    declarative table (`functions.rs`) and a report (`REPORT.md`). Each entry's documentation is
+//!    the header's Doxygen comment as Markdown (`doc_markdown`), with links to the table's entries
+//!    and to the types and constants of the bindings.
 //!
 //! Outputs go to `$OUT_DIR/generated/` and, with `CUDA_SYS_WRITE_GENERATED=1`, over
 //! `cuda-sys/src/generated/`. This is build-time tooling: it panics with a message on bad input.
 
+mod doc_markdown;
 mod model;
 mod result_codes;
 mod table;
@@ -95,7 +98,7 @@ pub fn run() {
         ("bindings.rs", format!("{header}\n{bindings}")),
         (
             "functions.rs",
-            format!("{header}\n{}", table.render_table()),
+            format!("{header}\n{}", table.render_table(&normal.link_targets())),
         ),
         (
             "result_codes.rs",

@@ -123,6 +123,60 @@ impl Model {
         })
     }
 
+    /// Where rustdoc finds each type and constant of this output, for the docs' links: a type or a
+    /// `#define`d constant `X` at `crate::types::X`, an enum's constant `C` at
+    /// `crate::types::Enum::C` (the first enum that has it).
+    pub fn link_targets(&self) -> BTreeMap<String, String> {
+        let mut targets = BTreeMap::new();
+        for item in &self.file.items {
+            let mut add = |name: String, path: String| {
+                targets.entry(name).or_insert(path);
+            };
+            match item {
+                syn::Item::Struct(i) => {
+                    add(i.ident.to_string(), format!("crate::types::{}", i.ident))
+                }
+                syn::Item::Union(i) => {
+                    add(i.ident.to_string(), format!("crate::types::{}", i.ident))
+                }
+                syn::Item::Type(i) => {
+                    add(i.ident.to_string(), format!("crate::types::{}", i.ident))
+                }
+                syn::Item::Enum(i) => {
+                    add(i.ident.to_string(), format!("crate::types::{}", i.ident))
+                }
+                syn::Item::Const(i) => {
+                    add(i.ident.to_string(), format!("crate::types::{}", i.ident))
+                }
+                syn::Item::Use(u) => {
+                    if let syn::UseTree::Path(p) = &u.tree
+                        && let syn::UseTree::Rename(r) = &*p.tree
+                    {
+                        add(r.rename.to_string(), format!("crate::types::{}", r.rename));
+                    }
+                }
+                syn::Item::Impl(i) if i.trait_.is_none() => {
+                    let syn::Type::Path(ty) = &*i.self_ty else {
+                        continue;
+                    };
+                    let Some(owner) = ty.path.get_ident() else {
+                        continue;
+                    };
+                    for member in &i.items {
+                        if let syn::ImplItem::Const(c) = member {
+                            add(
+                                c.ident.to_string(),
+                                format!("crate::types::{owner}::{}", c.ident),
+                            );
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        targets
+    }
+
     /// bindgen's output less the `extern "C"` blocks: the types, constants and `PFN_` typedefs. The
     /// functions are reached only through the table, never by linking.
     pub fn bindings_without_functions(&self) -> String {

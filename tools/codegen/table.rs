@@ -23,7 +23,9 @@ pub struct Entry {
     pub per_thread_version: Option<u32>,
     pub params: Vec<(String, String)>,
     pub pfn: String,
-    pub brief: String,
+    /// The header's Doxygen comment of the declaration (empty for an older ABI variant, which
+    /// `cuda.h` does not document).
+    pub doc: String,
     /// What the entry is: a `cuda.h` declaration, an export name of one, or an older ABI variant.
     pub kind: EntryKind,
     /// The canonical C signature (aliases resolved), to find the variants that share it.
@@ -181,7 +183,7 @@ pub fn build(
                     .map(|(n, t)| (n.clone(), print_type(t)))
                     .collect(),
                 pfn: pfn.typedef.clone(),
-                brief: brief(f),
+                doc: f.doc.clone(),
                 kind: EntryKind::Declared,
                 signature: internal.canonical_signature(f.params.iter().map(|(_, t)| t), &f.output),
                 family: Vec::new(),
@@ -244,7 +246,6 @@ fn add_variants(
         if e.export != e.name && names.insert(e.export.clone()) {
             entries.push(Entry {
                 name: e.export.clone(),
-                brief: format!("`{}` under its export's name: {}", e.name, e.brief),
                 kind: EntryKind::ExportName,
                 ..e.clone()
             });
@@ -316,12 +317,6 @@ fn add_variants(
         if let Some((p, true)) = per_thread {
             internal_used.push(p.typedef.clone());
         }
-        let newest = entries
-            .iter()
-            .filter(|e| e.symbol == pfn.base && e.kind == EntryKind::Declared)
-            .max_by_key(|e| e.version)
-            .map(|e| format!(" (`{}` is bound at {})", e.name, e.version))
-            .unwrap_or_default();
         if is_internal {
             internal_used.push(pfn.typedef.clone());
         }
@@ -352,10 +347,7 @@ fn add_variants(
                 })
                 .collect(),
             pfn: pfn.typedef.clone(),
-            brief: format!(
-                "The ABI variant {} of `{}`, with `{}`'s signature{newest}.",
-                pfn.version, pfn.base, pfn.typedef
-            ),
+            doc: String::new(),
             kind: EntryKind::Variant,
             signature,
             family: Vec::new(),
@@ -381,6 +373,11 @@ fn pfn_family<'a, 'b>(
         return None;
     }
     by_base.get_key_value(&name[..at]).map(|(k, v)| (*k, v))
+}
+
+/// An ABI version as people write it: `3020` → `3.2`.
+pub fn version_text(version: u32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
 }
 
 /// `X` → 1, `X_v2` → 2, `X_v3` → 3 (for base `X`); `None` for an export of another stem.
@@ -421,42 +418,44 @@ fn print_type(ty: &syn::Type) -> String {
         .to_string()
 }
 
-/// The header comment's `\brief` sentence, on one line.
-fn brief(f: &Function) -> String {
-    let doc = f.doc.as_str();
-    let text = match doc.find("\\brief") {
-        Some(at) => &doc[at + "\\brief".len()..],
-        None => doc,
-    };
-    let text = text.replace("```text", "").replace("```", "");
-    let para = text.trim_start().split("\n\n").next().unwrap_or("");
-    let line = para.split_whitespace().collect::<Vec<_>>().join(" ");
-    if line.is_empty() {
-        format!("`{}`", f.export)
-    } else {
-        line
-    }
-}
-
 impl Table {
-    pub fn render_table(&self) -> String {
+    /// The declarative table: one line per entry, after its documentation (see
+    /// [`Table::docs`]). `links` maps the names the header's comments mention to their rustdoc
+    /// paths (types and constants; the table's entries are added here).
+    pub fn render_table(&self, links: &BTreeMap<String, String>) -> String {
+        let mut links = links.clone();
+        for e in &self.entries {
+            links.insert(e.name.clone(), format!("crate::functions::{}", e.name));
+        }
+        let link = |name: &str| links.get(name).cloned();
         let mut s = String::new();
         s.push_str(
-            "// One line per driver function: `name(params) = ABI version, cuGetProcAddress symbol,\n\
-             // library export, per-thread export (\"\" if none), its ABI version (0 if none), PFN\n\
-             // typedef, [the entries of its symbol with its signature, newest first];`. See\n\
-             // cuda-sys/src/table.rs and functions.rs.\n",
+            "// One entry per driver function: `#[summary = \"what it does\"]`, the header's documentation\n\
+             // as Markdown (`///`), then `name(params) = ABI version, the same as people write it,\n\
+             // cuGetProcAddress symbol, library export, per-thread export (\"\" if none), its ABI version\n\
+             // (0 if none), PFN typedef, [the entries of its symbol with its signature, newest first];`.\n\
+             // See cuda-sys/src/table.rs and functions.rs.\n",
         );
         s.push_str("driver_function_table! {\n");
         for e in &self.entries {
-            let _ = writeln!(s, "    /// {}", e.brief.replace('\n', " "));
+            let (summary, body) = self.docs(e, &link);
+            let _ = writeln!(s, "    #[summary = {summary:?}]");
+            for line in body {
+                let line = line.trim_end();
+                if line.is_empty() {
+                    let _ = writeln!(s, "    ///");
+                } else {
+                    let _ = writeln!(s, "    /// {line}");
+                }
+            }
             let params: Vec<String> = e.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
             let _ = writeln!(
                 s,
-                "    {}({}) = {}, {:?}, {:?}, {:?}, {}, {}, [{}];",
+                "    {}({}) = {}, {:?}, {:?}, {:?}, {:?}, {}, {}, [{}];",
                 e.name,
                 params.join(", "),
                 e.version,
+                version_text(e.version),
                 e.symbol,
                 e.export,
                 e.per_thread_export.as_deref().unwrap_or(""),
@@ -467,6 +466,72 @@ impl Table {
         }
         s.push_str("}\n");
         s
+    }
+
+    /// An entry's one-sentence summary and its Markdown documentation: a declaration's from the
+    /// header's comment; an export name's and an older variant's pointing at the declaration
+    /// that carries the header's text.
+    fn docs(&self, e: &Entry, link: &dyn Fn(&str) -> Option<String>) -> (String, Vec<String>) {
+        let declared = |name: Option<&str>| {
+            self.entries
+                .iter()
+                .filter(|d| d.kind == EntryKind::Declared && d.symbol == e.symbol)
+                .filter(|d| name.is_none_or(|n| d.name == n))
+                .max_by_key(|d| d.version)
+        };
+        match e.kind {
+            EntryKind::Declared => {
+                let doc = super::doc_markdown::convert(&e.doc, link)
+                    .unwrap_or_else(|error| panic!("{}'s documentation: {error}", e.name));
+                let summary = if doc.summary.is_empty() {
+                    format!("`{}` (the header does not document it).", e.name)
+                } else {
+                    doc.summary
+                };
+                (summary, doc.body)
+            }
+            EntryKind::ExportName => {
+                let of = self
+                    .entries
+                    .iter()
+                    .find(|d| {
+                        d.kind == EntryKind::Declared
+                            && d.symbol == e.symbol
+                            && d.version == e.version
+                    })
+                    .unwrap_or_else(|| panic!("{}: no declaration of this export", e.name));
+                let summary = super::doc_markdown::convert(&of.doc, link)
+                    .unwrap_or_else(|error| panic!("{}'s documentation: {error}", of.name))
+                    .summary;
+                let body = vec![format!(
+                    "[`{0}`](crate::functions::{0}) under its export's name, `{1}`: the same \
+                     function, ABI version {2}.",
+                    of.name,
+                    e.name,
+                    version_text(e.version)
+                )];
+                (summary, body)
+            }
+            EntryKind::Variant => {
+                let summary = format!(
+                    "The ABI variant {} of `{}`, with `{}`'s signature.",
+                    version_text(e.version),
+                    e.symbol,
+                    e.pfn
+                );
+                let body = match declared(None) {
+                    Some(newest) => vec![format!(
+                        "`cuda.h` documents the function as [`{0}`](crate::functions::{0}), \
+                         bound at ABI version {1}; this older ABI may differ in signature or \
+                         behaviour.",
+                        newest.name,
+                        version_text(newest.version)
+                    )],
+                    None => Vec::new(),
+                };
+                (summary, body)
+            }
+        }
     }
 
     pub fn render_report(&self, cuda_version: u32, package: &str) -> String {
@@ -545,7 +610,10 @@ impl Table {
             let _ = writeln!(
                 s,
                 "| `{}` | `{}` | {} | `{}` |",
-                e.name, e.symbol, e.version, e.export
+                e.name,
+                e.symbol,
+                version_text(e.version),
+                e.export
             );
         }
         if !self.alias_only.is_empty() {
@@ -559,7 +627,8 @@ impl Table {
                             "- `{alias}` is `#define`d to `{target}`: for what the macro means, call \
                              `{target}`. The table's `{alias}` is the export of that name, the ABI \
                              variant {} (`{}`), with that older signature.",
-                            e.version, e.pfn
+                            version_text(e.version),
+                            e.pfn
                         );
                     }
                     None => {
@@ -595,11 +664,14 @@ impl Table {
                 "| `{}` | `{}` | {} | `{}` | {} |",
                 e.name,
                 e.symbol,
-                e.version,
+                version_text(e.version),
                 e.export,
                 e.per_thread_export
                     .as_deref()
-                    .map(|p| format!("`{p}` ({})", e.per_thread_version.unwrap_or(0)))
+                    .map(|p| format!(
+                        "`{p}` ({})",
+                        version_text(e.per_thread_version.unwrap_or(0))
+                    ))
                     .unwrap_or_default()
             );
         }

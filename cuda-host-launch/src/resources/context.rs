@@ -115,10 +115,9 @@ impl PrimaryContext {
         let old = self.raw();
         let reset = reset_function(driver)?;
         let device = self.device.raw();
-        let run_reset = || {
-            // SAFETY: a valid device handle.
-            let code = unsafe { reset(device) };
-            driver.check(code, "cuDevicePrimaryCtxReset")
+        let run_reset = || -> Result<(), cuda_sys::Error> {
+            // SAFETY: a valid device handle. An error names the variant called.
+            Ok(unsafe { reset.call((device,)) }?)
         };
         // The event poller queries nothing while the reset runs, and never an event of the old
         // context after it (the reset destroys them): their entries stay pending, for the

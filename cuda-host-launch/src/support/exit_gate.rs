@@ -21,9 +21,12 @@
 use std::cell::Cell;
 use std::sync::Once;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+#[cfg(target_os = "linux")]
 use std::time::{Duration, Instant};
 
-/// The longest the exit handler waits for the releases in progress.
+/// The longest the exit handler waits for the releases in progress. (The handler is registered on
+/// Linux only; elsewhere nothing waits.)
+#[cfg(target_os = "linux")]
 pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(1);
 
 /// Set by the exit handler: no release may start.

@@ -3,6 +3,7 @@
 //! completes its events: [`reclaim_if_destroyed`] releases what was waiting for them. Both
 //! holders of a retain use it: a [`PrimaryContext`](crate::PrimaryContext) and an event pool.
 
+use cuda_sys::ChosenFunction;
 use cuda_sys::types::{CUcontext, CUdevice, CUresult};
 
 /// A device-only primary-context call (`fn(CUdevice) -> CUresult`).
@@ -10,17 +11,18 @@ pub(crate) type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
 
 /// `cuDevicePrimaryCtxRelease`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
 /// 7.0 variant, which has the same signature: the newest the driver has.
-pub(crate) fn release_function(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    Ok(driver
-        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)?
-        .0)
+pub(crate) fn release_function(
+    driver: &cuda_sys::Driver,
+) -> Result<ChosenFunction<PrimaryCall>, cuda_sys::Error> {
+    driver.newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)
 }
 
-/// `cuDevicePrimaryCtxReset`, with the same fallback as [`release_function`].
-pub(crate) fn reset_function(driver: &cuda_sys::Driver) -> Result<PrimaryCall, cuda_sys::Error> {
-    Ok(driver
-        .newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)?
-        .0)
+/// `cuDevicePrimaryCtxReset`, with the same fallback as [`release_function`]; its checked call's
+/// error names the variant chosen.
+pub(crate) fn reset_function(
+    driver: &cuda_sys::Driver,
+) -> Result<ChosenFunction<PrimaryCall>, cuda_sys::Error> {
+    driver.newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)
 }
 
 /// Releases one retain of `device`'s primary context; `true` if the driver took it.
@@ -32,7 +34,7 @@ pub(crate) unsafe fn release(driver: &cuda_sys::Driver, device: CUdevice) -> boo
         return false;
     };
     // SAFETY: the caller's retain.
-    unsafe { release(device) == CUresult::CUDA_SUCCESS }
+    unsafe { release.call((device,)) }.is_ok()
 }
 
 /// After a [`release`] that the driver took, with no lock of this crate held: if it was the last
