@@ -20,6 +20,8 @@ use crate::state::{Op, StreamKind, lock, notify};
 use crate::stream::resolve;
 use crate::user_object::LIVE;
 
+pub use crate::reset::fake_cuda_reset_steering;
+
 /// # Safety
 /// `s` is null or NUL-terminated.
 unsafe fn text<'a>(s: *const c_char) -> Option<&'a str> {
