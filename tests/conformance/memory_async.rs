@@ -148,6 +148,29 @@ cases! {
         assert_eq!(bytes(target, 64), vec![0x21; 64]);
     }
 
+    /// Memory freed while queued work still uses it lasts until that work has run: the copy
+    /// reads what was there. (The real driver's free may wait for the device; the fake's
+    /// returns at once and releases the memory later.)
+    fn memory_freed_while_queued_work_uses_it_lasts_until_that_work_ran(cx) {
+        let stream = cx.stream();
+        let (source, target) = (device_memory(cx, 64), device_memory(cx, 64));
+        // SAFETY: 64 bytes.
+        unsafe { cx.driver.cuMemsetD8(source, 0x3c, 64) }.unwrap();
+        // SAFETY: no arguments.
+        unsafe { cx.driver.cuCtxSynchronize() }.unwrap();
+        let hold = cx.hold(stream);
+        // SAFETY: a live stream; 64 bytes each.
+        unsafe { cx.driver.cuMemcpyDtoDAsync(target, source, 64, stream) }.unwrap();
+        let released = leak(AtomicBool::new(false));
+        let releaser = release_later(released, hold.releaser());
+        // SAFETY: allocated above, freed once.
+        unsafe { cx.driver.cuMemFree(source) }.unwrap();
+        releaser.join().unwrap();
+        // SAFETY: a live stream.
+        unsafe { cx.driver.cuStreamSynchronize(stream) }.unwrap();
+        assert_eq!(read(cx, target, 64), vec![0x3c; 64]);
+    }
+
     /// The per-thread exports (`_ptds`, `_ptsz`) use the calling thread's default stream for the
     /// handle 0: work there waits for a hold of `CU_STREAM_PER_THREAD`.
     fn per_thread_exports_use_the_threads_default_stream(cx) {

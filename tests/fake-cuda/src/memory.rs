@@ -52,6 +52,21 @@ pub(crate) struct Allocation {
     /// A `cuMemFreeAsync` of it is queued: it lives until the stream gets there, but cannot be
     /// freed again.
     pub(crate) freeing: bool,
+    /// Freed by the user while queued copies or sets still use it: unknown to every call from
+    /// now on, and released once the last of them has run (as the real driver's free waits for
+    /// the device before it unmaps the memory).
+    freed: bool,
+    /// Queued copies and sets that use it ([`hold`], [`let_go`]).
+    uses: usize,
+}
+
+/// The allocation that contains `addr` and that the user has not freed: its start and itself.
+fn containing(st: &State, addr: usize) -> Option<(usize, &Allocation)> {
+    st.allocations
+        .range(..=addr)
+        .next_back()
+        .filter(|(start, a)| !a.freed && addr < *start + a.size)
+        .map(|(start, a)| (*start, a))
 }
 
 /// Device memory in use on `device` (the allocations of its contexts), for `cuMemGetInfo` and the
@@ -95,42 +110,78 @@ pub(crate) fn allocate(
             kind,
             ctx,
             freeing: false,
+            freed: false,
+            uses: 0,
         },
     );
     Ok(addr)
 }
 
-/// Removes the allocation at `addr` (if it is still there) and frees its memory.
-pub(crate) fn release(st: &mut State, addr: usize) {
-    let Some(allocation) = st.allocations.remove(&addr) else {
+/// Frees the allocation at `start` now, or, if queued copies or sets still use it, once the last
+/// of them has run (it is unknown to every call meanwhile).
+pub(crate) fn drop_allocation(st: &mut State, start: usize) {
+    let Some(allocation) = st.allocations.get_mut(&start) else {
         return;
     };
+    if allocation.uses > 0 {
+        allocation.freed = true;
+        return;
+    }
+    let Some(allocation) = st.allocations.remove(&start) else {
+        return;
+    };
+    if allocation.kind == Kind::PinnedHost && allocation.ctx == RETIRING {
+        relock(&RETIRED).push(start);
+        return;
+    }
     if let Ok(layout) = Layout::from_size_align(allocation.size, ALIGN) {
-        // SAFETY: `addr` came from `alloc_zeroed` with this layout (see `allocate`) and is freed
+        // SAFETY: `start` came from `alloc_zeroed` with this layout (see `allocate`) and is freed
         // only once: it has just left the registry.
-        unsafe { std::alloc::dealloc(as_ptr(addr), layout) };
+        unsafe { std::alloc::dealloc(as_ptr(start), layout) };
     }
 }
 
+/// A queued copy or set that uses the allocation at `start` keeps it allocated until
+/// [`let_go`].
+pub(crate) fn hold(st: &mut State, start: usize) {
+    if let Some(allocation) = st.allocations.get_mut(&start) {
+        allocation.uses += 1;
+    }
+}
+
+/// The copy or set that [`hold`] the allocation at `start` has run (or will never run); a freed
+/// allocation goes once nothing uses it. `false` if it is gone already (destroyed with a context
+/// while the operation waited in another one's stream).
+pub(crate) fn let_go(st: &mut State, start: usize) -> bool {
+    let Some(allocation) = st.allocations.get_mut(&start) else {
+        return false;
+    };
+    allocation.uses = allocation.uses.saturating_sub(1);
+    if allocation.uses == 0 && allocation.freed {
+        drop_allocation(st, start);
+    }
+    true
+}
+
 /// Frees the allocation at `addr`, which must be one of device memory (`device`) or of page-locked
-/// host memory, and not already being freed; else `CUDA_ERROR_INVALID_VALUE`.
+/// host memory, not freed or being freed already; else `CUDA_ERROR_INVALID_VALUE`.
 fn free(st: &mut State, addr: usize, device: bool) -> Res {
     let freeable = st
         .allocations
         .get(&addr)
-        .is_some_and(|a| a.kind.is_device() == device && !a.freeing);
+        .is_some_and(|a| a.kind.is_device() == device && !a.freeing && !a.freed);
     ensure(freeable, INVALID_VALUE)?;
-    release(st, addr);
+    drop_allocation(st, addr);
     Ok(())
 }
 
 /// Marks the device allocation at `addr` as being freed by a queued `cuMemFreeAsync`; else
-/// `CUDA_ERROR_INVALID_VALUE` (not device memory, or already being freed).
+/// `CUDA_ERROR_INVALID_VALUE` (not device memory, or freed or being freed already).
 pub(crate) fn begin_free(st: &mut State, addr: usize) -> Res {
     let allocation = st
         .allocations
         .get_mut(&addr)
-        .filter(|a| a.kind.is_device() && !a.freeing)
+        .filter(|a| a.kind.is_device() && !a.freeing && !a.freed)
         .ok_or(INVALID_VALUE)?;
     allocation.freeing = true;
     Ok(())
@@ -141,26 +192,31 @@ pub(crate) fn begin_free(st: &mut State, addr: usize) -> Res {
 /// driver unmaps it). Kept reachable for leak checkers.
 static RETIRED: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
-/// Drops the allocations of `ctx` (it is being destroyed or reset): device memory is freed,
-/// page-locked host memory retired.
+/// The owner [`forget_allocations`] gives page-locked memory it retires (no context has it).
+const RETIRING: usize = 0;
+
+/// Drops the allocations of `ctx` (it is being destroyed or reset, its own work done): device
+/// memory is freed, page-locked host memory retired (each once no queued work of another context
+/// uses it).
 pub(crate) fn forget_allocations(st: &mut State, ctx: usize) {
-    let mine: Vec<(usize, Kind)> = st
+    let mine: Vec<usize> = st
         .allocations
         .iter()
         .filter(|(_, a)| a.ctx == ctx)
-        .map(|(addr, a)| (*addr, a.kind))
+        .map(|(start, _)| *start)
         .collect();
-    for (addr, kind) in mine {
-        if kind.is_device() {
-            release(st, addr);
-        } else {
-            st.allocations.remove(&addr);
-            relock(&RETIRED).push(addr);
+    for start in mine {
+        if let Some(allocation) = st.allocations.get_mut(&start)
+            && allocation.kind == Kind::PinnedHost
+        {
+            allocation.ctx = RETIRING;
         }
+        drop_allocation(st, start);
     }
 }
 
-/// Live allocations of device memory (`device`) or of page-locked host memory.
+/// Live allocations of device memory (`device`) or of page-locked host memory, those freed while
+/// queued work still uses them included.
 pub(crate) fn allocation_count(st: &State, device: bool) -> usize {
     st.allocations
         .values()
@@ -171,10 +227,12 @@ pub(crate) fn allocation_count(st: &State, device: bool) -> usize {
 /// What an address range is, for a copy or a set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Memory {
-    /// Inside one device allocation.
-    Device,
-    /// Inside one page-locked host allocation, or a range registered in the context.
-    PinnedHost,
+    /// Inside the device allocation that starts at this address.
+    Device(usize),
+    /// Inside the page-locked host allocation that starts at this address.
+    PinnedHost(usize),
+    /// Inside a range registered in the context (`cuMemHostRegister`).
+    Registered,
     /// Anything else: host memory the driver knows nothing about.
     Pageable,
 }
@@ -183,6 +241,19 @@ impl Memory {
     /// Whether the device reaches it (device or page-locked memory).
     pub(crate) fn device_accessible(self) -> bool {
         self != Memory::Pageable
+    }
+
+    /// Whether it is device memory.
+    pub(crate) fn is_device(self) -> bool {
+        matches!(self, Memory::Device(_))
+    }
+
+    /// The allocation it lies in, if any.
+    pub(crate) fn allocation(self) -> Option<usize> {
+        match self {
+            Memory::Device(start) | Memory::PinnedHost(start) => Some(start),
+            Memory::Registered | Memory::Pageable => None,
+        }
     }
 }
 
@@ -194,40 +265,31 @@ pub(crate) fn classify(
     addr: usize,
     len: usize,
 ) -> Result<Memory, CUresult> {
-    let containing = st
-        .allocations
-        .range(..=addr)
-        .next_back()
-        .filter(|(start, a)| addr < *start + a.size);
-    if let Some((start, a)) = containing {
+    if let Some((start, a)) = containing(st, addr) {
         let fits = addr
             .checked_add(len)
             .is_some_and(|end| end <= start + a.size);
         ensure(fits, INVALID_VALUE)?;
         return Ok(if a.kind.is_device() {
-            Memory::Device
+            Memory::Device(start)
         } else {
-            Memory::PinnedHost
+            Memory::PinnedHost(start)
         });
     }
     if len > 0 && registered_in(ctx, addr, len) {
-        return Ok(Memory::PinnedHost);
+        return Ok(Memory::Registered);
     }
     Ok(Memory::Pageable)
 }
 
 /// Whether the device can reach `[addr, addr + len)` in `ctx` now: memory of `cuMemAlloc`,
-/// `cuMemAllocAsync` or `cuMemHostAlloc` (any context: a simplification), or host memory
-/// registered in `ctx` itself.
+/// `cuMemAllocAsync` or `cuMemHostAlloc` that the user has not freed (any context: a
+/// simplification), or host memory registered in `ctx` itself.
 pub(crate) fn accessible(st: &State, ctx: usize, addr: usize, len: usize) -> bool {
-    let allocated = st
-        .allocations
-        .range(..=addr)
-        .next_back()
-        .is_some_and(|(start, a)| {
-            addr.checked_add(len)
-                .is_some_and(|end| end <= start + a.size)
-        });
+    let allocated = containing(st, addr).is_some_and(|(start, a)| {
+        addr.checked_add(len)
+            .is_some_and(|end| end <= start + a.size)
+    });
     allocated || registered_in(ctx, addr, len)
 }
 
@@ -318,11 +380,7 @@ unsafe fn mem_host_get_device_pointer(
 ) -> Res {
     ensure(!pdptr.is_null() && flags == 0, INVALID_VALUE)?;
     let st = lock();
-    let allocated = st
-        .allocations
-        .range(..=p.addr())
-        .next_back()
-        .is_some_and(|(start, a)| a.kind == Kind::PinnedHost && p.addr() < start + a.size);
+    let allocated = containing(&st, p.addr()).is_some_and(|(_, a)| a.kind == Kind::PinnedHost);
     ensure(allocated || registered(p.addr()), INVALID_VALUE)?;
     // SAFETY: non-null, and the caller passes a valid place for a device pointer.
     unsafe { pdptr.write(p.expose_provenance() as CUdeviceptr) };
@@ -341,8 +399,8 @@ unsafe fn mem_alloc(dptr: *mut CUdeviceptr, size: usize) -> Res {
 }
 
 export!("cuMemFree", cuMemFree_v2 => mem_free(dptr: CUdeviceptr));
-/// Frees at once (work still queued that uses the memory then faults when it runs: see
-/// `memory_op.rs`); a stream-ordered allocation may be freed so too.
+/// Returns at once: the memory is unknown to later calls, and goes once queued copies and sets
+/// that use it have run (see `memory_op.rs`). A stream-ordered allocation may be freed so too.
 unsafe fn mem_free(dptr: CUdeviceptr) -> Res {
     free(&mut lock(), dptr as usize, true)
 }

@@ -15,11 +15,15 @@
 //!   staging buffer), so the caller may reuse it as soon as the call returns; page-locked memory
 //!   and device memory are read when the stream gets there.
 //!
-//! Device and page-locked memory that a queued operation uses must still be allocated when the
-//! stream gets there: if it was freed meanwhile the operation does nothing and the context gets a
-//! sticky error, as the device's illegal-address fault gives. Inside a stream capture these calls
-//! are not modelled (the real driver adds memcpy and memset nodes): they return
-//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidate the capture.
+//! Device and page-locked memory that a queued operation uses stays allocated until it has run: a
+//! free meanwhile (`cuMemFree`, `cuMemFreeHost`, another stream's `cuMemFreeAsync`) makes the
+//! memory unknown to every later call at once, and releases it once the operation is done, as the
+//! real driver's free waits for the device before it unmaps the memory. Host memory registered
+//! with `cuMemHostRegister` must still be registered when the operation runs: if not, the
+//! operation does nothing and the context gets a sticky error, as the device's illegal-address
+//! fault gives. Inside a stream capture these calls are not modelled (the real driver adds memcpy
+//! and memset nodes): they return `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidate the
+//! capture.
 
 use std::sync::{Arc, MutexGuard};
 
@@ -29,16 +33,16 @@ use crate::capture;
 use crate::errors::{
     CAPTURE_UNSUPPORTED, INVALID_VALUE, LAUNCH_FAILED, NOT_PERMITTED, Res, ensure, result,
 };
-use crate::memory::{Memory, accessible, classify, release};
+use crate::memory::{Memory, classify, drop_allocation, hold, let_go, registered_in};
 use crate::scheduler::{enqueue, on_worker_of};
 use crate::state::{Op, Record, State, as_ptr, lock, wait};
 use crate::stream::resolve;
 
-/// One side of a queued copy or set: its address, and whether it is memory the driver knows
-/// (device or page-locked), which must still be there when the operation runs.
+/// One side of a queued copy or set: its address, and what it was at the call (an allocation it
+/// keeps allocated until the operation has run, a registered range, or pageable memory).
 pub(crate) struct Side {
     addr: usize,
-    known: bool,
+    memory: Memory,
 }
 
 /// Where a queued copy reads.
@@ -152,7 +156,7 @@ pub(crate) fn copy(call: Call, per_thread: bool, dst: Place, src: Place, len: us
     }
     let to = check(&st, ctx, dst, len)?;
     let from = check(&st, ctx, src, len)?;
-    let host = |m: Memory| m != Memory::Device;
+    let host = |m: Memory| !m.is_device();
     let waits = match call {
         Call::Sync => host(to) || host(from),
         Call::Async(_) => to == Memory::Pageable || (host(to) && host(from)),
@@ -163,20 +167,23 @@ pub(crate) fn copy(call: Call, per_thread: bool, dst: Place, src: Place, len: us
         let bytes = unsafe { std::slice::from_raw_parts(as_ptr::<u8>(src.addr), len) };
         Source::Staged(bytes.to_vec())
     } else {
-        Source::At(Side {
-            addr: src.addr,
-            known: from.device_accessible(),
-        })
+        Source::At(side(&mut st, src.addr, from))
     };
     let op = MemoryOp::Copy {
-        dst: Side {
-            addr: dst.addr,
-            known: to.device_accessible(),
-        },
+        dst: side(&mut st, dst.addr, to),
         src: source,
         len,
     };
     submit(st, s, ctx, op, waits)
+}
+
+/// The side of a queued operation at `addr`, which is `memory`: an allocation is kept until the
+/// operation has run.
+fn side(st: &mut State, addr: usize, memory: Memory) -> Side {
+    if let Some(start) = memory.allocation() {
+        hold(st, start);
+    }
+    Side { addr, memory }
 }
 
 /// A set of `count` values of `width` bytes at `dst` to `value` (`dst` aligned to `width`).
@@ -197,12 +204,9 @@ pub(crate) fn set(
     let dst = device(dst);
     ensure(dst.addr.is_multiple_of(width), INVALID_VALUE)?;
     let to = check(&st, ctx, dst, len)?;
-    let waits = matches!(call, Call::Sync) && to != Memory::Device;
+    let waits = matches!(call, Call::Sync) && !to.is_device();
     let op = MemoryOp::Set {
-        dst: Side {
-            addr: dst.addr,
-            known: true,
-        },
+        dst: side(&mut st, dst.addr, to),
         value,
         width,
         count,
@@ -222,7 +226,10 @@ fn submit(mut st: Guard, stream: usize, ctx: usize, op: MemoryOp, waits: bool) -
     if !waits {
         return result(enqueue(&mut st, stream, Op::Memory(op)));
     }
-    ensure(!on_worker_of(ctx), NOT_PERMITTED)?;
+    if on_worker_of(ctx) {
+        discard(&mut st, op);
+        return Err(NOT_PERMITTED);
+    }
     result(enqueue(&mut st, stream, Op::Memory(op)))?;
     let record = Arc::new(Record::default());
     result(enqueue(
@@ -245,38 +252,65 @@ fn submit(mut st: Guard, stream: usize, ctx: usize, op: MemoryOp, waits: bool) -
     }
 }
 
-/// Whether `side`, `len` bytes long, can still be used when the operation runs in `ctx`.
-fn reachable(st: &State, ctx: usize, side: &Side, len: usize) -> bool {
-    !side.known || accessible(st, ctx, side.addr, len)
+/// Whether `side`, `len` bytes long, can still be used when the operation runs in `ctx`: an
+/// allocation is (the operation kept it), a registered range must still be registered.
+fn reachable(ctx: usize, side: &Side, len: usize) -> bool {
+    side.memory != Memory::Registered || registered_in(ctx, side.addr, len)
+}
+
+/// Lets go of the allocations `op` kept; `false` if one was gone already (destroyed with its
+/// context while the operation waited in another context's stream).
+fn let_go_of(st: &mut State, op: &MemoryOp) -> bool {
+    let sides: [Option<&Side>; 2] = match op {
+        MemoryOp::Copy { dst, src, .. } => [
+            Some(dst),
+            match src {
+                Source::At(side) => Some(side),
+                Source::Staged(_) => None,
+            },
+        ],
+        MemoryOp::Set { dst, .. } => [Some(dst), None],
+        MemoryOp::Free { .. } => [None, None],
+    };
+    let mut all_there = true;
+    for start in sides
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.memory.allocation())
+    {
+        all_there &= let_go(st, start);
+    }
+    all_there
 }
 
 /// Runs `op` on the driver thread of `ctx`, the fake's lock held (`st`). `false` if it uses memory
-/// the device no longer reaches (freed since the call): nothing is written, and the caller gives
-/// the context a sticky error, as the device's illegal-address fault does.
+/// the device no longer reaches (a registration dropped since the call): nothing is written, and
+/// the caller gives the context a sticky error, as the device's illegal-address fault does.
 pub(crate) fn run(st: &mut State, ctx: usize, op: MemoryOp) -> bool {
-    match op {
+    if let MemoryOp::Free { addr } = op {
+        drop_allocation(st, addr);
+        return true;
+    }
+    // The memory stays allocated until `let_go_of` below: it is checked, then written.
+    let ran = match &op {
         MemoryOp::Copy { dst, src, len } => {
-            if !reachable(st, ctx, &dst, len) {
-                return false;
-            }
-            let to = as_ptr::<u8>(dst.addr);
-            match src {
-                Source::At(side) => {
-                    if !reachable(st, ctx, &side, len) {
-                        return false;
-                    }
-                    // SAFETY: memory the driver knows is still allocated (checked above); other
-                    // memory is the caller's, who promised it stays valid until the copy has run
-                    // (the driver's contract for asynchronous copies; a synchronous one waits).
-                    // `copy` allows the overlap of a copy within one buffer.
-                    unsafe { std::ptr::copy(as_ptr::<u8>(side.addr), to, len) };
+            let from = match src {
+                Source::At(side) => reachable(ctx, side, *len).then_some(as_ptr::<u8>(side.addr)),
+                Source::Staged(bytes) => Some(bytes.as_ptr().cast_mut()),
+            };
+            match from {
+                Some(from) if reachable(ctx, dst, *len) => {
+                    // SAFETY: device and page-locked memory is allocated until `let_go_of` (and
+                    // checked to hold the range at the call), registered memory is still
+                    // registered (checked above), the staged bytes are `len` long; other memory is
+                    // the caller's, who promised it stays valid until the copy has run (the
+                    // driver's contract for asynchronous copies; a synchronous one waits). `copy`
+                    // allows the overlap of a copy within one buffer.
+                    unsafe { std::ptr::copy(from, as_ptr::<u8>(dst.addr), *len) };
+                    true
                 }
-                Source::Staged(bytes) => {
-                    // SAFETY: as above for the destination; the staged bytes are `len` long.
-                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), to, len) };
-                }
+                _ => false,
             }
-            true
         }
         MemoryOp::Set {
             dst,
@@ -284,47 +318,51 @@ pub(crate) fn run(st: &mut State, ctx: usize, op: MemoryOp) -> bool {
             width,
             count,
         } => {
-            let Some(len) = count.checked_mul(width) else {
-                return false;
-            };
-            if !reachable(st, ctx, &dst, len) {
-                return false;
+            let len = count.saturating_mul(*width);
+            reachable(ctx, dst, len) && {
+                set_now(dst.addr, *value, *width, *count);
+                true
             }
-            match width {
-                1 => {
-                    // SAFETY: `count` bytes at `dst`, in memory that is still allocated (checked
-                    // above; the range was checked at the call).
-                    unsafe { std::ptr::write_bytes(as_ptr::<u8>(dst.addr), value as u8, count) }
-                }
-                2 => {
-                    let p = as_ptr::<u16>(dst.addr);
-                    for i in 0..count {
-                        // SAFETY: as above, `count` values of 2 bytes, `dst` 2-aligned (checked
-                        // at the call).
-                        unsafe { p.add(i).write(value as u16) };
-                    }
-                }
-                _ => {
-                    let p = as_ptr::<u32>(dst.addr);
-                    for i in 0..count {
-                        // SAFETY: as above, `count` values of 4 bytes, `dst` 4-aligned.
-                        unsafe { p.add(i).write(value) };
-                    }
-                }
-            }
-            true
         }
-        MemoryOp::Free { addr } => {
-            release(st, addr);
-            true
+        MemoryOp::Free { .. } => true,
+    };
+    let all_there = let_go_of(st, &op);
+    ran && all_there
+}
+
+/// Writes `count` values of `width` bytes at `addr`.
+fn set_now(addr: usize, value: u32, width: usize, count: usize) {
+    match width {
+        1 => {
+            // SAFETY: `count` bytes at `addr`, in memory that is still allocated or registered
+            // (see `run`; the range was checked at the call).
+            unsafe { std::ptr::write_bytes(as_ptr::<u8>(addr), value as u8, count) }
+        }
+        2 => {
+            let p = as_ptr::<u16>(addr);
+            for i in 0..count {
+                // SAFETY: as above, `count` values of 2 bytes, `addr` 2-aligned (checked at the
+                // call).
+                unsafe { p.add(i).write(value as u16) };
+            }
+        }
+        _ => {
+            let p = as_ptr::<u32>(addr);
+            for i in 0..count {
+                // SAFETY: as above, `count` values of 4 bytes, `addr` 4-aligned.
+                unsafe { p.add(i).write(value) };
+            }
         }
     }
 }
 
-/// Drops an operation that will never run: a queued free still frees (the context has a sticky
-/// error, or the enqueue failed), so nothing of the fake's stays allocated.
+/// Drops an operation that will never run: it lets go of the memory it kept, and a queued free
+/// still frees (the context has a sticky error, or the enqueue failed), so nothing of the fake's
+/// stays allocated.
 pub(crate) fn discard(st: &mut State, op: MemoryOp) {
     if let MemoryOp::Free { addr } = op {
-        release(st, addr);
+        drop_allocation(st, addr);
+        return;
     }
+    let_go_of(st, &op);
 }

@@ -170,27 +170,77 @@ fn a_destroyed_contexts_memory_is_no_longer_counted() {
 }
 
 #[test]
-fn a_copy_of_memory_freed_before_the_stream_got_there_is_a_sticky_error() {
+fn memory_freed_while_a_queued_copy_uses_it_goes_once_the_copy_ran() {
     let fake = fixture::lock();
     let driver = fake.driver();
-    let mut context: CUcontext = ptr::null_mut();
+    fake.primary_context().unwrap();
+    let stream = new_stream(driver);
     let (mut source, mut target): (CUdeviceptr, CUdeviceptr) = (0, 0);
-    // SAFETY: valid out-pointers; a context of this test's own, destroyed at the end.
+    // SAFETY: valid out-pointers; 64 bytes each.
     unsafe {
-        driver
-            .cuCtxCreate(&mut context, ptr::null_mut(), 0, 0)
-            .unwrap();
         driver.cuMemAlloc(&mut source, 64).unwrap();
         driver.cuMemAlloc(&mut target, 64).unwrap();
+        driver.cuMemsetD8(source, 0x3c, 64).unwrap();
     }
-    let stream = new_stream(driver);
+    let before = fake.live_objects("device_allocations");
     let hold = fake.hold_stream(stream).expect("a live stream");
-    // SAFETY: live handles; the source is freed while the copy waits (the fault under test).
+    let mut output = [0u8; 64];
+    // SAFETY: live handles; the source is freed while the copy waits.
     unsafe {
         driver
             .cuMemcpyDtoDAsync(target, source, 64, stream)
             .unwrap();
         driver.cuMemFree(source).unwrap();
+        assert_eq!(
+            code(driver.cuMemFree(source)),
+            Some(CUresult::CUDA_ERROR_INVALID_VALUE),
+            "freed memory is unknown at once"
+        );
+        assert_eq!(
+            fake.live_objects("device_allocations"),
+            before,
+            "kept for the copy"
+        );
+        hold.release();
+        driver.cuStreamSynchronize(stream).unwrap();
+        assert_eq!(fake.live_objects("device_allocations"), before - 1);
+        driver
+            .cuMemcpyDtoH(output.as_mut_ptr().cast(), target, 64)
+            .unwrap();
+        driver.cuMemFree(target).unwrap();
+        driver.cuStreamDestroy(stream).unwrap();
+    }
+    assert_eq!(output, [0x3c; 64]);
+}
+
+#[test]
+fn a_copy_from_memory_unregistered_before_the_stream_got_there_is_a_sticky_error() {
+    let fake = fixture::lock();
+    let driver = fake.driver();
+    let mut context: CUcontext = ptr::null_mut();
+    let mut target: CUdeviceptr = 0;
+    let mut source = vec![1u8; 64];
+    // SAFETY: valid out-pointers; a context of this test's own, destroyed at the end.
+    unsafe {
+        driver
+            .cuCtxCreate(&mut context, ptr::null_mut(), 0, 0)
+            .unwrap();
+        driver.cuMemAlloc(&mut target, 64).unwrap();
+        driver
+            .cuMemHostRegister(source.as_mut_ptr().cast(), 64, 0)
+            .unwrap();
+    }
+    let stream = new_stream(driver);
+    let hold = fake.hold_stream(stream).expect("a live stream");
+    // SAFETY: live handles; the source is unregistered while the copy waits (the fault under
+    // test), and lives on.
+    unsafe {
+        driver
+            .cuMemcpyHtoDAsync(target, source.as_ptr().cast(), 64, stream)
+            .unwrap();
+        driver
+            .cuMemHostUnregister(source.as_mut_ptr().cast())
+            .unwrap();
         hold.release();
         assert_eq!(
             code(driver.cuStreamSynchronize(stream)),
