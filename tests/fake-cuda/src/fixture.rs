@@ -33,7 +33,7 @@
 //!
 //! What the fake reads at load (`FAKE_CUDA_VERSION`, `FAKE_CUDA_STUB`, ... from the first driver
 //! call on) needs a process of its own: [`ChildTest`] runs a test in one, configured by
-//! [`Config`](crate::steer::Config), and is also how a binding that opens `libcuda.so` by name
+//! [`Config`], and is also how a binding that opens `libcuda.so` by name
 //! (cudarc) gets the fake.
 
 use std::collections::BTreeMap;
