@@ -109,9 +109,13 @@ fn a_binding_that_opens_libcuda_by_name_gets_the_fake_configured_by_environment(
         .config(config)
         .run(|| {
             // What a binding does: dlopen by name, cuInit, cuDriverGetVersion.
-            // SAFETY: the library found first on LD_LIBRARY_PATH, the fake.
-            let library =
-                unsafe { libloading::Library::new("libcuda.so.1") }.expect("libcuda.so.1");
+            // Kept loaded for the process, as bindings keep the driver (unloaded, its state would
+            // look leaked).
+            static LIBRARY: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
+            let library = LIBRARY.get_or_init(|| {
+                // SAFETY: the library found first on LD_LIBRARY_PATH, the fake.
+                unsafe { libloading::Library::new("libcuda.so.1") }.expect("libcuda.so.1")
+            });
             type Init = unsafe extern "C" fn(u32) -> CUresult;
             type Version = unsafe extern "C" fn(*mut i32) -> CUresult;
             let mut version = 0;
