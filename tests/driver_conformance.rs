@@ -15,7 +15,8 @@
 //! (record, query, synchronize, elapsed time, under capture); stream memory operations
 //! (`memops`); capture and its interaction modes (`capture`); graphs and user objects
 //! (`graphs`); sticky errors (`contexts`); `cuGetProcAddress` (`entry_points`); error names and
-//! strings (`errors`); memory and modules (`memory`).
+//! strings (`errors`); memory, synchronous copies and sets, and modules (`memory`); stream-ordered
+//! copies, sets and allocations (`memory_async`).
 
 #![warn(clippy::undocumented_unsafe_blocks)]
 

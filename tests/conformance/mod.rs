@@ -10,4 +10,5 @@ mod events;
 mod graphs;
 mod memops;
 mod memory;
+mod memory_async;
 mod streams;

@@ -33,20 +33,41 @@ struct Calls {
 
 static CALLS: LazyLock<Mutex<Calls>> = LazyLock::new(|| {
     let mut calls = Calls::default();
-    if let Ok(spec) = std::env::var("FAKE_CUDA_FAIL") {
-        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            match parse_fault(item) {
-                Some((name, nth, code)) => {
-                    calls
-                        .faults
-                        .insert(name.to_owned(), Fault { nth, code, seen: 0 });
-                }
-                None => eprintln!("fake-cuda: ignoring FAKE_CUDA_FAIL item {item:?}"),
-            }
-        }
-    }
+    arm(&mut calls, &ENV_FAULTS);
     Mutex::new(calls)
 });
+
+/// The faults `FAKE_CUDA_FAIL` asked for at load: `(name, nth, code)`.
+static ENV_FAULTS: LazyLock<Vec<(String, u64, u32)>> = LazyLock::new(|| {
+    let Ok(spec) = std::env::var("FAKE_CUDA_FAIL") else {
+        return Vec::new();
+    };
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .filter_map(|item| {
+            let fault = parse_fault(item);
+            if fault.is_none() {
+                eprintln!("fake-cuda: ignoring FAKE_CUDA_FAIL item {item:?}");
+            }
+            fault.map(|(name, nth, code)| (name.to_owned(), nth, code))
+        })
+        .collect()
+});
+
+/// Sets `faults` in `calls` (counted from now).
+fn arm(calls: &mut Calls, faults: &[(String, u64, u32)]) {
+    for (name, nth, code) in faults {
+        calls.faults.insert(
+            name.clone(),
+            Fault {
+                nth: *nth,
+                code: *code,
+                seen: 0,
+            },
+        );
+    }
+}
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
 
@@ -207,6 +228,13 @@ pub(crate) fn set_fault(name: &str, nth: u64, code: u32) {
 
 pub(crate) fn clear_faults() {
     relock(&CALLS).faults.clear();
+}
+
+/// Replaces every fault with those `FAKE_CUDA_FAIL` asked for at load, counted from now.
+pub(crate) fn reset_faults() {
+    let mut calls = relock(&CALLS);
+    calls.faults.clear();
+    arm(&mut calls, &ENV_FAULTS);
 }
 
 #[cfg(test)]

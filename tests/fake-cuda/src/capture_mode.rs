@@ -37,6 +37,7 @@ const POTENTIALLY_UNSAFE: &[&str] = &[
     "cuMemAlloc",
     "cuMemFree",
     "cuMemHostAlloc",
+    "cuMemAllocHost",
     "cuMemFreeHost",
     "cuEventQuery",
     "cuEventSynchronize",

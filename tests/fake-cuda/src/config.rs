@@ -15,6 +15,31 @@ pub(crate) struct Config {
     stub: AtomicBool,
     devices: AtomicI32,
     missing: Mutex<BTreeSet<String>>,
+    /// The settings the environment gave at load, for [`Config::reset`].
+    at_load: Settings,
+}
+
+/// The settings as the environment gives them.
+struct Settings {
+    version: i32,
+    stub: bool,
+    devices: i32,
+    missing: BTreeSet<String>,
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        Settings {
+            version: env_number("FAKE_CUDA_VERSION").unwrap_or(DEFAULT_VERSION),
+            devices: env_number("FAKE_CUDA_DEVICES").unwrap_or(1).max(0),
+            stub: std::env::var("FAKE_CUDA_STUB")
+                .map(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"))
+                .unwrap_or(false),
+            missing: std::env::var("FAKE_CUDA_MISSING")
+                .map(|v| parse_list(&v))
+                .unwrap_or_default(),
+        }
+    }
 }
 
 static CONFIG: LazyLock<Config> = LazyLock::new(Config::from_env);
@@ -25,20 +50,24 @@ pub(crate) fn config() -> &'static Config {
 
 impl Config {
     fn from_env() -> Config {
-        let version = env_number("FAKE_CUDA_VERSION").unwrap_or(DEFAULT_VERSION);
-        let devices = env_number("FAKE_CUDA_DEVICES").unwrap_or(1).max(0);
-        let stub = std::env::var("FAKE_CUDA_STUB")
-            .map(|v| matches!(v.trim(), "1" | "true" | "yes" | "on"))
-            .unwrap_or(false);
-        let missing = std::env::var("FAKE_CUDA_MISSING")
-            .map(|v| parse_list(&v))
-            .unwrap_or_default();
+        let at_load = Settings::from_env();
         Config {
-            version: AtomicI32::new(version),
-            stub: AtomicBool::new(stub),
-            devices: AtomicI32::new(devices),
-            missing: Mutex::new(missing),
+            version: AtomicI32::new(at_load.version),
+            stub: AtomicBool::new(at_load.stub),
+            devices: AtomicI32::new(at_load.devices),
+            missing: Mutex::new(at_load.missing.clone()),
+            at_load,
         }
+    }
+
+    /// Puts the version, the stub mode, the device count and the missing symbols back as the
+    /// environment gave them at load.
+    pub(crate) fn reset(&self) {
+        let at_load = &self.at_load;
+        self.set_version(at_load.version);
+        self.set_stub(at_load.stub);
+        self.set_devices(at_load.devices);
+        *relock(&self.missing) = at_load.missing.clone();
     }
 
     pub(crate) fn version(&self) -> i32 {

@@ -20,6 +20,8 @@ use crate::state::{Op, StreamKind, lock, notify};
 use crate::stream::resolve;
 use crate::user_object::LIVE;
 
+pub use crate::reset::fake_cuda_reset_steering;
+
 /// # Safety
 /// `s` is null or NUL-terminated.
 unsafe fn text<'a>(s: *const c_char) -> Option<&'a str> {
@@ -129,7 +131,11 @@ pub unsafe extern "C" fn fake_cuda_call_counts(buffer: *mut c_char, len: usize) 
 /// destroyed by the user), `events`, `graphs`, `graph_execs`, `graph_nodes` (of live graphs),
 /// `contexts` (created with `cuCtxCreate`, not destroyed), `primary_retains` (retains of device
 /// 0's primary context), `holds` (not yet finished), `host_registrations` (`cuMemHostRegister`
-/// ranges not unregistered, nor dropped with their context). Unknown kinds (or null) give 0.
+/// ranges not unregistered, nor dropped with their context), `device_allocations` (`cuMemAlloc`
+/// and `cuMemAllocAsync` memory not yet freed: a `cuMemFreeAsync` counts once the stream got to
+/// it; freed with its context too), `host_allocations` (page-locked `cuMemHostAlloc` and
+/// `cuMemAllocHost` memory), `user_objects` (as [`fake_cuda_live_user_objects`]). Unknown kinds
+/// (or null) give 0.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fake_cuda_live_objects(kind: *const c_char) -> u64 {
     // SAFETY: the caller passes a NUL-terminated name or null.
@@ -155,6 +161,9 @@ pub unsafe extern "C" fn fake_cuda_live_objects(kind: *const c_char) -> u64 {
             .map_or(0, |c| c.refcount as usize),
         "holds" => st.holds.len(),
         "host_registrations" => crate::memory::registration_count(),
+        "device_allocations" => crate::memory::allocation_count(&st, true),
+        "host_allocations" => crate::memory::allocation_count(&st, false),
+        "user_objects" => LIVE.load(Ordering::SeqCst) as usize,
         _ => 0,
     };
     n as u64

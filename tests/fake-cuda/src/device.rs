@@ -10,8 +10,26 @@ use crate::errors::{INVALID_DEVICE, INVALID_VALUE, Res, SUCCESS, ensure};
 
 /// What `cuDeviceGetName` reports.
 const NAME: &[u8] = b"Fake CUDA Device";
-/// What `cuDeviceTotalMem` reports: 16 GiB.
-const TOTAL_MEMORY: usize = 16 << 30;
+/// What `cuDeviceTotalMem` reports: 16 GiB (also the most device memory the fake hands out).
+pub(crate) const TOTAL_MEMORY: usize = 16 << 30;
+
+/// The attributes that are not 0: what the fake's memory model provides (page-locked memory the
+/// device reaches at its host address, one address space, the stream-ordered allocator). Bindings
+/// read these to choose their paths (cudarc uses `cuMemAllocAsync` when pools are supported).
+const ATTRIBUTES: &[(CUdevice_attribute, c_int)] = &[
+    (
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY,
+        1,
+    ),
+    (
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+        1,
+    ),
+    (
+        CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        1,
+    ),
+];
 
 /// `Err(CUDA_ERROR_INVALID_DEVICE)` unless `device` is one of the configured devices.
 pub(crate) fn check_device(device: CUdevice) -> Res {
@@ -72,11 +90,16 @@ unsafe fn device_get_name(name: *mut c_char, len: c_int, dev: CUdevice) -> Res {
 }
 
 export!("cuDeviceGetAttribute", cuDeviceGetAttribute => device_get_attribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice));
-unsafe fn device_get_attribute(pi: *mut c_int, _attrib: CUdevice_attribute, dev: CUdevice) -> Res {
+/// The value of [`ATTRIBUTES`], 0 for every other attribute.
+unsafe fn device_get_attribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) -> Res {
     ensure(!pi.is_null(), INVALID_VALUE)?;
     check_device(dev)?;
+    let value = ATTRIBUTES
+        .iter()
+        .find(|(a, _)| *a == attrib)
+        .map_or(0, |(_, v)| *v);
     // SAFETY: non-null, and the caller passes a valid place for an int.
-    unsafe { pi.write(0) };
+    unsafe { pi.write(value) };
     Ok(())
 }
 

@@ -1,14 +1,17 @@
-//! A fake NVIDIA CUDA driver: a `cdylib` that exports the part of the driver API the workspace's
-//! crates use, for tests on machines without a GPU.
+//! A fake NVIDIA CUDA driver: a `cdylib` that exports the part of the driver API that host-side
+//! code uses, for tests on machines without a GPU.
 //!
 //! Tests load it like the real driver, through `unsafe { cuda_sys::Driver::load(
 //! LoadOptions::with_library_path(path)) }` or `CUDA_SYS_LIBRARY=<path>` (or, for a binding that
-//! opens `libcuda.so.1` by name, a folder with that link first on `LD_LIBRARY_PATH`: see
-//! [`steer::libcuda_folder`]), and steer or inspect it through [`steer::FakeCuda`], the typed Rust
+//! opens `libcuda.so` or `libcuda.so.1` by name, a folder with those links first on
+//! `LD_LIBRARY_PATH` of a child process: see [`steer::libcuda_folder`] and
+//! [`fixture::ChildTest`]), and steer or inspect it through [`steer::FakeCuda`], the typed Rust
 //! API over the exported `fake_cuda_*` functions (see [`control`]), which it reaches by opening
 //! the same library again (the system loader hands back the already loaded copy). The crate is
-//! both the driver (`cdylib`) and, for tests, that API (`rlib`); `README.md` shows how another
-//! crate's tests use it, `tests/downstream.rs` is an example.
+//! both the driver (`cdylib`) and, for tests, that API (`rlib`). [`fixture`] is the set-up for
+//! another crate's tests: the fake loaded once per process, one test at a time steering it (its
+//! settings are **process-wide**), its steering reset after each; `README.md` shows how to depend
+//! on it and where the library is, `tests/downstream.rs` is an example.
 //!
 //! # Configuration
 //!
@@ -40,8 +43,8 @@
 //! - **One driver-owned thread per context** (`fake-cuda-driver-<n>`), started at the context's first
 //!   enqueued operation, that runs every stream-ordered operation of that context: host functions,
 //!   stream callbacks, event records and waits, value writes and waits (`cuStreamWriteValue32/64`,
-//!   `cuStreamWaitValue32/64` on mapped host memory, with the four wait conditions), graph
-//!   launches, and "holds" (the stand-in for a long-running kernel, see
+//!   `cuStreamWaitValue32/64` on mapped host memory, with the four wait conditions), copies,
+//!   sets and stream-ordered frees, graph launches, and "holds" (the stand-in for a long-running kernel, see
 //!   [`control::fake_cuda_hold_stream`]; a `cuStreamWaitValue32` on a word the test writes later
 //!   is the same on both drivers). Each stream is a
 //!   FIFO; the thread runs the first runnable head of any stream of its context, round robin.
@@ -78,10 +81,22 @@
 //!   learn which functions an operation calls), live objects per kind
 //!   ([`control::fake_cuda_live_objects`], for leak checks) and the calling thread's
 //!   current-context stack depth ([`control::fake_cuda_context_stack_depth`]).
-//! - Host memory (`cuMemHostAlloc`, zeroed) and host memory standing in for device memory, with
-//!   synchronous copies; the "device pointer" of any of it is its host address. Host memory
+//! - Memory (`memory.rs`, `memory_op.rs`, `copies.rs`, `memset.rs`, `stream_alloc.rs`): device
+//!   memory (`cuMemAlloc`), stream-ordered device memory (`cuMemAllocAsync`; `cuMemFreeAsync`
+//!   frees it when the stream gets there) and page-locked host memory (`cuMemHostAlloc`,
+//!   `cuMemAllocHost`) are zeroed host memory, and a device pointer is the host address (unified
+//!   addressing); each allocation belongs to its context and goes with it; `cuMemGetInfo` counts
+//!   device allocations against `cuDeviceTotalMem`'s 16 GiB (beyond: out of memory). Host memory
 //!   registered with `cuMemHostRegister` belongs to the context current at the registration and is
-//!   dropped with it (destroyed, or a primary context's last release or reset).
+//!   dropped with it (destroyed, or a primary context's last release or reset). Copies (host to
+//!   device, device to host, device to device, `cuMemcpy` by address, `cuMemcpyPeer`) and sets
+//!   (`cuMemsetD8/D16/D32`), synchronous and `Async`, are operations of a stream (the default
+//!   stream, legacy or per-thread, for the synchronous ones) that the context's driver thread
+//!   runs in order, each call returning when the Driver API's "API synchronization behavior" says;
+//!   a copy from pageable memory that returns at once takes the source at the call. Memory freed
+//!   while queued copies or sets use it lasts until they have run; a `cuMemHostRegister` range
+//!   unregistered before then makes a sticky error (the device's illegal-address fault). The
+//!   device reports `CAN_MAP_HOST_MEMORY`, `UNIFIED_ADDRESSING` and `MEMORY_POOLS_SUPPORTED`.
 //!
 //! # The proof: the conformance suite
 //!
@@ -93,13 +108,22 @@
 //!
 //! # What it simplifies
 //!
-//! - No kernels: `cuModuleLoadData` returns 801, kernel graph nodes are empty nodes.
-//! - Only part of the driver API: the functions the workspace uses and their kin (about a
-//!   hundred); `cuGetProcAddress` says "not found" for the rest, which are not exported either.
+//! - No kernels: every module and library load (`cuModuleLoad`, `cuModuleLoadData(Ex)`,
+//!   `cuModuleLoadFatBinary`, `cuLibraryLoadData`, `cuLibraryLoadFromFile`) returns 801
+//!   (`CUDA_ERROR_NOT_SUPPORTED`), kernel graph nodes are empty nodes.
+//! - Only part of the driver API: the functions the workspace and everyday bindings use, and
+//!   their kin (about 110); `cuGetProcAddress` says "not found" for the rest, which are not
+//!   exported either.
 //! - `cuGetErrorString` gives the real driver's text for the codes the fake returns, the pinned
 //!   header's documentation for the others.
 //! - The legacy default stream's implicit synchronization with other blocking streams is not
-//!   modelled; neither is the ordering of synchronous copies after pending stream work.
+//!   modelled (a synchronous copy waits for the default stream's own work only).
+//! - Memory: no arrays, pitched, 2D/3D, managed or virtual-memory calls, no memory pools beyond
+//!   the default one; `cuMemFree` returns at once (the real driver may first wait for the
+//!   device), the memory going once queued work that uses it has run;
+//!   memory operations (copies, sets, stream-ordered allocation) inside a capture return 900 and
+//!   invalidate it, where the real driver adds memory nodes; page-locked memory of a destroyed
+//!   context leaves the registry but is never unmapped, so a stray host access does not crash.
 //! - Capture: no check that forked streams rejoin before `cuStreamEndCapture`, no graph launches,
 //!   holds or value waits inside a capture (900, invalidating it), and a wait on an event recorded
 //!   outside the capture fails with 905.
@@ -167,17 +191,24 @@ mod capture_mode;
 mod config;
 mod context;
 pub mod control;
+mod copies;
 mod device;
 mod errors;
 mod event;
+pub mod fixture;
 mod graph;
 mod hooks;
 mod memory;
+mod memory_op;
+mod memset;
+mod module;
 mod oracle;
 mod proc_address;
+mod reset;
 mod scheduler;
 mod state;
 pub mod steer;
 mod stream;
+mod stream_alloc;
 mod teardown;
 mod user_object;

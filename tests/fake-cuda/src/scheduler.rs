@@ -81,6 +81,7 @@ pub(crate) fn discard(st: &mut State, op: Op) {
         Op::Hold { token } => {
             st.holds.remove(&token);
         }
+        Op::Memory(op) => crate::memory_op::discard(st, op),
         _ => {}
     }
 }
@@ -267,6 +268,11 @@ fn run_op(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool, stream_id: u
         Op::Write32 { addr, value } if mapped(&st, ctx, addr, 4) => write32(addr, value),
         Op::Write64 { addr, value } if mapped(&st, ctx, addr, 8) => write64(addr, value),
         Op::Write32 { .. } | Op::Write64 { .. } => unmapped_write(poisoned),
+        Op::Memory(op) => {
+            if !crate::memory_op::run(&mut st, ctx, op) {
+                unmapped_write(poisoned);
+            }
+        }
         Op::HostFn { f, data } => {
             drop(st);
             if !poisoned.load(Ordering::Acquire) {
@@ -317,15 +323,9 @@ fn run_op(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool, stream_id: u
     st
 }
 
-/// Whether the device can write `[addr, addr + len)` in `ctx`: memory of `cuMemAlloc` or
-/// `cuMemHostAlloc` (any context: a simplification), or host memory registered in `ctx` itself.
+/// Whether the device can write `[addr, addr + len)` in `ctx` (see [`crate::memory::accessible`]).
 fn mapped(st: &State, ctx: usize, addr: usize, len: usize) -> bool {
-    let allocated = st
-        .allocations
-        .range(..=addr)
-        .next_back()
-        .is_some_and(|(start, (size, _))| addr + len <= start + size);
-    allocated || crate::memory::registered_in(ctx, addr, len)
+    crate::memory::accessible(st, ctx, addr, len)
 }
 
 /// A value write to an address the context has not mapped: on the real device an illegal-address
@@ -424,6 +424,7 @@ pub(crate) fn shut_down(mut st: Guard, ctx: usize) -> Guard {
     }
     st.events.retain(|_, e| e.ctx != ctx);
     crate::memory::forget_registrations(ctx);
+    crate::memory::forget_allocations(&mut st, ctx);
     notify();
     st
 }

@@ -30,8 +30,9 @@ pub(crate) struct State {
     pub(crate) user_objects: BTreeMap<usize, UserObject>,
     /// Hold token → released yet.
     pub(crate) holds: BTreeMap<u64, bool>,
-    /// Start address → (size, whether `cuMemHostAlloc` made it).
-    pub(crate) allocations: BTreeMap<usize, (usize, bool)>,
+    /// Start address → the allocation there (device, stream-ordered or page-locked host memory:
+    /// see `memory.rs`).
+    pub(crate) allocations: BTreeMap<usize, crate::memory::Allocation>,
     /// Feeds the thread that runs user-object destructors (started on first use).
     pub(crate) destructor: Option<Sender<(HostFn, usize)>>,
     /// Stream id → operations enqueued and completed (see `oracle.rs`).
@@ -267,6 +268,8 @@ pub(crate) enum Op {
         /// References to user objects that this launch holds until it finishes.
         user_objects: Vec<(usize, u32)>,
     },
+    /// A copy, a set or a stream-ordered free (`memory_op.rs`).
+    Memory(crate::memory_op::MemoryOp),
 }
 
 impl Op {

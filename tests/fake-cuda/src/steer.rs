@@ -68,14 +68,16 @@ impl fmt::Display for FakeError {
             FakeError::NotFound { tried } => write!(
                 f,
                 "the fake CUDA driver ({}) was not found; looked at {}. Add `fake-cuda` to your \
-                 [dev-dependencies] (Cargo then builds the library beside your test binaries), or \
-                 set {LIBRARY_ENV} to its path",
+                 [dev-dependencies] (Cargo then builds the library beside your test binaries), \
+                 build it with `cargo build -p fake-cuda` (target/<profile>/{}), or set \
+                 {LIBRARY_ENV} to its path",
                 library_file_name(),
                 tried
                     .iter()
                     .map(|p| p.display().to_string())
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                library_file_name(),
             ),
             FakeError::Open { path, message } => {
                 write!(
@@ -91,9 +93,11 @@ impl fmt::Display for FakeError {
 
 impl std::error::Error for FakeError {}
 
-/// The fake library: [`LIBRARY_ENV`] if set, else beside the running executable, in its `deps/`,
-/// or in `../deps/` (Cargo puts test binaries in `target/<profile>/deps/`, examples in
-/// `target/<profile>/examples/`, and a dependency's `cdylib` in `target/<profile>/deps/`).
+/// The fake library: [`LIBRARY_ENV`] if set, else where Cargo builds it for the running
+/// executable: beside it, in its `deps/`, in `../deps/` or in `..` (Cargo puts test binaries in
+/// `target/<profile>/deps/` and examples in `target/<profile>/examples/`; it builds the library
+/// into `target/<profile>/deps/` when `fake-cuda` is a dependency, and also into
+/// `target/<profile>/` with `cargo build -p fake-cuda`).
 ///
 /// # Errors
 /// [`FakeError::NotFound`] if it is in none of those places.
@@ -113,6 +117,7 @@ pub fn locate() -> Result<PathBuf, FakeError> {
         dir.join(&name),
         dir.join("deps").join(&name),
         dir.join("..").join("deps").join(&name),
+        dir.join("..").join(&name),
     ];
     match tried.iter().find(|p| p.is_file()) {
         Some(found) => Ok(found.canonicalize().unwrap_or_else(|_| found.clone())),
@@ -127,13 +132,23 @@ pub fn locate() -> Result<PathBuf, FakeError> {
 ///
 /// # Errors
 /// [`FakeError::Io`] if the folder or the links cannot be made.
+///
+/// Processes may make the same folder at once: each link is made under a name of its own and
+/// renamed into place.
 #[cfg(unix)]
 pub fn libcuda_folder(library: &Path, folder: &Path) -> Result<PathBuf, FakeError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
     std::fs::create_dir_all(folder).map_err(FakeError::Io)?;
     for name in ["libcuda.so.1", "libcuda.so"] {
-        let link = folder.join(name);
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(library, &link).map_err(FakeError::Io)?;
+        let own = folder.join(format!(
+            ".{name}.{}.{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&own);
+        std::os::unix::fs::symlink(library, &own).map_err(FakeError::Io)?;
+        std::fs::rename(&own, folder.join(name)).map_err(FakeError::Io)?;
     }
     Ok(folder.to_path_buf())
 }
@@ -509,8 +524,11 @@ impl FakeCuda {
 
     /// Live driver objects of `kind`: `streams`, `events`, `graphs`, `graph_execs`,
     /// `graph_nodes`, `contexts` (made with `cuCtxCreate`), `primary_retains` (of device 0),
-    /// `holds`, `host_registrations` (`cuMemHostRegister`); 0 for an unknown kind. For leak
-    /// checks.
+    /// `holds`, `host_registrations` (`cuMemHostRegister`), `device_allocations` (`cuMemAlloc`,
+    /// `cuMemAllocAsync`: a `cuMemFreeAsync` counts once the stream got to it),
+    /// `host_allocations` (page-locked: `cuMemHostAlloc`, `cuMemAllocHost`), `user_objects`; 0
+    /// for an unknown kind. For leak checks ([`fixture::LiveObjects`](crate::fixture::LiveObjects)
+    /// takes them all at once).
     pub fn live_objects(&self, kind: &str) -> u64 {
         let kind = c_name(kind);
         let f = control!(self, fake_cuda_live_objects: unsafe extern "C" fn(*const c_char) -> u64);
@@ -619,6 +637,13 @@ plain_controls! {
 
     /// Removes every hook.
     fn clear_hooks() = fake_cuda_clear_hooks;
+
+    /// Puts everything a test can steer back as it was at load: version, device count, stub mode
+    /// and missing symbols as the environment gave them, faults as `FAKE_CUDA_FAIL` asked, no
+    /// hooks, every thread's calls counted, no hidden capture queries, fresh context handles, and
+    /// every hold released (see `control::fake_cuda_reset_steering`). What
+    /// [`fixture`](crate::fixture)'s guard does when it drops.
+    fn reset_steering() = fake_cuda_reset_steering;
 
     /// Lets a held stream continue (unknown tokens are ignored).
     fn release_hold(token: u64) = fake_cuda_release_hold;

@@ -1,19 +1,21 @@
 //! What a downstream crate's test looks like: its own host-side code (here a tiny "done flag"
 //! that a host function sets when the stream reaches it), tested against the fake driver through
-//! `cuda-sys`, steered with `fake_cuda::steer`. No GPU, no kernels.
+//! `cuda-sys`, steered with `fake_cuda::fixture`. No GPU, no kernels.
 //!
 //! In your crate: `fake-cuda` and `cuda-sys` in `[dev-dependencies]` (Cargo then builds
-//! `libfake_cuda.so` beside your test binaries), and this file as a template.
+//! `libfake_cuda.so` beside your test binaries; `README.md` says how from another repository),
+//! and this file as a template. `fixture::lock()` is all the set-up: it loads the fake once for
+//! the process, makes the tests that steer it take turns (its faults, hooks and settings are
+//! process-wide), and resets what a test steered when the test ends.
 
 use std::ffi::c_void;
-use std::process::Command;
-use std::ptr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use cuda_sys::types::{CUcontext, CUresult, CUstream};
-use cuda_sys::{Driver, LoadOptions};
-use fake_cuda::steer::{self, Config, FakeCuda};
+use cuda_sys::Driver;
+use cuda_sys::types::{CUresult, CUstream};
+use fake_cuda::fixture::{self, ChildTest};
+use fake_cuda::steer::Config;
 
 // ---- The code under test: the downstream crate's own (normally in its src/). ----
 
@@ -38,34 +40,8 @@ fn done_flag(driver: &Driver, stream: CUstream) -> Result<Arc<AtomicBool>, cuda_
 
 // ---- The tests. ----
 
-/// The fake, loaded once for this test binary, with device 0's primary context current on the
-/// calling thread; and a guard that keeps the tests of this binary from running at once (faults
-/// and holds are process-wide).
-fn setup() -> (&'static Driver, &'static FakeCuda, MutexGuard<'static, ()>) {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    static LOADED: OnceLock<(&'static Driver, FakeCuda)> = OnceLock::new();
-    let (driver, fake) = LOADED.get_or_init(|| {
-        let library = steer::locate().expect("the fake driver");
-        // SAFETY: the fake implements the driver's C ABI.
-        let driver =
-            unsafe { Driver::load(LoadOptions::with_library_path(&library)) }.expect("load");
-        (
-            driver,
-            FakeCuda::open(&library).expect("the fake's control functions"),
-        )
-    });
-    let mut context: CUcontext = ptr::null_mut();
-    // SAFETY: valid out-pointers.
-    unsafe {
-        driver.cuDevicePrimaryCtxRetain(&mut context, 0).unwrap();
-        driver.cuCtxSetCurrent(context).unwrap();
-    }
-    (driver, fake, guard)
-}
-
 fn stream(driver: &Driver) -> CUstream {
-    let mut stream = ptr::null_mut();
+    let mut stream = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
     unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
     stream
@@ -73,7 +49,9 @@ fn stream(driver: &Driver) -> CUstream {
 
 #[test]
 fn the_flag_is_set_only_once_the_stream_reaches_it() {
-    let (driver, fake, _one) = setup();
+    let fake = fixture::lock();
+    let driver = fake.driver();
+    fake.primary_context().unwrap();
     let stream = stream(driver);
     // A stand-in for a long kernel: the stream waits until the hold is released.
     let hold = fake.hold_stream(stream).expect("a live stream");
@@ -96,9 +74,13 @@ fn the_flag_is_set_only_once_the_stream_reaches_it() {
 
 #[test]
 fn a_failed_launch_returns_the_error_and_leaks_nothing() {
-    let (driver, fake, _one) = setup();
+    let fake = fixture::lock();
+    let driver = fake.driver();
+    fake.primary_context().unwrap();
     let stream = stream(driver);
-    // The next cuLaunchHostFunc (any variant) on any thread fails: keep it to this test's call.
+    let before = fake.live_objects_now();
+    // The next cuLaunchHostFunc (any variant) fails. (Other tests wait for the guard's drop, which
+    // removes the fault if this test did not use it.)
     fake.set_fault("cuLaunchHostFunc", 1, CUresult::CUDA_ERROR_OUT_OF_MEMORY.0);
     let error = done_flag(driver, stream).expect_err("the injected fault");
     assert_eq!(error.code(), Some(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
@@ -106,57 +88,45 @@ fn a_failed_launch_returns_the_error_and_leaks_nothing() {
     // SAFETY: a live stream.
     unsafe { driver.cuStreamSynchronize(stream) }.unwrap();
     assert!(flag.load(Ordering::Acquire));
+    assert_eq!(
+        Arc::strong_count(&flag),
+        1,
+        "the host function's reference was leaked"
+    );
+    let leaked = fake.live_objects_now().grown_since(&before);
+    assert!(leaked.is_empty(), "driver objects leaked: {leaked:?}");
 }
 
-/// The marker that makes this binary, run again as a child, act as a program that opens
-/// `libcuda.so.1` by name (as cudarc does).
-const CHILD: &str = "DOWNSTREAM_BY_NAME_CHILD";
-
+/// A program that opens `libcuda.so.1` by name (as cudarc opens `libcuda.so`), in a process of
+/// its own whose fake reports CUDA 11.8: `ChildTest` runs this test again as that process.
 #[test]
 fn a_binding_that_opens_libcuda_by_name_gets_the_fake_configured_by_environment() {
-    if std::env::var_os(CHILD).is_some() {
-        // The child: what a binding does (dlopen by name, cuInit, cuDriverGetVersion).
-        // SAFETY: the library found first on LD_LIBRARY_PATH, the fake.
-        let library = unsafe { libloading::Library::new("libcuda.so.1") }.expect("libcuda.so.1");
-        type Init = unsafe extern "C" fn(u32) -> CUresult;
-        type Version = unsafe extern "C" fn(*mut i32) -> CUresult;
-        let mut version = 0;
-        // SAFETY: the driver API's signatures; a valid out-pointer.
-        unsafe {
-            assert_eq!(
-                library.get::<Init>(b"cuInit\0").unwrap()(0),
-                CUresult::CUDA_SUCCESS
-            );
-            library.get::<Version>(b"cuDriverGetVersion\0").unwrap()(&mut version);
-        }
-        assert_eq!(version, 11080);
-        return;
-    }
-    let library = steer::locate().unwrap();
-    let folder = steer::libcuda_folder(
-        &library,
-        &std::env::temp_dir().join(format!("fake-libcuda-{}", std::process::id())),
-    )
-    .unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap());
-    child
-        .args([
-            "a_binding_that_opens_libcuda_by_name_gets_the_fake_configured_by_environment",
-            "--exact",
-        ])
-        .env(CHILD, "1")
-        .env("LD_LIBRARY_PATH", &folder);
-    Config {
+    let config = Config {
         version: Some(11080),
         ..Config::default()
-    }
-    .apply(&mut child);
-    let out = child.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::fs::remove_dir_all(&folder);
+    };
+    ChildTest::new("a_binding_that_opens_libcuda_by_name_gets_the_fake_configured_by_environment")
+        .config(config)
+        .run(|| {
+            // What a binding does: dlopen by name, cuInit, cuDriverGetVersion.
+            // Kept loaded for the process, as bindings keep the driver (unloaded, its state would
+            // look leaked).
+            static LIBRARY: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
+            let library = LIBRARY.get_or_init(|| {
+                // SAFETY: the library found first on LD_LIBRARY_PATH, the fake.
+                unsafe { libloading::Library::new("libcuda.so.1") }.expect("libcuda.so.1")
+            });
+            type Init = unsafe extern "C" fn(u32) -> CUresult;
+            type Version = unsafe extern "C" fn(*mut i32) -> CUresult;
+            let mut version = 0;
+            // SAFETY: the driver API's signatures; a valid out-pointer.
+            unsafe {
+                assert_eq!(
+                    library.get::<Init>(b"cuInit\0").unwrap()(0),
+                    CUresult::CUDA_SUCCESS
+                );
+                library.get::<Version>(b"cuDriverGetVersion\0").unwrap()(&mut version);
+            }
+            assert_eq!(version, 11080);
+        });
 }

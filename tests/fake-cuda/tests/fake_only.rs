@@ -4,24 +4,9 @@
 
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use cuda_sys::types::{CUcontext, CUresult, CUstream};
-use cuda_sys::{Driver, LoadOptions};
-use fake_cuda::steer::{self, FakeCuda};
-
-fn setup() -> (&'static Driver, &'static FakeCuda, MutexGuard<'static, ()>) {
-    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-    static LOADED: OnceLock<(&'static Driver, FakeCuda)> = OnceLock::new();
-    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let (driver, fake) = LOADED.get_or_init(|| {
-        let library = steer::locate().expect("the fake driver");
-        // SAFETY: the fake implements the driver's C ABI.
-        let driver = unsafe { Driver::load(LoadOptions::with_library_path(&library)) }.unwrap();
-        (driver, FakeCuda::open(&library).unwrap())
-    });
-    (driver, fake, guard)
-}
+use fake_cuda::fixture;
 
 fn code(result: Result<(), impl Into<cuda_sys::Error>>) -> Option<CUresult> {
     result.err().and_then(|e| e.into().code())
@@ -34,7 +19,8 @@ unsafe extern "C" fn bump(data: *mut std::ffi::c_void) {
 
 #[test]
 fn stale_stream_and_context_handles_are_reported_not_used() {
-    let (driver, fake, _one) = setup();
+    let fake = fixture::lock();
+    let driver = fake.driver();
     let mut context: CUcontext = ptr::null_mut();
     let mut stream: CUstream = ptr::null_mut();
     let count = AtomicUsize::new(0);
@@ -76,17 +62,14 @@ fn stale_stream_and_context_handles_are_reported_not_used() {
 
 #[test]
 fn a_destroyed_streams_handle_is_reported_while_its_work_still_runs() {
-    let (driver, fake, _one) = setup();
-    let mut context: CUcontext = ptr::null_mut();
+    let fake = fixture::lock();
+    let driver = fake.driver();
+    let context = fake.primary_context().unwrap();
     let mut stream: CUstream = ptr::null_mut();
     let count = AtomicUsize::new(0);
     let data = ptr::from_ref(&count).cast_mut().cast();
-    // SAFETY: valid out-pointers; `count` outlives the synchronize below.
-    unsafe {
-        driver.cuDevicePrimaryCtxRetain(&mut context, 0).unwrap();
-        driver.cuCtxSetCurrent(context).unwrap();
-        driver.cuStreamCreate(&mut stream, 0).unwrap();
-    }
+    // SAFETY: a valid out-pointer; `count` outlives the synchronize below.
+    unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
     let hold = fake.hold_stream(stream).expect("a live stream");
     // SAFETY: as above; the destroyed handle is only queried.
     unsafe {
