@@ -133,6 +133,133 @@ cases! {
         assert_eq!(again, cx.context);
     }
 
+    /// A primary context released for the last time and retained again is a new context at the
+    /// same handle: its `cuCtxGetId` differs (measured on the H200: 1, then 2). Libraries that
+    /// keep records per context must key them by the id, not the handle.
+    fn a_primary_context_made_again_keeps_its_handle_and_gets_a_new_id(cx) {
+        let (mut before, mut after) = (0, 0);
+        let mut again: CUcontext = ptr::null_mut();
+        // SAFETY: the case's context and its one retain, released then taken again; valid
+        // out-pointers.
+        unsafe {
+            cx.driver.cuCtxGetId(cx.context, &mut before).unwrap();
+            cx.driver.cuDevicePrimaryCtxRelease(cx.device).unwrap();
+            cx.driver.cuDevicePrimaryCtxRetain(&mut again, cx.device).unwrap();
+            cx.driver.cuCtxGetId(again, &mut after).unwrap();
+        }
+        assert_eq!(again, cx.context, "the handle stays");
+        assert_ne!(after, before, "a new id");
+    }
+
+    /// A primary context reset while retained is made again at the same handle with a new
+    /// `cuCtxGetId` (read after a retain, as a library re-activating it would).
+    fn a_reset_primary_context_gets_a_new_id(cx) {
+        let (mut before, mut after) = (0, 0);
+        let mut again: CUcontext = ptr::null_mut();
+        // SAFETY: the case's context, reset with nothing of it in use, then retained once more
+        // and released; valid out-pointers.
+        unsafe {
+            cx.driver.cuCtxGetId(cx.context, &mut before).unwrap();
+            cx.driver.cuDevicePrimaryCtxReset(cx.device).unwrap();
+            cx.driver.cuDevicePrimaryCtxRetain(&mut again, cx.device).unwrap();
+            cx.driver.cuCtxGetId(again, &mut after).unwrap();
+            cx.driver.cuDevicePrimaryCtxRelease(cx.device).unwrap();
+        }
+        assert_eq!(again, cx.context, "the handle stays");
+        assert_ne!(after, before, "a new id");
+    }
+
+    /// Between its last release and the next retain, a primary context's handle names no
+    /// context: `cuCtxGetId` refuses it (`CUDA_ERROR_INVALID_CONTEXT` or
+    /// `CUDA_ERROR_CONTEXT_IS_DESTROYED`) and `cuDevicePrimaryCtxGetState` reports it inactive.
+    fn a_released_primary_contexts_handle_has_no_id(cx) {
+        let mut id = 0;
+        let (mut flags, mut active) = (0, 1);
+        let mut again: CUcontext = ptr::null_mut();
+        // SAFETY: the case's one retain, released then taken again; valid out-pointers.
+        let answer = unsafe {
+            cx.driver.cuCtxSetCurrent(ptr::null_mut()).unwrap();
+            cx.driver.cuDevicePrimaryCtxRelease(cx.device).unwrap();
+            cx.driver.cuDevicePrimaryCtxGetState(cx.device, &mut flags, &mut active).unwrap();
+            let answer = code(cx.driver.cuCtxGetId(cx.context, &mut id));
+            cx.driver.cuDevicePrimaryCtxRetain(&mut again, cx.device).unwrap();
+            cx.driver.cuCtxSetCurrent(again).unwrap();
+            answer
+        };
+        assert_eq!(active, 0, "inactive after the last release");
+        assert!(
+            matches!(
+                answer,
+                Some(CUresult::CUDA_ERROR_INVALID_CONTEXT | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED)
+            ),
+            "cuCtxGetId of the released handle: {answer:?} (id {id})"
+        );
+    }
+
+    /// While the last release of a primary context runs its pending work (a held stream with a
+    /// host function behind it), another thread's `cuDevicePrimaryCtxGetState` and `cuCtxGetId`
+    /// of the handle answer only once the release is over (then: inactive, no id). A library
+    /// that reclaims the work of a context it finds gone relies on this: "gone" must not be seen
+    /// while the context still runs (and writes) its pending work.
+    fn the_state_during_a_last_release_is_answered_once_the_release_is_over(cx) {
+        use std::sync::atomic::AtomicBool;
+        let stream = cx.stream();
+        let count = leak(AtomicUsize::new(0));
+        let hold = cx.hold(stream);
+        // SAFETY: `count` is leaked.
+        unsafe { cx.driver.cuLaunchHostFunc(stream, Some(bump), data(count)) }.unwrap();
+        let (driver, device, handle) = (cx.driver, cx.device, cx.context.addr());
+        let released = leak(AtomicBool::new(false));
+        let releaser = std::thread::spawn(move || {
+            // SAFETY: the case's one retain; nothing of the context is used after it.
+            unsafe { driver.cuDevicePrimaryCtxRelease(device) }.unwrap();
+            released.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        let answered = leak(AtomicBool::new(false));
+        let asker = std::thread::spawn(move || {
+            let (mut flags, mut active) = (0, 0);
+            let mut id = 0;
+            // SAFETY: valid out-pointers; a handle the driver gave out.
+            let (state, id_answer) = unsafe {
+                (
+                    driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active),
+                    code(driver.cuCtxGetId(std::ptr::with_exposed_provenance_mut(handle), &mut id)),
+                )
+            };
+            answered.store(true, Ordering::SeqCst);
+            (state.is_ok(), active, id_answer)
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let early = answered.load(Ordering::SeqCst);
+        let release_done_early = released.load(Ordering::SeqCst);
+        hold.release();
+        releaser.join().unwrap();
+        let (state_ok, active, id_answer) = asker.join().unwrap();
+        // The case's retain again, for its clean-up.
+        let mut again: CUcontext = ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe {
+            cx.driver.cuDevicePrimaryCtxRetain(&mut again, cx.device).unwrap();
+            cx.driver.cuCtxSetCurrent(again).unwrap();
+        }
+        assert!(!release_done_early, "the last release returned before its pending work ran");
+        assert_eq!(count.load(Ordering::SeqCst), 1, "the pending host function ran");
+        assert!(
+            !early,
+            "the state was answered while the last release still ran the context's work"
+        );
+        assert!(state_ok);
+        assert_eq!(active, 0, "inactive once the release is over");
+        assert!(
+            matches!(
+                id_answer,
+                Some(CUresult::CUDA_ERROR_INVALID_CONTEXT | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED)
+            ),
+            "cuCtxGetId of the released handle: {id_answer:?}"
+        );
+    }
+
     /// `cuDevicePrimaryCtxGetState` reports the primary context active while retained.
     fn the_primary_context_is_active_while_retained(cx) {
         let (mut flags, mut active) = (0, 0);

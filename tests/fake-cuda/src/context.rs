@@ -154,6 +154,24 @@ unsafe fn primary_retain(pctx: *mut CUcontext, dev: CUdevice) -> Res {
     Ok(())
 }
 
+/// Waits (the lock released meanwhile) while the context `which` names is closing: its destruction,
+/// last release or reset is running its pending work. Its own worker does not wait (it is part of
+/// that work).
+fn wait_while_closing(
+    mut st: std::sync::MutexGuard<'static, State>,
+    which: impl Fn(&State) -> Option<usize>,
+) -> std::sync::MutexGuard<'static, State> {
+    loop {
+        let Some(ctx) = which(&st) else {
+            return st;
+        };
+        match st.contexts.get(&ctx) {
+            Some(c) if c.closing && !on_worker_of(ctx) => st = wait(st),
+            _ => return st,
+        }
+    }
+}
+
 /// `cuDevicePrimaryCtxRelease` (7000) and `_v2` (11000) share this signature and behaviour.
 unsafe fn primary_release(dev: CUdevice) -> Res {
     check_device(dev)?;
@@ -198,7 +216,9 @@ export!("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState => primary_get_
 unsafe fn primary_get_state(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> Res {
     ensure(!flags.is_null() && !active.is_null(), INVALID_VALUE)?;
     check_device(dev)?;
-    let st = lock();
+    // A last release or a reset in progress (running the context's pending work) is one step of
+    // the device's primary-context state: the answer comes once it is over.
+    let st = wait_while_closing(lock(), |st| st.primary.get(&dev).copied());
     let c = st.primary.get(&dev).and_then(|ctx| st.contexts.get(ctx));
     // SAFETY: both non-null, and the caller passes valid places for them.
     unsafe {
@@ -293,7 +313,10 @@ export!("cuCtxGetId", cuCtxGetId => ctx_get_id(ctx: CUcontext, ctxId: *mut std::
 /// reset).
 unsafe fn ctx_get_id(ctx: CUcontext, id: *mut std::ffi::c_ulonglong) -> Res {
     ensure(!id.is_null(), INVALID_VALUE)?;
-    let st = lock();
+    // A context being destroyed (running its pending work first) is answered for once that is
+    // over (then it is gone), unless the caller is its own worker.
+    let handle = ctx.addr();
+    let st = wait_while_closing(lock(), |_| (handle != 0).then_some(handle));
     let ctx = given_or_current(&st, ctx)?;
     let number = check_context(&st, ctx)?.id;
     // SAFETY: non-null, and the caller passes a valid place for the id.
