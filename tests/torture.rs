@@ -31,7 +31,9 @@ fn run_and_report(script: &Script) -> Result<Duration, String> {
 #[test]
 fn fixed_seeds_run_clean() {
     let failures: Vec<String> = FIXED_SEEDS
-        .filter_map(|seed| run_and_report(&generate(seed, Size::SHORT, seed.is_multiple_of(4))).err())
+        .filter_map(|seed| {
+            run_and_report(&generate(seed, Size::SHORT, seed.is_multiple_of(4))).err()
+        })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

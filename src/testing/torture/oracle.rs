@@ -141,17 +141,27 @@ impl Oracle {
         tracked
     }
 
-    /// The enqueuing call of `tracked` returned (`ok` or an error, `error`).
-    pub fn call_returned(&self, tracked: &Tracked, result: Result<(), &Error>) {
-        *tracked.in_call.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    /// The enqueuing call of `tracked` returned (`ok` or an error, `error`). `capture_hidden`:
+    /// whether a capture may have been hidden from the crate's look since the call began (a
+    /// run-once launch may then be captured).
+    pub fn call_returned(
+        &self,
+        tracked: &Tracked,
+        result: Result<(), &Error>,
+        capture_hidden: bool,
+    ) {
+        // Under the lock a drop during the call looks at: it is judged here, or after this.
+        let mut in_call = tracked.in_call.lock().unwrap_or_else(|p| p.into_inner());
+        *in_call = None;
+        if result.is_err() {
+            tracked.failed.store(true, Ordering::Release);
+        }
+        drop(in_call);
         match result {
             Ok(()) => {
-                if let Some(capture) = &tracked.capture
-                    && tracked.runs_once
-                {
+                if tracked.capture.is_some() && tracked.runs_once && !capture_hidden {
                     // A run-once launch accepted on a stream that was capturing for sure: the
                     // crate must refuse those (its host function would run on every replay).
-                    let _ = capture;
                     self.violation(format!(
                         "{}: a run-once operation was accepted on a capturing stream",
                         describe(tracked)
@@ -165,9 +175,17 @@ impl Oracle {
                 tracked.failed.store(true, Ordering::Release);
                 // Refused because a capture may hold what was enqueued (or the second look at the
                 // stream failed, which counts as that): pending until the context is gone.
+                // After a failed cuGraphRetainUserObject (or a node that could not be added) the
+                // record belongs to a user object the crate let go: the driver's destructor
+                // releases it a little later.
+                let text = error.to_string();
                 let pending_allowed =
                     matches!(error, Error::CaptureActive { .. } | Error::ReaperSpawn(_))
-                        || error.to_string().contains("Capture");
+                        || tracked.capture.is_some()
+                        || text.contains("Capture")
+                        || text.contains("cuGraphRetainUserObject")
+                        || text.contains("cuGraphAddHostNode")
+                        || text.contains("cuGraphAddNode");
                 if !pending_allowed
                     && tracked.owned.load(Ordering::Acquire)
                     && tracked.dropped.load(Ordering::Acquire) == 0
@@ -227,12 +245,14 @@ impl Oracle {
                 super::super::os_thread().1
             ));
         }
-        let in_call = *tracked.in_call.lock().unwrap_or_else(|p| p.into_inner());
-        if in_call == Some(std::thread::current().id()) {
-            // Judged once the call returns: fine if it failed.
+        let in_call = tracked.in_call.lock().unwrap_or_else(|p| p.into_inner());
+        if in_call.is_some() {
+            // Judged once the call returns (fine if it failed): whether on the calling thread (a
+            // refused call) or another (a graph's user object let go on an error path).
             tracked.dropped_in_call.store(true, Ordering::Release);
             return;
         }
+        drop(in_call);
         if tracked.failed.load(Ordering::Acquire)
             && !tracked.at.context_dead()
             && tracked.capture.is_none()
@@ -251,21 +271,20 @@ impl Oracle {
             return;
         }
         let ran = tracked.ran.load(Ordering::Acquire) > 0;
-        if !at.reached() {
-            self.violation(format!(
-                "{}: its owners were dropped {when} before the work enqueued before it completed \
-                 (stream {} at {:?}, needed {}), its context alive",
-                describe(tracked),
-                at.stream,
-                fake().stream_progress(at.stream),
-                at.before
-            ));
-            return;
-        }
+        let failed = tracked.failed.load(Ordering::Acquire);
         match &tracked.capture {
+            // A failed call gave the graph nothing: its owners go at once, or (when the graph
+            // already owned the record) with the user object the crate let go.
+            Some(_) if failed => {}
             // After a sticky error the driver drops a graph's launches and lets go of what they
             // held: its owners may go with the graph.
             Some(_) if fake().context_poisoned(at.context) => {}
+            // Owned by a graph: it must outlive the graph and the graph's last replay (the work
+            // enqueued before the capture is not the node's to wait for: it only runs in
+            // replays).
+            // A run-once launch a capture took (its capture hidden from the crate's look) runs
+            // on the first replay only and is released after that run.
+            Some(_) if ran && tracked.runs_once => {}
             Some(capture) => {
                 if !ran && !capture.graph_gone.load(Ordering::Acquire) {
                     self.violation(format!(
@@ -292,7 +311,16 @@ impl Oracle {
                 }
             }
             None => {
-                if tracked.has_callback && !ran && !tracked.failed.load(Ordering::Acquire) {
+                if !at.reached() {
+                    self.violation(format!(
+                        "{}: its owners were dropped {when} before the work enqueued before it \
+                         completed (stream {} at {:?}, needed {}), its context alive",
+                        describe(tracked),
+                        at.stream,
+                        fake().stream_progress(at.stream),
+                        at.before
+                    ));
+                } else if tracked.has_callback && !ran && !failed {
                     self.violation(format!(
                         "{}: its owners were dropped {when} without its callback having run, its \
                          context alive (a reclaim of a live context?)",

@@ -335,7 +335,8 @@ fn generate_op(rng: &mut Rng, settings: &Settings) -> Op {
         905..=929 => Op::EndCapture {
             replays: rng.below(3) as u8,
         },
-        930..=937 => Op::Poison { stream },
+        930..=932 => Op::Poison { stream },
+        933..=937 => Op::Release { ctx },
         938..=949 if settings.faults => Op::Fault {
             call: rng.below(FAULT_CALLS.len() as u64) as u8,
             nth: 1 + rng.below(4) as u8,

@@ -91,7 +91,8 @@ impl Callback {
                 && !self.tracked.at.context_dead()
             {
                 self.oracle.violation(format!(
-                    "{}: a spawn_after callback ran without its stream's context current",
+                    "{}: a spawn_after callback ran without its stream's context current \
+                     ({current:?} current, {context:#x} expected)",
                     super::oracle::describe(&self.tracked)
                 ));
             }
@@ -451,14 +452,7 @@ impl World {
                 kind,
                 WorkKind::Auto | WorkKind::HostFunction | WorkKind::LowLatency | WorkKind::Event
             );
-        // A run-once operation on a capturing stream is refused; when a capture may have been
-        // hidden from the crate's look, it may also be accepted (it becomes a graph node).
-        let capture_for_oracle = if self.capture_hidden.load(Ordering::Acquire) && runs_once {
-            None
-        } else {
-            capture.clone()
-        };
-        let tracked = self.tracked(op, me, at, has_callback, runs_once, capture_for_oracle);
+        let tracked = self.tracked(op, me, at, has_callback, runs_once, capture.clone());
         let callback = Arc::new(Callback {
             tracked: Arc::clone(&tracked),
             oracle: Arc::clone(&self.oracle),
@@ -552,8 +546,9 @@ impl World {
                 }
             }
         };
+        let hidden = self.capture_hidden.load(Ordering::Acquire);
         self.oracle
-            .call_returned(&tracked, result.as_ref().map(|_| ()));
+            .call_returned(&tracked, result.as_ref().map(|_| ()), hidden);
     }
 
     fn watch(
@@ -600,7 +595,7 @@ impl World {
             callback.run();
         });
         self.oracle
-            .call_returned(&tracked, added.as_ref().map(|_| ()));
+            .call_returned(&tracked, added.as_ref().map(|_| ()), false);
         if added.is_err() {
             return;
         }
@@ -662,6 +657,9 @@ impl World {
             let mut slot = lock_w(&self.streams[usize::from(capture.stream)]);
             let driver = driver();
             let mut graph: CUgraph = ptr::null_mut();
+            // An invalidated capture's end destroys its graph (and lets go of what it owned)
+            // inside the call: gone from here, unless the end succeeds.
+            capture.record.graph_gone.store(true, Ordering::Release);
             // SAFETY: the stream this capture began on, still in its slot (a capturing stream is
             // never dropped); a valid out-pointer.
             let ended = unsafe { driver.cuStreamEndCapture(capture.raw, &mut graph) };
@@ -669,6 +667,7 @@ impl World {
                 s.capture = None;
             }
             if ended.is_ok() && !graph.is_null() {
+                capture.record.graph_gone.store(false, Ordering::Release);
                 let mut exec: CUgraphExec = ptr::null_mut();
                 // SAFETY: a graph the capture made; a valid out-pointer.
                 let made = unsafe { driver.cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
@@ -820,7 +819,7 @@ impl World {
         // must hold no retain (its event pools gave theirs back). Bounded waits: the reaper and
         // the pollers work on their own.
         // With faults, what a failed call kept may never go: look briefly.
-        let patience = if settings.faults { 1 } else { 20 };
+        let patience = if settings.faults { 1 } else { 10 };
         let deadline = Instant::now() + Duration::from_secs(patience);
         loop {
             let _ = cuda_host_launch::flush(Duration::from_millis(50));
@@ -836,6 +835,23 @@ impl World {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));
+        }
+        if std::env::var_os("TORTURE_DEBUG").is_some() {
+            eprintln!(
+                "TORTURE DEBUG finish: live owners {}, futures {}, pending {}, active {:?}, retains(d0) {}, events {}",
+                self.oracle.live(),
+                futures.len(),
+                cuda_host_launch::pending_launches(None),
+                (0..DEVICES)
+                    .map(|d| primary_active(driver, CUdevice::from(d)))
+                    .collect::<Vec<_>>(),
+                fake.live_objects("primary_retains"),
+                fake.live_objects("events"),
+            );
+            if std::env::var("TORTURE_DEBUG").as_deref() == Ok("stop") && self.oracle.live() > 0 {
+                eprintln!("TORTURE DEBUG stopped: pid {}", std::process::id());
+                std::thread::sleep(Duration::from_secs(120));
+            }
         }
         for watched in &mut futures {
             watched.poll(&self.oracle, true);
