@@ -85,7 +85,13 @@ fn wait_for<F: Future + Unpin>(future: &mut F, what: &str) -> F::Output {
 /// as usual.
 fn quiet_expected_panics() {
     cuda_workspace::testing::quiet_expected_panics(|m| {
-        matches!(m, "the waker panicked" | "reported")
+        matches!(
+            m,
+            "the waker panicked"
+                | "reported"
+                | "the waker's clone panicked"
+                | "the waker's drop panicked"
+        )
     });
 }
 
@@ -301,6 +307,87 @@ isolated_test! {
         wait_for(&mut first, "the future of the panicking waker").unwrap();
         let mut later = CompletionMode::LowLatency.completion(&stream).unwrap();
         wait_for(&mut later, "a later low-latency completion").unwrap();
+    }
+}
+
+/// A waker whose `clone` panics (when the future stores it) or whose `drop` panics (when a later
+/// poll replaces it): the panic goes on up to the poll, and the slot stays usable: a later poll's
+/// waker is stored and woken when the stream gets there, without polling again. (Before: the slot
+/// stayed "registering" after the panic, and every later wake-up was lost.)
+#[test]
+fn a_waker_panicking_in_clone_or_drop_leaves_later_wakeups_working() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::task::{RawWaker, RawWakerVTable};
+    quiet_expected_panics();
+    fn clone_panics(_: *const ()) -> RawWaker {
+        panic!("the waker's clone panicked")
+    }
+    fn nothing(_: *const ()) {}
+    static CLONE_PANICS: RawWakerVTable =
+        RawWakerVTable::new(clone_panics, nothing, nothing, nothing);
+    struct DropPanics;
+    impl Wake for DropPanics {
+        fn wake(self: Arc<Self>) {}
+    }
+    impl Drop for DropPanics {
+        fn drop(&mut self) {
+            panic!("the waker's drop panicked");
+        }
+    }
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+    impl Wake for Counting {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let context = fake_primary_context();
+    let stream = Stream::new(&context).unwrap();
+    for mode in [
+        CompletionMode::HostFunction,
+        CompletionMode::Event,
+        CompletionMode::LowLatency,
+    ] {
+        let hold = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream");
+        let mut future = mode.completion(&stream).unwrap();
+        // SAFETY: the vtable's functions ignore the data pointer; `clone` panics before it would
+        // have to make a waker.
+        let clone_panics = unsafe { Waker::from_raw(RawWaker::new(ptr::null(), &CLONE_PANICS)) };
+        let polled = catch_unwind(AssertUnwindSafe(|| poll_with(&mut future, &clone_panics)));
+        assert!(
+            polled.is_err(),
+            "{mode:?}: the clone's panic reaches the poll"
+        );
+        // Stored (an Arc clone does not panic); replacing it drops it, which panics.
+        let drop_panics = Waker::from(Arc::new(DropPanics));
+        assert!(poll_with(&mut future, &drop_panics).is_pending());
+        drop(drop_panics);
+        let counting = Arc::new(Counting::default());
+        let waker = Waker::from(Arc::clone(&counting));
+        let polled = catch_unwind(AssertUnwindSafe(|| poll_with(&mut future, &waker)));
+        assert!(
+            polled.is_err(),
+            "{mode:?}: the old waker's drop panic reaches the poll"
+        );
+        hold.release();
+        let deadline = Instant::now() + cuda_workspace::testing::PATIENCE;
+        while counting.0.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{mode:?}: the stored waker was never woken"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(matches!(
+            poll_with(&mut future, &waker),
+            Poll::Ready(Ok(()))
+        ));
     }
 }
 

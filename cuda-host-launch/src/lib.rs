@@ -106,6 +106,8 @@ mod completion;
 #[cfg(all(feature = "cudarc", not(loom)))]
 pub mod cudarc_stream;
 #[cfg(not(loom))]
+mod flush;
+#[cfg(not(loom))]
 mod graph;
 #[cfg(not(loom))]
 mod launch;
@@ -127,6 +129,8 @@ pub use after::{PollerSettings, poller_settings, release_after, set_poller_setti
 #[cfg(not(loom))]
 pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
 #[cfg(not(loom))]
+pub use flush::flush;
+#[cfg(not(loom))]
 pub use graph::{Graph, GraphExec, GraphNode, add_host_node};
 #[cfg(not(loom))]
 pub use launch::{host_launch, launch_host_function, launch_host_function_with_bytes};
@@ -135,7 +139,7 @@ pub use reaper::defer_drop::defer_drop;
 #[cfg(not(loom))]
 pub use reaper::mode::{CLEANUP_MODE_ENV, CleanupMode, cleanup_mode, set_cleanup_mode};
 #[cfg(not(loom))]
-pub use reaper::release::{CleanupStats, cleanup_stats, drain, flush};
+pub use reaper::release::{CleanupStats, cleanup_stats, drain};
 #[cfg(not(loom))]
 pub use reaper::thread::{REAPER_LINGER_ENV, REAPER_POLL_ENV};
 #[cfg(not(loom))]
@@ -147,7 +151,7 @@ pub use support::host_thread::{HostFunctionScope, in_host_function};
 #[cfg(not(loom))]
 pub use support::panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 #[cfg(not(loom))]
-pub use support::raw_stream::{AsRawStream, RawStream};
+pub use support::raw_stream::{AsRawStream, RawStream, StreamIds};
 #[cfg(not(loom))]
 pub use tracking::pending::{launch_ticket_bytes, pending_launches};
 #[cfg(not(loom))]

@@ -13,7 +13,7 @@ use super::queue::CleanupQueue;
 use crate::record::layout::{Op, RecordHeader};
 use crate::record::{pool, tickets};
 use crate::support::error::Error;
-use crate::support::host_thread::{in_host_function, refuse_inside_host_function};
+use crate::support::host_thread::in_host_function;
 use crate::support::intrusive_stack::Batch;
 use crate::support::panic_report::{PanicOrigin, report};
 use crate::support::sync::{Mutex, lock};
@@ -185,38 +185,16 @@ pub fn drain() -> u64 {
     release_batch(QUEUE.take_all(), &mut Scratch::default())
 }
 
-/// Waits until every record queued so far is released, or `timeout` passes: the owners of every
-/// host function that has run, and of every graph whose user object the driver has destroyed. In
-/// manual mode it drains the queue itself.
-///
-/// Once everything is released it also gives the record pool's surplus memory back to the system
-/// (free 4 KiB segments of slots, beyond 512 KiB of them), as the reaper does when it goes idle.
-///
-/// Host functions still pending on their streams are not waited for: synchronize the stream first
-/// to include them. The driver destroys a graph's user objects asynchronously, so owners tied to a
-/// graph may reach the queue a little after `cuGraphDestroy` returns.
-///
-/// A `timeout` too long to add to the clock (`Duration::MAX`) waits as long as it takes.
-///
-/// Called by the thread that is releasing records (inside an owner's `Drop`, or the panic
-/// handler, whether on the reaper or on a thread that drains), it returns
-/// [`Error::FlushOnReleasingThread`] at once: the records it would wait for include the one that
-/// thread is releasing, so it would only wait out its timeout while all cleanup stopped.
+/// Waits until every record queued so far is released, or `deadline` passes (`None`: no
+/// deadline): the owners of every host function that has run, and of every graph whose user
+/// object the driver has destroyed. In manual mode it drains the queue itself. Once everything is
+/// released it gives the record pool's surplus back. The public `flush` checks its caller first
+/// (not a host function, not the releasing thread, not a forked child).
 ///
 /// # Errors
-/// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
-/// from a host function (the reaper cannot be waited for there);
-/// [`Error::FlushOnReleasingThread`] if called by the releasing thread; [`Error::ForkedChild`] in a
-/// child forked after the first launch.
-pub fn flush(timeout: Duration) -> Result<(), Error> {
-    refuse_inside_host_function("flush")?;
-    if exit_gate::releasing_here() {
-        return Err(Error::FlushOnReleasingThread);
-    }
-    forked_child::check()?;
+/// [`Error::FlushTimedOut`] with the number still waiting (`timeout` is what the caller asked).
+pub(crate) fn flush_queue(deadline: Option<Instant>, timeout: Duration) -> Result<(), Error> {
     let target = QUEUE.queued();
-    // None: beyond what the clock can represent, so never reached.
-    let deadline = Instant::now().checked_add(timeout);
     QUEUE.flush_waiting(true);
     let result = loop {
         if !QUEUE.has_reaper() {

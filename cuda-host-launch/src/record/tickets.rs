@@ -20,9 +20,9 @@
 use std::cell::RefCell;
 use std::ptr::{self, NonNull};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use cuda_sys::types::CUcontext;
+use crate::support::context_key::ContextKey;
 
 use super::launch_state::{LaunchOver, LaunchState};
 use super::layout::RecordHeader;
@@ -42,6 +42,8 @@ pub(crate) struct Ticket {
     record: AtomicPtr<RecordHeader>,
     /// Written by the launcher before its launch begins; read by a reclaim and a count.
     context: AtomicUsize,
+    /// The context's `cuCtxGetId` (0 before 12.0): the handle alone may name a later context.
+    context_id: AtomicU64,
 }
 
 impl Ticket {
@@ -52,9 +54,17 @@ impl Ticket {
         NonNull::new(self.record.load(Ordering::Relaxed))
     }
 
-    /// The context of the launch whose generation the caller saw pending.
+    /// The context handle of the launch whose generation the caller saw pending.
     pub(crate) fn context(&self) -> usize {
         self.context.load(Ordering::Relaxed)
+    }
+
+    /// The context (handle and id) of the launch whose generation the caller saw pending.
+    pub(crate) fn context_key(&self) -> ContextKey {
+        ContextKey {
+            handle: self.context.load(Ordering::Relaxed),
+            id: self.context_id.load(Ordering::Relaxed),
+        }
     }
 }
 
@@ -135,6 +145,7 @@ fn new_index() -> Option<u32> {
                 state: LaunchState::new(),
                 record: AtomicPtr::new(ptr::null_mut()),
                 context: AtomicUsize::new(0),
+                context_id: AtomicU64::new(0),
             })
             .collect();
         // Leaked on purpose: tickets are never freed (a late call may look at one at any time).
@@ -161,12 +172,13 @@ impl HeldTicket {
 
 /// Takes a ticket for a launch of `record` into `context`, and holds it (LAUNCHING). `None` if
 /// every ticket is in use.
-pub(crate) fn take(record: NonNull<RecordHeader>, context: CUcontext) -> Option<HeldTicket> {
+pub(crate) fn take(record: NonNull<RecordHeader>, context: ContextKey) -> Option<HeldTicket> {
     let index = take_index()?;
     let ticket = ticket(index)?;
     let generation = ticket.state.next_generation();
     ticket.record.store(record.as_ptr(), Ordering::Relaxed);
-    ticket.context.store(context.addr(), Ordering::Relaxed);
+    ticket.context.store(context.handle, Ordering::Relaxed);
+    ticket.context_id.store(context.id, Ordering::Relaxed);
     // Release: the record and context above are seen by whoever sees this generation.
     ticket.state.begin(generation);
     Some(HeldTicket {
@@ -206,7 +218,7 @@ pub(crate) fn give_back(id: TicketId) {
 /// `header` must be a live run-once record, not yet tracked, owned by the caller.
 pub(crate) unsafe fn track(
     header: NonNull<RecordHeader>,
-    context: CUcontext,
+    context: ContextKey,
 ) -> Option<HeldTicket> {
     let held = take(header, context)?;
     // SAFETY: the record is live and ours.
@@ -257,12 +269,13 @@ mod tests {
     #[test]
     fn tickets_given_back_are_reused_and_their_old_generation_is_stale() {
         let record = NonNull::<RecordHeader>::dangling();
-        let first = take(record, ptr::null_mut()).unwrap().id;
+        let none = ContextKey { handle: 0, id: 0 };
+        let first = take(record, none).unwrap().id;
         give_back(first);
         let before = memory_bytes();
         // Many launches, one pending at a time: the table does not grow.
         for _ in 0..3 * CHUNK_LEN {
-            let id = take(record, ptr::null_mut()).unwrap().id;
+            let id = take(record, none).unwrap().id;
             give_back(id);
         }
         assert_eq!(memory_bytes(), before, "tickets given back were not reused");

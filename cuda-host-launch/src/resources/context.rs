@@ -40,6 +40,7 @@ impl PrimaryContext {
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write a context handle; `device` came from the driver.
         unsafe { driver.cuDevicePrimaryCtxRetain(&mut raw, device.raw())? };
+        primary_release::remember(raw.addr(), device.raw());
         Ok(Arc::new(PrimaryContext {
             device,
             raw: AtomicPtr::new(raw),
@@ -99,9 +100,12 @@ impl PrimaryContext {
     /// - no other [`PrimaryContext`] of the same device (another retain, here or in another
     ///   binding) is used to reach the old context's objects.
     ///
-    /// Launches of this crate that race the reset are released exactly once whatever happens (a
-    /// reclaim never takes a launch whose launch call has not returned), but a launch the driver
-    /// accepted just before the reset may then never be released, if the reset discards it. The
+    /// The reclaim after the reset takes only the work of the context that was reset (it tells
+    /// contexts apart by their `cuCtxGetId`, CUDA 12.0): work another thread enqueues into the
+    /// context made again after the reset, even before this call returns, is left alone. Launches
+    /// of this crate that race the reset are released exactly once whatever happens (a reclaim
+    /// never takes a launch whose launch call has not returned), but a launch the driver accepted
+    /// just before the reset may then never be released, if the reset discards it. The
     /// event poller queries nothing while the reset runs, but a [`spawn_after`](crate::spawn_after)
     /// callback whose stream got there just before may still be running on it, and finds the
     /// context gone if it calls CUDA.
@@ -122,9 +126,11 @@ impl PrimaryContext {
         // The event poller queries nothing while the reset runs, and never an event of the old
         // context after it (the reset destroys them): their entries stay pending, for the
         // reclaim. A failed reset forgets and reclaims nothing.
-        // SAFETY: `run_reset` resets `old`, after which the driver runs none of its pending host
-        // functions (it ran them first, or discards them after a sticky error).
-        let reclaimed = unsafe { crate::transport::reset_and_reclaim(old, run_reset) }?;
+        // SAFETY: `run_reset` resets the device's primary context `old`, after which the driver
+        // runs none of its pending host functions (it ran them first, or discards them after a
+        // sticky error).
+        let reclaimed =
+            unsafe { crate::transport::reset_and_reclaim(driver, device, old.addr(), run_reset) }?;
         // If the old context is this thread's current one, take it off: the driver reports its
         // sticky error (719) to every later call of the thread, the retain below included. (After
         // a sticky error, cuCtxGetCurrent itself may fail that way: then the current context is a
@@ -145,6 +151,7 @@ impl PrimaryContext {
         if unsafe { driver.cuDevicePrimaryCtxRetain(&mut new, self.device.raw()) }.is_ok() {
             // SAFETY: we retained just above; our own retain keeps the context alive.
             let _ = unsafe { primary_release::release(driver, self.device.raw()) };
+            primary_release::remember(new.addr(), self.device.raw());
             self.raw.store(new, Ordering::Release);
         }
         Ok(reclaimed)
@@ -204,8 +211,9 @@ impl Drop for Release {
         };
         // SAFETY: the device's primary context was retained once by this value's owner.
         if unsafe { primary_release::release(driver, self.0) } {
-            // The last release resets the context: its pending host functions will never run.
-            primary_release::reclaim_if_destroyed(driver, self.0, self.1);
+            // If it was the last, the context is gone: its pending work will never run. Only the
+            // work of contexts that are gone is released, whoever retains the device again.
+            crate::transport::reclaim_after_release(driver, self.0, self.1.addr());
         }
     }
 }

@@ -8,7 +8,7 @@ use cuda_sys::types::{CUresult, CUstream, CUstream_flags};
 use super::context::PrimaryContext;
 use crate::reaper::defer_drop::defer_drop;
 use crate::support::error::Error;
-use crate::support::raw_stream::AsRawStream;
+use crate::support::raw_stream::{AsRawStream, StreamIds};
 
 /// A CUDA stream (`cuStreamCreate`), destroyed on drop. Holds its context alive.
 ///
@@ -18,6 +18,8 @@ use crate::support::raw_stream::AsRawStream;
 pub struct Stream {
     raw: CUstream,
     context: Arc<PrimaryContext>,
+    /// The driver's ids of the stream and its context (CUDA 12.0; `None` before), read once.
+    ids: Option<StreamIds>,
 }
 
 // SAFETY: a stream handle is an opaque token the driver accepts from any thread; the driver API is
@@ -54,10 +56,13 @@ impl Stream {
             let mut raw = ptr::null_mut();
             // SAFETY: a context is current; `raw` is a valid place to write a stream handle.
             unsafe { driver.cuStreamCreate(&mut raw, flags.0)? };
-            Ok(Stream {
+            let mut stream = Stream {
                 raw,
                 context: Arc::clone(context),
-            })
+                ids: None,
+            };
+            stream.ids = ids_of(driver, raw, context.raw())?;
+            Ok(stream)
         })
     }
 
@@ -112,6 +117,41 @@ unsafe impl AsRawStream for Stream {
     fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
         Some(self.context.raw())
     }
+
+    fn ids_hint(&self) -> Option<StreamIds> {
+        self.ids
+    }
+}
+
+/// The ids of a stream just made in `context` (`None` on drivers before 12.0, which have none).
+fn ids_of(
+    driver: &cuda_sys::Driver,
+    stream: CUstream,
+    context: cuda_sys::types::CUcontext,
+) -> Result<Option<StreamIds>, Error> {
+    let too_old = |e: &cuda_sys::Error| {
+        matches!(
+            e,
+            cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }
+        )
+    };
+    let get_id = match driver.raw().cuStreamGetId() {
+        Ok(get_id) => get_id,
+        Err(e) if too_old(&e) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    if let Err(e) = driver.raw().cuCtxGetId() {
+        return if too_old(&e) { Ok(None) } else { Err(e.into()) };
+    }
+    let mut id = 0;
+    // SAFETY: a live stream; a valid out-pointer.
+    let code = unsafe { get_id(stream, &mut id) };
+    driver.check(code, "cuStreamGetId")?;
+    let context_id = crate::support::raw_stream::context_id(driver, context)?;
+    Ok(Some(StreamIds {
+        stream: id,
+        context: context_id,
+    }))
 }
 
 /// The destruction, as a value that can be deferred off a driver thread.

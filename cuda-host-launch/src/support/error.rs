@@ -38,6 +38,24 @@ pub enum Error {
         capture_id: u64,
     },
 
+    /// [`release_after`](crate::release_after) on a stream that is capturing a graph: the work
+    /// enqueued on the stream before the capture began is not in the graph, and the crate cannot
+    /// know when it completes, so it could not release the owners after it.
+    #[error(
+        "release_after on stream {stream:#x}, which is capturing a CUDA graph (capture id \
+         {capture_id}): work enqueued on it before the capture began is not in the graph, and \
+         nothing tells when it completes, so the owners could not be released after it. Call \
+         release_after before cuStreamBeginCapture (for what earlier work uses) or after \
+         cuStreamEndCapture; to keep values alive as long as the graph, move them into a closure \
+         of LaunchOptions::host_launch_repeatable on the capturing stream (the graph owns it)"
+    )]
+    ReleaseDuringCapture {
+        /// The stream handle.
+        stream: usize,
+        /// The capture's id (0 if the driver gave none).
+        capture_id: u64,
+    },
+
     /// Called inside a host function, on a driver thread, where CUDA calls are not allowed (the
     /// driver may fail them or deadlock).
     #[error(
@@ -74,8 +92,9 @@ pub enum Error {
 
     /// `flush` gave up before every owner was dropped.
     #[error(
-        "flush timed out after {timeout:?}: {waiting} host functions have run but their owners are \
-         not dropped yet. Is an owner's Drop blocking the reaper?"
+        "flush timed out after {timeout:?}: {waiting} releases or callbacks of completed work are \
+         not done yet. Is an owner's Drop or a callback blocking (the reaper, or the crate's \
+         event poller)?"
     )]
     FlushTimedOut {
         /// Records still waiting to be released.

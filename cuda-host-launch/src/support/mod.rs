@@ -4,6 +4,8 @@
 
 #[cfg(not(loom))]
 pub(crate) mod capture;
+#[cfg(not(loom))]
+pub(crate) mod context_key;
 pub(crate) mod error;
 #[cfg(not(loom))]
 pub(crate) mod exit_gate;

@@ -3,6 +3,7 @@
 
 use cuda_sys::types::{CUcontext, CUstream};
 
+use crate::support::context_key::{ContextKey, key_of};
 use crate::support::error::Error;
 
 /// A type that is, or holds, a CUDA stream handle valid for as long as the value is borrowed.
@@ -22,6 +23,25 @@ pub unsafe trait AsRawStream {
     fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
         None
     }
+
+    /// The ids the driver gave the stream and its context ([`StreamIds`]), if the implementor
+    /// knows them without asking the driver (this crate's [`Stream`](crate::Stream) does). `None`
+    /// (the default) makes an operation that needs them ask the driver (`cuStreamGetId`,
+    /// `cuCtxGetId`). An implementor that returns `Some` must return the stream's true ids, and
+    /// [`context_hint`](AsRawStream::context_hint) must then return the stream's context.
+    fn ids_hint(&self) -> Option<StreamIds> {
+        None
+    }
+}
+
+/// The ids the driver gave a stream and its context (`cuStreamGetId`, `cuCtxGetId`, CUDA 12.0):
+/// unlike their handles, never given to another stream or context in the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamIds {
+    /// The stream's `cuStreamGetId`.
+    pub stream: u64,
+    /// Its context's `cuCtxGetId`.
+    pub context: u64,
 }
 
 // SAFETY: a reference to a valid stream holder returns that holder's valid handle and context.
@@ -32,6 +52,10 @@ unsafe impl<T: AsRawStream + ?Sized> AsRawStream for &T {
 
     fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
         (**self).context_hint()
+    }
+
+    fn ids_hint(&self) -> Option<StreamIds> {
+        (**self).ids_hint()
     }
 }
 
@@ -44,6 +68,10 @@ unsafe impl<T: AsRawStream + ?Sized> AsRawStream for std::sync::Arc<T> {
 
     fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
         (**self).context_hint()
+    }
+
+    fn ids_hint(&self) -> Option<StreamIds> {
+        (**self).ids_hint()
     }
 }
 
@@ -103,8 +131,16 @@ pub(crate) fn context_id(driver: &cuda_sys::Driver, context: CUcontext) -> Resul
     Ok(id)
 }
 
-/// The context a launch on `stream` goes to: the implementor's hint, the current context for the
-/// special handles, or `cuStreamGetCtx`.
+/// Whether `stream` is one of the special handles, which name a stream of the calling thread's
+/// current context.
+fn is_special(stream: CUstream) -> bool {
+    stream.is_null()
+        || stream == cuda_sys::CU_STREAM_LEGACY
+        || stream == cuda_sys::CU_STREAM_PER_THREAD
+}
+
+/// The context an operation on `stream` goes to: the implementor's hint, the current context for
+/// the special handles, or `cuStreamGetCtx`.
 pub(crate) fn context_of(
     driver: &cuda_sys::Driver,
     stream: CUstream,
@@ -114,10 +150,7 @@ pub(crate) fn context_of(
         return Ok(context);
     }
     let mut context: CUcontext = std::ptr::null_mut();
-    let special = stream.is_null()
-        || stream == cuda_sys::CU_STREAM_LEGACY
-        || stream == cuda_sys::CU_STREAM_PER_THREAD;
-    if special {
+    if is_special(stream) {
         // SAFETY: a valid out-pointer.
         unsafe { driver.cuCtxGetCurrent(&mut context)? };
     } else {
@@ -125,4 +158,21 @@ pub(crate) fn context_of(
         unsafe { driver.cuStreamGetCtx(stream, &mut context)? };
     }
     Ok(context)
+}
+
+/// The context an operation on `stream` goes to, as the crate names contexts (handle and id: see
+/// `context_key`): from the implementor's hints where it gives them, else asked of the driver.
+pub(crate) fn context_key_of(
+    driver: &cuda_sys::Driver,
+    stream: &(impl AsRawStream + ?Sized),
+) -> Result<ContextKey, Error> {
+    let hint = stream.context_hint();
+    if let (Some(context), Some(ids)) = (hint, stream.ids_hint()) {
+        return Ok(ContextKey {
+            handle: context.addr(),
+            id: ids.context,
+        });
+    }
+    let context = context_of(driver, stream.as_raw_stream(), hint)?;
+    key_of(driver, context)
 }

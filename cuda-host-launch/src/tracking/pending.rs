@@ -21,6 +21,7 @@ use crate::record::launch_state::{Claim, LaunchOver};
 use crate::record::layout::RecordHeader;
 use crate::record::ticket_id::TicketId;
 use crate::record::tickets::{self, HeldTicket};
+use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
 
 /// Takes a ticket for a record about to be launched into `context`, holding the launch
@@ -35,7 +36,7 @@ use crate::support::error::Error;
 /// `header` must be a live run-once record, not yet tracked, owned by the caller.
 pub(crate) unsafe fn track(
     header: NonNull<RecordHeader>,
-    context: CUcontext,
+    context: ContextKey,
 ) -> Result<HeldTicket, Error> {
     // SAFETY: the caller's promise.
     unsafe { tickets::track(header, context) }.ok_or(Error::TooManyPendingLaunches)
@@ -51,7 +52,7 @@ pub(crate) struct Tracked {
 /// Tracks `record`, about to be launched into `context` ([`track`]); if that fails the record is
 /// released here.
 #[inline]
-pub(crate) fn track_record(record: OwnedRecord, context: CUcontext) -> Result<Tracked, Error> {
+pub(crate) fn track_record(record: OwnedRecord, context: ContextKey) -> Result<Tracked, Error> {
     let header = record.into_raw();
     // SAFETY: a live record (run-once, or a repeatable one that runs once), ours, untracked.
     match unsafe { track(header, context) } {
@@ -115,34 +116,64 @@ pub(crate) fn run_launch(id: TicketId, run: impl FnOnce(NonNull<RecordHeader>)) 
     }
 }
 
-/// Takes every pending (never run) launch of `context` and hands its record to the cleanup queue,
-/// which drops its owners. Returns how many.
+/// Takes every pending (never run) launch into a context of the handle `handle` that is gone, and
+/// hands its record to the cleanup queue, which drops its owners. Returns how many.
+///
+/// Which contexts are gone is decided by `look`, made after the walk (the rule of
+/// `support::context_key`): the launches walked were enqueued into contexts that lived then, so
+/// one the handle no longer names is gone, and the driver will never run its host functions;
+/// launches of the context the handle names now are left alone, whatever their handle. `known`
+/// adds what the caller knows is gone (see [`Liveness::is_gone`]).
 ///
 /// Launches still inside their launch call are not taken: their launcher releases them if the
 /// driver refuses them, and the driver's thread runs them if it accepts them.
 ///
 /// # Safety
-/// The driver must no longer be able to run host functions of `context` launched before this
-/// call: it has been destroyed (`cuCtxDestroy`) or, for a primary context, reset
-/// (`cuDevicePrimaryCtxReset`).
-pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
-    let mut reclaimed = Vec::new();
+/// What `known` names must be gone: destroyed, or, for a primary context, reset or released for
+/// the last time (the driver can no longer run its host functions).
+pub(crate) unsafe fn reclaim_gone(
+    handle: usize,
+    look: &dyn Fn() -> Liveness,
+    known: Gone,
+) -> usize {
+    let mut candidates = Vec::new();
     tickets::for_each(|ticket| {
         if let Some(generation) = ticket.state.pending_generation()
-            && ticket.context() == context.addr()
+            && ticket.context() == handle
+        {
+            candidates.push((ticket, generation, ticket.context_key()));
+        }
+    });
+    if candidates.is_empty() {
+        return 0;
+    }
+    let now = look();
+    let mut count = 0;
+    for (ticket, generation, key) in candidates {
+        if now.is_gone(key, known)
             && ticket.state.claim_reclaim(generation)
             && let Some(record) = ticket.record()
         {
-            reclaimed.push(record);
+            // SAFETY: the reclaim owns the record now (its context is gone: its host function
+            // will never run) and it is in no queue.
+            unsafe { release::push(record) };
+            count += 1;
         }
-    });
-    let count = reclaimed.len();
-    for header in reclaimed {
-        // SAFETY: the reclaim owns the record now (its trampoline will never run) and it is in no
-        // queue.
-        unsafe { release::push(header) };
     }
     count
+}
+
+/// The context handles of the launches pending now, each once.
+pub(crate) fn pending_handles() -> Vec<usize> {
+    let mut handles = Vec::new();
+    tickets::for_each(|ticket| {
+        if ticket.state.is_pending() {
+            handles.push(ticket.context());
+        }
+    });
+    handles.sort_unstable();
+    handles.dedup();
+    handles
 }
 
 /// Launches of this crate whose host function has not run (nor been reclaimed), in `context` or in

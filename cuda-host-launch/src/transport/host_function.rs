@@ -20,7 +20,7 @@ use crate::record::ticket_id::TicketId;
 use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
 use crate::support::error::Error;
 use crate::support::host_thread::{HostFunctionScope, refuse_inside_host_function};
-use crate::support::raw_stream::{AsRawStream, context_of};
+use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::tracking::pending;
 
 /// Whether a launch's record may run more than once.
@@ -43,7 +43,7 @@ pub(crate) unsafe fn enqueue(
     runs: Runs,
     options: &LaunchOptions,
 ) -> Result<(), Error> {
-    let hint = stream.context_hint();
+    let target = stream;
     let stream = stream.as_raw_stream();
     // On an error `record` is dropped here, which defers its owners to the cleanup queue.
     refuse_inside_host_function("launching a host function")?;
@@ -53,7 +53,7 @@ pub(crate) unsafe fn enqueue(
     let capture = capture_of(driver, stream)?;
     match (capture, runs) {
         (Capture::None, _) => {
-            let context = context_of(driver, stream, hint)?;
+            let context = context_key_of(driver, target)?;
             // Tracked (a ticket, held by this thread) from before the launch until released, so a
             // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
             let tracked = pending::track_record(record, context)?;

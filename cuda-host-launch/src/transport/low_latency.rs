@@ -30,7 +30,8 @@
 //!   thread when no future waits. Its CPU time is counted
 //!   ([`poller_cpu_time`](crate::poller_cpu_time)).
 //! - **A lost context** (reset or destroyed after a sticky error: the flag will never be written)
-//!   fails its futures when its pending launches are reclaimed ([`fail_context`]), and its pages are
+//!   fails its futures when its pending launches are reclaimed ([`fail_gone`]: only contexts that
+//!   are gone, by handle and id, see `support::context_key`), and its pages are
 //!   dropped (the driver forgot their registration with the context).
 
 use std::collections::BTreeMap;
@@ -42,13 +43,15 @@ use std::time::{Duration, Instant};
 use cuda_sys::types::{CUcontext, CUdeviceptr};
 
 use super::completion_state::CompletionState;
+use super::poller_barrier::RoundBarrier;
 use super::poller_pace::{Pace, PollerSettings, Round, Wait};
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
+use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::precise_sleeps::precise_sleeps;
-use crate::support::raw_stream::{AsRawStream, context_id, context_of};
+use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
 use crate::support::{forked_child, relaxed_capture};
 
@@ -110,20 +113,20 @@ struct Entry {
     page: Arc<Page>,
     slot: u16,
     value: u64,
-    context: usize,
+    context: ContextKey,
     shared: Arc<CompletionState<()>>,
 }
-
-/// Which context a page belongs to: its handle and its `cuCtxGetId`.
-type ContextKey = (usize, u64);
 
 struct Registry {
     /// Pages by context.
     pages: BTreeMap<ContextKey, Vec<Arc<Page>>>,
     /// Entries registered since the poller last looked.
     incoming: Vec<Entry>,
-    /// Contexts whose entries must fail.
-    lost: Vec<usize>,
+    /// Contexts that are gone: their entries must fail.
+    lost: Vec<ContextKey>,
+    /// The contexts of the entries the poller holds (it updates the list each round, under this
+    /// lock), so that a reclaim can collect them before it looks at a handle.
+    watched: Vec<ContextKey>,
     /// Whether a poller thread is running, and its handle to wake it.
     poller: Option<std::thread::Thread>,
 }
@@ -132,6 +135,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     pages: BTreeMap::new(),
     incoming: Vec::new(),
     lost: Vec::new(),
+    watched: Vec::new(),
     poller: None,
 });
 
@@ -148,6 +152,33 @@ static QUARANTINE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 
 fn registry() -> MutexGuard<'static, Registry> {
     lock(&REGISTRY)
+}
+
+/// `flush`'s barrier (see `transport::poller_barrier`).
+static BARRIER: RoundBarrier = RoundBarrier::new();
+
+thread_local! {
+    /// Whether this thread is the poller (a waker's `flush` must not wait for it).
+    static IS_POLLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Waits until the poller has finished a round begun after this call (every future whose flag
+/// was written by then woken), or `deadline` passes. Returns at once (true) if no poller runs or
+/// this is the poller.
+pub(crate) fn wait_for_poller(deadline: Option<Instant>) -> bool {
+    if IS_POLLER.with(std::cell::Cell::get) {
+        return true;
+    }
+    let request = {
+        let reg = registry();
+        let Some(thread) = &reg.poller else {
+            return true;
+        };
+        let request = BARRIER.ask();
+        thread.unpark();
+        request
+    };
+    BARRIER.wait(request, deadline)
 }
 
 /// Enqueues the flag write for `shared` on `stream` and hands it to the poller.
@@ -167,7 +198,11 @@ pub(crate) fn register(
     if let Capture::Active { id, .. } = capture_of(driver, raw)? {
         return Err(capture_active(raw, id));
     }
-    let context = context_of(driver, raw, stream.context_hint())?;
+    let context = context_key_of(driver, stream)?;
+    if context.id == 0 {
+        // No ids (a driver before 12.0): see the module's docs.
+        driver.raw().cuCtxGetId()?;
+    }
     let (page, slot) = take_slot(driver, context)?;
     page.flag(slot).store(0, Ordering::Relaxed);
     let value = NEXT_VALUE.fetch_add(1, Ordering::Relaxed);
@@ -192,7 +227,7 @@ pub(crate) fn register(
         page,
         slot,
         value,
-        context: context.addr(),
+        context,
         shared,
     });
     match &reg.poller {
@@ -208,15 +243,14 @@ pub(crate) fn register(
     Ok(())
 }
 
-fn take_slot(driver: &cuda_sys::Driver, context: CUcontext) -> Result<(Arc<Page>, u16), Error> {
-    // 12.0: before it, `DriverTooOld` (see the module's docs).
-    let key = (context.addr(), context_id(driver, context)?);
+fn take_slot(driver: &cuda_sys::Driver, key: ContextKey) -> Result<(Arc<Page>, u16), Error> {
+    let context = key.raw();
     let mut reg = registry();
     if !reg.pages.contains_key(&key) {
         // Pages under this handle with another id are a destroyed context's (two live contexts
         // never share a handle): the driver forgot their registration with it.
         reg.pages
-            .retain(|&(handle, id), _| handle != key.0 || id == key.1);
+            .retain(|other, _| other.handle != key.handle || other.id == key.id);
     }
     let pages = reg.pages.entry(key).or_default();
     for page in pages.iter() {
@@ -290,13 +324,39 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
     })
 }
 
-/// Fails every waiting future of `context` (its flags will never be written: the context was reset
-/// or destroyed) and forgets its pages. Called when its pending launches are reclaimed.
-pub(crate) fn fail_context(context: CUcontext) {
+/// Fails the waiting futures of the contexts of `handle` that are gone (their flags will never be
+/// written: see `support::context_key` for `look` and `known`) and forgets their pages. Called
+/// when their pending launches are reclaimed.
+pub(crate) fn fail_gone(handle: usize, look: &dyn Fn() -> Liveness, known: Gone) {
     let mut reg = registry();
-    reg.pages.retain(|&(handle, _), _| handle != context.addr());
+    // The contexts collected first (pages, and entries not yet handed to the poller; the poller's
+    // own are judged by the list below), then the handle is looked at.
+    let mut keys: Vec<ContextKey> = reg
+        .pages
+        .keys()
+        .copied()
+        .chain(reg.incoming.iter().map(|entry| entry.context))
+        .filter(|key| key.handle == handle)
+        .collect();
+    keys.extend(
+        reg.watched
+            .iter()
+            .copied()
+            .filter(|key| key.handle == handle),
+    );
+    if keys.is_empty() {
+        return;
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    let now = look();
+    keys.retain(|key| now.is_gone(*key, known));
+    if keys.is_empty() {
+        return;
+    }
+    reg.pages.retain(|key, _| !keys.contains(key));
     if reg.poller.is_some() {
-        reg.lost.push(context.addr());
+        reg.lost.extend(keys);
         if let Some(thread) = &reg.poller {
             thread.unpark();
         }
@@ -312,23 +372,40 @@ fn poll_loop() {
     let mut pace = Pace::start();
     let mut waiting: Vec<Entry> = Vec::new();
     let mut idle_since: Option<Instant> = None;
+    IS_POLLER.with(|p| p.set(true));
     loop {
         let was_idle = waiting.is_empty();
-        let (lost, arrived) = {
+        let (lost, arrived, serving) = {
             let mut reg = registry();
+            // The flushes this round serves: those that asked before it looks.
+            let serving = BARRIER.round_begins();
             let arrived = !reg.incoming.is_empty();
+            // The contexts of what this thread now holds (kept without allocating while the
+            // contexts stay the same; stale ones only make a reclaim look at a handle).
+            if waiting.is_empty() {
+                reg.watched.clear();
+            }
+            let Registry {
+                incoming, watched, ..
+            } = &mut *reg;
+            for entry in incoming.iter() {
+                if !watched.contains(&entry.context) {
+                    watched.push(entry.context);
+                }
+            }
             waiting.append(&mut reg.incoming);
             if waiting.is_empty() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() >= PACE.idle_exit {
                     reg.poller = None;
                     reg.lost.clear();
+                    BARRIER.stopped();
                     break;
                 }
             } else {
                 idle_since = None;
             }
-            (std::mem::take(&mut reg.lost), arrived)
+            (std::mem::take(&mut reg.lost), arrived, serving)
         };
         let before = waiting.len();
         waiting.retain(|entry| {
@@ -349,6 +426,7 @@ fn poll_loop() {
             }
             true
         });
+        BARRIER.round_done(serving);
         let round = Round {
             progress: waiting.len() < before,
             arrived,

@@ -9,11 +9,12 @@
 //!   (`release_after`, `spawn_after`, `CompletionMode::Event` futures).
 //!
 //! A future of either kind shares a [`completion_state::CompletionState`] with its transport. A new
-//! transport is a file here and a variant of `CompletionMode`; when a context is lost, [`reclaim`]
-//! tells each transport that holds work of it.
+//! transport is a file here and a variant of `CompletionMode`; when a context is gone,
+//! [`reclaim_gone`] tells each transport that holds work of it.
 
-use cuda_sys::types::CUcontext;
+use cuda_sys::types::{CUcontext, CUdevice};
 
+use crate::support::context_key::{Gone, Liveness, key_of};
 use crate::tracking::pending;
 
 pub(crate) mod completion_state;
@@ -21,42 +22,104 @@ pub(crate) mod event;
 pub(crate) mod host_function;
 pub(crate) mod low_latency;
 pub(crate) mod options;
+pub(crate) mod poller_barrier;
 pub(crate) mod poller_pace;
 pub(crate) mod primary_release;
 pub(crate) mod user_object;
 pub(crate) mod waker_slot;
 
-/// Releases, through the cleanup queue, the owners of every launch into `context` whose host
-/// function has not run, and fails the low-latency futures of `context`; returns how many launches.
+/// Releases the work of every context of the handle `handle` that is gone (see
+/// `support::context_key` for the rule, `look` for how the handle is looked at after each
+/// transport collected its work, `known` for what the caller knows is gone): the event transport
+/// forgets its pools and queues there, pending launches and event work are released through the
+/// cleanup queue (futures resolve to `ContextLost`), and low-latency futures fail. Returns how
+/// many launches it released.
 ///
 /// # Safety
-/// As [`reclaim_pending`].
-pub(crate) unsafe fn reclaim(context: CUcontext) -> usize {
-    // The event transport's pool and queues of the context go first: its events are dead.
-    event::forget_context(context);
+/// As [`pending::reclaim_gone`]: what `known` names is gone.
+pub(crate) unsafe fn reclaim_gone(
+    handle: usize,
+    look: &dyn Fn() -> Liveness,
+    known: Gone,
+) -> usize {
+    event::forget_gone(handle, look, known);
     // SAFETY: the caller's promise.
-    let count = unsafe { pending::reclaim(context) };
-    // Low-latency completions of the context wait for flags it will never write.
-    low_latency::fail_context(context);
+    let count = unsafe { pending::reclaim_gone(handle, look, known) };
+    low_latency::fail_gone(handle, look, known);
     count
 }
 
-/// Runs `reset`, the driver's reset of the primary context `context`, while the event poller
-/// queries nothing (the reset destroys the context's events), and if it succeeds reclaims the
-/// context's work as [`reclaim`] does (the event transport forgot the context under the same lock
-/// as the reset); returns how many launches. A failed reset reclaims and forgets nothing.
+/// What `handle` names now: through its device's primary-context state if this crate knows it for
+/// a primary context, else through `cuCtxGetId`.
+pub(crate) fn look_at(driver: &cuda_sys::Driver, handle: usize) -> Liveness {
+    match primary_release::device_of(handle) {
+        Some(device) => Liveness::of_primary(driver, device, handle),
+        None => Liveness::now(driver, handle),
+    }
+}
+
+/// Releases the work of every context that is gone, wherever this crate holds some (pending
+/// launches and event work, event pools, low-latency futures): contexts whose last release or
+/// destruction this crate did not see (another binding's), found by the rule of
+/// `support::context_key`. For [`flush`](crate::flush).
+pub(crate) fn sweep_gone() {
+    let Some(driver) = cuda_sys::Driver::get() else {
+        return;
+    };
+    let mut handles = pending::pending_handles();
+    handles.extend(event::pool_handles());
+    handles.sort_unstable();
+    handles.dedup();
+    for handle in handles {
+        let look = || look_at(driver, handle);
+        // SAFETY: nothing is known gone: the look decides.
+        unsafe { reclaim_gone(handle, &look, Gone::Unknown) };
+    }
+}
+
+/// Waits until each poller of this crate has finished a round that began after this call (see
+/// `poller_barrier`), or `deadline` passes; whether both did. A poller's own thread does not wait
+/// for itself.
+pub(crate) fn wait_for_pollers(deadline: Option<std::time::Instant>) -> bool {
+    let events = event::wait_for_poller(deadline);
+    low_latency::wait_for_poller(deadline) && events
+}
+
+/// After this crate let go of a retain of `device`'s primary context, whose handle is `handle`:
+/// if that was the last retain, the context is gone, and its work that will never run or complete
+/// (after a sticky error) is released. Safe whoever retains the device again meanwhile: only the
+/// work of contexts that are gone is taken (see `support::context_key`).
+pub(crate) fn reclaim_after_release(driver: &cuda_sys::Driver, device: CUdevice, handle: usize) {
+    let look = || Liveness::of_primary(driver, device, handle);
+    // SAFETY: nothing is known gone: the look decides (on a driver without context ids, only a
+    // handle that names no context now counts as gone: the context of the last release).
+    unsafe { reclaim_gone(handle, &look, Gone::Unknown) };
+}
+
+/// Runs `reset`, the driver's reset of `device`'s primary context `handle`, while the event poller
+/// queries nothing (the reset destroys the context's events), and if it succeeds releases the
+/// reset context's work as [`reclaim_gone`] does (the event transport forgets it under the same
+/// lock as the reset); returns how many launches. A failed reset reclaims and forgets nothing.
 ///
 /// # Safety
-/// `reset` resets `context` (then, as for [`reclaim`], the driver runs none of its host functions
-/// any more).
+/// `reset` resets the primary context of `device`, whose handle is `handle`.
 pub(crate) unsafe fn reset_and_reclaim<E>(
-    context: CUcontext,
+    driver: &cuda_sys::Driver,
+    device: CUdevice,
+    handle: usize,
     reset: impl FnOnce() -> Result<(), E>,
 ) -> Result<usize, E> {
-    event::around_reset(context, reset)?;
-    // SAFETY: the reset has returned (the caller's promise).
-    let count = unsafe { pending::reclaim(context) };
-    low_latency::fail_context(context);
+    // The context being reset, by id where the driver gives one (the look after the reset may
+    // fail; the reset context is gone all the same).
+    let known = match key_of(driver, std::ptr::with_exposed_provenance_mut(handle)) {
+        Ok(key) if key.id != 0 => Gone::Context(key.id),
+        _ => Gone::Handle,
+    };
+    let look = || Liveness::of_primary(driver, device, handle);
+    event::around_reset(handle, reset, &look, known)?;
+    // SAFETY: the reset has returned: the context it reset is gone.
+    let count = unsafe { pending::reclaim_gone(handle, &look, known) };
+    low_latency::fail_gone(handle, &look, known);
     Ok(count)
 }
 
@@ -70,14 +133,24 @@ pub(crate) unsafe fn reset_and_reclaim<E>(
 /// [`PrimaryContext::reset`](crate::PrimaryContext::reset) and the last release of a
 /// [`PrimaryContext`](crate::PrimaryContext) do it for you.
 ///
-/// A launch still inside its launch call is never taken (its launcher or the driver's thread
-/// releases it), so launches racing this call are released exactly once either way.
+/// Only launches into contexts that are gone are taken: on drivers with context ids (`cuCtxGetId`,
+/// CUDA 12.0), launches into a context made since at the same handle (the handle of a primary
+/// context stays when it is made again) are left alone. A launch still inside its launch call is
+/// never taken (its launcher or the driver's thread releases it), so launches racing this call are
+/// released exactly once either way.
 ///
 /// # Safety
 /// The driver must no longer be able to run host functions of `context` that were launched before
-/// this call: it was destroyed or reset, and that call returned. Otherwise a host function could
-/// run after its owners were dropped.
+/// this call: it was destroyed or reset, and that call returned. Otherwise (on a driver before 12.0,
+/// which cannot tell contexts of one handle apart) a host function could run after its owners were
+/// dropped.
 pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
-    // SAFETY: the caller's promise is `reclaim`'s precondition.
-    unsafe { reclaim(context) }
+    let Some(driver) = cuda_sys::Driver::get() else {
+        // Nothing was ever launched.
+        return 0;
+    };
+    let handle = context.addr();
+    let look = || look_at(driver, handle);
+    // SAFETY: the caller's promise: the handle's context before this call is gone.
+    unsafe { reclaim_gone(handle, &look, Gone::Handle) }
 }

@@ -1,10 +1,15 @@
-//! Letting go of a retain of a device's primary context (and finding its reset). The last release destroys the context,
-//! and the driver then never runs the host functions pending in it (after a sticky error), nor
-//! completes its events: [`reclaim_if_destroyed`] releases what was waiting for them. Both
-//! holders of a retain use it: a [`PrimaryContext`](crate::PrimaryContext) and an event pool.
+//! Letting go of a retain of a device's primary context (and finding its reset). The last release
+//! destroys the context, and the driver then never runs the host functions pending in it (after a
+//! sticky error), nor completes its events: `transport::reclaim_after_release` releases what was
+//! waiting for them. Both holders of a retain use it: a [`PrimaryContext`](crate::PrimaryContext)
+//! and an event pool.
 
 use cuda_sys::ChosenFunction;
-use cuda_sys::types::{CUcontext, CUdevice, CUresult};
+use std::sync::Mutex;
+
+use cuda_sys::types::{CUdevice, CUresult};
+
+use crate::support::sync::lock;
 
 /// A device-only primary-context call (`fn(CUdevice) -> CUresult`).
 pub(crate) type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
@@ -37,20 +42,24 @@ pub(crate) unsafe fn release(driver: &cuda_sys::Driver, device: CUdevice) -> boo
     unsafe { release.call((device,)) }.is_ok()
 }
 
-/// After a [`release`] that the driver took, with no lock of this crate held: if it was the last
-/// retain, `context` (the primary context's handle) is destroyed, and work pending in it will never
-/// run or complete: reclaim it, so that its owners are dropped.
-pub(crate) fn reclaim_if_destroyed(
-    driver: &cuda_sys::Driver,
-    device: CUdevice,
-    context: CUcontext,
-) {
-    let (mut flags, mut active) = (0, 0);
-    // SAFETY: a valid device handle and out-pointers.
-    let state = unsafe { driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) };
-    if state.is_ok() && active == 0 {
-        // SAFETY: the context is inactive (destroyed by the last release): the driver will not run
-        // its host functions any more.
-        unsafe { super::reclaim(context) };
+/// The primary contexts this crate has retained: handle and device. A primary context keeps its
+/// handle for the process's life, so a reclaim can ask for its device's state
+/// (`support::context_key::Liveness::of_primary`), which holds whatever the driver answers for the
+/// handle of an inactive primary context.
+static PRIMARY: Mutex<Vec<(usize, CUdevice)>> = Mutex::new(Vec::new());
+
+/// Remembers that `handle` is `device`'s primary context.
+pub(crate) fn remember(handle: usize, device: CUdevice) {
+    let mut known = lock(&PRIMARY);
+    if !known.contains(&(handle, device)) {
+        known.push((handle, device));
     }
+}
+
+/// The device whose primary context has the handle `handle`, if this crate retained it.
+pub(crate) fn device_of(handle: usize) -> Option<CUdevice> {
+    lock(&PRIMARY)
+        .iter()
+        .find(|(h, _)| *h == handle)
+        .map(|(_, device)| *device)
 }

@@ -12,6 +12,9 @@
 //! A waker is user code and may panic. [`WakerSlot::wake`] runs on a driver thread (inside the
 //! `extern "C"` trampoline, where an unwind would abort the process) or on the low-latency poller:
 //! it catches the panic and hands it back, for the caller to carry to a thread that reports it.
+//! [`WakerSlot::register`] runs on the polling task's thread, where the waker's `clone` and the
+//! old waker's `drop` run too: a panic there is caught until the slot is consistent again (not
+//! left registering, so later wake-ups still come), then goes on up to the poll.
 
 use std::cell::UnsafeCell;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -54,13 +57,20 @@ impl WakerSlot {
             Ordering::Acquire,
         ) {
             Ok(_) => {
-                // SAFETY: we hold the REGISTERING bit: no one else touches the cell.
-                let slot = unsafe { &mut *self.waker.get() };
-                if !slot.as_ref().is_some_and(|old| old.will_wake(waker)) {
-                    // The old waker (if any) is dropped here, on the polling thread.
-                    *slot = Some(waker.clone());
-                }
-                if self
+                // Cloning the new waker and dropping the old one run the wakers' code, which may
+                // panic: caught, so that the bit is always given back below (a slot left
+                // REGISTERING would never be woken again), then passed on to the poll.
+                let stored = catch_unwind(AssertUnwindSafe(|| {
+                    // SAFETY: we hold the REGISTERING bit: no one else touches the cell.
+                    let slot = unsafe { &mut *self.waker.get() };
+                    if !slot.as_ref().is_some_and(|old| old.will_wake(waker)) {
+                        // A panicking clone leaves the old waker in place.
+                        let old = slot.replace(waker.clone());
+                        // Dropped here, on the polling thread; a panic leaves the new one stored.
+                        drop(old);
+                    }
+                }));
+                let woken = if self
                     .state
                     .compare_exchange(REGISTERING, WAITING, Ordering::AcqRel, Ordering::Acquire)
                     .is_err()
@@ -72,12 +82,14 @@ impl WakerSlot {
                         Some(w) => catch_unwind(AssertUnwindSafe(|| w.wake_by_ref())),
                         None => Ok(()),
                     };
-                    // Given back before a panic of the waker goes on up to the poll: a slot left
-                    // REGISTERING would never be woken again.
+                    // Given back before a panic of the waker goes on up to the poll.
                     self.state.swap(WAITING, Ordering::AcqRel);
-                    if let Err(panic) = woken {
-                        resume_unwind(panic);
-                    }
+                    woken
+                } else {
+                    Ok(())
+                };
+                if let Err(panic) = stored.and(woken) {
+                    resume_unwind(panic);
                 }
             }
             Err(WAKING) => {

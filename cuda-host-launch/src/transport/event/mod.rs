@@ -10,7 +10,9 @@
 //!   poller claims it as the trampoline would, so a reclaim after a context loss and the poller
 //!   release it exactly once, and [`pending_launches`](crate::pending_launches) counts it.
 //! - **Events** come from a pool per primary context ([`pools`]), which retains the context while
-//!   it has events.
+//!   it has events out. Contexts are named by handle and `cuCtxGetId` (`support::context_key`):
+//!   a primary context made again at the same handle gets a pool of its own, and a reclaim
+//!   forgets only the pools and entries of contexts that are gone.
 //! - **Completion is in order per stream**: the poller queries the newest event of a stream
 //!   first and, if it completed, completes every older one of that stream without a query; the
 //!   stream is told apart by its `cuStreamGetId` (CUDA 12.0), not its handle, which a later stream
@@ -20,8 +22,11 @@
 //! - **Capture.** An event recorded on a capturing stream is a capture marker, not a node: it never
 //!   completes in stream order, and querying it while the capture lives returns
 //!   `CUDA_ERROR_CAPTURED_EVENT` *and invalidates the user's capture*. So the stream is looked at
-//!   before the record: on a capturing stream a release is tied to the capture's graph (a user
-//!   object, as repeatable launches are) and other work is refused. And it is looked at again
+//!   before the record: on a capturing stream everything is refused (a callback with
+//!   [`Error::CaptureActive`]; a release with [`Error::ReleaseDuringCapture`], since work enqueued
+//!   before the capture began is not in the graph and nothing tells when it completes, so tying
+//!   the owners to the graph could release them while that work still runs: measured on the
+//!   H200). And it is looked at again
 //!   after the record: a capture another thread began in between may hold the event, which is then
 //!   never queried; its work stays pending until the context is reset (never early), and the call
 //!   returns [`Error::CaptureActive`]. A capture begun and also ended between the two looks goes
@@ -31,26 +36,26 @@
 //!   answers above) means the stream's work will never complete: the stream's entries stay pending
 //!   until the context is reset or destroyed, when the reclaim releases them (owners dropped,
 //!   callbacks never run, futures resolved to [`Error::ContextLost`]). Not earlier: device work of
-//!   other streams may still use what the owners hold until the context is torn down.
+//!   other streams may still use what the owners hold until the context is torn down. The pool
+//!   gives its retain back as soon as none of its events is out (stranded ones are left to the
+//!   context), so the user's last release destroys the context and reclaims its work.
 
 mod poller;
 mod pools;
 
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use cuda_sys::types::{CUcontext, CUresult};
+use cuda_sys::types::CUresult;
 
-use super::user_object::GraphOwnedRecord;
 use crate::reaper::mode::CleanupMode;
 use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::{self, release};
 use crate::record::ticket_id::TicketId;
-use crate::support::capture::{
-    Capture, capture_active, capture_graph_legacy, capture_of, captured_since,
-};
+use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
+use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
 use crate::support::host_thread::refuse_inside_host_function;
-use crate::support::raw_stream::{AsRawStream, context_of};
+use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
 use crate::tracking::pending;
 
@@ -61,8 +66,8 @@ pub use poller::{poller_settings, set_poller_settings};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Work {
     /// Nothing runs: the record only holds owners, which its release drops. On a capturing
-    /// stream the capture's graph owns the record (its owners live until the graph and its
-    /// executables are gone); nothing is recorded.
+    /// stream it is refused with [`Error::ReleaseDuringCapture`]: the work enqueued before the
+    /// capture began is not in the graph, and nothing tells when it completes.
     Release,
     /// Users' code runs on the poller (a callback, a future's wake), in the stream's context. On a
     /// capturing stream it is refused with [`Error::CaptureActive`]: the run cannot be ordered
@@ -72,7 +77,8 @@ pub(crate) enum Work {
 
 /// One recorded event and the record to complete when it completes.
 struct Entry {
-    context: usize,
+    /// The stream's context (handle and id: see `support::context_key`).
+    context: ContextKey,
     /// The stream's `cuStreamGetId`.
     stream: u64,
     /// The enqueuing thread ([`thread_number`]): one thread's records on a stream are in the
@@ -125,8 +131,7 @@ pub(crate) unsafe fn enqueue(
     record: OwnedRecord,
     work: Work,
 ) -> Result<(), Error> {
-    let hint = stream.context_hint();
-    let stream = stream.as_raw_stream();
+    let raw = stream.as_raw_stream();
     refuse_inside_host_function("enqueuing a stream-ordered release or callback")?;
     let mode = reaper::thread::prepare()?;
     let driver = cuda_sys::driver()?;
@@ -140,59 +145,68 @@ pub(crate) unsafe fn enqueue(
     }
     // 12.0: streams are told apart by their id (see the module's docs).
     let stream_id = driver.raw().cuStreamGetId()?;
-    if let Capture::Active { id, graph } = capture_of(driver, stream)? {
-        return match work {
-            Work::Call => Err(capture_active(stream, id)),
-            Work::Release => {
-                let graph = if graph.is_null() {
-                    capture_graph_legacy(driver, stream)?
-                } else {
-                    graph
-                };
-                // The graph owns the record from here on; no node uses it.
-                GraphOwnedRecord::attach(driver, graph, record).map(drop)
-            }
-        };
+    if let Capture::Active { id, .. } = capture_of(driver, raw)? {
+        return Err(match work {
+            Work::Call => capture_active(raw, id),
+            Work::Release => Error::ReleaseDuringCapture {
+                stream: raw.addr(),
+                capture_id: id,
+            },
+        });
     }
-    let context = context_of(driver, stream, hint)?;
+    let context = context_key_of(driver, stream)?;
     // The pool first: it refuses a context that is not primary before anything else is asked.
     let event = pools().take(driver, context)?;
-    let mut id = 0;
-    // SAFETY: a valid stream (the `AsRawStream` guarantee) and out-pointer.
-    let code = unsafe { stream_id(stream, &mut id) };
-    if let Err(e) = driver.check(code, "cuStreamGetId") {
-        pools().give_back(driver, context.addr(), event);
-        return Err(e.into());
-    }
+    let id = match stream.ids_hint() {
+        Some(ids) => ids.stream,
+        None => {
+            let mut id = 0;
+            // SAFETY: a valid stream (the `AsRawStream` guarantee) and out-pointer.
+            let code = unsafe { stream_id(raw, &mut id) };
+            if let Err(e) = driver.check(code, "cuStreamGetId") {
+                give_back_refused(driver, context, event);
+                return Err(e.into());
+            }
+            id
+        }
+    };
     let tracked = match pending::track_record(record, context) {
         Ok(tracked) => tracked,
         Err(e) => {
-            pools().give_back(driver, context.addr(), event);
+            give_back_refused(driver, context, event);
             return Err(e);
         }
     };
     // SAFETY: an event of the stream's context (its pool's), and a valid stream.
-    let code = unsafe { record_event(event, stream) };
+    let code = unsafe { record_event(event, raw) };
     if code != CUresult::CUDA_SUCCESS {
         // Not recorded: the record is ours again (held: no reclaim takes it), released here.
         tracked.refused();
-        pools().give_back(driver, context.addr(), event);
+        give_back_refused(driver, context, event);
         return Err(cuda_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
     }
     // A capture another thread began since the first look may hold the event.
-    let captured = captured_since(driver, stream);
+    let captured = captured_since(driver, raw);
     let ticket_id = tracked.id();
     // The poller (or a reclaim) owns it from here. Nothing else can have claimed it meanwhile (the
     // poller has not seen it yet), but the protocol is followed all the same.
     tracked.hand_over();
     if let Some(error) = captured {
-        // Never queried: pending until the context's reset reclaims it.
-        pools().strand(context.addr());
+        // Never queried: pending until the context is gone, which the pool does not hold up (it
+        // gives its retain back once none of its events is out).
+        let released = {
+            let mut pools = pools();
+            pools.strand(context);
+            pools.give_back_done(driver, false)
+        };
+        for (device, handle) in released {
+            crate::transport::reclaim_after_release(driver, device, handle);
+        }
         return Err(error);
     }
     let mut incoming = incoming();
     incoming.entries.push(Entry {
-        context: context.addr(),
+        context,
         stream: id,
         thread: thread_number(),
         event: event.expose_provenance(),
@@ -208,6 +222,32 @@ pub(crate) unsafe fn enqueue(
     Ok(())
 }
 
+/// Gives back the event of an enqueue that failed, and the pool too if none of its events is out
+/// and no poller runs: a pool holds its context retained, and only the poller gives idle pools
+/// back (when it goes idle), so without one a pool that a failed enqueue made would keep its
+/// context, and the work pending there, for good (a context whose sticky error has surfaced
+/// refuses every record). Under the hand-over's lock, then the pools', as the poller decides to
+/// exit: either it still runs and gives the pool back when it exits, or it is gone and this does.
+fn give_back_refused(
+    driver: &cuda_sys::Driver,
+    context: ContextKey,
+    event: cuda_sys::types::CUevent,
+) {
+    let released = {
+        let incoming = incoming();
+        let mut pools = pools();
+        pools.give_back(driver, context, event);
+        if incoming.poller.is_none() {
+            pools.give_back_if_idle(driver, context)
+        } else {
+            None
+        }
+    };
+    if let Some((device, handle)) = released {
+        crate::transport::reclaim_after_release(driver, device, handle);
+    }
+}
+
 /// A number for the calling thread, unique in the process.
 fn thread_number() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -221,19 +261,34 @@ fn thread_number() -> u64 {
         .unwrap_or_else(|_| NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Forgets everything of `context`, which was destroyed or reset: the poller never queries its
-/// events again, and its pool's retain is released. Their records stay pending, for the reclaim.
-pub(crate) fn forget_context(context: CUcontext) {
-    poller::forget_context(context.addr());
+/// Forgets the pools and queued entries of the contexts of `handle` that are gone (`look`,
+/// `known`: see `support::context_key`): the poller never queries their events again, and
+/// their pools' retains are released. Their records stay pending, for the reclaim.
+pub(crate) fn forget_gone(handle: usize, look: &dyn Fn() -> Liveness, known: Gone) {
+    poller::forget_gone(handle, look, known);
 }
 
-/// Runs `reset` (a reset of the primary context `context`) while the poller queries nothing, and
-/// if it succeeds forgets the context before the poller looks again (the reset destroyed its
-/// events; their records stay pending, for the reclaim). If it fails, nothing is forgotten: the
-/// context lives on and its events still complete.
+/// The context handles that have an event pool.
+pub(crate) fn pool_handles() -> Vec<usize> {
+    pools().handles()
+}
+
+/// Waits until the poller has finished a round begun after this call (every entry whose event has
+/// completed by then completed: its callback run, its record queued), or `deadline` passes.
+/// Returns at once (true) if no poller runs (nothing is pending) or this is the poller.
+pub(crate) fn wait_for_poller(deadline: Option<std::time::Instant>) -> bool {
+    poller::wait_for_round(deadline)
+}
+
+/// Runs `reset` (a reset of the primary context of `handle`) while the poller queries nothing,
+/// and if it succeeds forgets the context that was reset (as [`forget_gone`] does, under the same
+/// lock: the reset destroyed its events; their records stay pending, for the reclaim). If it
+/// fails, nothing is forgotten: the context lives on and its events still complete.
 pub(crate) fn around_reset<T, E>(
-    context: CUcontext,
+    handle: usize,
     reset: impl FnOnce() -> Result<T, E>,
+    look: &dyn Fn() -> Liveness,
+    known: Gone,
 ) -> Result<T, E> {
-    poller::around_reset(context.addr(), reset)
+    poller::around_reset(handle, reset, look, known)
 }

@@ -28,14 +28,15 @@ use cuda_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
 use crate::record::layout::{Op, RecordHeader};
+use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
 use crate::support::exit_gate;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
 use crate::tracking::pending;
+use crate::transport::poller_barrier::RoundBarrier;
 use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait, nanos};
-use crate::transport::primary_release;
 
 // The settings in force, each as nanoseconds (`u64::MAX`: `Duration::MAX`), from the defaults.
 static SPIN_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.spin.as_nanos() as u64);
@@ -71,10 +72,37 @@ pub fn poller_settings() -> PollerSettings {
 /// The entries waiting, by context, stream id and enqueuing thread, oldest first.
 #[derive(Default)]
 struct Queues {
-    by_stream: HashMap<(usize, u64, u64), VecDeque<Entry>>,
+    by_stream: HashMap<(ContextKey, u64, u64), VecDeque<Entry>>,
 }
 
 static QUEUES: LazyLock<Mutex<Queues>> = LazyLock::new(Mutex::default);
+
+/// `flush`'s barrier (see `transport::poller_barrier`).
+static BARRIER: RoundBarrier = RoundBarrier::new();
+
+thread_local! {
+    /// Whether this thread is the poller (a callback's `flush` must not wait for it).
+    static IS_POLLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// See [`super::wait_for_poller`].
+pub(super) fn wait_for_round(deadline: Option<Instant>) -> bool {
+    if IS_POLLER.with(std::cell::Cell::get) {
+        return true;
+    }
+    let request = {
+        let mut incoming = incoming();
+        let Some(thread) = incoming.poller.clone() else {
+            return true;
+        };
+        // Looking now, not after a long park.
+        incoming.wake_on_enqueue = false;
+        let request = BARRIER.ask();
+        thread.unpark();
+        request
+    };
+    BARRIER.wait(request, deadline)
+}
 
 fn queues() -> MutexGuard<'static, Queues> {
     lock(&QUEUES)
@@ -100,30 +128,67 @@ pub(super) fn wake_or_start(incoming: &mut Incoming) -> Result<(), Error> {
     Ok(())
 }
 
-/// See [`super::forget_context`].
-pub(super) fn forget_context(context: usize) {
-    forget_locked(&mut queues(), context);
+/// See [`super::forget_gone`].
+pub(super) fn forget_gone(handle: usize, look: &dyn Fn() -> Liveness, known: Gone) {
+    forget_gone_locked(&mut queues(), handle, look, known);
 }
 
 /// See [`super::around_reset`].
 pub(super) fn around_reset<T, E>(
-    context: usize,
+    handle: usize,
     reset: impl FnOnce() -> Result<T, E>,
+    look: &dyn Fn() -> Liveness,
+    known: Gone,
 ) -> Result<T, E> {
     // The poller queries only with this lock held: while the reset runs, it queries nothing.
     let mut queues = queues();
     let result = reset();
     if result.is_ok() {
-        forget_locked(&mut queues, context);
+        forget_gone_locked(&mut queues, handle, look, known);
     }
     result
 }
 
-fn forget_locked(queues: &mut Queues, context: usize) {
-    queues.by_stream.retain(|&(c, _, _), _| c != context);
-    incoming().entries.retain(|entry| entry.context != context);
+/// Forgets the queues, hand-over entries and pools of the contexts of `handle` that are gone: the
+/// contexts are collected first, under the hand-over's and the pools' locks (so none is added
+/// meanwhile), then the handle is looked at (see `support::context_key`).
+fn forget_gone_locked(
+    queues: &mut Queues,
+    handle: usize,
+    look: &dyn Fn() -> Liveness,
+    known: Gone,
+) {
+    let mut incoming = incoming();
+    let mut pools = pools();
+    let mut keys: Vec<ContextKey> = pools.keys_of(handle).collect();
+    keys.extend(
+        queues
+            .by_stream
+            .keys()
+            .map(|(context, _, _)| *context)
+            .chain(incoming.entries.iter().map(|entry| entry.context))
+            .filter(|context| context.handle == handle),
+    );
+    if keys.is_empty() {
+        return;
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    let now = look();
+    keys.retain(|key| now.is_gone(*key, known));
+    if keys.is_empty() {
+        return;
+    }
+    queues
+        .by_stream
+        .retain(|(context, _, _), _| !keys.contains(context));
+    incoming
+        .entries
+        .retain(|entry| !keys.contains(&entry.context));
     if let Some(driver) = cuda_sys::Driver::get() {
-        pools().forget(driver, context);
+        for key in keys {
+            pools.forget(driver, key);
+        }
     }
 }
 
@@ -207,14 +272,13 @@ fn scan(
 fn complete(driver: &cuda_sys::Driver, entry: &Entry, current: &mut usize) {
     pending::run_launch(entry.ticket, |header| {
         let calls = entry.work == Work::Call;
-        if calls && *current != entry.context {
+        if calls && *current != entry.context.handle {
             // Callbacks may call CUDA: in the stream's context. (What is current afterwards is
             // read back below.)
             // SAFETY: a primary context, retained by its pool while the entry waited; a reset
             // since (its handle then dead: measured, the driver refuses it) leaves the thread's
             // context as it was.
-            let _ =
-                unsafe { driver.cuCtxSetCurrent(ptr::with_exposed_provenance_mut(entry.context)) };
+            let _ = unsafe { driver.cuCtxSetCurrent(entry.context.raw()) };
         }
         // SAFETY: `run_launch` hands the record claimed for this call, to run once on this thread;
         // its payload is sound to run here (the enqueue's contract).
@@ -252,6 +316,7 @@ fn poll_loop() {
         incoming().poller = None;
         return;
     };
+    IS_POLLER.with(|p| p.set(true));
     // Callbacks and wakers are users' code, and queries are "unsafe" calls in the capture sense.
     let _ = enter_relaxed_mode();
     // Its timed parks (the interval) are short: keep them so.
@@ -261,7 +326,7 @@ fn poll_loop() {
     let mut stranded: Vec<Entry> = Vec::new();
     let mut current_context = 0;
     let mut idle_since: Option<Instant> = None;
-    let released = loop {
+    loop {
         let settings = poller_settings();
         // Once the process is exiting this thread parks for good (no query after the driver's
         // teardown); until then the exit handler waits for the round in progress.
@@ -269,9 +334,14 @@ fn poll_loop() {
         let Some(work) = exit_gate::begin_driver_work() else {
             continue;
         };
+        // The flushes this round serves: those that asked before it looks.
+        let serving = BARRIER.round_begins();
         let mut queues = queues();
         let was_idle = queues.by_stream.is_empty();
         let arrived;
+        // Pools given back this round: their contexts, once released, may be gone.
+        let mut released = Vec::new();
+        let mut exit = false;
         {
             let mut incoming = incoming();
             // It is looking now: an enqueue need not wake it.
@@ -292,19 +362,21 @@ fn poll_loop() {
                     // and starts another.
                     let mut pools = pools();
                     if !pools.any_out() {
-                        let released = pools.give_back_idle(driver);
+                        released = pools.give_back_done(driver, true);
                         incoming.poller = None;
-                        break released;
+                        exit = true;
                     }
                 }
             } else {
                 idle_since = None;
             }
         }
-        for queue in queues.by_stream.values_mut() {
-            scan(driver, queue, &mut done, &mut stranded);
+        if !exit {
+            for queue in queues.by_stream.values_mut() {
+                scan(driver, queue, &mut done, &mut stranded);
+            }
+            queues.by_stream.retain(|_, queue| !queue.is_empty());
         }
-        queues.by_stream.retain(|_, queue| !queue.is_empty());
         let nothing_pending = queues.by_stream.is_empty();
         if !done.is_empty() || !stranded.is_empty() {
             // Under the queues' lock: a reset cannot forget a pool between the query and this.
@@ -316,9 +388,14 @@ fn poll_loop() {
                     ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event) as CUevent,
                 );
             }
-            for entry in stranded.drain(..) {
-                // Its record stays pending (counted, reclaimed with its context).
-                pools.strand(entry.context);
+            if !stranded.is_empty() {
+                for entry in stranded.drain(..) {
+                    // Its record stays pending (counted, reclaimed with its context).
+                    pools.strand(entry.context);
+                }
+                // A pool left with stranded events and none out holds its context for nothing:
+                // the user's last release must be able to destroy it (and reclaim its work).
+                released = pools.give_back_done(driver, false);
             }
         }
         drop(queues);
@@ -326,7 +403,17 @@ fn poll_loop() {
         for entry in done.drain(..) {
             complete(driver, &entry, &mut current_context);
         }
+        // Inside the exit gate (no driver call after the teardown), with no lock held: a
+        // reclaim takes the locks. Only the work of contexts that are gone is taken.
+        for (device, handle) in released {
+            crate::transport::reclaim_after_release(driver, device, handle);
+        }
         drop(work);
+        if exit {
+            BARRIER.stopped();
+            break;
+        }
+        BARRIER.round_done(serving);
         let round = Round {
             progress,
             arrived,
@@ -343,14 +430,6 @@ fn poll_loop() {
             Some(Wait::Park(pause)) => park_unless_enqueued(pause),
             None => park_unless_enqueued(settings.idle_exit),
         }
-    };
-    // With no lock held: a reclaim takes them.
-    for (device, context) in released {
-        primary_release::reclaim_if_destroyed(
-            driver,
-            device,
-            ptr::with_exposed_provenance_mut(context),
-        );
     }
     pace.count_cpu();
 }

@@ -6,14 +6,21 @@
 //! release of the context (cudarc drops its `CudaContext`) then cannot destroy the events that the
 //! poller still queries. A context made with `cuCtxCreate` cannot be held that way and is refused
 //! ([`Error::NotPrimaryContext`]).
+//!
+//! Pools are found by context handle **and** id (`support::context_key`): a primary context made
+//! again at its handle gets a new pool. A pool whose events are all back, or stranded (a capture
+//! may hold them, or the context had a sticky error), gives its retain back ([`Pools::give_back_done`]):
+//! a stranded event is never touched again (the context's destruction takes it), and holding
+//! the context for it would keep the user's last release from destroying the context and
+//! reclaiming its work.
 
 use std::collections::HashMap;
 use std::ptr;
 
 use cuda_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
+use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
-use crate::support::raw_stream::context_id;
 use crate::transport::primary_release;
 
 /// Events made at once when a pool runs dry (one push and pop of the context for all).
@@ -31,19 +38,19 @@ pub(super) struct Pool {
     /// Events taken and not yet back: recorded and waiting, or being recorded.
     pub(super) out: usize,
     /// Events a capture may hold (recorded while another thread began a capture of the stream) or
-    /// of a stream whose context failed: never queried, reused or destroyed by the pool again. A
-    /// pool with any keeps its retain (their releases wait for the context's reset).
+    /// of a stream whose context failed: never queried, reused or destroyed by the pool again
+    /// (the context's destruction takes them; their records wait for it).
     pub(super) stranded: usize,
 }
 
-/// The pools, by context handle.
+/// The pools, by context (handle and id).
 #[derive(Default)]
 pub(super) struct Pools {
-    by_context: HashMap<usize, Pool>,
-    /// Contexts found not to be primary, by handle and `cuCtxGetId` (a context made later at the
-    /// handle has another id): refused again at once, without the device and primary-context
-    /// calls that found it (`CompletionMode::Auto` asks on every completion).
-    not_primary: Vec<(usize, u64)>,
+    by_context: HashMap<ContextKey, Pool>,
+    /// Contexts found not to be primary (a context made later at the handle has another id):
+    /// refused again at once, without the device and primary-context calls that found it
+    /// (`CompletionMode::Auto` asks on every completion).
+    not_primary: Vec<ContextKey>,
 }
 
 impl Pools {
@@ -52,12 +59,12 @@ impl Pools {
     pub(super) fn take(
         &mut self,
         driver: &cuda_sys::Driver,
-        context: CUcontext,
+        key: ContextKey,
     ) -> Result<CUevent, Error> {
-        let pool = match self.by_context.entry(context.addr()) {
+        let context = key.raw();
+        let pool = match self.by_context.entry(key) {
             std::collections::hash_map::Entry::Occupied(pool) => pool.into_mut(),
             std::collections::hash_map::Entry::Vacant(slot) => {
-                let key = (context.addr(), context_id(driver, context)?);
                 let refused = Error::NotPrimaryContext {
                     context: context.addr(),
                 };
@@ -86,7 +93,12 @@ impl Pools {
     }
 
     /// Gives back an event whose record completed (or was never made): it may be recorded again.
-    pub(super) fn give_back(&mut self, driver: &cuda_sys::Driver, context: usize, event: CUevent) {
+    pub(super) fn give_back(
+        &mut self,
+        driver: &cuda_sys::Driver,
+        context: ContextKey,
+        event: CUevent,
+    ) {
         let Some(pool) = self.by_context.get_mut(&context) else {
             return;
         };
@@ -100,7 +112,7 @@ impl Pools {
     }
 
     /// An event that must never be touched again (see [`Pool::stranded`]).
-    pub(super) fn strand(&mut self, context: usize) {
+    pub(super) fn strand(&mut self, context: ContextKey) {
         if let Some(pool) = self.by_context.get_mut(&context) {
             pool.out = pool.out.saturating_sub(1);
             pool.stranded += 1;
@@ -112,30 +124,64 @@ impl Pools {
         self.by_context.values().any(|pool| pool.out > 0)
     }
 
-    /// Destroys the free events of every pool with none out and none stranded, and releases its
-    /// context. Called by the poller when it goes idle. Returns the device and context of each
-    /// release, for [`primary_release::reclaim_if_destroyed`].
-    pub(super) fn give_back_idle(&mut self, driver: &cuda_sys::Driver) -> Vec<(CUdevice, usize)> {
-        let mut released = Vec::new();
-        self.by_context.retain(|&context, pool| {
-            if pool.out > 0 || pool.stranded > 0 {
-                return true;
+    /// Gives back every pool with no event out (its free events destroyed, its stranded ones left
+    /// to the context) and releases its context: all of them when the poller goes idle (`all`),
+    /// else those with stranded events (nothing of theirs is waited for: their context is held for
+    /// nothing). Returns the device and handle of each release, for
+    /// `transport::reclaim_after_release`.
+    pub(super) fn give_back_done(
+        &mut self,
+        driver: &cuda_sys::Driver,
+        all: bool,
+    ) -> Vec<(CUdevice, usize)> {
+        let done: Vec<ContextKey> = self
+            .by_context
+            .iter()
+            .filter(|(_, pool)| pool.out == 0 && (all || pool.stranded > 0))
+            .map(|(key, _)| *key)
+            .collect();
+        let mut released = Vec::with_capacity(done.len());
+        for key in done {
+            if let Some(pool) = self.by_context.remove(&key) {
+                released.push((pool.device, key.handle));
+                pool.give_back(driver);
             }
-            released.push((pool.device, context));
-            for &event in &pool.free {
-                // SAFETY: an event of this pool's retained context, not in use.
-                let _ = unsafe { driver.cuEventDestroy(ptr::with_exposed_provenance_mut(event)) };
-            }
-            // SAFETY: the pool retained the device's primary context once, in `new`.
-            unsafe { primary_release::release(driver, pool.device) };
-            false
-        });
+        }
         released
     }
 
-    /// Forgets `context`'s pool without touching its events, which the context's reset destroys,
-    /// and releases the pool's retain. Called before a reset.
-    pub(super) fn forget(&mut self, driver: &cuda_sys::Driver, context: usize) {
+    /// Gives back `context`'s pool (as [`Pools::give_back_done`] does) if none of its events is
+    /// out; returns the release's device and handle.
+    pub(super) fn give_back_if_idle(
+        &mut self,
+        driver: &cuda_sys::Driver,
+        context: ContextKey,
+    ) -> Option<(CUdevice, usize)> {
+        if self.by_context.get(&context)?.out > 0 {
+            return None;
+        }
+        let pool = self.by_context.remove(&context)?;
+        let device = pool.device;
+        pool.give_back(driver);
+        Some((device, context.handle))
+    }
+
+    /// The handles of the contexts that have a pool.
+    pub(super) fn handles(&self) -> Vec<usize> {
+        self.by_context.keys().map(|k| k.handle).collect()
+    }
+
+    /// The contexts of `handle` that have a pool.
+    pub(super) fn keys_of(&self, handle: usize) -> impl Iterator<Item = ContextKey> + '_ {
+        self.by_context
+            .keys()
+            .copied()
+            .filter(move |k| k.handle == handle)
+    }
+
+    /// Forgets `context`'s pool without touching its events, which the context's destruction took
+    /// (it is gone), and releases the pool's retain.
+    pub(super) fn forget(&mut self, driver: &cuda_sys::Driver, context: ContextKey) {
         if let Some(pool) = self.by_context.remove(&context) {
             pool.release(driver);
         }
@@ -172,6 +218,7 @@ impl Pool {
                 context: context.addr(),
             });
         }
+        primary_release::remember(context.addr(), device);
         Ok(Pool {
             device,
             free: Vec::new(),
@@ -197,6 +244,16 @@ impl Pool {
             }
             Ok(())
         })
+    }
+
+    /// Destroys the free events (the stranded ones are left to the context) and releases the
+    /// context.
+    fn give_back(self, driver: &cuda_sys::Driver) {
+        for &event in &self.free {
+            // SAFETY: an event of this pool's retained context, not in use.
+            let _ = unsafe { driver.cuEventDestroy(ptr::with_exposed_provenance_mut(event)) };
+        }
+        self.release(driver);
     }
 
     fn release(self, driver: &cuda_sys::Driver) {

@@ -1,0 +1,75 @@
+//! [`flush`]: the barrier after which every release and callback of completed work is done.
+
+use std::time::{Duration, Instant};
+
+use crate::reaper::release;
+use crate::support::error::Error;
+use crate::support::host_thread::refuse_inside_host_function;
+use crate::support::{exit_gate, forked_child};
+use crate::transport;
+
+/// Waits until every release and callback of work that has completed is done, or `timeout`
+/// passes: after a [`Stream::synchronize`](crate::Stream::synchronize) (or any point where you know
+/// the stream's work has completed), `flush` returns only once the owners of that work are
+/// dropped and its callbacks have returned, whichever way the crate learns of it:
+///
+/// - host functions ([`host_launch`](crate::host_launch), ...): the owners of every host function
+///   that has run, and of every graph whose user object the driver has destroyed;
+/// - events ([`release_after`](crate::release_after), [`spawn_after`](crate::spawn_after),
+///   event completions): the event poller finishes a round begun after this call (every entry
+///   whose event had completed by then: callbacks run, futures woken, owners queued), then their
+///   owners are dropped;
+/// - low-latency completions: their poller finishes a round, waking every future whose flag was
+///   written.
+///
+/// It also releases the work of contexts that are gone without this crate seeing it (another
+/// binding released a context for the last time, or destroyed it, after a sticky error): their
+/// work will never complete (see [`reclaim_pending`](crate::reclaim_pending)). In manual mode it
+/// drains the cleanup queue itself. Once everything is released it gives the record pool's surplus
+/// memory back to the system (free 4 KiB segments of slots, beyond 512 KiB of them), as the reaper
+/// does when it goes idle.
+///
+/// Work still pending on its stream is not waited for: synchronize the stream first to include
+/// it. The driver destroys a graph's user objects asynchronously, so owners tied to a graph may
+/// reach the queue a little after `cuGraphDestroy` returns.
+///
+/// **At process exit** the crate's threads stop before the driver is torn down: records still
+/// pending or queued are not released (their owners' `Drop` does not run, as for any value alive
+/// at `exit`), and a callback whose event completed may not run. Synchronize and `flush` before
+/// exiting where that matters.
+///
+/// A `timeout` too long to add to the clock (`Duration::MAX`) waits as long as it takes. Called by
+/// the thread that is releasing records (inside an owner's `Drop`, or the panic handler, whether
+/// on the reaper or on a thread that drains), it returns [`Error::FlushOnReleasingThread`] at once:
+/// the records it would wait for include the one that thread is releasing. Called by a
+/// [`spawn_after`](crate::spawn_after) callback (on the event poller), it does not wait for the
+/// event poller, which is running that callback.
+///
+/// # Errors
+/// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
+/// from a host function (the reaper cannot be waited for there);
+/// [`Error::FlushOnReleasingThread`] if called by the releasing thread; [`Error::ForkedChild`] in a
+/// child forked after the first launch.
+pub fn flush(timeout: Duration) -> Result<(), Error> {
+    refuse_inside_host_function("flush")?;
+    if exit_gate::releasing_here() {
+        return Err(Error::FlushOnReleasingThread);
+    }
+    forked_child::check()?;
+    // None: beyond what the clock can represent, so never reached.
+    let deadline = Instant::now().checked_add(timeout);
+    // Work of contexts that are gone will never complete: released now, it reaches the queue.
+    transport::sweep_gone();
+    // What the pollers complete reaches the queue before the queue is waited for.
+    let pollers = transport::wait_for_pollers(deadline);
+    let queue = release::flush_queue(deadline, timeout);
+    match (pollers, queue) {
+        (true, result) => result,
+        // A poller did not finish its round in time: the flush did not see everything.
+        (false, Ok(())) => Err(Error::FlushTimedOut {
+            waiting: 1,
+            timeout,
+        }),
+        (false, Err(e)) => Err(e),
+    }
+}

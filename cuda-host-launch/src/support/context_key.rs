@@ -1,0 +1,142 @@
+//! A context as the crate names it: its handle **and** its `cuCtxGetId`.
+//!
+//! A handle alone does not name one context for the life of the process: a primary context keeps
+//! its handle when it is made again after its last release or a reset (measured on the H200: the
+//! same handle, `cuCtxGetId` 1 then 2), and a context made with `cuCtxCreate` may get a destroyed
+//! one's handle. The id is never given to another context in the process. So every per-context
+//! record of the crate (a launch's ticket, an event pool, a low-latency page) carries both, and a
+//! reclaim takes only the work of contexts that are gone, found by this rule ([`Liveness`]):
+//!
+//! > a context whose handle, looked at **after** its work was collected, names another context (or
+//! > none), is gone for good.
+//!
+//! The look must come after the collection: work collected earlier was enqueued into a context
+//! that lived then; if the handle names another now, that one is gone (a handle names one context
+//! at a time, and a context never comes back). Work enqueued after the look may be of a context
+//! newer than the one the look saw, so it is never judged by it.
+//!
+//! Drivers before 12.0 have no `cuCtxGetId`: there the id is 0, the rule cannot tell two contexts
+//! of one handle apart, and a reclaim falls back to what its caller knows (the context it released
+//! or reset is gone).
+
+use cuda_sys::types::{CUcontext, CUdevice, CUresult};
+
+use crate::support::error::Error;
+
+/// A context: its handle and its `cuCtxGetId` (0 on drivers before 12.0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct ContextKey {
+    /// The handle, as an address.
+    pub(crate) handle: usize,
+    /// `cuCtxGetId`; 0 where the driver has none.
+    pub(crate) id: u64,
+}
+
+impl ContextKey {
+    /// The handle as the driver takes it.
+    pub(crate) fn raw(self) -> CUcontext {
+        std::ptr::with_exposed_provenance_mut(self.handle)
+    }
+}
+
+/// `context`'s key: its `cuCtxGetId`, or 0 on a driver without one (before 12.0).
+///
+/// # Errors
+/// The driver's error for `cuCtxGetId` on a driver that has it (a dead handle, say).
+pub(crate) fn key_of(driver: &cuda_sys::Driver, context: CUcontext) -> Result<ContextKey, Error> {
+    let id = match driver.raw().cuCtxGetId() {
+        Ok(get_id) => {
+            let mut id = 0;
+            // SAFETY: a context handle from the driver or a binding (a dead one is refused); a
+            // valid out-pointer.
+            let code = unsafe { get_id(context, &mut id) };
+            driver.check(code, "cuCtxGetId")?;
+            id
+        }
+        Err(cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    Ok(ContextKey {
+        handle: context.addr(),
+        id,
+    })
+}
+
+/// What a handle names now, for the rule in the module's docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// The handle names the live context with this id.
+    Live(u64),
+    /// The handle names no live context: every context it named before is gone.
+    None,
+    /// Not known (the driver has no ids, before 12.0, or the look failed for another reason).
+    Unknown,
+}
+
+impl Liveness {
+    /// Looks at `handle` now (`cuCtxGetId`): the id of the context it names, or none if the driver
+    /// calls the handle dead (`CUDA_ERROR_INVALID_CONTEXT`, `CUDA_ERROR_CONTEXT_IS_DESTROYED`).
+    pub(crate) fn now(driver: &cuda_sys::Driver, handle: usize) -> Liveness {
+        let Ok(get_id) = driver.raw().cuCtxGetId() else {
+            return Liveness::Unknown;
+        };
+        let mut id = 0;
+        // SAFETY: a handle the driver gave out; the driver answers for a dead one (a primary
+        // context keeps its handle; a destroyed one is refused); a valid out-pointer.
+        let code = unsafe { get_id(std::ptr::with_exposed_provenance_mut(handle), &mut id) };
+        match code {
+            CUresult::CUDA_SUCCESS => Liveness::Live(id),
+            CUresult::CUDA_ERROR_INVALID_CONTEXT | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED => {
+                Liveness::None
+            }
+            _ => Liveness::Unknown,
+        }
+    }
+
+    /// As [`Liveness::now`] for `handle`, the primary context of `device`: none if the device's
+    /// primary context is inactive (`cuDevicePrimaryCtxGetState`), whatever the driver answers for
+    /// the handle of an inactive primary context.
+    pub(crate) fn of_primary(
+        driver: &cuda_sys::Driver,
+        device: CUdevice,
+        handle: usize,
+    ) -> Liveness {
+        let (mut flags, mut active) = (0, 0);
+        // SAFETY: a device the driver named; valid out-pointers.
+        match unsafe { driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) } {
+            Ok(()) if active == 0 => Liveness::None,
+            Ok(()) => Liveness::now(driver, handle),
+            Err(_) => Liveness::Unknown,
+        }
+    }
+
+    /// Whether the context `key` (of the handle looked at, collected before the look) is gone,
+    /// given what the caller knows ([`Gone`]). Without ids (`key.id` 0, a driver before 12.0)
+    /// contexts of one handle cannot be told apart: gone if the handle names none now, or if the
+    /// caller knows the handle's context is gone.
+    pub(crate) fn is_gone(self, key: ContextKey, known: Gone) -> bool {
+        if key.id == 0 {
+            return known != Gone::Unknown || self == Liveness::None;
+        }
+        if known == Gone::Context(key.id) {
+            return true;
+        }
+        match self {
+            Liveness::Live(id) => id != key.id,
+            Liveness::None => true,
+            Liveness::Unknown => false,
+        }
+    }
+}
+
+/// What the caller of a reclaim knows is gone, beside what the look tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gone {
+    /// Nothing: only the look decides.
+    Unknown,
+    /// The context with this id (it reset it: measured before the reset).
+    Context(u64),
+    /// The context the handle named before the call (it destroyed or reset it), though its id is
+    /// not known: decides for drivers without ids.
+    Handle,
+}

@@ -1,0 +1,219 @@
+//! Contexts are known by what they are (handle and `cuCtxGetId`), not by their handle alone: a
+//! reclaim after a context is gone never touches the work of the context made again at its handle,
+//! a sticky error's work is released by the user's last release, and a process exiting never sees
+//! a driver call of the crate's threads after the driver's teardown. Each case in a process of its
+//! own, against the fake driver (which, like the H200's driver, gives a primary context made again
+//! the same handle and a new id).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cuda_host_launch::{
+    CompletionMode, Device, Error, PrimaryContext, Stream, flush, host_launch, pending_launches,
+    release_after, spawn_after,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{
+    Drops, PATIENCE, fake, fake_driver_path, load_fake_driver, wait_until,
+};
+
+/// What the hook makes in the context made again: kept alive past the hook.
+type Made = (Arc<PrimaryContext>, Stream, u64, Arc<Drops>);
+
+/// Polls `future` until it resolves (a thread waker; bounded by `PATIENCE`).
+fn resolve<F: std::future::Future + Unpin>(future: &mut F) -> F::Output {
+    use std::task::{Context, Poll, Waker};
+    let waker = Waker::noop();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Poll::Ready(v) =
+            std::pin::Pin::new(&mut *future).poll(&mut Context::from_waker(waker))
+        {
+            return v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the future never resolved"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+isolated_test! {
+    /// The last release of a primary context with a sticky error reclaims its pending launches;
+    /// another thread that retains the device just after the release was seen (a hook after the
+    /// crate's look at the context's state), makes a stream and launches host-function work, an
+    /// event release, an event completion and a low-latency completion there, loses none of it:
+    /// the new context's work runs and completes in stream order. (Before: the reclaim went by
+    /// handle and took the new context's launch, dropped its owner while its stream was held,
+    /// resolved its futures to `ContextLost` and freed its low-latency page with the flag write
+    /// pending.)
+    fn a_reclaim_after_the_last_release_leaves_the_context_made_again_alone(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let device = Device::get(0).unwrap();
+        let old = PrimaryContext::retain(device).unwrap();
+        let old_stream = Stream::new(&old).unwrap();
+        let old_drops = Drops::new();
+        let hold = fake().hold_stream(old_stream.raw()).unwrap();
+        host_launch(&old_stream, {
+            let owner = old_drops.owner();
+            move || { let _keep = &owner; }
+        })
+        .unwrap();
+        fake().poison_context(old.raw()).unwrap();
+        hold.release();
+        drop(old_stream);
+        // The other thread's work, made between the release and the reclaim.
+        let made: Arc<Mutex<Option<Made>>> = Arc::default();
+        let futures: Arc<Mutex<Vec<cuda_host_launch::Completion>>> = Arc::default();
+        {
+            let made = Arc::clone(&made);
+            let futures = Arc::clone(&futures);
+            fake().set_hook_after("cuDevicePrimaryCtxGetState", 1, move || {
+                let made = Arc::clone(&made);
+                let futures = Arc::clone(&futures);
+                // Another thread (a hook runs on the releasing thread, which must not see its own
+                // work as the other thread's).
+                std::thread::spawn(move || {
+                    let again = PrimaryContext::retain(device).unwrap();
+                    let stream = Stream::new(&again).unwrap();
+                    let token = fake().hold_stream(stream.raw()).unwrap().into_token();
+                    let drops = Drops::new();
+                    host_launch(&stream, {
+                        let owner = drops.owner();
+                        move || { let _keep = &owner; }
+                    })
+                    .unwrap();
+                    release_after(&stream, drops.owner()).unwrap();
+                    let mut futures = futures.lock().unwrap();
+                    futures.push(CompletionMode::Event.completion(&stream).unwrap());
+                    futures.push(CompletionMode::LowLatency.completion(&stream).unwrap());
+                    *made.lock().unwrap() = Some((again, stream, token, drops));
+                })
+                .join()
+                .unwrap();
+            });
+        }
+        drop(old);
+        fake().clear_hooks();
+        flush(PATIENCE).unwrap();
+        old_drops.wait_dropped(1);
+        let (again, stream, token, drops) = made.lock().unwrap().take().expect("the hook ran");
+        assert_eq!(drops.dropped(), 0, "the new context's owners were reclaimed");
+        assert_eq!(pending_launches(Some(again.raw())), 3, "the new context's work is pending");
+        fake().release_hold(token);
+        stream.synchronize().unwrap();
+        for future in futures.lock().unwrap().iter_mut() {
+            assert!(resolve(future).is_ok(), "a future of the live context failed");
+        }
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 2);
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// A sticky error with event work pending (a release, a callback, a future): the event pool
+    /// strands the work and gives its retain back, so the user's last release destroys the context
+    /// and reclaims everything (before: the pool kept its retain for good, nothing was reclaimed,
+    /// the future never resolved).
+    fn a_sticky_errors_event_work_is_reclaimed_by_the_users_last_release(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let hold = fake().hold_stream(stream.raw()).unwrap();
+        release_after(&stream, drops.owner()).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        spawn_after(&stream, {
+            let (ran, owner) = (Arc::clone(&ran), drops.owner());
+            move || {
+                let _owner = owner;
+                ran.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
+        let mut future = CompletionMode::Event.completion(&stream).unwrap();
+        fake().poison_context(context.raw()).unwrap();
+        hold.release();
+        drop(stream);
+        let raw = context.raw();
+        drop(context);
+        // Whether the pool gave its retain back before or after the user's release, the last
+        // release reclaims (the pool's, on the poller, or the user's).
+        wait_until("the owners dropped", PATIENCE, || drops.dropped() == 2);
+        assert!(matches!(resolve(&mut future), Err(Error::ContextLost)));
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "a callback ran after a sticky error");
+        assert_eq!(pending_launches(Some(raw)), 0);
+        wait_until("no retain left", PATIENCE, || fake().live_objects("primary_retains") == 0);
+    }
+
+    /// A capture another thread begins while `release_after` records its event strands the release
+    /// (the capture may hold the event); the pool does not keep the context for it, so the user's
+    /// last release destroys the context and drops the owner (before: the pool's retain kept the
+    /// context, and the owner, for good).
+    fn a_release_stranded_by_a_capture_is_reclaimed_by_the_users_last_release(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        // The crate's first look says "not capturing"; its look after the record sees the capture.
+        begin_capture(&stream);
+        fake().hide_capture(1);
+        let refused = release_after(&stream, drops.owner());
+        assert!(matches!(refused, Err(Error::CaptureActive { .. })), "{refused:?}");
+        end_capture(&stream);
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 0, "released early: the capture may hold the event");
+        drop(stream);
+        drop(context);
+        wait_until("the owner dropped", PATIENCE, || drops.dropped() == 1);
+        wait_until("no retain left", PATIENCE, || fake().live_objects("primary_retains") == 0);
+    }
+
+    /// The fake, as the H200's driver, gives a primary context made again after its last release
+    /// the same handle and a new `cuCtxGetId`; a `Stream` carries the ids it was made with.
+    fn a_stream_carries_the_ids_of_the_context_it_was_made_in(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::AsRawStream;
+        load_fake_driver();
+        let device = Device::get(0).unwrap();
+        let first = PrimaryContext::retain(device).unwrap();
+        let ids = Stream::new(&first).unwrap().ids_hint().expect("ids on a 13.0 driver");
+        let handle = first.raw();
+        drop(first);
+        let again = PrimaryContext::retain(device).unwrap();
+        assert_eq!(again.raw(), handle, "the handle stays");
+        let new = Stream::new(&again).unwrap().ids_hint().unwrap();
+        assert_ne!(new.context, ids.context, "a new id");
+    }
+}
+
+fn begin_capture(stream: &Stream) {
+    let driver = load_fake_driver();
+    // SAFETY: a live stream.
+    unsafe {
+        driver
+            .cuStreamBeginCapture_v2(
+                stream.raw(),
+                cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+            .unwrap();
+    }
+}
+
+fn end_capture(stream: &Stream) {
+    let driver = load_fake_driver();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the stream's own capture; the graph is destroyed once.
+    unsafe {
+        driver.cuStreamEndCapture(stream.raw(), &mut graph).unwrap();
+        driver.cuGraphDestroy(graph).unwrap();
+    }
+}
