@@ -74,52 +74,55 @@ pub(crate) enum Liveness {
 }
 
 impl Liveness {
-    /// Looks at `handle` now (`cuCtxGetId`): the id of the context it names, or none if the driver
-    /// calls the handle dead (`CUDA_ERROR_INVALID_CONTEXT`, `CUDA_ERROR_CONTEXT_IS_DESTROYED`).
-    pub(crate) fn now(driver: &cuda_sys::Driver, handle: usize) -> Liveness {
-        let Ok(get_id) = driver.raw().cuCtxGetId() else {
-            return Liveness::Unknown;
-        };
-        let mut id = 0;
-        // SAFETY: a handle the driver gave out; the driver answers for a dead one (a primary
-        // context keeps its handle; a destroyed one is refused); a valid out-pointer.
-        let code = unsafe { get_id(std::ptr::with_exposed_provenance_mut(handle), &mut id) };
-        match code {
-            CUresult::CUDA_SUCCESS => Liveness::Live(id),
-            CUresult::CUDA_ERROR_INVALID_CONTEXT | CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED => {
-                Liveness::None
-            }
-            _ => Liveness::Unknown,
-        }
-    }
-
-    /// As [`Liveness::now`] for `handle`, the primary context of `device`: none if the device's
-    /// primary context is inactive (`cuDevicePrimaryCtxGetState`), whatever the driver answers for
-    /// the handle of an inactive primary context.
+    /// Looks at `handle`, the primary context of `device`: none if the device's primary context
+    /// is inactive, else the id its handle names. `cuDevicePrimaryCtxGetState` waits while a last
+    /// release or a reset of the context runs its pending work, so "none" means that work is over;
+    /// `cuCtxGetId` answers at once, refusing the handle while the context is being destroyed
+    /// (both measured on the H200: the conformance suite's `..._during_a_last_release_...`), so
+    /// its refusal is only believed once the state, asked again, confirms it.
+    ///
+    /// The handle of a primary context stays the driver's for the process's life, so asking for
+    /// its id is sound whatever happened to the context; a handle of a context made with
+    /// `cuCtxCreate` is never looked at (after its destruction it may dangle).
     pub(crate) fn of_primary(
         driver: &cuda_sys::Driver,
         device: CUdevice,
         handle: usize,
     ) -> Liveness {
-        let (mut flags, mut active) = (0, 0);
-        // SAFETY: a device the driver named; valid out-pointers.
-        match unsafe { driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) } {
-            Ok(()) if active == 0 => Liveness::None,
-            Ok(()) => Liveness::now(driver, handle),
-            Err(_) => Liveness::Unknown,
+        for _ in 0..2 {
+            let (mut flags, mut active) = (0, 0);
+            // SAFETY: a device the driver named; valid out-pointers.
+            match unsafe { driver.cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) } {
+                Ok(()) if active == 0 => return Liveness::None,
+                Ok(()) => {}
+                Err(_) => return Liveness::Unknown,
+            }
+            let Ok(get_id) = driver.raw().cuCtxGetId() else {
+                return Liveness::Unknown;
+            };
+            let mut id = 0;
+            // SAFETY: a primary context's handle (kept by the driver); a valid out-pointer.
+            let code = unsafe { get_id(std::ptr::with_exposed_provenance_mut(handle), &mut id) };
+            if code == CUresult::CUDA_SUCCESS {
+                return Liveness::Live(id);
+            }
+            // Refused: a release in progress, or an error. The state, asked again, waits for the
+            // release and says.
         }
+        Liveness::Unknown
     }
 
     /// Whether the context `key` (of the handle looked at, collected before the look) is gone,
     /// given what the caller knows ([`Gone`]). Without ids (`key.id` 0, a driver before 12.0)
-    /// contexts of one handle cannot be told apart: gone if the handle names none now, or if the
-    /// caller knows the handle's context is gone.
+    /// contexts of one handle cannot be told apart: gone if the handle names none now.
     pub(crate) fn is_gone(self, key: ContextKey, known: Gone) -> bool {
-        if key.id == 0 {
-            return known != Gone::Unknown || self == Liveness::None;
+        match known {
+            Gone::Handle => return true,
+            Gone::Context(id) if id == key.id => return true,
+            _ => {}
         }
-        if known == Gone::Context(key.id) {
-            return true;
+        if key.id == 0 {
+            return self == Liveness::None;
         }
         match self {
             Liveness::Live(id) => id != key.id,
@@ -136,7 +139,7 @@ pub(crate) enum Gone {
     Unknown,
     /// The context with this id (it reset it: measured before the reset).
     Context(u64),
-    /// The context the handle named before the call (it destroyed or reset it), though its id is
-    /// not known: decides for drivers without ids.
+    /// Every context the handle named before the call (the caller destroyed or reset it, and
+    /// promises nothing of a later one at the handle has work pending).
     Handle,
 }

@@ -49,29 +49,26 @@ pub(crate) unsafe fn reclaim_gone(
     count
 }
 
-/// What `handle` names now: through its device's primary-context state if this crate knows it for
-/// a primary context, else through `cuCtxGetId`.
-pub(crate) fn look_at(driver: &cuda_sys::Driver, handle: usize) -> Liveness {
-    match primary_release::device_of(handle) {
-        Some(device) => Liveness::of_primary(driver, device, handle),
-        None => Liveness::now(driver, handle),
-    }
-}
-
 /// Releases the work of every context that is gone, wherever this crate holds some (pending
-/// launches and event work, event pools, low-latency futures): contexts whose last release or
-/// destruction this crate did not see (another binding's), found by the rule of
-/// `support::context_key`. For [`flush`](crate::flush).
+/// launches and event work, event pools, low-latency futures), among the primary contexts this
+/// crate retained: contexts whose last release this crate did not make (another binding's), found
+/// by the rule of `support::context_key`. (The handle of a context made with `cuCtxCreate` is
+/// never looked at: after its destruction it may dangle; `reclaim_pending` is for those.) For
+/// [`flush`](crate::flush).
 pub(crate) fn sweep_gone() {
     let Some(driver) = cuda_sys::Driver::get() else {
         return;
     };
     let mut handles = pending::pending_handles();
     handles.extend(event::pool_handles());
+    handles.extend(low_latency::handles());
     handles.sort_unstable();
     handles.dedup();
     for handle in handles {
-        let look = || look_at(driver, handle);
+        let Some(device) = primary_release::device_of(handle) else {
+            continue;
+        };
+        let look = || Liveness::of_primary(driver, device, handle);
         // SAFETY: nothing is known gone: the look decides.
         unsafe { reclaim_gone(handle, &look, Gone::Unknown) };
     }
@@ -150,7 +147,22 @@ pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
         return 0;
     };
     let handle = context.addr();
-    let look = || look_at(driver, handle);
-    // SAFETY: the caller's promise: the handle's context before this call is gone.
-    unsafe { reclaim_gone(handle, &look, Gone::Handle) }
+    // A primary context's handle stays the driver's: its state tells a context made again since
+    // apart from the one the caller destroyed or reset. Any other handle may dangle: never asked.
+    match primary_release::device_of(handle) {
+        Some(device) => {
+            let look = || Liveness::of_primary(driver, device, handle);
+            let known = match look() {
+                Liveness::Unknown => Gone::Handle,
+                _ => Gone::Unknown,
+            };
+            // SAFETY: the caller's promise: the handle's context before this call is gone.
+            unsafe { reclaim_gone(handle, &look, known) }
+        }
+        None => {
+            let look = || Liveness::Unknown;
+            // SAFETY: the caller's promise: every context of the handle before this call is gone.
+            unsafe { reclaim_gone(handle, &look, Gone::Handle) }
+        }
+    }
 }

@@ -313,12 +313,19 @@ export!("cuCtxGetId", cuCtxGetId => ctx_get_id(ctx: CUcontext, ctxId: *mut std::
 /// reset).
 unsafe fn ctx_get_id(ctx: CUcontext, id: *mut std::ffi::c_ulonglong) -> Res {
     ensure(!id.is_null(), INVALID_VALUE)?;
-    // A context being destroyed (running its pending work first) is answered for once that is
-    // over (then it is gone), unless the caller is its own worker.
-    let handle = ctx.addr();
-    let st = wait_while_closing(lock(), |_| (handle != 0).then_some(handle));
-    let ctx = given_or_current(&st, ctx)?;
-    let number = check_context(&st, ctx)?.id;
+    // A context being destroyed (running its pending work first) is answered for at once, with
+    // the id it still has, as the H200's driver answers (unlike the primary-context state, which
+    // waits: see `primary_get_state`).
+    let st = lock();
+    let ctx = if ctx.is_null() {
+        current(&st)?
+    } else {
+        ctx.addr()
+    };
+    let number = match st.contexts.get(&ctx) {
+        Some(c) if c.closing && !c.stop => c.id,
+        _ => check_context(&st, ctx)?.id,
+    };
     // SAFETY: non-null, and the caller passes a valid place for the id.
     unsafe { id.write(number) };
     Ok(())
