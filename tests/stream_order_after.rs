@@ -62,7 +62,8 @@ impl SendStream {
 
 isolated_test! {
     /// Owners released after the stream's earlier work: kept while the stream is held, counted as
-    /// pending, then dropped exactly once by the reaper, never by the caller or a driver thread.
+    /// pending, then dropped exactly once by the event poller (one hop: it releases what it
+    /// completes), never by the caller or a driver thread.
     fn release_after_keeps_owners_until_the_earlier_work_completed(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -79,7 +80,10 @@ isolated_test! {
         assert_eq!(context.pending_launches(), 100);
         hold.release();
         let records = drops.wait_dropped(100);
-        assert!(records.iter().all(|r| r.thread.is_reaper()), "{records:?}");
+        assert!(
+            records.iter().all(|r| r.thread.os_name == "cuda-hl-events"),
+            "{records:?}"
+        );
         assert_eq!(drops.live(), 0);
         assert_eq!(context.pending_launches(), 0);
         assert_eq!(fake().pending_host_functions(std::ptr::null_mut()), 0, "no host function");

@@ -145,6 +145,10 @@ pub use reaper::thread::{REAPER_LINGER_ENV, REAPER_POLL_ENV};
 #[cfg(not(loom))]
 pub use resources::{Device, Event, PrimaryContext, Stream};
 #[cfg(not(loom))]
+pub use support::crate_threads::{
+    Affinity, CrateThread, StartHook, ThreadSettings, set_thread_settings, thread_settings,
+};
+#[cfg(not(loom))]
 pub use support::error::Error;
 #[cfg(not(loom))]
 pub use support::host_thread::{HostFunctionScope, in_host_function};

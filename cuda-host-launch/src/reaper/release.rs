@@ -74,8 +74,9 @@ impl ReaperContext {
         }
     }
 
-    /// After a drop that was not looked after: what is current is not known.
-    fn forget(&mut self) {
+    /// After a drop that was not looked after, or other code of the thread made a context
+    /// current: what is current is not known.
+    pub(crate) fn forget(&mut self) {
         self.clear = false;
     }
 
@@ -94,6 +95,27 @@ impl ReaperContext {
             Err(_) => false,
         };
     }
+}
+
+/// Releases, on the calling thread (a thread of this crate's that keeps `context`: the event
+/// poller), a record that nobody else holds, as the reaper would: owners dropped with no context
+/// current. Returns `false`, leaving the record unreleased (as everything still queued is), once
+/// the process is exiting.
+///
+/// # Safety
+/// `header` must be a live record that nobody else owns (and in no queue).
+pub(crate) unsafe fn release_here(
+    header: NonNull<RecordHeader>,
+    context: &mut ReaperContext,
+) -> bool {
+    let Some(releasing) = exit_gate::begin_releasing() else {
+        return false;
+    };
+    if releasing.exit_began() {
+        return false;
+    }
+    release_one(header, Some(context));
+    true
 }
 
 /// Releases one record: takes it out of the pending launches (gives its ticket back), reports the

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use super::mode::{CleanupMode, REAPER_START, cleanup_mode};
 use super::release::{QUEUE, ReaperContext, Scratch, release_batch};
 use crate::record::pool;
+use crate::support::crate_threads::{self, CrateThread};
 use crate::support::error::Error;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::RelaxedCaptureMode;
@@ -40,9 +41,7 @@ fn start_reaper() -> Result<(), Error> {
     if QUEUE.has_reaper() {
         return Ok(());
     }
-    let handle = std::thread::Builder::new()
-        .name("cuda-host-launch-reaper".into())
-        .spawn(reaper_loop)
+    let handle = crate_threads::spawn(CrateThread::Reaper, reaper_loop)
         .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
     // Wakes the reaper once after publishing it: a push that ran before woke no one.
     QUEUE.set_reaper(handle.thread().clone());

@@ -6,9 +6,13 @@
 pub(crate) mod capture;
 #[cfg(not(loom))]
 pub(crate) mod context_key;
+#[cfg(not(loom))]
+pub(crate) mod crate_threads;
 pub(crate) mod error;
 #[cfg(not(loom))]
 pub(crate) mod exit_gate;
+#[cfg(not(loom))]
+pub(crate) mod fast_hash;
 #[cfg(not(loom))]
 pub(crate) mod forked_child;
 pub(crate) mod host_thread;

@@ -99,6 +99,18 @@ impl Tracked {
 /// driver's thread, and the event poller's.
 #[inline(always)]
 pub(crate) fn run_launch(id: TicketId, run: impl FnOnce(NonNull<RecordHeader>)) {
+    // SAFETY: the cleanup queue takes a record nobody else holds.
+    run_launch_then(id, run, |header| unsafe { release::push(header) });
+}
+
+/// As [`run_launch`], but the record, once nobody else holds it, goes to `release` instead of the
+/// cleanup queue (the event poller releases a `release_after` record itself: one hop less).
+#[inline(always)]
+pub(crate) fn run_launch_then(
+    id: TicketId,
+    run: impl FnOnce(NonNull<RecordHeader>),
+    release: impl FnOnce(NonNull<RecordHeader>),
+) {
     let Some(ticket) = tickets::ticket(id.index()) else {
         return;
     };
@@ -111,9 +123,16 @@ pub(crate) fn run_launch(id: TicketId, run: impl FnOnce(NonNull<RecordHeader>)) 
     // The claim makes the launch's live record this call's to run, once.
     run(header);
     if ticket.state.run_over(id.generation(), claim) {
-        // SAFETY: ownership passes to the cleanup queue (no one else holds the record any more).
-        unsafe { release::push(header) };
+        // Ownership passes to `release` (no one else holds the record any more).
+        release(header);
     }
+}
+
+/// Whether the launch of ticket `id` still waits to be run (neither run nor reclaimed).
+pub(crate) fn still_pending(id: TicketId) -> bool {
+    tickets::ticket(id.index())
+        .and_then(|ticket| ticket.state.pending_generation())
+        .is_some_and(|generation| generation == id.generation())
 }
 
 /// Takes every pending (never run) launch into a context of the handle `handle` that is gone, and

@@ -47,6 +47,7 @@ use super::poller_barrier::RoundBarrier;
 use super::poller_pace::{Pace, PollerSettings, Round, Wait};
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
+use crate::support::crate_threads::{self, CrateThread};
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
@@ -63,6 +64,8 @@ const PACE: PollerSettings = PollerSettings {
     interval: Duration::from_micros(10),
     max_interval: Duration::from_micros(100),
     idle_exit: Duration::from_millis(100),
+    // Reading a flag is a load, not a driver call: nothing to space out.
+    query_gap: Duration::ZERO,
 };
 
 const PAGE_BYTES: usize = 4096;
@@ -233,9 +236,7 @@ pub(crate) fn register(
     match &reg.poller {
         Some(thread) => thread.unpark(),
         None => {
-            let thread = std::thread::Builder::new()
-                .name("cuda-host-launch-poller".into())
-                .spawn(poll_loop)
+            let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)
                 .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
             reg.poller = Some(thread.thread().clone());
         }
@@ -322,6 +323,17 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
         device,
         free: Mutex::new(free),
     })
+}
+
+/// The context handles with low-latency work: pages, and futures waiting.
+pub(crate) fn handles() -> Vec<usize> {
+    let reg = registry();
+    reg.pages
+        .keys()
+        .map(|key| key.handle)
+        .chain(reg.incoming.iter().map(|entry| entry.context.handle))
+        .chain(reg.watched.iter().map(|key| key.handle))
+        .collect()
 }
 
 /// Fails the waiting futures of the contexts of `handle` that are gone (their flags will never be

@@ -387,11 +387,32 @@ pub struct Owner {
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        let on_reaper = std::thread::current().name() == Some(super::super::REAPER_NAME);
-        let launch_that_ran = self.tracked.runs_once
-            && self.tracked.capture.is_none()
-            && self.tracked.ran.load(Ordering::Acquire) > 0;
-        if on_reaper && launch_that_ran {
+        // The crate's releasing threads: the reaper, and the event poller (which releases the
+        // event work it completes). A `spawn_after` closure's captures go inside the callback,
+        // in the stream's context.
+        let name = std::thread::current().name().map(str::to_owned);
+        let releasing = name.as_deref() == Some(super::super::REAPER_NAME)
+            || name.as_deref() == Some("cuda-hl-events");
+        let in_callback = matches!(
+            self.tracked.op,
+            super::script::Op::Work {
+                kind: super::script::WorkKind::SpawnAfter,
+                ..
+            } | super::script::Op::Special {
+                kind: super::script::WorkKind::SpawnAfter,
+                ..
+            }
+        );
+        let released = self.tracked.capture.is_none()
+            && !in_callback
+            && (self.tracked.ran.load(Ordering::Acquire) > 0 || !self.tracked.has_callback)
+            && !self.tracked.failed.load(Ordering::Acquire);
+        // (A record reclaimed after its context was lost makes no driver call: what is current
+        // then is not promised.)
+        let launch_that_ran = released
+            && (self.tracked.runs_once || !self.tracked.has_callback)
+            && !self.tracked.at.context_dead();
+        if releasing && launch_that_ran {
             // A launch that ran: its owners are dropped with no context current (a graph's
             // records are not launches: the crate leaves the context as their `Drop` found it).
             if let Some(driver) = cuda_sys::Driver::get() {
@@ -399,7 +420,7 @@ impl Drop for Owner {
                 // SAFETY: a valid out-pointer.
                 if unsafe { driver.cuCtxGetCurrent(&mut current) }.is_ok() && !current.is_null() {
                     self.oracle.violation(format!(
-                        "{}: its owners were dropped on the reaper with a context current",
+                        "{}: its owners were dropped on {name:?} with a context current",
                         describe(&self.tracked)
                     ));
                 }

@@ -19,6 +19,7 @@
 //!   callback may enqueue more work, or even reset a context.
 
 use std::collections::{HashMap, VecDeque};
+
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
@@ -27,10 +28,14 @@ use std::time::{Duration, Instant};
 use cuda_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
+use crate::reaper::mode::{CleanupMode, cleanup_mode};
+use crate::reaper::release::{self, ReaperContext};
 use crate::record::layout::{Op, RecordHeader};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
+use crate::support::crate_threads::{self, CrateThread};
 use crate::support::error::Error;
 use crate::support::exit_gate;
+use crate::support::fast_hash::FastHash;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
@@ -45,6 +50,8 @@ static MAX_INTERVAL_NS: AtomicU64 =
     AtomicU64::new(PollerSettings::DEFAULT.max_interval.as_nanos() as u64);
 static IDLE_EXIT_NS: AtomicU64 =
     AtomicU64::new(PollerSettings::DEFAULT.idle_exit.as_nanos() as u64);
+static QUERY_GAP_NS: AtomicU64 =
+    AtomicU64::new(PollerSettings::DEFAULT.query_gap.as_nanos() as u64);
 
 /// Sets how the event poller waits, from its next round on.
 pub fn set_poller_settings(settings: PollerSettings) {
@@ -52,6 +59,7 @@ pub fn set_poller_settings(settings: PollerSettings) {
     INTERVAL_NS.store(nanos(settings.interval), Ordering::Relaxed);
     MAX_INTERVAL_NS.store(nanos(settings.max_interval), Ordering::Relaxed);
     IDLE_EXIT_NS.store(nanos(settings.idle_exit), Ordering::Relaxed);
+    QUERY_GAP_NS.store(nanos(settings.query_gap), Ordering::Relaxed);
 }
 
 /// How the event poller waits now.
@@ -66,13 +74,22 @@ pub fn poller_settings() -> PollerSettings {
         interval: Duration::from_nanos(INTERVAL_NS.load(Ordering::Relaxed)),
         max_interval: Duration::from_nanos(MAX_INTERVAL_NS.load(Ordering::Relaxed)),
         idle_exit: Duration::from_nanos(IDLE_EXIT_NS.load(Ordering::Relaxed)),
+        query_gap: Duration::from_nanos(QUERY_GAP_NS.load(Ordering::Relaxed)),
     }
 }
 
-/// The entries waiting, by context, stream id and enqueuing thread, oldest first.
+/// The entries waiting, by context, stream id and enqueuing thread, oldest first. An emptied
+/// queue is kept (its buffer reused) until the poller pauses.
 #[derive(Default)]
 struct Queues {
-    by_stream: HashMap<(ContextKey, u64, u64), VecDeque<Entry>>,
+    by_stream: HashMap<(ContextKey, u64, u64), VecDeque<Entry>, FastHash>,
+}
+
+impl Queues {
+    /// Whether any entry waits.
+    fn pending(&self) -> bool {
+        self.by_stream.values().any(|queue| !queue.is_empty())
+    }
 }
 
 static QUEUES: LazyLock<Mutex<Queues>> = LazyLock::new(Mutex::default);
@@ -120,9 +137,7 @@ pub(super) fn wake_or_start(incoming: &mut Incoming) -> Result<(), Error> {
         }
         return Ok(());
     }
-    let thread = std::thread::Builder::new()
-        .name("cuda-hl-events".into())
-        .spawn(poll_loop)
+    let thread = crate_threads::spawn(CrateThread::EventPoller, poll_loop)
         .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
     incoming.poller = Some(thread.thread().clone());
     Ok(())
@@ -265,35 +280,73 @@ fn scan(
     }
 }
 
+/// What the poller knows of its thread's current context, between entries.
+struct Current {
+    /// The handle made current for the last callback, if the thread's context is known.
+    callback: Option<usize>,
+    /// For the records it releases itself (owners dropped with no context current).
+    releasing: ReaperContext,
+}
+
 /// Completes one entry's record on this thread, as the trampoline would on the driver's: claims
-/// it through its ticket (a reclaim may have taken it), runs its payload, queues it for release.
-/// Only a record that runs users' code ([`Work::Call`]) needs its stream's context current; a
-/// release's payload does nothing here.
-fn complete(driver: &cuda_sys::Driver, entry: &Entry, current: &mut usize) {
-    pending::run_launch(entry.ticket, |header| {
-        let calls = entry.work == Work::Call;
-        if calls && *current != entry.context.handle {
-            // Callbacks may call CUDA: in the stream's context. (What is current afterwards is
-            // read back below.)
-            // SAFETY: a primary context, retained by its pool while the entry waited; a reset
-            // since (its handle then dead: measured, the driver refuses it) leaves the thread's
-            // context as it was.
-            let _ = unsafe { driver.cuCtxSetCurrent(entry.context.raw()) };
+/// it through its ticket (a reclaim may have taken it), runs its payload, then releases the
+/// record: here (`here`: in reaper mode, the poller drops the owners itself, with no context
+/// current, one hop less than the reaper), else through the cleanup queue. Only a record that runs
+/// users' code ([`Work::Call`]) needs its stream's context current; a release's payload does
+/// nothing. Returns `false` if the entry must wait for a later round: its context could not be
+/// made current (a passing failure; its event, already given back, is not looked at again).
+fn complete(driver: &cuda_sys::Driver, entry: &Entry, current: &mut Current, here: bool) -> bool {
+    let calls = entry.work == Work::Call;
+    if calls && current.callback != Some(entry.context.handle) {
+        // Callbacks may call CUDA: in the stream's context. Made current before the claim, so
+        // that a failure leaves the launch to a later round (or to a reclaim, if its context is
+        // gone), never a callback run without its context.
+        // SAFETY: a primary context, retained by its pool while the entry waited; a reset since
+        // (its handle then dead: measured, the driver refuses it) leaves the thread's context as
+        // it was.
+        if unsafe { driver.cuCtxSetCurrent(entry.context.raw()) }.is_err() {
+            current.callback = None;
+            return !pending::still_pending(entry.ticket);
         }
-        // SAFETY: `run_launch` hands the record claimed for this call, to run once on this thread;
-        // its payload is sound to run here (the enqueue's contract).
-        unsafe { RecordHeader::dispatch(header, Op::Run) };
-        if calls {
-            // A callback (or a waker) may have made another context current: read it back, so
-            // the next entry's is set again if it differs.
-            let mut now = ptr::null_mut();
-            // SAFETY: a valid out-pointer.
-            *current = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
-                Ok(()) => now.expose_provenance(),
-                Err(_) => 0,
-            };
-        }
-    });
+        current.callback = Some(entry.context.handle);
+        current.releasing.forget();
+    }
+    // The two steps below run one after the other, never together.
+    let current = std::cell::RefCell::new(current);
+    pending::run_launch_then(
+        entry.ticket,
+        |header| {
+            let mut current = current.borrow_mut();
+            // SAFETY: `run_launch_then` hands the record claimed for this call, to run once on
+            // this thread; its payload is sound to run here (the enqueue's contract).
+            unsafe { RecordHeader::dispatch(header, Op::Run) };
+            if calls {
+                // A callback (or a waker) may have made another context current: read it back,
+                // so the next entry's is set again if it differs.
+                let mut now = ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                current.callback = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
+                    Ok(()) => Some(now.expose_provenance()),
+                    Err(_) => None,
+                };
+            }
+        },
+        |header| {
+            let mut current = current.borrow_mut();
+            if here {
+                // SAFETY: nobody else holds the record now, and it is in no queue. At exit it
+                // stays unreleased, as queued records do.
+                unsafe { release::release_here(header, &mut current.releasing) };
+                // The release clears the current context before owners' drops, which may make
+                // another current: not known any more.
+                current.callback = None;
+            } else {
+                // SAFETY: nobody else holds the record now.
+                unsafe { release::push(header) };
+            }
+        },
+    );
+    true
 }
 
 /// Parks for up to `pause`, unless entries are waiting already; an enqueue meanwhile ends the park
@@ -324,10 +377,16 @@ fn poll_loop() {
     let mut pace = Pace::start();
     let mut done: Vec<Entry> = Vec::new();
     let mut stranded: Vec<Entry> = Vec::new();
-    let mut current_context = 0;
+    // Completed entries whose callback waits for its context (see `complete`), oldest first.
+    let mut waiting: Vec<Entry> = Vec::new();
+    let mut current = Current {
+        callback: None,
+        releasing: ReaperContext::default(),
+    };
     let mut idle_since: Option<Instant> = None;
     loop {
         let settings = poller_settings();
+        let round_began = Instant::now();
         // Once the process is exiting this thread parks for good (no query after the driver's
         // teardown); until then the exit handler waits for the round in progress.
         exit_gate::arm_or_stop();
@@ -337,7 +396,7 @@ fn poll_loop() {
         // The flushes this round serves: those that asked before it looks.
         let serving = BARRIER.round_begins();
         let mut queues = queues();
-        let was_idle = queues.by_stream.is_empty();
+        let was_idle = !queues.pending();
         let arrived;
         // Pools given back this round: their contexts, once released, may be gone.
         let mut released = Vec::new();
@@ -354,7 +413,7 @@ fn poll_loop() {
                     .or_default()
                     .push_back(entry);
             }
-            if queues.by_stream.is_empty() {
+            if !queues.pending() && waiting.is_empty() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() >= settings.idle_exit {
                     // Under the hand-over's lock, then the pools': an enqueue that took an event
@@ -375,9 +434,12 @@ fn poll_loop() {
             for queue in queues.by_stream.values_mut() {
                 scan(driver, queue, &mut done, &mut stranded);
             }
+        }
+        let nothing_pending = !queues.pending() && waiting.is_empty();
+        if nothing_pending || exit {
+            // Paused or gone: the emptied queues of streams that may never come back go.
             queues.by_stream.retain(|_, queue| !queue.is_empty());
         }
-        let nothing_pending = queues.by_stream.is_empty();
         if !done.is_empty() || !stranded.is_empty() {
             // Under the queues' lock: a reset cannot forget a pool between the query and this.
             let mut pools = pools();
@@ -400,8 +462,20 @@ fn poll_loop() {
         }
         drop(queues);
         let progress = !done.is_empty();
-        for entry in done.drain(..) {
-            complete(driver, &entry, &mut current_context);
+        // In manual mode the user's drains release the records.
+        let here = cleanup_mode().is_ok_and(|mode| mode == CleanupMode::Reaper);
+        // The entries that waited first, then this round's; once one of a queue waits, the
+        // later ones of that queue wait behind it (stream order).
+        let mut blocked: Vec<(ContextKey, u64, u64)> = Vec::new();
+        let earlier = std::mem::take(&mut waiting);
+        for entry in earlier.into_iter().chain(done.drain(..)) {
+            let key = (entry.context, entry.stream, entry.thread);
+            if blocked.contains(&key) || !complete(driver, &entry, &mut current, here) {
+                if !blocked.contains(&key) {
+                    blocked.push(key);
+                }
+                waiting.push(entry);
+            }
         }
         // Inside the exit gate (no driver call after the teardown), with no lock held: a
         // reclaim takes the locks. Only the work of contexts that are gone is taken.
@@ -421,7 +495,14 @@ fn poll_loop() {
             pending: !nothing_pending,
         };
         match pace.after_round(Instant::now(), round, &settings) {
-            Some(Wait::Spin) => std::hint::spin_loop(),
+            // Spinning: no query before the gap is over (a flush's or an enqueue's unpark does not
+            // end a spin; the next round is at most a gap away).
+            Some(Wait::Spin) => {
+                let next = round_began + settings.query_gap;
+                while Instant::now() < next {
+                    std::hint::spin_loop();
+                }
+            }
             // A short pause: work enqueued meanwhile waits for it.
             Some(Wait::Park(pause)) if pause <= settings.interval => {
                 std::thread::park_timeout(pause);

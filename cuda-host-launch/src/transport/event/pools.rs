@@ -21,6 +21,7 @@ use cuda_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
 use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
+use crate::support::fast_hash::FastHash;
 use crate::transport::primary_release;
 
 /// Events made at once when a pool runs dry (one push and pop of the context for all).
@@ -46,7 +47,7 @@ pub(super) struct Pool {
 /// The pools, by context (handle and id).
 #[derive(Default)]
 pub(super) struct Pools {
-    by_context: HashMap<ContextKey, Pool>,
+    by_context: HashMap<ContextKey, Pool, FastHash>,
     /// Contexts found not to be primary (a context made later at the handle has another id):
     /// refused again at once, without the device and primary-context calls that found it
     /// (`CompletionMode::Auto` asks on every completion).
