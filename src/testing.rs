@@ -180,6 +180,55 @@ pub fn lacks_per_thread_variant(function: cuda_sys::Function) -> bool {
             .any(|g| g.info().symbol == info.symbol && g.info().per_thread_export.is_some())
 }
 
+/// The ABI version a table of `mode` asks the driver for when it resolves `function`: in the
+/// per-thread table, the per-thread variant's own where the entry has one; else the entry's.
+/// (The version gate refuses the entry as `DriverTooOld` exactly when this is above the driver's.)
+pub fn required_version(function: cuda_sys::Function, mode: cuda_sys::DefaultStream) -> u32 {
+    let info = function.info();
+    match (mode, info.per_thread_export, info.per_thread_version) {
+        (cuda_sys::DefaultStream::PerThread, Some(_), Some(version)) => version,
+        _ => info.version,
+    }
+}
+
+/// Checks that `gated`, the names of the entries that a walk over the table of `mode` found
+/// `DriverTooOld` (in `Function::ALL`'s order), are exactly those whose [`required_version`] is
+/// above `version`, the driver's: first their number, then their names. A gate off by one (the
+/// entries at the driver's own version refused, or those just above it let through) fails here
+/// with the entries it got wrong.
+///
+/// # Panics
+/// If they differ.
+#[track_caller]
+pub fn assert_gated_exactly_above(version: u32, mode: cuda_sys::DefaultStream, gated: &[&str]) {
+    let above: Vec<&str> = cuda_sys::Function::ALL
+        .iter()
+        .filter(|&&f| required_version(f, mode) > version)
+        .map(|f| f.name())
+        .collect();
+    let at_version = cuda_sys::Function::ALL
+        .iter()
+        .filter(|&&f| required_version(f, mode) == version)
+        .count();
+    assert_eq!(
+        gated.len(),
+        above.len(),
+        "{mode:?} table on {version}: {} entries gated, {} above the driver ({at_version} at its \
+         version); gated but not above: {:?}; above but not gated: {:?}",
+        gated.len(),
+        above.len(),
+        gated
+            .iter()
+            .filter(|g| !above.contains(g))
+            .collect::<Vec<_>>(),
+        above
+            .iter()
+            .filter(|a| !gated.contains(a))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(gated, above, "{mode:?} table on {version}");
+}
+
 /// Keeps the panics a test provokes on purpose off stderr: from now on, in the whole process, a
 /// panic whose message `expected` accepts prints nothing; others print as before.
 pub fn quiet_expected_panics(expected: fn(&str) -> bool) {

@@ -283,6 +283,67 @@ isolated_test! {
     }
 }
 
+/// A waker that counts its wake-ups.
+#[derive(Default)]
+struct CountingWaker(AtomicUsize);
+impl Wake for CountingWaker {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+isolated_test! {
+    /// A future that a context loss resolves to `ContextLost` wakes its task: each future (a
+    /// completion in each mode that can wait, and a `host_launch_async`) is polled once, pending,
+    /// with a waker that counts; after the sticky error and the reset, every waker is woken
+    /// without anyone polling (an executor polls only what was woken), and the futures then
+    /// resolve to `ContextLost`.
+    fn a_future_failed_by_a_context_loss_wakes_its_task(CUDA_SYS_LIBRARY = fake_driver_path()) {
+        type Boxed = std::pin::Pin<Box<dyn Future<Output = Result<(), Error>>>>;
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let mut futures: Vec<(String, Boxed, Arc<CountingWaker>)> = Vec::new();
+        let modes = [
+            CompletionMode::HostFunction,
+            CompletionMode::Event,
+            CompletionMode::LowLatency,
+        ];
+        for mode in modes {
+            let future = mode.completion(&stream).unwrap();
+            futures.push((format!("{mode:?}"), Box::pin(future), Arc::default()));
+        }
+        let future = host_launch_async(&stream, || ()).unwrap();
+        futures.push(("host_launch_async".into(), Box::pin(future), Arc::default()));
+        for (name, future, counter) in &mut futures {
+            let waker = Waker::from(Arc::clone(counter));
+            let poll = future.as_mut().poll(&mut Context::from_waker(&waker));
+            assert!(poll.is_pending(), "{name}: {poll:?} while the stream is held");
+        }
+        fake().poison_context(context.raw()).expect("the fake could not poison the context");
+        hold.release();
+        drop(stream);
+        // SAFETY: the context's only stream is dropped, and nothing made in it is used after.
+        let reclaimed = unsafe { context.reset() }.unwrap();
+        assert_eq!(reclaimed, 3, "the host function's, the event's and the closure's launches");
+        for (name, _, counter) in &futures {
+            cuda_workspace::testing::wait_until(
+                &format!("the {name} future's waker to be woken"),
+                cuda_workspace::testing::PATIENCE,
+                || counter.0.load(Ordering::SeqCst) > 0,
+            );
+        }
+        for (name, future, counter) in &mut futures {
+            let waker = Waker::from(Arc::clone(counter));
+            let poll = future.as_mut().poll(&mut Context::from_waker(&waker));
+            assert!(matches!(poll, Poll::Ready(Err(Error::ContextLost))), "{name}: {poll:?}");
+        }
+    }
+}
+
 #[test]
 fn completions_work_under_tokio() {
     let context = fake_primary_context();

@@ -1,20 +1,21 @@
 //! Who releases the owners of host functions that have run: the reaper thread (the default), or, in
 //! manual mode, whoever calls the next launch, `drain` or `flush`, on their own thread. The mode is
 //! chosen once per process (`CUDA_HOST_LAUNCH_CLEANUP`, or `set_cleanup_mode` before the first
-//! launch), and a flush that an owner's blocking `Drop` holds up times out. Each test has a process
-//! of its own.
+//! launch), and a flush that an owner's blocking `Drop` holds up times out. Whoever releases, a
+//! batch is released oldest first. Each test has a process of its own.
 
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_host_launch::{
     CLEANUP_MODE_ENV, CleanupMode, Error, Graph, Stream, add_host_node, cleanup_mode,
-    cleanup_stats, drain, flush, host_launch, set_cleanup_mode,
+    cleanup_stats, drain, flush, host_launch, release_after, set_cleanup_mode,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     Drops, Hold, Owner, PATIENCE, REAPER_NAME, ThreadInfo, fake, fake_primary_context,
-    threads_named,
+    threads_named, wait_until,
 };
 
 /// Launches a closure owning `owner` on `stream` and waits until it has run.
@@ -52,6 +53,46 @@ fn launch_held(stream: &Stream, owner: Owner) -> Hold<'static> {
 fn finish(stream: &Stream, hold: Hold) {
     hold.release();
     stream.synchronize().unwrap();
+}
+
+/// An owner that writes its number into a shared log when it is dropped.
+struct Numbered(usize, Arc<Mutex<Vec<usize>>>);
+
+impl Drop for Numbered {
+    fn drop(&mut self) {
+        self.1.lock().unwrap().push(self.0);
+    }
+}
+
+/// How many launches of the batch below: 8 host functions, then 8 releases through events.
+const BATCH: usize = 16;
+
+/// Enqueues on `stream` the owners `0..BATCH` in that order (host functions, then releases after
+/// events), which complete in stream order.
+fn enqueue_numbered(stream: &Stream, log: &Arc<Mutex<Vec<usize>>>) {
+    for i in 0..BATCH / 2 {
+        let owner = Numbered(i, Arc::clone(log));
+        host_launch(stream, move || {
+            let _keep = &owner;
+        })
+        .unwrap();
+    }
+    for i in BATCH / 2..BATCH {
+        release_after(stream, Numbered(i, Arc::clone(log))).unwrap();
+    }
+}
+
+/// Waits (bounded) until `BATCH` records more than `before` are queued for release, and checks
+/// that none of the numbered owners was released yet: one batch, queued in the order its
+/// launches completed.
+fn wait_for_the_batch(before: u64, log: &Mutex<Vec<usize>>) {
+    wait_until("the batch to be queued", PATIENCE, || {
+        cleanup_stats().queued - before == BATCH as u64
+    });
+    assert!(
+        log.lock().unwrap().is_empty(),
+        "released before the batch was whole"
+    );
 }
 
 /// In manual mode the owners of a host function that has run are dropped by the next launch, by
@@ -229,5 +270,54 @@ isolated_test! {
         run_with(&stream, drops.owner());
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 2);
+    }
+
+    /// A drain takes the queue's records as one batch and releases it oldest first: owners are
+    /// dropped in the order their launches completed. (The queue is a stack taken whole; a batch
+    /// released newest first dropped them in reverse.)
+    fn a_drain_releases_its_batch_oldest_first(CUDA_HOST_LAUNCH_CLEANUP = "manual") {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let log: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let before = cleanup_stats().queued;
+        // Held, so that no launch's own drain finds anything to release.
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        enqueue_numbered(&stream, &log);
+        hold.release();
+        stream.synchronize().unwrap();
+        wait_for_the_batch(before, &log);
+        assert_eq!(drain(), BATCH as u64);
+        assert_eq!(*log.lock().unwrap(), (0..BATCH).collect::<Vec<_>>(), "drop order");
+    }
+
+    /// The reaper releases a batch oldest first too: an owner whose `Drop` blocks keeps the reaper
+    /// while the next launches complete, so that it takes them as one batch once let go.
+    fn the_reaper_releases_its_batch_oldest_first() {
+        struct Blocking(mpsc::Sender<()>, mpsc::Receiver<()>);
+        impl Drop for Blocking {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+                let _ = self.1.recv_timeout(PATIENCE);
+            }
+        }
+        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (entered, in_drop) = mpsc::channel();
+        let (go, wait_for_go) = mpsc::channel();
+        let blocking = Blocking(entered, wait_for_go);
+        host_launch(&stream, move || {
+            let _keep = &blocking;
+        })
+        .unwrap();
+        in_drop.recv_timeout(PATIENCE).expect("the reaper dropped the blocking owner");
+        let log: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let before = cleanup_stats().queued;
+        enqueue_numbered(&stream, &log);
+        stream.synchronize().unwrap();
+        wait_for_the_batch(before, &log);
+        go.send(()).unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(*log.lock().unwrap(), (0..BATCH).collect::<Vec<_>>(), "drop order");
     }
 }

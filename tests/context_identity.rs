@@ -176,6 +176,76 @@ isolated_test! {
         wait_until("no retain left", PATIENCE, || fake().live_objects("primary_retains") == 0);
     }
 
+    /// A capture another thread begins and ends while `release_after` records its event, unseen
+    /// by the call: the poller's query answers `INVALID_VALUE`, and the event, which the capture
+    /// may hold, is stranded, not given back to the pool. With no other event out, the pool then
+    /// lets its retain go in that same round (the poller never goes idle here: its idle exit,
+    /// which gives every pool back, is an hour away), so the user's last release destroys the
+    /// context and reclaims the release. (Before, with the event given back: the pool, with
+    /// nothing stranded, kept the context retained until the poller's idle exit, never here.)
+    fn an_event_a_capture_may_hold_is_stranded_and_its_pool_lets_the_context_go(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let raw = stream.raw().addr();
+        // Inside the record, another thread begins a capture of the stream (so the record goes
+        // into it); at the record's end, the capture ends: the call's second look sees nothing.
+        fake().set_hook("cuEventRecord", 1, move || {
+            std::thread::spawn(move || begin_capture_raw(raw)).join().unwrap();
+        });
+        fake().set_hook_after("cuEventRecord", 1, move || end_capture_raw(raw));
+        let drops = Drops::new();
+        release_after(&stream, drops.owner())
+            .expect("the call cannot see a capture that began and ended inside it");
+        // The poller has queried the event (and stranded it) in a round that this flush saw end.
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 0, "released early: the capture may hold the event");
+        assert_eq!(context.pending_launches(), 1);
+        assert_eq!(
+            fake().live_objects("primary_retains"),
+            1,
+            "the event pool still retains the context: the event was given back, not stranded"
+        );
+        drop(stream);
+        drop(context);
+        drops.wait_dropped(1);
+        assert_eq!(fake().live_objects("primary_retains"), 0);
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// The same when the call sees the capture (begun before the call, hidden from its first
+    /// look): the event is stranded at once and the pool lets its retain go before the call
+    /// returns `CaptureActive` (no poller runs: nothing else would give the pool back).
+    fn an_event_a_capture_may_hold_is_stranded_by_the_call_that_sees_the_capture(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        begin_capture(&stream);
+        fake().hide_capture(1);
+        let refused = release_after(&stream, drops.owner());
+        assert!(matches!(refused, Err(Error::CaptureActive { .. })), "{refused:?}");
+        assert_eq!(
+            fake().live_objects("primary_retains"),
+            1,
+            "the event pool still retains the context: the event was given back, not stranded"
+        );
+        end_capture(&stream);
+        assert_eq!(drops.dropped(), 0, "released early: the capture may hold the event");
+        drop(stream);
+        drop(context);
+        drops.wait_dropped(1);
+        assert_eq!(fake().live_objects("primary_retains"), 0);
+    }
+
     /// The fake, as the H200's driver, gives a primary context made again after its last release
     /// the same handle and a new `cuCtxGetId`; a `Stream` carries the ids it was made with.
     fn a_stream_carries_the_ids_of_the_context_it_was_made_in(
@@ -214,6 +284,33 @@ fn end_capture(stream: &Stream) {
     // SAFETY: the stream's own capture; the graph is destroyed once.
     unsafe {
         driver.cuStreamEndCapture(stream.raw(), &mut graph).unwrap();
+        driver.cuGraphDestroy(graph).unwrap();
+    }
+}
+
+/// [`begin_capture`] of a stream known by its address (a hook's closure must be `Send`).
+fn begin_capture_raw(stream: usize) {
+    let driver = load_fake_driver();
+    // SAFETY: a live stream of the test.
+    unsafe {
+        driver
+            .cuStreamBeginCapture_v2(
+                std::ptr::with_exposed_provenance_mut(stream),
+                cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+            .unwrap();
+    }
+}
+
+/// [`end_capture`] of a stream known by its address.
+fn end_capture_raw(stream: usize) {
+    let driver = load_fake_driver();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: the stream's own capture; the graph is destroyed once.
+    unsafe {
+        driver
+            .cuStreamEndCapture(std::ptr::with_exposed_provenance_mut(stream), &mut graph)
+            .unwrap();
         driver.cuGraphDestroy(graph).unwrap();
     }
 }

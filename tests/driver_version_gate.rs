@@ -1,14 +1,16 @@
 //! A function whose ABI version is newer than the driver is refused before anything is called; on a
-//! driver new enough it resolves and runs. `cuLaunchHostFunc_v2` (13.1) is the example.
+//! driver new enough it resolves and runs. `cuLaunchHostFunc_v2` (13.1) is the example. Over the
+//! whole table, on drivers reporting 13.0, 12.0, 11.3 and 10.2, exactly the entries above the
+//! driver's version are refused, in both default-stream tables.
 
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_sys::types::{CUresult, CUstream};
-use cuda_sys::{DriverVersion, Error};
+use cuda_sys::{DefaultStream, DriverVersion, Error, Function};
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::bump;
+use cuda_workspace::testing::{assert_gated_exactly_above, bump, required_version};
 use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};
 
 fn assert_too_old(err: &Error, version: i32) {
@@ -102,5 +104,52 @@ isolated_test! {
     /// ... and a newer one has it too.
     fn the_four_argument_host_launch_works_on_13_2(FAKE_CUDA_VERSION = "13020") {
         launch_host_func_v2_runs(13020);
+    }
+}
+
+/// On the driver loaded (reporting `version`), in both default-stream tables, the entries refused
+/// as `DriverTooOld` are exactly those whose ABI version (in that table) is above the driver's:
+/// counted and compared by name. `version` is the ABI version of some entries, so that a gate off
+/// by one (an entry at the driver's own version refused, or one above it let through) shows.
+fn exactly_the_entries_above_the_driver_are_gated(version: i32) {
+    let driver = load_fake_driver();
+    assert_eq!(driver.version(), DriverVersion(version));
+    for mode in [DefaultStream::Legacy, DefaultStream::PerThread] {
+        assert!(
+            Function::ALL
+                .iter()
+                .any(|&f| required_version(f, mode) == version as u32),
+            "no entry at {version}: choose another version"
+        );
+        let table = driver.with_default_stream(mode);
+        let gated: Vec<&str> = Function::ALL
+            .iter()
+            .filter(|&&f| matches!(table.resolve(f), Err(Error::DriverTooOld { .. })))
+            .map(|f| f.name())
+            .collect();
+        assert_gated_exactly_above(version as u32, mode, &gated);
+    }
+}
+
+isolated_test! {
+    /// On 13.0 (the H200's driver), exactly the entries above 13.0 are gated; the 13.0 ones
+    /// resolve.
+    fn exactly_the_entries_above_a_13_0_driver_are_gated(FAKE_CUDA_VERSION = "13000") {
+        exactly_the_entries_above_the_driver_are_gated(13000);
+    }
+
+    /// The same on 12.0 (the first with `cuGetProcAddress_v2`).
+    fn exactly_the_entries_above_a_12_0_driver_are_gated(FAKE_CUDA_VERSION = "12000") {
+        exactly_the_entries_above_the_driver_are_gated(12000);
+    }
+
+    /// The same on 11.3 (`cuGetProcAddress`, v1).
+    fn exactly_the_entries_above_an_11_3_driver_are_gated(FAKE_CUDA_VERSION = "11030") {
+        exactly_the_entries_above_the_driver_are_gated(11030);
+    }
+
+    /// The same on 10.2 (the versioned exports).
+    fn exactly_the_entries_above_a_10_2_driver_are_gated(FAKE_CUDA_VERSION = "10020") {
+        exactly_the_entries_above_the_driver_are_gated(10020);
     }
 }

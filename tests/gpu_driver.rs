@@ -7,6 +7,7 @@ use cuda_sys::{
     DefaultStream, Error, Function, LibraryKind, MissingReason, ResolutionPath, driver,
 };
 use cuda_workspace::isolated_test;
+use cuda_workspace::testing::assert_gated_exactly_above;
 
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
@@ -142,11 +143,11 @@ fn legacy_and_per_thread_stream_variants_resolve_to_different_pointers() {
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
 fn a_walk_over_the_whole_table_finds_nothing_missing_at_or_below_the_driver_version() {
     let d = driver().expect("driver");
-    let (mut resolved, mut gated, mut missing) = (0, 0, Vec::new());
+    let (mut resolved, mut gated, mut missing) = (0, Vec::new(), Vec::new());
     for &f in Function::ALL {
         match d.resolve(f) {
             Ok(_) => resolved += 1,
-            Err(Error::DriverTooOld { .. }) => gated += 1,
+            Err(Error::DriverTooOld { .. }) => gated.push(f.name()),
             Err(Error::SymbolMissing { reason, .. }) => {
                 missing.push(format!("{} (v{}, {reason})", f.name(), f.info().version))
             }
@@ -154,16 +155,20 @@ fn a_walk_over_the_whole_table_finds_nothing_missing_at_or_below_the_driver_vers
         }
     }
     println!(
-        "table walk on CUDA {}: {} entries, {resolved} resolved, {gated} gated (newer than the \
+        "table walk on CUDA {}: {} entries, {resolved} resolved, {} gated (newer than the \
          driver), {} missing",
         d.version(),
         Function::ALL.len(),
+        gated.len(),
         missing.len()
     );
     for m in &missing {
         println!("  missing: {m}");
     }
-    assert_eq!(resolved + gated + missing.len(), Function::ALL.len());
+    assert_eq!(resolved + gated.len() + missing.len(), Function::ALL.len());
+    // Gated: exactly the entries above the driver's version (a gate off by one, refusing the
+    // entries at the driver's own version, passed this walk before).
+    assert_gated_exactly_above(d.version().0 as u32, d.default_stream(), &gated);
     assert!(
         missing.is_empty(),
         "entries at or below the driver's version are missing"
@@ -197,7 +202,7 @@ isolated_test! {
         // Variants without a per-thread twin, of functions with per-thread variants, have no
         // per-thread answer (`MissingReason::NoPerThreadVariant`); every other entry within the
         // driver's version resolves.
-        let (mut resolved, mut gated, mut no_twin) = (0, 0, Vec::new());
+        let (mut resolved, mut gated, mut no_twin) = (0, Vec::new(), Vec::new());
         for &f in Function::ALL {
             let expect_no_twin = cuda_workspace::testing::lacks_per_thread_variant(f);
             match d.resolve(f) {
@@ -205,7 +210,7 @@ isolated_test! {
                     assert!(!expect_no_twin, "{}: resolved in per-thread mode", f.name());
                     resolved += 1
                 }
-                Err(Error::DriverTooOld { .. }) => gated += 1,
+                Err(Error::DriverTooOld { .. }) => gated.push(f.name()),
                 Err(Error::SymbolMissing {
                     reason: MissingReason::NoPerThreadVariant,
                     ..
@@ -215,10 +220,13 @@ isolated_test! {
         }
         println!(
             "per-thread mode: cuStreamSynchronize -> {per_thread:p} (the _ptsz variant); table \
-             walk: {resolved} resolved, {gated} gated, {} without a per-thread variant ({}), 0 \
+             walk: {resolved} resolved, {} gated, {} without a per-thread variant ({}), 0 \
              missing otherwise",
+            gated.len(),
             no_twin.len(),
             no_twin.join(", ")
         );
+        // Gated: exactly the entries whose per-thread ABI version is above the driver's.
+        assert_gated_exactly_above(d.version().0 as u32, DefaultStream::PerThread, &gated);
     }
 }

@@ -489,6 +489,59 @@ isolated_test! {
 }
 
 isolated_test! {
+    /// One thread's release, then a hold, then another release and a callback, on one stream,
+    /// all handed to the poller at once when the oldest event has already completed and the newer
+    /// ones have not. The poller must complete the oldest entry alone: the newer owner stays, the
+    /// newer callback does not run, both still pending, until the hold goes. (Catches a scan that
+    /// releases the whole queue once its oldest event completed, and one that queries the oldest
+    /// event and takes its answer for the newest's. The poller is kept inside a callback while
+    /// the three are enqueued, so that it finds them together, the oldest done: no query can see
+    /// the oldest event before it completed.)
+    fn the_oldest_release_completing_leaves_the_newer_ones_of_its_queue_pending(
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (oldest, newer) = (Drops::new(), Drops::new());
+        let ran = Arc::new(AtomicUsize::new(0));
+        // A callback that keeps the poller until told to go (it has taken every entry handed
+        // over so far; what comes meanwhile waits for its next round).
+        let (entered, in_callback) = std::sync::mpsc::channel();
+        let (go, wait_for_go) = std::sync::mpsc::channel::<()>();
+        spawn_after(&stream, move || {
+            let _ = entered.send(());
+            let _ = wait_for_go.recv_timeout(PATIENCE);
+        })
+        .unwrap();
+        in_callback.recv_timeout(PATIENCE).expect("the poller ran the first callback");
+        release_after(&stream, oldest.owner()).unwrap();
+        stream.synchronize().unwrap(); // the oldest event has completed
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        release_after(&stream, newer.owner()).unwrap();
+        let counter = Arc::clone(&ran);
+        spawn_after(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        go.send(()).unwrap();
+        oldest.wait_dropped(1);
+        // The round that completed the oldest is over, and whatever it queued is released.
+        flush(PATIENCE).unwrap();
+        assert_eq!(
+            (newer.dropped(), ran.load(Ordering::SeqCst)),
+            (0, 0),
+            "the newer release or callback completed while its event had not: only the oldest \
+             event of the queue completed"
+        );
+        assert_eq!(context.pending_launches(), 2);
+        hold.release();
+        newer.wait_dropped(1);
+        wait_for("the callback", || ran.load(Ordering::SeqCst) == 1);
+        assert_eq!(context.pending_launches(), 0);
+    }
+}
+
+isolated_test! {
     /// A reset that fails leaves the context as it was: its pending releases still complete
     /// once their stream gets there.
     fn a_failed_reset_leaves_pending_releases_to_complete(CUDA_SYS_LIBRARY = fake_driver_path()) {

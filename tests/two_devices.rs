@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    Device, Graph, PrimaryContext, Stream, add_host_node, flush, host_launch, launch_host_function,
-    pending_launches, release_after, spawn_after,
+    CompletionMode, Device, Error, Graph, PrimaryContext, Stream, add_host_node, flush,
+    host_launch, launch_host_function, pending_launches, release_after, spawn_after,
 };
 use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::isolated_test;
@@ -21,6 +21,27 @@ use cuda_workspace::testing::{
 const PATIENCE: Duration = Duration::from_secs(10);
 const THREADS: usize = 8;
 const PER_DEVICE: usize = 20_000;
+
+/// Polls `future` once, with a waker that does nothing.
+fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> std::task::Poll<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(future).poll(&mut cx)
+}
+
+/// Polls `future` until it resolves (bounded by `PATIENCE`).
+fn resolve<F: std::future::Future + Unpin>(future: &mut F) -> F::Output {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let std::task::Poll::Ready(out) = poll_once(future) {
+            return out;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a future never resolved"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
 
 /// Both devices' primary contexts.
 fn contexts() -> [Arc<PrimaryContext>; 2] {
@@ -237,6 +258,37 @@ isolated_test! {
         drops[1].wait_dropped(100);
         assert_eq!(pending_launches(None), 0);
         stream0.synchronize().unwrap();
+    }
+
+    /// A lost context fails only its own low-latency futures: with a future waiting on each
+    /// device, device 1's context is poisoned and reset; once the low-latency poller has seen the
+    /// loss, device 0's future is still pending (its stream held), and it resolves `Ok` when its
+    /// stream gets there; device 1's resolves to `ContextLost`.
+    fn a_lost_context_fails_only_its_own_low_latency_futures(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let [stream0, stream1] = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
+        let hold0 = fake().hold_stream(stream0.raw()).expect("the fake could not hold the stream");
+        let hold1 = fake().hold_stream(stream1.raw()).expect("the fake could not hold the stream");
+        let mut alive = CompletionMode::LowLatency.completion(&stream0).unwrap();
+        let mut lost = CompletionMode::LowLatency.completion(&stream1).unwrap();
+        assert_eq!(fake().poison_context(contexts[1].raw()), Ok(()));
+        hold1.release();
+        drop(stream1);
+        // SAFETY: device 1's only stream is dropped; nothing made in its context is used after.
+        unsafe { contexts[1].reset() }.unwrap();
+        // The poller has finished a round since the reset told it of the loss.
+        flush(PATIENCE).unwrap();
+        assert!(
+            poll_once(&mut alive).is_pending(),
+            "device 0's future resolved while its stream is held: {:?}",
+            poll_once(&mut alive)
+        );
+        assert!(matches!(resolve(&mut lost), Err(Error::ContextLost)));
+        hold0.release();
+        assert!(matches!(resolve(&mut alive), Ok(())), "device 0's future failed");
     }
 
     /// A global-mode capture on device 0 while device 1's owners are released (dropped by the

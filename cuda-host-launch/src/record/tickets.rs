@@ -286,4 +286,38 @@ mod tests {
             crate::record::launch_state::Claim::Skip
         );
     }
+
+    #[test]
+    fn a_late_call_of_a_retired_launch_is_refused_after_its_ticket_is_reused() {
+        use crate::record::launch_state::{Claim, RunClaim};
+        let record = NonNull::<RecordHeader>::dangling();
+        let none = ContextKey { handle: 0, id: 0 };
+        // A launch runs and is released: its ticket retires.
+        let old = take(record, none).unwrap();
+        let old_id = old.id;
+        assert_eq!(old.launched(), LaunchOver::Done);
+        let slot = ticket(old_id.index()).unwrap();
+        let run = slot.state.claim_run(old_id.generation());
+        assert_eq!(run, Claim::Run(RunClaim::Pending));
+        assert!(slot.state.run_over(old_id.generation(), RunClaim::Pending));
+        give_back(old_id);
+        // The same ticket (this thread's cache hands it out again) for the next launch, pending:
+        // a late call of the old one (a replay of a graph that captured it) must touch nothing.
+        let new = take(record, none).unwrap();
+        let new_id = new.id;
+        assert_eq!(new_id.index(), old_id.index(), "the ticket was not reused");
+        assert_eq!(new.launched(), LaunchOver::Done);
+        assert_eq!(
+            slot.state.claim_run(old_id.generation()),
+            Claim::Skip,
+            "a call of the retired launch was accepted as the pending launch of its ticket"
+        );
+        assert_ne!(new_id.generation(), old_id.generation());
+        assert_eq!(slot.state.pending_generation(), Some(new_id.generation()));
+        // The new launch's own call still runs it, once.
+        let run = slot.state.claim_run(new_id.generation());
+        assert_eq!(run, Claim::Run(RunClaim::Pending));
+        assert_eq!(slot.state.claim_run(new_id.generation()), Claim::Skip);
+        give_back(new_id);
+    }
 }
