@@ -18,9 +18,11 @@ use cuda_host_launch::{
     PollerSettings, Stream, flush, host_launch, launch_host_function, pending_launches,
     release_after, set_poller_settings, spawn_after,
 };
-use cuda_sys::types::{CUresult, CUstream};
+use cuda_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
+#[path = "host_launch/event_lanes.rs"]
+mod event_lanes;
 #[path = "host_launch/event_ring.rs"]
 mod event_ring;
 #[path = "host_launch/thread_costs.rs"]
@@ -178,6 +180,8 @@ struct Pinning {
     launcher: usize,
     driver: usize,
     reaper: usize,
+    /// The pollers' (the crate's event poller, and the event floor's): a CPU of their own.
+    poller: usize,
 }
 
 /// The CPUs this process may run on.
@@ -225,11 +229,12 @@ fn choose_pinning() -> Option<Pinning> {
         }
         cores_taken.push(core);
         chosen.push(cpu);
-        if chosen.len() == 3 {
+        if chosen.len() == 4 {
             return Some(Pinning {
                 launcher: chosen[0],
                 driver: chosen[1],
                 reaper: chosen[2],
+                poller: chosen[3],
             });
         }
     }
@@ -661,6 +666,75 @@ fn latency(bench: &Bench, method: Method, stream: &Stream, samples: usize) -> Ve
     out
 }
 
+/// The raw event-query floor: latency from a kernel's write (seen by a host spinner) to a second
+/// host thread, spinning on `cuEventQuery` of an event recorded after the kernel, seeing it
+/// complete, in µs, `samples` times. What an event transport cannot beat.
+fn event_query_latency(bench: &Bench, stream: &Stream, samples: usize) -> Vec<f64> {
+    use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+    let driver = bench.gpu.driver;
+    let flag = MappedU32s::new(driver, 1);
+    let mut event: CUevent = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the benchmark's context is current on this thread.
+    unsafe { driver.cuEventCreate(&mut event, CUevent_flags::CU_EVENT_DISABLE_TIMING.0) }.unwrap();
+    let event_addr = event.expose_provenance();
+    // The sample the spinner is to watch (0: none yet; u32::MAX: stop), and what it saw.
+    let armed = AtomicU32::new(0);
+    let seen_at: Mutex<Option<Instant>> = Mutex::new(None);
+    let finished = AtomicUsize::new(0);
+    let mut out = Vec::with_capacity(samples);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            bench.gpu.bind_thread();
+            let query = driver.raw().cuEventQuery().unwrap();
+            let event: CUevent = std::ptr::with_exposed_provenance_mut(event_addr);
+            let mut last = 0;
+            loop {
+                let i = armed.load(Ordering::Acquire);
+                if i == u32::MAX {
+                    break;
+                }
+                if i == last {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // SAFETY: an event recorded (before `armed` was set) on the benchmark's stream.
+                while unsafe { query(event) } != CUresult::CUDA_SUCCESS {
+                    std::hint::spin_loop();
+                }
+                *seen_at.lock().unwrap() = Some(Instant::now());
+                last = i;
+                finished.store(i as usize, Ordering::Release);
+            }
+        });
+        for i in 1..=samples as u32 {
+            *seen_at.lock().unwrap() = None;
+            bench
+                .gpu
+                .kernels
+                .spin_then_write(stream.raw(), flag.device(0), i, 20_000);
+            // SAFETY: the event and the stream are of the benchmark's context; the spinner queries
+            // this event only after `armed` says so.
+            unsafe { driver.cuEventRecord(event, stream.raw()) }.unwrap();
+            armed.store(i, Ordering::Release);
+            while flag.get(0) != i {
+                std::hint::spin_loop();
+            }
+            let seen = Instant::now();
+            while finished.load(Ordering::Acquire) != i as usize {
+                std::hint::spin_loop();
+            }
+            let done = seen_at.lock().unwrap().unwrap();
+            out.push(done.saturating_duration_since(seen).as_nanos() as f64 / 1000.0);
+        }
+        armed.store(u32::MAX, Ordering::Release);
+    });
+    stream.synchronize().unwrap();
+    // SAFETY: no longer recorded or queried.
+    let _ = unsafe { driver.cuEventDestroy(event) };
+    out.sort_by(|a, b| a.total_cmp(b));
+    out
+}
+
 /// An owner that stamps the time it is dropped (for `release_after`'s latency).
 struct StampOnDrop;
 impl Drop for StampOnDrop {
@@ -1081,6 +1155,18 @@ fn main() {
         .collect();
     let all_cpus = allowed_cpus();
     let planned = choose_pinning();
+    if let Some(pin) = &planned {
+        // The crate's event poller on a CPU of its own, as the event floor's poller (through the
+        // crate's own thread settings: a start hook).
+        let cpu = pin.poller;
+        cuda_host_launch::set_thread_settings(cuda_host_launch::ThreadSettings::new().on_start(
+            move |thread| {
+                if thread == cuda_host_launch::CrateThread::EventPoller {
+                    pin_current_thread(cpu);
+                }
+            },
+        ));
+    }
     let pinned = pin_threads(&bench, &[&one[0], &four[3]], planned.as_ref());
     DRIVER_TID.store(
         driver_thread_of(&bench, &one[0]),
@@ -1256,6 +1342,11 @@ fn main() {
         }
         json.push_str("\n  },");
     }
+    // Issue 31's rows: the event transport next to its floor, on 1 stream and 8 threads x 8
+    // streams.
+    if std::env::var("BENCH_EVENTS").map_or(true, |v| v.trim() != "0") {
+        event_section(&bench, planned.as_ref(), &all_cpus, &mut table, &mut json);
+    }
     unpin_current_thread(&all_cpus);
     // `BENCH_TABLE_ONLY=1`: the table (and the single-call times) only, for comparing builds over
     // many short processes.
@@ -1267,6 +1358,7 @@ fn main() {
         println!("\nwrote bench-results.json");
         return;
     }
+    let event_query_floor = event_query_latency(&bench, &one[0], LATENCY_SAMPLES);
     let raw_latency = latency(&bench, Method::Raw, &one[0], LATENCY_SAMPLES);
     let closure_latency = latency(&bench, Method::Closure, &one[0], LATENCY_SAMPLES);
     let spawn_latency = latency(&bench, Method::SpawnAfter, &one[0], LATENCY_SAMPLES);
@@ -1281,6 +1373,12 @@ fn main() {
     );
     json.push_str("\n  \"latency_us\": {");
     for (name, v, key, last) in [
+        (
+            "floor: cuEventQuery spinner sees the event done",
+            &event_query_floor,
+            "event_query_floor",
+            false,
+        ),
         (Method::Raw.name(), &raw_latency, "raw", false),
         (Method::Closure.name(), &closure_latency, "closure", false),
         (
@@ -1558,4 +1656,271 @@ fn ingredient_costs(bench: &Bench, stream: &Stream) -> Vec<(&'static str, f64)> 
             }),
         ),
     ]
+}
+
+/// What one run of the event section measured: enqueue ns per item (the launching threads'
+/// median), and items per second end to end (all enqueued, synchronized, and completed).
+struct EventRun {
+    enqueue_ns: f64,
+    per_second: f64,
+}
+
+/// The event section's methods.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum EventMethod {
+    /// `cuLaunchHostFunc` of a no-op: the host-function floor.
+    HostFnFloor,
+    /// `cuEventRecord` from a ring per thread, one poller on its own CPU: the event floor.
+    EventFloor,
+    /// `release_after` with a small owner.
+    ReleaseAfter,
+    /// `spawn_after` with a closure.
+    SpawnAfter,
+}
+
+const EVENT_METHODS: [EventMethod; 4] = [
+    EventMethod::HostFnFloor,
+    EventMethod::EventFloor,
+    EventMethod::ReleaseAfter,
+    EventMethod::SpawnAfter,
+];
+
+impl EventMethod {
+    fn name(self) -> &'static str {
+        match self {
+            EventMethod::HostFnFloor => "raw cuLaunchHostFunc (host-function floor)",
+            EventMethod::EventFloor => "raw cuEventRecord ring + poller (event floor)",
+            EventMethod::ReleaseAfter => "release_after + owner",
+            EventMethod::SpawnAfter => "spawn_after closure",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            EventMethod::HostFnFloor => "host_fn_floor",
+            EventMethod::EventFloor => "event_floor",
+            EventMethod::ReleaseAfter => "release_after",
+            EventMethod::SpawnAfter => "spawn_after",
+        }
+    }
+}
+
+/// `threads` threads (each pinned to a CPU of `cpus` when given), each enqueueing `n` items of
+/// `method` on a stream of its own; the floor's poller on `poller_cpu`.
+fn event_run(
+    bench: &Bench,
+    lanes: &event_lanes::EventLanes,
+    method: EventMethod,
+    streams: &[Stream],
+    n: usize,
+    cpus: Option<&[usize]>,
+    poller_cpu: Option<usize>,
+) -> EventRun {
+    if method == EventMethod::EventFloor {
+        lanes.start(poller_cpu);
+    }
+    let barrier = std::sync::Barrier::new(streams.len());
+    let started = Mutex::new(None::<Instant>);
+    let enqueue_ns: Vec<f64> = std::thread::scope(|s| {
+        let handles: Vec<_> = streams
+            .iter()
+            .enumerate()
+            .map(|(t, stream)| {
+                let (barrier, started) = (&barrier, &started);
+                s.spawn(move || {
+                    if let Some(cpus) = cpus {
+                        pin_current_thread(cpus[t % cpus.len()]);
+                    }
+                    bench.gpu.bind_thread();
+                    let launch = bench.gpu.driver.raw().cuLaunchHostFunc().unwrap();
+                    barrier.wait();
+                    let begun = Instant::now();
+                    started.lock().unwrap().get_or_insert(begun);
+                    for i in 0..n {
+                        match method {
+                            EventMethod::HostFnFloor => {
+                                // SAFETY: live stream; `noop` ignores its argument.
+                                let code = unsafe {
+                                    launch(stream.raw(), Some(noop), std::ptr::null_mut())
+                                };
+                                assert_eq!(code, CUresult::CUDA_SUCCESS);
+                            }
+                            EventMethod::EventFloor => lanes.record(t, stream.raw()),
+                            EventMethod::ReleaseAfter => {
+                                release_after(stream, [i as u64; 2]).unwrap()
+                            }
+                            EventMethod::SpawnAfter => {
+                                let value = i as u64;
+                                spawn_after(stream, move || {
+                                    std::hint::black_box(value);
+                                })
+                                .unwrap()
+                            }
+                        }
+                    }
+                    begun.elapsed().as_nanos() as f64 / n as f64
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for stream in streams {
+        stream.synchronize().unwrap();
+    }
+    match method {
+        EventMethod::EventFloor => lanes.wait_all(),
+        EventMethod::ReleaseAfter | EventMethod::SpawnAfter => {
+            while pending_launches(None) > 0 {
+                std::thread::yield_now();
+            }
+        }
+        EventMethod::HostFnFloor => {}
+    }
+    let total = started
+        .lock()
+        .unwrap()
+        .map_or(Duration::ZERO, |t| t.elapsed());
+    if method == EventMethod::EventFloor {
+        lanes.stop();
+    }
+    flush(Duration::from_secs(30)).unwrap();
+    let mut e = enqueue_ns;
+    EventRun {
+        enqueue_ns: median(&mut e),
+        per_second: (n * streams.len()) as f64 / total.as_secs_f64(),
+    }
+}
+
+/// Issue 31's table: the event transport (`release_after`, `spawn_after`) next to the
+/// host-function floor and the event floor (`cuEventRecord` from a ring, a poller on a CPU of its
+/// own), on 1 stream and on 8 threads x 8 streams, methods interleaved in rotating order; then the
+/// targets' ratios (medians over the repetitions of each repetition's ratio).
+fn event_section(
+    bench: &Bench,
+    pin: Option<&Pinning>,
+    all_cpus: &[usize],
+    table: &mut String,
+    json: &mut String,
+) {
+    const THREADS: usize = 8;
+    let poller_cpu = pin.map(|p| p.poller);
+    // The 8 launching threads on CPUs of their own, after the pinned ones (CPU 0 skipped).
+    let taken: Vec<usize> = pin.map_or(Vec::new(), |p| {
+        vec![p.launcher, p.driver, p.reaper, p.poller]
+    });
+    let free: Vec<usize> = all_cpus
+        .iter()
+        .copied()
+        .filter(|c| *c != 0 && !taken.contains(c))
+        .collect();
+    let eight_cpus = (pin.is_some() && free.len() >= THREADS).then(|| free[..THREADS].to_vec());
+    let one_cpu = pin.map(|p| vec![p.launcher]);
+    let one: Vec<Stream> = vec![Stream::new_non_blocking(&bench.gpu.context).unwrap()];
+    let eight: Vec<Stream> = (0..THREADS)
+        .map(|_| Stream::new_non_blocking(&bench.gpu.context).unwrap())
+        .collect();
+    let lanes_one = event_lanes::EventLanes::new(bench.gpu.driver, bench.gpu.context.raw(), 1);
+    let lanes_eight =
+        event_lanes::EventLanes::new(bench.gpu.driver, bench.gpu.context.raw(), THREADS);
+    let per_thread = N / THREADS;
+    let _ = writeln!(
+        table,
+        "\nevent transport (issue 31): 1 stream, {N} items; 8 threads x 8 streams, {per_thread} items per thread; \
+         {} repetitions, interleaved. The event floor's poller and the crate's event poller on CPU {poller_cpu:?}; \
+         the 8 threads on {eight_cpus:?}.",
+        reps()
+    );
+    json.push_str("\n  \"event_transport\": {");
+    let mut ratios_out = Vec::new();
+    for (label, streams, lanes, n, cpus) in [
+        ("1 stream", &one, &lanes_one, N, one_cpu.as_deref()),
+        (
+            "8 threads x 8 streams",
+            &eight,
+            &lanes_eight,
+            per_thread,
+            eight_cpus.as_deref(),
+        ),
+    ] {
+        // Warm-up.
+        for m in EVENT_METHODS {
+            event_run(bench, lanes, m, streams, n / 10, cpus, poller_cpu);
+        }
+        let mut enqueue = [const { Vec::new() }; EVENT_METHODS.len()];
+        let mut rate = [const { Vec::new() }; EVENT_METHODS.len()];
+        for rep in 0..reps() {
+            for j in 0..EVENT_METHODS.len() {
+                let k = (rep + j) % EVENT_METHODS.len();
+                let run = event_run(bench, lanes, EVENT_METHODS[k], streams, n, cpus, poller_cpu);
+                enqueue[k].push(run.enqueue_ns);
+                rate[k].push(run.per_second);
+            }
+        }
+        let _ = writeln!(
+            table,
+            "{label}:\n  {:<48} {:>10} {:>12}",
+            "method", "enqueue ns", "items/s"
+        );
+        json.push_str(&format!("\n    {label:?}: {{"));
+        for (k, m) in EVENT_METHODS.iter().enumerate() {
+            let (e, _, _) = quartiles(&enqueue[k]);
+            let (r, _, _) = quartiles(&rate[k]);
+            let _ = writeln!(table, "  {:<48} {e:>10.0} {r:>12.0}", m.name());
+            json.push_str(&format!(
+                "\n      {:?}: {{\"enqueue_ns\": {e:.1}, \"per_second\": {r:.0}, \"enqueue_ns_per_rep\": {:?}, \"per_second_per_rep\": {:?}}},",
+                m.key(),
+                enqueue[k].iter().map(|x| x.round()).collect::<Vec<_>>(),
+                rate[k].iter().map(|x| x.round()).collect::<Vec<_>>(),
+            ));
+        }
+        // Paired ratios (each repetition's figure over the same repetition's floor).
+        let ratio = |a: &[f64], b: &[f64]| {
+            let mut v: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+            median(&mut v)
+        };
+        let (host, event, release, spawn) = (0, 1, 2, 3);
+        let lines = [
+            (
+                "release_after enqueue / host-function floor's",
+                ratio(&enqueue[release], &enqueue[host]),
+            ),
+            (
+                "release_after enqueue / raw cuEventRecord's",
+                ratio(&enqueue[release], &enqueue[event]),
+            ),
+            (
+                "spawn_after enqueue / host-function floor's",
+                ratio(&enqueue[spawn], &enqueue[host]),
+            ),
+            (
+                "spawn_after enqueue / raw cuEventRecord's",
+                ratio(&enqueue[spawn], &enqueue[event]),
+            ),
+            (
+                "release_after end to end / host-function floor's",
+                ratio(&rate[release], &rate[host]),
+            ),
+            (
+                "release_after end to end / event floor's",
+                ratio(&rate[release], &rate[event]),
+            ),
+            (
+                "spawn_after end to end / host-function floor's",
+                ratio(&rate[spawn], &rate[host]),
+            ),
+            (
+                "spawn_after end to end / event floor's",
+                ratio(&rate[spawn], &rate[event]),
+            ),
+        ];
+        for (name, r) in lines {
+            let _ = writeln!(table, "  {name:<60} {r:>7.3}");
+            ratios_out.push(format!("\"{label}: {name}\": {r:.4}"));
+        }
+        json.push_str("\n      \"_\": 0\n    },");
+    }
+    json.push_str(&format!(
+        "\n    \"ratios\": {{{}}}\n  }},",
+        ratios_out.join(", ")
+    ));
 }

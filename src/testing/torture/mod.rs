@@ -272,12 +272,21 @@ fn shorten(text: &str) -> String {
     )
 }
 
-/// Whether `script` fails in at least one of `attempts` runs.
+/// Whether `script` fails in at least one of `attempts` runs (with `TORTURE_SHRINK_MATCH` set, with
+/// a failure whose output contains that text: a shrink keeps the failure it started from).
 fn fails(script: &Script, attempts: usize) -> bool {
-    (0..attempts).any(|_| !run_child(script).passed)
+    let wanted = std::env::var("TORTURE_SHRINK_MATCH").ok();
+    (0..attempts).any(|_| {
+        let outcome = run_child(script);
+        !outcome.passed
+            && wanted
+                .as_deref()
+                .is_none_or(|text| outcome.output.contains(text))
+    })
 }
 
-/// Cuts `script` down to what still fails (in at least one of `attempts` runs of each candidate):
+/// Cuts `script` down to what still fails (in at least one of `attempts` runs of each candidate;
+/// see [`fails`] for `TORTURE_SHRINK_MATCH`):
 /// whole threads first, then chunks of each thread's operations, halving the chunk size down to
 /// single operations. Returns the smallest failing script found.
 pub fn shrink(script: &Script, attempts: usize, log: &mut dyn FnMut(&str)) -> Script {
