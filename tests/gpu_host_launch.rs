@@ -8,8 +8,9 @@ use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use cuda_host_launch::{
-    Error, Event, PanicOrigin, RawStream, Stream, flush, host_launch, launch_host_function,
-    launch_host_function_with_bytes, reset_panic_handler, set_panic_handler,
+    Error, Event, PanicOrigin, RawStream, Stream, cleanup_stats, flush, host_launch,
+    launch_host_function, launch_host_function_with_bytes, launch_ticket_bytes,
+    reset_panic_handler, set_panic_handler,
 };
 use cuda_sys::types::{CUstreamCaptureMode, CUstreamCaptureStatus};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
@@ -299,9 +300,13 @@ unsafe extern "C" fn count_run(_: *mut c_void) {
     MILLION_RAN.fetch_add(1, Ordering::Relaxed);
 }
 
+/// 8 threads × 125,000 launches: every host function ran, every owner was dropped exactly once,
+/// every record queued for release was released and nothing is pending. The heap is printed, not
+/// checked: what is kept for the most launches pending at once (tickets, record segments) moves
+/// with the reaper's lag; leaks of records are LeakSanitizer's to find (`scripts/sanitize`).
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
-fn a_million_launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the_heap_flat() {
+fn a_million_launches_from_8_threads_drop_every_owner_exactly_once_and_release_every_record() {
     const THREADS: usize = 8;
     const TOTAL: usize = 1_000_000;
     let gpu = Gpu::open();
@@ -313,7 +318,8 @@ fn a_million_launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the
     }
     warm.synchronize().unwrap();
     flush(FLUSH).unwrap();
-    let heap_before = heap_in_use();
+    let (heap_before, tickets_before) = (heap_in_use(), launch_ticket_bytes());
+    let stats_before = cleanup_stats();
     MILLION_RAN.store(0, Ordering::SeqCst);
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -336,20 +342,26 @@ fn a_million_launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the
     });
     let elapsed = started.elapsed();
     flush(FLUSH).unwrap();
-    let heap_after = heap_in_use();
+    let (heap_after, tickets_after) = (heap_in_use(), launch_ticket_bytes());
+    let stats = cleanup_stats();
     let (never, twice) = (drops.never(), drops.more_than_once());
     println!(
         "{TOTAL} launches from {THREADS} threads in {elapsed:?} ({:.0}/s); ran {}; owners never \
          dropped {never}, dropped more than once {twice}; heap in use before {heap_before} B, \
-         after {heap_after} B",
+         after {heap_after} B; launch tickets {tickets_before} B, then {tickets_after} B",
         TOTAL as f64 / elapsed.as_secs_f64(),
         MILLION_RAN.load(Ordering::SeqCst)
     );
     assert_eq!(MILLION_RAN.load(Ordering::SeqCst), TOTAL as u64);
     assert_eq!((never, twice), (0, 0));
-    assert!(
-        heap_after <= heap_before + (1 << 20),
-        "heap grew by {} bytes",
-        heap_after.saturating_sub(heap_before)
+    assert_eq!(
+        stats.queued - stats_before.queued,
+        TOTAL as u64,
+        "records queued for release"
     );
+    assert_eq!(
+        stats.queued, stats.released,
+        "records queued and not released"
+    );
+    assert_eq!(gpu.context.pending_launches(), 0);
 }

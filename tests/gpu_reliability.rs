@@ -174,6 +174,7 @@ fn sixteen_threads_times_a_million_launches_over_4_streams_and_2_contexts() {
     }
     flush(Duration::from_secs(30)).unwrap();
     let heap_before = cuda_workspace::gpu::heap_in_use();
+    let stats_before = cuda_host_launch::cleanup_stats();
     // SAFETY: the second context's streams live until the context is destroyed, after the scope.
     let second_streams = unsafe { [RawStream::from_raw(raw[0]), RawStream::from_raw(raw[1])] };
     let started = std::time::Instant::now();
@@ -227,6 +228,7 @@ fn sixteen_threads_times_a_million_launches_over_4_streams_and_2_contexts() {
     let total = started.elapsed();
     flush(Duration::from_secs(60)).unwrap();
     let heap_after = cuda_workspace::gpu::heap_in_use();
+    let stats = cuda_host_launch::cleanup_stats();
     let (never, twice) = (drops.never(), drops.more_than_once());
     let (ran_on, dropped_on) = (RAN_ON.ids(), DROPPED_ON.ids());
     let on_driver_threads = RAN_ON.common(&DROPPED_ON);
@@ -251,10 +253,16 @@ fn sixteen_threads_times_a_million_launches_over_4_streams_and_2_contexts() {
         "owners dropped on a thread that ran host functions"
     );
     assert_eq!(pending_launches(None), 0);
-    assert!(
-        heap_after <= heap_before + (1 << 20),
-        "heap grew by {} B",
-        heap_after.saturating_sub(heap_before)
+    // The heap is printed, not checked: what is kept for the most launches pending at once
+    // (tickets, record segments) moves with the reaper's lag. The records are counted instead.
+    assert_eq!(
+        stats.queued - stats_before.queued,
+        TOTAL as u64,
+        "records queued for release"
+    );
+    assert_eq!(
+        stats.queued, stats.released,
+        "records queued and not released"
     );
     // SAFETY: our context; its streams go with it.
     unsafe { d.cuCtxDestroy(second) }.unwrap();

@@ -1,23 +1,31 @@
 //! Many launches from many threads: every function runs, every owner is dropped exactly once, the
-//! cleanup queue's counters balance and the heap is flat afterwards. In a process of its own, so
-//! that the counters and the heap are this test's alone.
+//! cleanup queue's counters balance and no driver object is left behind. In a process of its own,
+//! so that the counters are this test's alone.
+//!
+//! The heap is printed, not checked: what the crate keeps for the most launches pending at once
+//! (tickets, record segments) and the fake's queues move with the reaper's lag, which load moves.
+//! A record the crate loses is LeakSanitizer's to find (`scripts/sanitize` runs this test with
+//! records boxed and pooled); a ticket never given back, the tickets' unit test's.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cuda_host_launch::{Stream, cleanup_stats, flush, launch_host_function, launch_ticket_bytes};
+use cuda_host_launch::{
+    Stream, cleanup_stats, flush, launch_host_function, launch_ticket_bytes, pending_launches,
+};
 use cuda_workspace::gpu::heap_in_use;
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{DropCounts, fake, fake_primary_context};
+use fake_cuda::fixture::LiveObjects;
 
 const THREADS: usize = 8;
 const PER_THREAD: usize = 20_000;
 const FLUSH: Duration = Duration::from_secs(30);
 /// Each thread waits for its stream after this many launches. The fake driver, unlike the real
 /// one, never makes a launch wait for room in its queue, so without this the most launches pending
-/// at once (what the record pool, the tickets and the fake's queues grow to) varies from run to run
-/// and from the warm-up to the measured run, and the heap check would see that peak, not a leak.
+/// at once (what the record pool, the tickets and the fake's queues grow to) would vary widely from
+/// run to run; the heap figure printed would be that peak.
 const BATCH: usize = 1_000;
 
 static RAN: AtomicU64 = AtomicU64::new(0);
@@ -56,15 +64,15 @@ fn launch_from_threads(drops: DropCounts, first: usize, per_thread: usize) {
 
 isolated_test! {
     /// 8 threads × 20 000 launches, each thread on its own stream, with counted owners: all ran,
-    /// every owner was dropped exactly once, the cleanup queue's counters balance, and the heap
-    /// is where it was after a warm-up of the same shape (within 1 MiB, beside what the launch
-    /// tickets grew by: they grow to the most launches pending at once and are never freed).
-    fn launches_from_8_threads_drop_every_owner_exactly_once_and_leave_the_heap_flat() {
+    /// every owner was dropped exactly once, every record queued for release was released, no
+    /// host function is left with the driver and no driver object was left behind.
+    fn launches_from_8_threads_drop_every_owner_exactly_once_and_release_every_record() {
         const WARM_UP: usize = 2 * BATCH;
         const TOTAL: usize = THREADS * PER_THREAD;
         let drops = DropCounts::new(THREADS * WARM_UP + TOTAL);
         // Warm up the allocator, the fake's queues and the reaper, the same way, then measure.
         launch_from_threads(drops, 0, WARM_UP);
+        let live_before = LiveObjects::of(fake());
         let heap_before = heap_in_use();
         let tickets_before = launch_ticket_bytes();
         let stats_before = cleanup_stats();
@@ -77,24 +85,22 @@ isolated_test! {
         let stats = cleanup_stats();
         let heap_after = heap_in_use();
         // The launch tickets grow to the most launches pending at once (never freed: a graph may
-        // call a launch late); `BATCH` bounds that peak, but the reaper's lag still moves it a
-        // little from run to run.
+        // call a launch late); `BATCH` bounds that peak, but the reaper's lag still moves it.
         let tickets_grew = launch_ticket_bytes() - tickets_before;
         let (never, twice) = (drops.never(), drops.more_than_once());
         println!(
             "{TOTAL} launches from {THREADS} threads in {elapsed:?}; owners never dropped {never}, \
-             more than once {twice}; heap {heap_before} B before, {heap_after} B after; {stats:?}"
+             more than once {twice}; heap {heap_before} B before, {heap_after} B after (the \
+             tickets grew by {tickets_grew} B); {stats:?}"
         );
         assert_eq!(RAN.load(Ordering::SeqCst), TOTAL as u64);
         assert_eq!((never, twice), (0, 0));
         assert_eq!(stats.queued - stats_before.queued, TOTAL as u64);
         assert_eq!(stats.queued, stats.released);
+        assert_eq!(pending_launches(None), 0);
         assert_eq!(fake().pending_host_functions(std::ptr::null_mut()), 0);
-        assert!(
-            heap_after <= heap_before + tickets_grew + (1 << 20),
-            "the heap grew by {} bytes (the tickets by {tickets_grew})",
-            heap_after.saturating_sub(heap_before)
-        );
+        let grown = LiveObjects::of(fake()).grown_since(&live_before);
+        assert!(grown.is_empty(), "driver objects left behind: {grown:?}");
         // Every owner is gone: free the counters (LeakSanitizer would report them otherwise).
         // SAFETY: no owner is left and `drops` is not used again.
         unsafe { drops.free() };

@@ -3,9 +3,11 @@
 //! raw launches mixed, run-once and repeatable. Every owner is counted: none lost, none dropped
 //! twice, none dropped on a driver thread (the dropping thread of each owner is classified by its
 //! operating-system name: the fake's driver threads are `fake-cuda-drive…`/`fake-cuda-user-…`),
-//! all of them by the reaper; every host function ran; nothing is pending afterwards; the heap is
-//! where it was after a warm-up. In a process of its own, so that the counts and the heap are this
-//! test's alone. Prints the figures.
+//! all of them by the reaper; every host function ran; nothing is pending afterwards and no driver
+//! object is left behind. In a process of its own, so that the counts are this test's alone.
+//! Prints the figures, the heap's among them: not checked, since what the crate keeps for the most
+//! launches pending at once (tickets, record segments) and the fake's queues move with the reaper's
+//! lag, which load moves (a lost record is LeakSanitizer's to find, `scripts/sanitize`).
 
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -23,19 +25,17 @@ use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     CountedOwner, DropCounts, REAPER_NAME, fake, fake_driver_path, fake_primary_context,
 };
+use fake_cuda::fixture::LiveObjects;
 
 const THREADS: usize = 16;
 const PER_THREAD: usize = 20_000;
 /// Each thread waits for its stream after this many launches. The fake driver, unlike the real
 /// one, never makes a launch wait for room in its queue, so without this the most launches pending
-/// at once (what the record pool, the tickets and the fake's queues grow to) varies from run to run
-/// and from the warm-up to the measured run, and the heap check would see that peak, not a leak
-/// (as in host_launch_load; seen here: heap +4.6 MB, tickets +2.9 MB, 1 full run in 4).
+/// at once (what the record pool, the tickets and the fake's queues grow to) would vary widely from
+/// run to run (seen before this bound: heap +4.6 MB, tickets +2.9 MB, 1 full run in 4).
 const BATCH: usize = 1_000;
 const WARM_UP: usize = 2 * BATCH;
 const FLUSH: Duration = Duration::from_secs(30);
-/// Slack for the heap check: allocator caches, the fake's bookkeeping.
-const HEAP_SLACK: usize = 1 << 20;
 
 /// Host functions that ran.
 static RAN: AtomicU64 = AtomicU64::new(0);
@@ -222,9 +222,9 @@ fn run(streams: &Streams, drops: DropCounts, first: usize, per_thread: usize) {
 
 isolated_test! {
     /// 16 threads × 20 000 launches over 4 streams in 2 contexts: every function ran, every owner
-    /// was dropped exactly once, by the reaper, none on a driver thread; nothing is pending; the
-    /// heap is flat after a warm-up (within 1 MiB).
-    fn launches_from_16_threads_over_2_contexts_lose_nothing_and_leave_the_heap_flat(
+    /// was dropped exactly once, by the reaper, none on a driver thread; every record queued for
+    /// release was released; nothing is pending; no driver object was left behind.
+    fn launches_from_16_threads_over_2_contexts_lose_nothing_and_leave_nothing_behind(
         CUDA_SYS_LIBRARY = fake_driver_path()
     ) {
         const TOTAL: usize = THREADS * PER_THREAD;
@@ -232,6 +232,7 @@ isolated_test! {
         let streams = Streams::new();
         // Warm up the allocator, the record pool, the fake's queues and the reaper, the same way.
         run(&streams, drops, 0, WARM_UP);
+        let live_before = LiveObjects::of(fake());
         let heap_before = heap_in_use();
         let tickets_before = launch_ticket_bytes();
         let stats_before = cleanup_stats();
@@ -258,7 +259,8 @@ isolated_test! {
             "{TOTAL} launches ({THREADS} threads × {PER_THREAD}, 4 streams, 2 contexts) in \
              {elapsed:?}: {:.0} launches/s; owners lost {never}, dropped twice {twice}, dropped \
              on a driver thread {on_driver}, by the reaper {by_reaper}, elsewhere {elsewhere}; \
-             heap {heap_before} B before, {heap_after} B after ({:+} B); {stats:?}",
+             heap {heap_before} B before, {heap_after} B after ({:+} B; the tickets \
+             {tickets_grew:+} B); {stats:?}",
             TOTAL as f64 / elapsed.as_secs_f64(),
             heap_after as i64 - heap_before as i64,
         );
@@ -272,11 +274,8 @@ isolated_test! {
         assert_eq!(pending_launches(None), 0);
         assert_eq!(fake().pending_host_functions(ptr::null_mut()), 0);
         assert_eq!(fake().driver_thread_call_count(""), 0, "CUDA calls on a driver thread");
-        assert!(
-            heap_after <= heap_before + tickets_grew + HEAP_SLACK,
-            "the heap grew by {} B (the tickets by {tickets_grew} B)",
-            heap_after.saturating_sub(heap_before)
-        );
+        let grown = LiveObjects::of(fake()).grown_since(&live_before);
+        assert!(grown.is_empty(), "driver objects left behind: {grown:?}");
         streams.destroy();
     }
 }
