@@ -344,25 +344,6 @@ isolated_test! {
             fake().hold_stream(streams[d].raw()).expect("the fake could not hold the stream")
         });
         let seen: Arc<Mutex<Vec<(usize, usize, bool)>>> = Arc::default();
-        struct ContextCheck {
-            own: usize,
-            other: Arc<PrimaryContext>,
-            switch: bool,
-            seen: Arc<Mutex<Vec<(usize, usize, bool)>>>,
-        }
-        impl Drop for ContextCheck {
-            fn drop(&mut self) {
-                let driver = cuda_sys::driver().unwrap();
-                let mut current = std::ptr::null_mut();
-                // SAFETY: a valid out-pointer.
-                unsafe { driver.cuCtxGetCurrent(&mut current) }.unwrap();
-                let reaper = std::thread::current().name() == Some("cuda-host-launch-reaper");
-                self.seen.lock().unwrap().push((self.own, current.addr(), reaper));
-                if self.switch {
-                    self.other.set_current().unwrap();
-                }
-            }
-        }
         for i in 0..40 {
             for d in 0..2 {
                 let owner = ContextCheck {
@@ -389,6 +370,43 @@ isolated_test! {
         assert!(seen.iter().all(|e| e.2), "dropped by the reaper");
         let wrong: Vec<_> = seen.iter().filter(|e| e.1 != 0).collect();
         assert!(wrong.is_empty(), "{} of 80 owners dropped with a context current: {wrong:?}", wrong.len());
+    }
+
+    /// The same for owners of launches that never ran: reclaimed after a sticky error by the
+    /// context's reset, each is dropped by the reaper with no context current, though the one
+    /// before it made device 1's context current.
+    fn reclaimed_owners_are_dropped_with_no_context_left_current_by_an_earlier_owner(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let seen: Arc<Mutex<Vec<(usize, usize, bool)>>> = Arc::default();
+        for _ in 0..20 {
+            let owner = ContextCheck {
+                own: contexts[0].raw().addr(),
+                other: Arc::clone(&contexts[1]),
+                switch: true,
+                seen: Arc::clone(&seen),
+            };
+            host_launch(&stream, move || {
+                let _keep = &owner;
+            })
+            .unwrap();
+        }
+        fake().poison_context(contexts[0].raw()).expect("the fake could not poison the context");
+        hold.release();
+        drop(stream);
+        // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
+        let reclaimed = unsafe { contexts[0].reset() }.unwrap();
+        assert_eq!(reclaimed, 20);
+        flush(PATIENCE).unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 20);
+        assert!(seen.iter().all(|e| e.2), "dropped by the reaper");
+        let wrong: Vec<_> = seen.iter().filter(|e| e.1 != 0).collect();
+        assert!(wrong.is_empty(), "{} of 20 reclaimed owners dropped with a context current: {wrong:?}", wrong.len());
     }
 
     /// Callbacks run with their stream's context current, even after a callback made another
@@ -431,6 +449,29 @@ isolated_test! {
         assert_eq!(drops.dropped(), 0, "released while device 0's legacy stream was held");
         hold.release();
         drops.wait_dropped(1);
+    }
+}
+
+/// An owner that notes, in its `Drop`, its context, the context current then and whether the
+/// reaper drops it; with `switch`, it then makes `other` current and leaves it so (as a binding's
+/// buffer that binds its own context does).
+struct ContextCheck {
+    own: usize,
+    other: Arc<PrimaryContext>,
+    switch: bool,
+    seen: Arc<Mutex<Vec<(usize, usize, bool)>>>,
+}
+
+impl Drop for ContextCheck {
+    fn drop(&mut self) {
+        let reaper = std::thread::current().name() == Some("cuda-host-launch-reaper");
+        self.seen
+            .lock()
+            .unwrap()
+            .push((self.own, current_context(), reaper));
+        if self.switch {
+            self.other.set_current().unwrap();
+        }
     }
 }
 

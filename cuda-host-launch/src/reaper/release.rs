@@ -122,10 +122,11 @@ pub(crate) unsafe fn release_here(
 /// panic its host function had, then drops its owners and frees it, catching a panic from an
 /// owner's `Drop`.
 fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperContext>) {
-    let ran = tickets::forget(header);
-    // Only for a launch that ran: other records (deferred drops, graphs' records, reclaimed
-    // launches) make no driver call here, and leave what is current unknown.
-    let driver = if ran { cuda_sys::Driver::get() } else { None };
+    tickets::forget(header);
+    // Every record's owners, whether its launch ran or not (a reclaimed launch, a deferred drop,
+    // a graph's record): an earlier owner's `Drop` may have made a context current. Only the
+    // current context is read and cleared, never a context of the record's (it may be dead).
+    let driver = cuda_sys::Driver::get();
     if let Some(reaper) = context.as_deref_mut() {
         match driver {
             Some(driver) => reaper.enter(driver),
