@@ -266,7 +266,7 @@ impl<T> std::fmt::Debug for HostLaunchFuture<T> {
 /// result. A panic in `f` resolves the future to [`Error::HostFunctionPanicked`].
 ///
 /// `f` is called once through `&mut` (its captures are dropped afterwards, off the driver's
-/// thread). Its result is made on the driver's thread and moved to the awaiting task; if the future
+/// thread; [`host_launch`](crate::host_launch) says why that makes the bound `FnMut`). Its result is made on the driver's thread and moved to the awaiting task; if the future
 /// was dropped, the result is dropped with the launch record, off the driver's thread.
 ///
 /// # Errors

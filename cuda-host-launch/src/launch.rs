@@ -131,9 +131,13 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
 ///
 /// The closure lives inline in the launch record (one allocation). It is called once, through
 /// `&mut`, so what it captures outlives the call and is dropped afterwards with the record, by the
-/// cleanup queue, never on the driver's thread. (An `FnOnce` would drop its captures at the end of
-/// the call, on the driver's thread; that is why the bound is `FnMut`. A closure that must give a
-/// captured value away can take it out of an `Option`.)
+/// cleanup queue, never on the driver's thread.
+///
+/// That is why the bound is `FnMut`, not `FnOnce` as for `std::thread::spawn`: an `FnOnce` drops
+/// whatever it captures and does not give away as it returns, on the driver's thread, where a drop
+/// that calls CUDA (a cudarc buffer's, say) may fail or deadlock. So `move || tx.send(value)` does
+/// not compile here (E0507 or E0525: the closure moves `value` out); a closure that gives a
+/// captured value away takes it out of an `Option` (the second example).
 ///
 /// A panic inside `f` never unwinds into the driver: it is caught, reported through the panic
 /// handler ([`set_panic_handler`](crate::set_panic_handler); by default one line on stderr) by the
@@ -155,6 +159,22 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
 /// })?;
 /// let driver_thread = rx.recv().expect("the host function ran");
 /// # let _ = driver_thread; Ok(()) }
+/// ```
+///
+/// Giving a captured value away: the closure takes it out of an `Option`, and the `Sender` it
+/// captured is dropped later, off the driver's thread.
+/// ```no_run
+/// use cuda_host_launch::{host_launch, RawStream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// let (tx, rx) = std::sync::mpsc::channel();
+/// let mut value = Some(vec![1u8, 2, 3]);
+/// host_launch(RawStream::LEGACY, move || {
+///     if let Some(value) = value.take() {
+///         let _ = tx.send(value);
+///     }
+/// })?;
+/// assert_eq!(rx.recv().expect("the host function ran"), [1, 2, 3]);
+/// # Ok(()) }
 /// ```
 pub fn host_launch<S, F>(stream: S, f: F) -> Result<(), Error>
 where

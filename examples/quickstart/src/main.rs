@@ -1,9 +1,12 @@
 //! Launches host functions in stream order and shows which thread ran them and which thread
 //! released their owners.
 //!
-//! `cargo run --example quickstart`. On a machine with an NVIDIA driver it uses the GPU; where no
-//! driver is found it says so and runs against the workspace's fake driver (a test double that runs
-//! host functions on its own "driver" thread, but no kernels).
+//! `cargo run -p quickstart`. On a machine with an NVIDIA driver it uses the GPU; where no driver is
+//! found it says so and runs against the workspace's fake driver (a test double that runs host
+//! functions on its own "driver" thread, but no kernels), which building this package builds.
+//!
+//! A package of its own, with no dev-dependencies, so that this first command builds only the two
+//! crates and the fake driver.
 
 use std::process::ExitCode;
 use std::sync::mpsc::{Sender, channel};
@@ -43,7 +46,7 @@ unsafe extern "C" fn c_host_function(data: *mut std::ffi::c_void) {
     let _ = report.send(format!("C host function ran on {}", thread_name()));
 }
 
-fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
+fn open_driver() -> Result<&'static Driver, Box<dyn std::error::Error>> {
     match cuda_sys::driver() {
         Ok(driver) => {
             println!(
@@ -54,7 +57,10 @@ fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
             Ok(driver)
         }
         Err(e) => {
-            let fake = cuda_workspace::testing::fake_driver_path();
+            // The fake is built with this package (a dependency), into target/<profile>/deps/,
+            // where `locate` looks from the executable's folder.
+            let fake = fake_cuda::steer::locate()
+                .map_err(|not_found| format!("no NVIDIA driver ({e}), and {not_found}"))?;
             println!(
                 "No NVIDIA driver on this machine, so this runs on the workspace's fake driver \
                  ({}), a test double: host functions run on its stand-in driver thread; nothing \
@@ -63,7 +69,7 @@ fn open_driver() -> Result<&'static Driver, cuda_sys::Error> {
             );
             // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures; it
             // is built with this workspace.
-            unsafe { Driver::load(LoadOptions::with_library_path(fake)) }
+            Ok(unsafe { Driver::load(LoadOptions::with_library_path(fake)) }?)
         }
     }
 }
