@@ -3,7 +3,7 @@
 //! A normal build does nothing here: the bindings in `cuda-sys/src/generated/` are committed. With the
 //! `regenerate` feature it runs bindgen over `wrapper.h` and derives the driver-function table from
 //! `cudaTypedefs.h` (see `tools/codegen/`), writing the results to `OUT_DIR` and, when
-//! `CUDA_SYS_WRITE_GENERATED=1`, over the committed files. `scripts/regenerate-bindings` is the one
+//! `CUDA_DL_SYS_WRITE_GENERATED=1`, over the committed files. `scripts/regenerate-bindings` is the one
 //! command that does all of it.
 
 #[cfg(feature = "regenerate")]

@@ -3,7 +3,7 @@
 //! `cargo bench --bench host_launch` on a GPU machine, or `BENCH=1 gpu-bundle/run` from the bundle
 //! of `scripts/gpu-bundle`. Prints a table and writes the same figures to `bench-results.json` in the
 //! working directory. Every figure of a wrapper is also given as a ratio to the floor (the raw
-//! `cuLaunchHostFunc` through the cuda-sys pointer) measured in the same run, interleaved with it.
+//! `cuLaunchHostFunc` through the cuda-dl-sys pointer) measured in the same run, interleaved with it.
 //!
 //! Methods (see BENCHMARKS.md): 1 raw floor; 2 `launch_host_function` with one small owner;
 //! 3 `host_launch` with a closure capturing a small value; 4 the cust/CCCL way
@@ -14,11 +14,11 @@ use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
 use cuda_host_launch::{
     PollerSettings, Stream, flush, host_launch, launch_host_function, pending_launches,
     release_after, set_poller_settings, spawn_after,
 };
-use cuda_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
 #[path = "host_launch/event_lanes.rs"]
@@ -379,7 +379,7 @@ impl Bench {
     #[inline(always)]
     fn capture_query(&self, stream: &Stream) {
         let info = self.gpu.driver.raw().cuStreamGetCaptureInfo().unwrap();
-        let mut status = cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        let mut status = cuda_dl_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         let (mut id, mut graph) = (0, std::ptr::null_mut());
         use std::ptr::null_mut as null;
         // SAFETY: live stream; valid out-pointers (the edge outputs are not asked for).
@@ -914,13 +914,13 @@ fn cold_start_child() {
     // The system loader alone, as a separate number: the driver() call below then finds the
     // library mapped and pays for cuInit and the version query.
     let t = Instant::now();
-    let library = cuda_sys::DEFAULT_NAMES.iter().find_map(|name| {
-        // SAFETY: opening the NVIDIA driver library, as cuda-sys does.
+    let library = cuda_dl_sys::DEFAULT_NAMES.iter().find_map(|name| {
+        // SAFETY: opening the NVIDIA driver library, as cuda-dl-sys does.
         unsafe { libloading::Library::new(*name) }.ok()
     });
     let dlopen = t.elapsed();
     let t0 = Instant::now();
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     let opened = t0.elapsed();
     drop(library);
     let t1 = Instant::now();
@@ -1615,7 +1615,7 @@ fn ingredient_costs(bench: &Bench, stream: &Stream) -> Vec<(&'static str, f64)> 
         median(&mut v)
     };
     use std::ptr::null_mut as null;
-    let none = cuda_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let none = cuda_dl_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     vec![
         (
             "cuStreamGetCaptureInfo (status, id, graph)",

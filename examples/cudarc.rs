@@ -52,7 +52,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> ExitCode {
-    if let Err(e) = cuda_sys::driver() {
+    if let Err(e) = cuda_dl_sys::driver() {
         println!("This example runs a kernel, so it needs an NVIDIA driver; none here ({e}).");
         return ExitCode::SUCCESS;
     }

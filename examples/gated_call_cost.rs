@@ -9,8 +9,8 @@
 
 use std::time::Instant;
 
-use cuda_sys::types::CUresult;
-use cuda_sys::{Driver, LoadOptions};
+use cuda_dl_sys::types::CUresult;
+use cuda_dl_sys::{Driver, LoadOptions};
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -27,7 +27,7 @@ fn median(v: &mut [f64]) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let calls = env_number("GATED_CALLS", 200_000);
     let reps = env_number("GATED_REPS", 201);
-    let driver = match cuda_sys::driver() {
+    let driver = match cuda_dl_sys::driver() {
         Ok(d) => d,
         Err(_) => {
             let path = cuda_workspace::testing::fake_driver_path();

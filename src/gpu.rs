@@ -1,5 +1,5 @@
 //! Support for the tests and benchmarks that run on a real GPU: the embedded PTX kernels and
-//! host-mapped memory, through `cuda-sys` alone.
+//! host-mapped memory, through `cuda-dl-sys` alone.
 //!
 //! Test support, not library code: a failure panics with a message, which fails the test. That is
 //! the point on a machine without a driver, where the GPU tests are run on purpose (`--ignored`).
@@ -9,9 +9,9 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{CUdeviceptr, CUfunction, CUmodule, CUstream};
 use cuda_host_launch::{Device, PrimaryContext};
-use cuda_sys::Driver;
-use cuda_sys::types::{CUdeviceptr, CUfunction, CUmodule, CUstream};
 
 /// The PTX of `tests/kernels/test_kernels.ptx`.
 pub const TEST_KERNELS_PTX: &str = include_str!("../tests/kernels/test_kernels.ptx");
@@ -27,10 +27,10 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Loads the real driver (never the fake: `CUDA_SYS_LIBRARY` must not point at it), retains
+    /// Loads the real driver (never the fake: `CUDA_DL_SYS_LIBRARY` must not point at it), retains
     /// device 0's primary context, makes it current and loads the kernels.
     pub fn open() -> Gpu {
-        let driver = cuda_sys::driver().unwrap_or_else(|e| {
+        let driver = cuda_dl_sys::driver().unwrap_or_else(|e| {
             panic!("GPU test without a usable NVIDIA driver: {e}");
         });
         assert!(
@@ -142,12 +142,12 @@ impl Kernels {
     /// `graph` must be a live graph and `dependencies` nodes of it.
     pub unsafe fn add_spin_then_write_node(
         &self,
-        graph: cuda_sys::types::CUgraph,
-        dependencies: &[cuda_sys::types::CUgraphNode],
+        graph: cuda_dl_sys::types::CUgraph,
+        dependencies: &[cuda_dl_sys::types::CUgraphNode],
         addr: CUdeviceptr,
         value: u32,
         cycles: u64,
-    ) -> cuda_sys::types::CUgraphNode {
+    ) -> cuda_dl_sys::types::CUgraphNode {
         // The parameter values must outlive the call only: the driver copies them.
         let (mut addr, mut value, mut cycles) = (addr, value, cycles);
         let mut args = [
@@ -155,7 +155,7 @@ impl Kernels {
             (&raw mut value).cast(),
             (&raw mut cycles).cast(),
         ];
-        let params = cuda_sys::types::CUDA_KERNEL_NODE_PARAMS {
+        let params = cuda_dl_sys::types::CUDA_KERNEL_NODE_PARAMS {
             func: self.spin_then_write,
             gridDimX: 1,
             gridDimY: 1,

@@ -14,7 +14,7 @@
 //!   [`created_context`]: a context made with `cuCtxCreate` and a stream of it.
 //! - [`in_own_process`] and [`isolated_test!`](crate::isolated_test) run a test in a process of its
 //!   own, with its own environment: the driver is loaded once per process and reads its
-//!   configuration (`CUDA_SYS_*`, `FAKE_CUDA_*`) once, so a test that needs a particular driver
+//!   configuration (`CUDA_DL_SYS_*`, `FAKE_CUDA_*`) once, so a test that needs a particular driver
 //!   version, a stub or a fault from the first call on needs a fresh process.
 //!
 //! Test support, not library code: a failure panics with a message, which fails the test.
@@ -25,8 +25,8 @@
 //!
 //! isolated_test! {
 //!     /// A driver reporting 11.8 resolves through `cuGetProcAddress` (v1).
-//!     fn old_driver_uses_v1(FAKE_CUDA_VERSION = "11080", CUDA_SYS_LIBRARY = fake_driver_path()) {
-//!         let driver = cuda_sys::driver().unwrap();
+//!     fn old_driver_uses_v1(FAKE_CUDA_VERSION = "11080", CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+//!         let driver = cuda_dl_sys::driver().unwrap();
 //!         assert_eq!(driver.version().0, 11080);
 //!         assert_eq!(fake().proc_address_calls(2), 0);
 //!     }
@@ -57,8 +57,8 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUcontext, CUdevice};
-use cuda_sys::{Driver, LoadOptions};
+use cuda_dl_sys::types::{CUcontext, CUdevice};
+use cuda_dl_sys::{Driver, LoadOptions};
 
 /// The fake driver library built beside the running test or example ([`fake_cuda::steer::locate`]:
 /// `FAKE_CUDA_LIBRARY`, else the binary's folder, its `deps/` or `../deps/`).
@@ -118,7 +118,7 @@ pub fn os_thread() -> (String, String) {
 /// # Panics
 /// If `result` is `Ok`.
 #[track_caller]
-pub fn expect_error<T>(result: Result<T, cuda_sys::Error>) -> cuda_sys::Error {
+pub fn expect_error<T>(result: Result<T, cuda_dl_sys::Error>) -> cuda_dl_sys::Error {
     match result {
         Ok(_) => panic!("expected an error, got Ok"),
         Err(e) => e,
@@ -172,10 +172,10 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
 
 /// Whether `function` is an ABI variant without a per-thread twin of a function that has per-thread
 /// variants: the per-thread table lacks it on every driver (`MissingReason::NoPerThreadVariant`).
-pub fn lacks_per_thread_variant(function: cuda_sys::Function) -> bool {
+pub fn lacks_per_thread_variant(function: cuda_dl_sys::Function) -> bool {
     let info = function.info();
     info.per_thread_export.is_none()
-        && cuda_sys::Function::ALL
+        && cuda_dl_sys::Function::ALL
             .iter()
             .any(|g| g.info().symbol == info.symbol && g.info().per_thread_export.is_some())
 }
@@ -183,10 +183,10 @@ pub fn lacks_per_thread_variant(function: cuda_sys::Function) -> bool {
 /// The ABI version a table of `mode` asks the driver for when it resolves `function`: in the
 /// per-thread table, the per-thread variant's own where the entry has one; else the entry's.
 /// (The version gate refuses the entry as `DriverTooOld` exactly when this is above the driver's.)
-pub fn required_version(function: cuda_sys::Function, mode: cuda_sys::DefaultStream) -> u32 {
+pub fn required_version(function: cuda_dl_sys::Function, mode: cuda_dl_sys::DefaultStream) -> u32 {
     let info = function.info();
     match (mode, info.per_thread_export, info.per_thread_version) {
-        (cuda_sys::DefaultStream::PerThread, Some(_), Some(version)) => version,
+        (cuda_dl_sys::DefaultStream::PerThread, Some(_), Some(version)) => version,
         _ => info.version,
     }
 }
@@ -200,13 +200,13 @@ pub fn required_version(function: cuda_sys::Function, mode: cuda_sys::DefaultStr
 /// # Panics
 /// If they differ.
 #[track_caller]
-pub fn assert_gated_exactly_above(version: u32, mode: cuda_sys::DefaultStream, gated: &[&str]) {
-    let above: Vec<&str> = cuda_sys::Function::ALL
+pub fn assert_gated_exactly_above(version: u32, mode: cuda_dl_sys::DefaultStream, gated: &[&str]) {
+    let above: Vec<&str> = cuda_dl_sys::Function::ALL
         .iter()
         .filter(|&&f| required_version(f, mode) > version)
         .map(|f| f.name())
         .collect();
-    let at_version = cuda_sys::Function::ALL
+    let at_version = cuda_dl_sys::Function::ALL
         .iter()
         .filter(|&&f| required_version(f, mode) == version)
         .count();
@@ -271,10 +271,10 @@ fn child_timeout() -> Duration {
 /// must not inherit by accident.
 pub(crate) fn driver_variable(name: &OsStr) -> bool {
     let name = name.to_string_lossy();
-    name.starts_with("CUDA_SYS_") || name.starts_with("FAKE_CUDA_")
+    name.starts_with("CUDA_DL_SYS_") || name.starts_with("FAKE_CUDA_")
 }
 
-/// Runs `body` in a process of its own with `envs` set (and no other `CUDA_SYS_*` or
+/// Runs `body` in a process of its own with `envs` set (and no other `CUDA_DL_SYS_*` or
 /// `FAKE_CUDA_*` variable), and fails if it fails.
 ///
 /// The test binary runs itself again with `<test_name> --exact --nocapture --test-threads=1` and
@@ -412,8 +412,8 @@ pub fn test_path(module_path: &str, name: &str) -> String {
 /// # use cuda_workspace::testing::fake_driver_path;
 /// isolated_test! {
 ///     /// The stub is recognised.
-///     fn stub_is_reported(FAKE_CUDA_STUB = "1", CUDA_SYS_LIBRARY = fake_driver_path()) {
-///         assert!(cuda_sys::driver().is_err());
+///     fn stub_is_reported(FAKE_CUDA_STUB = "1", CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+///         assert!(cuda_dl_sys::driver().is_err());
 ///     }
 /// }
 /// # fn main() {}

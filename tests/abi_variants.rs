@@ -3,11 +3,11 @@
 //! own export's code (the variant of that version, not whichever export has the plain name), and
 //! every entry above it is `DriverTooOld`, in both default-stream tables.
 
-use cuda_sys::functions::{
+use cuda_dl_sys::functions::{
     cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v2,
 };
-use cuda_sys::types::CUresult;
-use cuda_sys::{DefaultStream, DriverVersion, Error, Function, MissingReason};
+use cuda_dl_sys::types::CUresult;
+use cuda_dl_sys::{DefaultStream, DriverVersion, Error, Function, MissingReason};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{fake, load_fake_driver};
 
@@ -99,8 +99,8 @@ fn typed_variants_and_newest(version: i32) {
     // cuDevicePrimaryCtxRelease's 7.0 and 11.0 ABIs share a signature.
     let which = driver
         .newest(&[
-            cuda_sys::functions::cuDevicePrimaryCtxRelease_v7000,
-            cuda_sys::functions::cuDevicePrimaryCtxRelease,
+            cuda_dl_sys::functions::cuDevicePrimaryCtxRelease_v7000,
+            cuda_dl_sys::functions::cuDevicePrimaryCtxRelease,
         ])
         .unwrap()
         .function();
@@ -111,7 +111,7 @@ fn typed_variants_and_newest(version: i32) {
     };
     assert_eq!(which, expected, "on {version}");
     // The same without listing them: the table knows the variants of one signature.
-    let release = cuda_sys::functions::cuDevicePrimaryCtxRelease;
+    let release = cuda_dl_sys::functions::cuDevicePrimaryCtxRelease;
     assert_eq!(
         release.variants(),
         [
@@ -158,7 +158,10 @@ fn typed_variants_and_newest(version: i32) {
 fn the_pre_11_3_path_chooses_the_versioned_export(version: i32) {
     let driver = load_fake_driver();
     assert!(version < 11030);
-    assert_eq!(driver.resolution_path(), cuda_sys::ResolutionPath::Exports);
+    assert_eq!(
+        driver.resolution_path(),
+        cuda_dl_sys::ResolutionPath::Exports
+    );
     let plain = fake().export_address("cuMemAlloc").unwrap();
     let v2 = fake().export_address("cuMemAlloc_v2").unwrap();
     assert_ne!(plain, v2);

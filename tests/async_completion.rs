@@ -173,7 +173,7 @@ isolated_test! {
     /// is released (no launch pending, the cleanup queue's counts equal), and the tickets, event
     /// pools and low-latency pages stop growing after the first rounds.
     fn futures_dropped_early_leak_nothing_and_wakers_are_never_dropped_on_a_driver_thread(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -237,7 +237,7 @@ isolated_test! {
     /// A sticky error: pending futures of both modes resolve to `ContextLost` once the context
     /// is reset, and every pending launch is reclaimed, pooled and boxed records alike.
     fn pending_futures_resolve_to_an_error_after_the_context_reset(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -301,7 +301,7 @@ isolated_test! {
     /// with a waker that counts; after the sticky error and the reset, every waker is woken
     /// without anyone polling (an executor polls only what was woken), and the futures then
     /// resolve to `ContextLost`.
-    fn a_future_failed_by_a_context_loss_wakes_its_task(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn a_future_failed_by_a_context_loss_wakes_its_task(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         type Boxed = std::pin::Pin<Box<dyn Future<Output = Result<(), Error>>>>;
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -388,7 +388,7 @@ isolated_test! {
     /// function on a stream of a created context, and refuses a capturing stream as every mode
     /// does.
     fn auto_uses_an_event_where_it_can_and_a_host_function_elsewhere(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         assert_eq!(CompletionMode::default(), CompletionMode::Auto);
         let context = fake_primary_context();
@@ -413,12 +413,12 @@ isolated_test! {
         assert_eq!(fake().call_count("cuDevicePrimaryCtxGetState"), asked, "asked again");
         drop(created);
 
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         // SAFETY: a live stream.
         unsafe {
             driver.cuStreamBeginCapture(
                 stream.raw(),
-                cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                cuda_dl_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )
         }
         .unwrap();
@@ -435,7 +435,7 @@ isolated_test! {
     /// Before CUDA 12.0 (no `cuStreamGetId`) `completion` uses a host function.
     fn auto_uses_a_host_function_before_cuda_12(
         FAKE_CUDA_VERSION = "11080",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -444,7 +444,7 @@ isolated_test! {
         assert_eq!(enqueued(), (events, host_functions + 1));
         let refused = CompletionMode::Event.completion(&stream);
         assert!(
-            matches!(refused, Err(Error::Cuda(cuda_sys::Error::DriverTooOld { .. }))),
+            matches!(refused, Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { .. }))),
             "{refused:?}"
         );
     }

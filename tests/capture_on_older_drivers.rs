@@ -9,9 +9,9 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cuda_dl_sys::DriverVersion;
+use cuda_dl_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_host_launch::{Error, Event, Graph, LaunchOptions, Stream, host_launch};
-use cuda_sys::DriverVersion;
-use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_primary_context, load_fake_driver};
 
@@ -133,7 +133,7 @@ isolated_test! {
         });
         let calls_to_v1 = fake().call_count("cuStreamGetCaptureInfo");
         match refused {
-            Err(Error::Cuda(cuda_sys::Error::DriverTooOld { function, required, found })) => {
+            Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { function, required, found })) => {
                 assert_eq!(function, "cuUserObjectCreate");
                 assert_eq!(required, 11030);
                 assert_eq!(found, DriverVersion(11020));

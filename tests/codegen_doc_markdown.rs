@@ -1,6 +1,6 @@
 //! The generator's Doxygen-to-Markdown conversion (`tools/codegen/doc_markdown.rs`, which has no
 //! dependency, so it is compiled here too and checked without the `regenerate` feature): what a
-//! binding author reads on each `cuda_sys::functions` page.
+//! binding author reads on each `cuda_dl_sys::functions` page.
 
 #[path = "../tools/codegen/doc_markdown.rs"]
 #[allow(dead_code)]

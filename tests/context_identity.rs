@@ -50,7 +50,7 @@ isolated_test! {
     /// resolved its futures to `ContextLost` and freed its low-latency page with the flag write
     /// pending.)
     fn a_reclaim_after_the_last_release_leaves_the_context_made_again_alone(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         load_fake_driver();
         let device = Device::get(0).unwrap();
@@ -119,7 +119,7 @@ isolated_test! {
     /// and reclaims everything (before: the pool kept its retain for good, nothing was reclaimed,
     /// the future never resolved).
     fn a_sticky_errors_event_work_is_reclaimed_by_the_users_last_release(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         load_fake_driver();
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
@@ -156,7 +156,7 @@ isolated_test! {
     /// last release destroys the context and drops the owner (before: the pool's retain kept the
     /// context, and the owner, for good).
     fn a_release_stranded_by_a_capture_is_reclaimed_by_the_users_last_release(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         load_fake_driver();
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
@@ -184,7 +184,7 @@ isolated_test! {
     /// context and reclaims the release. (Before, with the event given back: the pool, with
     /// nothing stranded, kept the context retained until the poller's idle exit, never here.)
     fn an_event_a_capture_may_hold_is_stranded_and_its_pool_lets_the_context_go(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
             idle_exit: Duration::from_secs(3600),
@@ -223,7 +223,7 @@ isolated_test! {
     /// look): the event is stranded at once and the pool lets its retain go before the call
     /// returns `CaptureActive` (no poller runs: nothing else would give the pool back).
     fn an_event_a_capture_may_hold_is_stranded_by_the_call_that_sees_the_capture(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         load_fake_driver();
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
@@ -249,7 +249,7 @@ isolated_test! {
     /// The fake, as the H200's driver, gives a primary context made again after its last release
     /// the same handle and a new `cuCtxGetId`; a `Stream` carries the ids it was made with.
     fn a_stream_carries_the_ids_of_the_context_it_was_made_in(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         use cuda_host_launch::AsRawStream;
         load_fake_driver();
@@ -272,7 +272,7 @@ fn begin_capture(stream: &Stream) {
         driver
             .cuStreamBeginCapture_v2(
                 stream.raw(),
-                cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                cuda_dl_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )
             .unwrap();
     }
@@ -296,7 +296,7 @@ fn begin_capture_raw(stream: usize) {
         driver
             .cuStreamBeginCapture_v2(
                 std::ptr::with_exposed_provenance_mut(stream),
-                cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                cuda_dl_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
             )
             .unwrap();
     }

@@ -1,6 +1,6 @@
 //! cudarc's streams as launch targets (feature `cudarc`), on the fake driver: cudarc opens
 //! `libcuda.so` by name, so each test runs in a process of its own whose loader path starts with
-//! a folder where `libcuda.so` is the fake; `cuda-sys` opens the same file, so both bindings share
+//! a folder where `libcuda.so` is the fake; `cuda-dl-sys` opens the same file, so both bindings share
 //! one fake driver, as they would share the real one.
 
 use std::path::PathBuf;
@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use cuda_dl_sys::types::{CUcontext, CUstream};
 use cuda_host_launch::{AsRawStream, flush, host_launch, pending_launches};
-use cuda_sys::types::{CUcontext, CUstream};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{fake, fake_driver_path};
 use cudarc::driver::CudaContext;
@@ -53,7 +53,7 @@ isolated_test! {
     /// the launch is counted in the context cudarc made the stream in.
     fn a_launch_on_a_cudarc_stream_runs_and_is_released_by_the_reaper(
         LD_LIBRARY_PATH = fake_libcuda_folder(),
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = CudaContext::new(0).unwrap();
         let stream = context.new_stream().unwrap();
@@ -92,14 +92,14 @@ isolated_test! {
     /// per-thread stream stays the per-thread handle. An `Arc` of a stream is a stream too.
     fn cudarcs_special_streams_map_to_the_drivers_special_handles(
         LD_LIBRARY_PATH = fake_libcuda_folder(),
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = CudaContext::new(0).unwrap();
         let default = context.default_stream();
-        assert_eq!(default.as_raw_stream(), cuda_sys::CU_STREAM_LEGACY);
+        assert_eq!(default.as_raw_stream(), cuda_dl_sys::CU_STREAM_LEGACY);
         assert_eq!(default.context_hint(), None);
         let per_thread = context.per_thread_stream();
-        assert_eq!(per_thread.as_raw_stream(), cuda_sys::CU_STREAM_PER_THREAD);
+        assert_eq!(per_thread.as_raw_stream(), cuda_dl_sys::CU_STREAM_PER_THREAD);
         assert_eq!(per_thread.context_hint(), None);
 
         let ran = Arc::new(AtomicUsize::new(0));
@@ -120,7 +120,7 @@ isolated_test! {
     /// that run, and later replays touch nothing of the released launch.
     fn cudarcs_begin_capture_racing_a_launch_leaves_it_sound(
         LD_LIBRARY_PATH = fake_libcuda_folder(),
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = CudaContext::new(0).unwrap();
         let stream = context.new_stream().unwrap();

@@ -4,8 +4,8 @@
 
 use std::ptr;
 
-use cuda_sys::types::CUstream;
-use cuda_sys::{DefaultStream, Driver, Function};
+use cuda_dl_sys::types::CUstream;
+use cuda_dl_sys::{DefaultStream, Driver, Function};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{current_primary_context, fake, fake_driver_path, load_fake_driver};
 
@@ -39,7 +39,7 @@ fn both_tables_call_their_own_variant(expect_flags: bool) {
     assert!(ptr::eq(per_thread.legacy(), driver));
     assert!(ptr::eq(per_thread.per_thread(), per_thread));
     assert!(
-        ptr::eq(cuda_sys::driver().unwrap(), driver),
+        ptr::eq(cuda_dl_sys::driver().unwrap(), driver),
         "the default moved"
     );
 
@@ -85,8 +85,8 @@ fn per_thread_table_walk() -> usize {
         let expect_no_twin = cuda_workspace::testing::lacks_per_thread_variant(f);
         match per_thread.resolve(f) {
             Ok(_) => assert!(!expect_no_twin, "{}: resolved in per-thread mode", f.name()),
-            Err(cuda_sys::Error::SymbolMissing {
-                reason: cuda_sys::MissingReason::NoPerThreadVariant,
+            Err(cuda_dl_sys::Error::SymbolMissing {
+                reason: cuda_dl_sys::MissingReason::NoPerThreadVariant,
                 ..
             }) if expect_no_twin => no_twin += 1,
             Err(e) if expect_no_twin => panic!("{}: {e}", f.name()),
@@ -135,13 +135,13 @@ isolated_test! {
         both_tables_call_their_own_variant(false);
     }
 
-    /// `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1` still makes the per-thread table the process's
+    /// `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM=1` still makes the per-thread table the process's
     /// default, and the legacy one is still there beside it.
     fn the_environment_still_chooses_the_default_table(
-        CUDA_SYS_LIBRARY = fake_driver_path(),
-        CUDA_SYS_PER_THREAD_DEFAULT_STREAM = "1"
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM = "1"
     ) {
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         assert_eq!(driver.default_stream(), DefaultStream::PerThread);
         assert!(ptr::eq(Driver::get().unwrap(), driver));
         assert_eq!(driver.legacy().default_stream(), DefaultStream::Legacy);

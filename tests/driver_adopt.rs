@@ -1,7 +1,7 @@
 //! Adopting a library the caller opened (issue 23, item 4): `Driver::adopt` (unsafe) makes it the
 //! process's driver, in the mode asked; adopting the same file again returns the same tables.
 
-use cuda_sys::{DefaultStream, Driver, DriverVersion, Error};
+use cuda_dl_sys::{DefaultStream, Driver, DriverVersion, Error};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{fake, fake_driver_path};
 
@@ -14,7 +14,7 @@ isolated_test! {
         let driver = unsafe { Driver::adopt(library, &path, DefaultStream::PerThread) }.unwrap();
         assert_eq!(driver.version(), DriverVersion(12040));
         assert_eq!(driver.default_stream(), DefaultStream::PerThread);
-        assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
+        assert!(std::ptr::eq(cuda_dl_sys::driver().unwrap(), driver));
         assert_eq!(fake().call_count("cuInit"), 1);
 
         // SAFETY: as above.

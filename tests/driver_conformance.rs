@@ -1,5 +1,5 @@
 //! The driver conformance suite: the behaviours the fake driver (`tests/fake-cuda`) models,
-//! written once against the driver API through `cuda-sys`, run against the fake in `cargo test`
+//! written once against the driver API through `cuda-dl-sys`, run against the fake in `cargo test`
 //! and against the real driver in the GPU bundle (`CONFORMANCE_DRIVER=real`, see
 //! `scripts/gpu-bundle`).
 //!

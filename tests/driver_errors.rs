@@ -3,8 +3,8 @@
 
 use std::ptr;
 
-use cuda_sys::types::{CUresult, CUstream};
-use cuda_sys::{Driver, DriverError, Error};
+use cuda_dl_sys::types::{CUresult, CUstream};
+use cuda_dl_sys::{Driver, DriverError, Error};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};
 

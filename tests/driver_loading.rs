@@ -1,11 +1,11 @@
-//! Loading the driver library: by explicit path and through `CUDA_SYS_LIBRARY`, and each way a load
+//! Loading the driver library: by explicit path and through `CUDA_DL_SYS_LIBRARY`, and each way a load
 //! can fail (no library, not a driver, the toolkit's stub, `cuInit` failing). Every test runs in a
 //! process of its own: the driver is loaded once per process.
 
 use std::path::Path;
 
-use cuda_sys::types::CUresult;
-use cuda_sys::{
+use cuda_dl_sys::types::CUresult;
+use cuda_dl_sys::{
     DEFAULT_NAMES, DefaultStream, Driver, DriverVersion, Error, LibraryOrigin, LoadOptions,
     ResolutionPath,
 };
@@ -19,7 +19,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 isolated_test! {
     /// 16 threads asking for the driver at once: one of them loads it, every one gets the same
     /// `Driver`, and the library is initialised once.
-    fn sixteen_threads_loading_at_once_share_one_driver(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn sixteen_threads_loading_at_once_share_one_driver(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         let _ = fake(); // keeps the fake's counters alive across the load
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(16));
         let drivers: Vec<usize> = (0..16)
@@ -27,7 +27,7 @@ isolated_test! {
                 let barrier = barrier.clone();
                 std::thread::spawn(move || {
                     barrier.wait();
-                    std::ptr::from_ref(cuda_sys::driver().unwrap()).addr()
+                    std::ptr::from_ref(cuda_dl_sys::driver().unwrap()).addr()
                 })
             })
             .collect::<Vec<_>>()
@@ -53,7 +53,7 @@ isolated_test! {
         let again = unsafe { Driver::load(LoadOptions::with_library_path(&path)) }.unwrap();
         assert!(std::ptr::eq(driver, again));
         assert!(std::ptr::eq(Driver::get().unwrap(), driver));
-        assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
+        assert!(std::ptr::eq(cuda_dl_sys::driver().unwrap(), driver));
         assert_eq!(fake().call_count("cuInit"), 1);
         assert_eq!(fake().call_count("cuDriverGetVersion"), 1);
 
@@ -67,7 +67,7 @@ isolated_test! {
         let other = unsafe { Driver::load(per_thread) }.unwrap();
         assert_eq!(other.default_stream(), DefaultStream::PerThread);
         assert!(std::ptr::eq(other, driver.per_thread()));
-        assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
+        assert!(std::ptr::eq(cuda_dl_sys::driver().unwrap(), driver));
         // SAFETY: as above.
         let err = expect_error(unsafe {
             Driver::load(LoadOptions::with_library_path("/elsewhere/libcuda.so.1"))
@@ -76,9 +76,9 @@ isolated_test! {
         assert!(err.to_string().contains("/elsewhere/libcuda.so.1"), "{err}");
     }
 
-    /// `cuda_sys::driver()` opens the file `CUDA_SYS_LIBRARY` names.
-    fn loads_the_library_named_by_cuda_sys_library(CUDA_SYS_LIBRARY = fake_driver_path()) {
-        let driver = cuda_sys::driver().unwrap();
+    /// `cuda_dl_sys::driver()` opens the file `CUDA_DL_SYS_LIBRARY` names.
+    fn loads_the_library_named_by_cuda_sys_library(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let driver = cuda_dl_sys::driver().unwrap();
         assert!(same_file(driver.path(), &fake_driver_path()));
         assert_eq!(driver.version(), DriverVersion(13000));
         assert_eq!(driver.default_stream(), DefaultStream::Legacy);
@@ -87,22 +87,22 @@ isolated_test! {
     /// The version is what `cuDriverGetVersion` says.
     fn reports_the_version_the_driver_gives(
         FAKE_CUDA_VERSION = "12040",
-        CUDA_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
     ) {
-        let version = cuda_sys::driver().unwrap().version();
+        let version = cuda_dl_sys::driver().unwrap().version();
         assert_eq!(version, DriverVersion(12040));
         assert_eq!((version.major(), version.minor()), (12, 4));
         assert_eq!(version.to_string(), "12.4");
     }
 
-    /// A `CUDA_SYS_LIBRARY` path that does not exist: `LibraryNotFound` names it with the system
+    /// A `CUDA_DL_SYS_LIBRARY` path that does not exist: `LibraryNotFound` names it with the system
     /// loader's message, says that the variable is why only it was tried, and advises to fix or
     /// unset the variable (not to set it, which it is); the failure is not remembered, so a later
     /// load can succeed.
     fn a_bad_cuda_sys_library_path_is_reported_with_the_variable_to_fix(
-        CUDA_SYS_LIBRARY = "/nonexistent/libcuda.so.1",
+        CUDA_DL_SYS_LIBRARY = "/nonexistent/libcuda.so.1",
     ) {
-        let err = expect_error(cuda_sys::driver());
+        let err = expect_error(cuda_dl_sys::driver());
         let Error::LibraryNotFound { tried, origin } = &err else {
             panic!("expected LibraryNotFound, got {err:?}");
         };
@@ -113,35 +113,35 @@ isolated_test! {
         assert!(tried[0].message.contains("No such file or directory"), "{tried:?}");
         let text = err.to_string();
         for needle in [
-            "CUDA_SYS_LIBRARY is set, so only the library it names was tried",
+            "CUDA_DL_SYS_LIBRARY is set, so only the library it names was tried",
             "/nonexistent/libcuda.so.1",
             "No such file or directory",
-            "Fix CUDA_SYS_LIBRARY",
+            "Fix CUDA_DL_SYS_LIBRARY",
             "or unset it",
         ] {
             assert!(text.contains(needle), "{needle:?} not in: {text}");
         }
-        assert!(!text.contains("set CUDA_SYS_LIBRARY to the library's full path"), "{text}");
+        assert!(!text.contains("set CUDA_DL_SYS_LIBRARY to the library's full path"), "{text}");
         assert!(Driver::get().is_none());
-        assert!(matches!(cuda_sys::driver(), Err(Error::LibraryNotFound { .. })));
+        assert!(matches!(cuda_dl_sys::driver(), Err(Error::LibraryNotFound { .. })));
 
         // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures.
         let driver = unsafe { Driver::load(LoadOptions::with_library_path(fake_driver_path())) }
             .unwrap();
-        assert!(std::ptr::eq(cuda_sys::driver().unwrap(), driver));
+        assert!(std::ptr::eq(cuda_dl_sys::driver().unwrap(), driver));
     }
 
-    /// `CUDA_SYS_LIBRARY` naming a library that is not a driver: the same advice, with why.
+    /// `CUDA_DL_SYS_LIBRARY` naming a library that is not a driver: the same advice, with why.
     #[cfg(target_os = "linux")]
     fn a_cuda_sys_library_that_is_not_a_driver_is_reported_with_the_variable_to_fix(
-        CUDA_SYS_LIBRARY = "libm.so.6",
+        CUDA_DL_SYS_LIBRARY = "libm.so.6",
     ) {
-        let err = expect_error(cuda_sys::driver());
+        let err = expect_error(cuda_dl_sys::driver());
         let text = err.to_string();
         for needle in [
-            "CUDA_SYS_LIBRARY is set",
+            "CUDA_DL_SYS_LIBRARY is set",
             "libm.so.6 (opened, but it is not a CUDA driver: no cuInit export)",
-            "Fix CUDA_SYS_LIBRARY",
+            "Fix CUDA_DL_SYS_LIBRARY",
         ] {
             assert!(text.contains(needle), "{needle:?} not in: {text}");
         }
@@ -163,7 +163,7 @@ isolated_test! {
         let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
         assert_eq!(names, ["/nonexistent/libcuda.so"]);
         assert!(text.contains("the library path given to Driver::load"), "{text}");
-        assert!(!text.contains("CUDA_SYS_LIBRARY"), "{text}");
+        assert!(!text.contains("CUDA_DL_SYS_LIBRARY"), "{text}");
     }
 
     /// Without a path, the default names are tried in order. This machine may have no driver (an
@@ -171,7 +171,7 @@ isolated_test! {
     /// fails), or a real driver: then `cuInit` succeeded, the version is a real one and the
     /// driver is the process's.
     fn without_a_path_the_default_names_are_tried_in_order() {
-        // SAFETY: no path: the default names, as `cuda_sys::driver()` searches them.
+        // SAFETY: no path: the default names, as `cuda_dl_sys::driver()` searches them.
         match unsafe { Driver::load(LoadOptions::default()) } {
             Err(err @ Error::LibraryNotFound { .. }) => {
                 let text = err.to_string();
@@ -180,7 +180,7 @@ isolated_test! {
                 let names: Vec<&str> = tried.iter().map(|a| a.candidate.as_str()).collect();
                 assert_eq!(names, DEFAULT_NAMES);
                 assert!(tried.iter().all(|a| !a.message.is_empty()), "{tried:?}");
-                for needle in ["Install the NVIDIA driver", "or set CUDA_SYS_LIBRARY"] {
+                for needle in ["Install the NVIDIA driver", "or set CUDA_DL_SYS_LIBRARY"] {
                     assert!(text.contains(needle), "{needle:?} not in: {text}");
                 }
                 assert!(Driver::get().is_none());
@@ -229,16 +229,16 @@ isolated_test! {
         assert_eq!(tried[0].message, "opened, but it is not a CUDA driver: no cuInit export");
     }
 
-    /// The toolkit's stub (`cuInit` returns 34) is named as such, with the fix: `CUDA_SYS_LIBRARY`
+    /// The toolkit's stub (`cuInit` returns 34) is named as such, with the fix: `CUDA_DL_SYS_LIBRARY`
     /// names it, so point the variable at the driver or unset it; nothing else was called. Once
     /// the stub behaviour stops, loading works (a failed load is not remembered).
     fn the_stub_library_is_reported_with_the_fix(
         FAKE_CUDA_STUB = "1",
-        CUDA_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
     ) {
         // The loader closes a library it rejects; keep the fake mapped so its counters survive.
         let fake = fake();
-        let err = expect_error(cuda_sys::driver());
+        let err = expect_error(cuda_dl_sys::driver());
         let Error::StubLibrary { path, origin } = &err else {
             panic!("expected StubLibrary, got {err:?}");
         };
@@ -248,7 +248,7 @@ isolated_test! {
         for needle in [
             "stub library",
             "CUDA_ERROR_STUB_LIBRARY",
-            "CUDA_SYS_LIBRARY names it: set CUDA_SYS_LIBRARY to the NVIDIA driver's libcuda.so.1",
+            "CUDA_DL_SYS_LIBRARY names it: set CUDA_DL_SYS_LIBRARY to the NVIDIA driver's libcuda.so.1",
             "or unset it",
         ] {
             assert!(text.contains(needle), "{needle:?} not in: {text}");
@@ -257,18 +257,18 @@ isolated_test! {
         assert_eq!(fake.call_count("cuDriverGetVersion"), 0);
 
         fake.set_stub(false);
-        assert_eq!(cuda_sys::driver().unwrap().version(), DriverVersion(13000));
+        assert_eq!(cuda_dl_sys::driver().unwrap().version(), DriverVersion(13000));
     }
 
     /// `cuInit` failing is a described driver error, and not remembered either.
     fn a_failing_cuinit_is_a_driver_error(
         FAKE_CUDA_FAIL = "cuInit=100",
-        CUDA_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
     ) {
         // The loader closes the library after a failed cuInit, yet the error's name and
-        // description point into it (see the report on cuda-sys): keep it mapped meanwhile.
+        // description point into it (see the report on cuda-dl-sys): keep it mapped meanwhile.
         let fake = fake();
-        let err = expect_error(cuda_sys::driver());
+        let err = expect_error(cuda_dl_sys::driver());
         let Error::Driver(e) = &err else {
             panic!("expected a driver error, got {err:?}");
         };
@@ -278,6 +278,6 @@ isolated_test! {
         assert_eq!(e.description(), "no CUDA-capable device is detected");
 
         fake.clear_faults();
-        cuda_sys::driver().unwrap();
+        cuda_dl_sys::driver().unwrap();
     }
 }

@@ -4,8 +4,8 @@
 use std::ptr;
 use std::sync::{Arc, Barrier};
 
-use cuda_sys::types::CUstream;
-use cuda_sys::{
+use cuda_dl_sys::types::CUstream;
+use cuda_dl_sys::{
     DefaultStream, Driver, DriverLibrary, DriverVersion, Error, Function, LibraryKind,
     LibraryOrigin, LoadOptions, MissingReason, ResolutionPath,
 };
@@ -176,18 +176,18 @@ isolated_test! {
         missing_symbol_is_reported_and_cached(ResolutionPath::ProcAddress);
     }
 
-    /// A symbol missing from the library `CUDA_SYS_LIBRARY` names, which is not NVIDIA's driver:
+    /// A symbol missing from the library `CUDA_DL_SYS_LIBRARY` names, which is not NVIDIA's driver:
     /// the advice is to point the variable at the driver or unset it.
     fn a_symbol_missing_from_a_cuda_sys_library_that_is_not_the_driver_names_the_variable(
         FAKE_CUDA_MISSING = "cuStreamQuery",
-        CUDA_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
     ) {
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         let err = expect_error(driver.raw().cuStreamQuery());
         let text = err.to_string();
         for needle in [
             "That library is not NVIDIA's driver",
-            "or set CUDA_SYS_LIBRARY to the NVIDIA driver's libcuda.so.1 or unset it",
+            "or set CUDA_DL_SYS_LIBRARY to the NVIDIA driver's libcuda.so.1 or unset it",
         ] {
             assert!(text.contains(needle), "{needle:?} not in: {text}");
         }
@@ -199,9 +199,9 @@ isolated_test! {
     #[cfg(target_os = "linux")]
     fn a_symbol_missing_from_a_library_named_as_the_driver_advises_an_upgrade(
         FAKE_CUDA_MISSING = "cuStreamQuery",
-        CUDA_SYS_LIBRARY = fake_named_libcuda(),
+        CUDA_DL_SYS_LIBRARY = fake_named_libcuda(),
     ) {
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         assert_eq!(driver.path(), fake_named_libcuda());
         let err = expect_error(driver.raw().cuStreamQuery());
         let Error::SymbolMissing { library: Some(library), .. } = &err else {
@@ -225,12 +225,12 @@ isolated_test! {
         assert_eq!(text, expected);
     }
 
-    /// `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1` asks for the per-thread variants.
+    /// `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM=1` asks for the per-thread variants.
     fn per_thread_mode_from_the_environment(
-        CUDA_SYS_PER_THREAD_DEFAULT_STREAM = "1",
-        CUDA_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM = "1",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
     ) {
-        resolves_for_mode(cuda_sys::driver().unwrap(), DefaultStream::PerThread);
+        resolves_for_mode(cuda_dl_sys::driver().unwrap(), DefaultStream::PerThread);
     }
 
     /// `LoadOptions::default_stream` does the same.

@@ -6,8 +6,8 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_sys::types::{CUcontext, CUdevice, CUstream};
-use cuda_sys::{DriverVersion, Error, Function, ResolutionPath};
+use cuda_dl_sys::types::{CUcontext, CUdevice, CUstream};
+use cuda_dl_sys::{DriverVersion, Error, Function, ResolutionPath};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{fake, load_fake_driver};

@@ -7,8 +7,8 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_sys::types::{CUresult, CUstream};
-use cuda_sys::{DefaultStream, DriverVersion, Error, Function};
+use cuda_dl_sys::types::{CUresult, CUstream};
+use cuda_dl_sys::{DefaultStream, DriverVersion, Error, Function};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{assert_gated_exactly_above, bump, required_version};
 use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};

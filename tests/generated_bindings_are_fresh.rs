@@ -63,12 +63,12 @@ fn special_stream_handles_have_the_values_the_pinned_cuda_h_defines() {
         Some(0x1f),
         "the parser reads the header's form"
     );
-    let include = std::env::var("CUDA_SYS_INCLUDE_DIR")
-        .expect("CUDA_SYS_INCLUDE_DIR (scripts/regenerate-bindings sets it)");
+    let include = std::env::var("CUDA_DL_SYS_INCLUDE_DIR")
+        .expect("CUDA_DL_SYS_INCLUDE_DIR (scripts/regenerate-bindings sets it)");
     let cuda_h = std::fs::read_to_string(Path::new(&include).join("cuda.h")).expect("cuda.h");
     for (name, ours) in [
-        ("CU_STREAM_LEGACY", cuda_sys::CU_STREAM_LEGACY),
-        ("CU_STREAM_PER_THREAD", cuda_sys::CU_STREAM_PER_THREAD),
+        ("CU_STREAM_LEGACY", cuda_dl_sys::CU_STREAM_LEGACY),
+        ("CU_STREAM_PER_THREAD", cuda_dl_sys::CU_STREAM_PER_THREAD),
     ] {
         let theirs = stream_handle_define(&cuda_h, name)
             .unwrap_or_else(|| panic!("cuda.h has no `#define {name} ((CUstream)0x..)`"));

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::CUstreamCaptureMode;
 use cuda_host_launch::{
     CompletionMode, Error, Stream, flush, pending_launches, poller_cpu_time, release_after,
     spawn_after,
 };
-use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::gpu::{Gpu, Kernels, MappedU32s};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{CountedOwner, DropCounts, REAPER_NAME};

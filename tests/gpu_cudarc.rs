@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cuda_dl_sys::types::CUcontext;
 use cuda_host_launch::{flush, host_launch, pending_launches};
-use cuda_sys::types::CUcontext;
 use cudarc::driver::{CudaContext, CudaSlice, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 

@@ -1,9 +1,9 @@
-//! cuda-sys against the real driver. Opt-in: `cargo test --test gpu_driver -- --ignored`, or the
+//! cuda-dl-sys against the real driver. Opt-in: `cargo test --test gpu_driver -- --ignored`, or the
 //! bundle of `scripts/gpu-bundle`. Without a driver every test here fails (it does not skip).
 
 use std::ptr;
 
-use cuda_sys::{
+use cuda_dl_sys::{
     DefaultStream, Error, Function, LibraryKind, MissingReason, ResolutionPath, driver,
 };
 use cuda_workspace::isolated_test;
@@ -176,11 +176,11 @@ fn a_walk_over_the_whole_table_finds_nothing_missing_at_or_below_the_driver_vers
 }
 
 isolated_test! {
-    /// Loaded with `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1`, the table resolves the per-thread
+    /// Loaded with `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM=1`, the table resolves the per-thread
     /// variants (at their own ABI versions) and they work.
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
     fn the_table_resolves_and_calls_per_thread_variants_in_per_thread_mode(
-        CUDA_SYS_PER_THREAD_DEFAULT_STREAM = "1"
+        CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM = "1"
     ) {
         let d = driver().expect("driver");
         assert_eq!(d.default_stream(), DefaultStream::PerThread);

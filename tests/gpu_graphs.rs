@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cuda_dl_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
 use cuda_host_launch::{
     Error, Event, Graph, GraphNode, HostTaskSyncMode, LaunchOptions, Stream, add_host_node, flush,
 };
-use cuda_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::gpu::{Gpu, MappedU32s};
 use cuda_workspace::testing::Drops;
 
@@ -253,7 +253,7 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
         // with DriverTooOld, before anything is enqueued or added, owners dropped on return.
         for result in [launched, node] {
             match result {
-                Err(Error::Cuda(cuda_sys::Error::DriverTooOld {
+                Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld {
                     function,
                     required,
                     found,

@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUstreamCaptureMode, CUstreamCaptureStatus};
 use cuda_host_launch::{
     Error, Event, PanicOrigin, RawStream, Stream, cleanup_stats, flush, host_launch,
     launch_host_function, launch_host_function_with_bytes, launch_ticket_bytes,
     reset_panic_handler, set_panic_handler,
 };
-use cuda_sys::types::{CUstreamCaptureMode, CUstreamCaptureStatus};
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 use cuda_workspace::testing::{DropCounts, Drops};
 
@@ -290,7 +290,7 @@ fn a_stream_made_through_cuda_sys_alone_works() {
     })
     .unwrap();
     // SAFETY: the legacy stream of the current context.
-    unsafe { d.cuStreamSynchronize(cuda_sys::CU_STREAM_LEGACY) }.unwrap();
+    unsafe { d.cuStreamSynchronize(cuda_dl_sys::CU_STREAM_LEGACY) }.unwrap();
     assert!(legacy.load(Ordering::SeqCst));
 }
 

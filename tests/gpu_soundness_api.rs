@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cuda_dl_sys::types::CUstreamCaptureMode;
 use cuda_host_launch::{Error, Graph, Stream, add_host_node, flush};
-use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::gpu::Gpu;
 use cuda_workspace::testing::{Drops, PATIENCE};
 

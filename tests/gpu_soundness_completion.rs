@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::CUstreamCaptureMode;
 use cuda_host_launch::{
     CompletionMode, Error, Graph, PanicOrigin, Stream, flush, set_panic_handler,
 };
-use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::gpu::{Gpu, MappedU32s};
 use cuda_workspace::isolated_test;
 

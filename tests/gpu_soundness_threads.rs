@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUcontext, CUdeviceptr, CUresult, CUstreamCaptureMode};
 use cuda_host_launch::{Graph, Stream, host_launch};
-use cuda_sys::types::{CUcontext, CUdeviceptr, CUresult, CUstreamCaptureMode};
 use cuda_workspace::gpu::{Gpu, MappedU32s};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::PATIENCE;
@@ -40,7 +40,7 @@ impl DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        let Some(driver) = cuda_sys::Driver::get() else {
+        let Some(driver) = cuda_dl_sys::Driver::get() else {
             return;
         };
         let raw = driver.raw();

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::CUstreamCaptureMode;
 use cuda_host_launch::{
     Device, PrimaryContext, Stream, flush, host_launch, launch_host_function, pending_launches,
     release_after,
 };
-use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::gpu::{Gpu, Kernels, MappedU32s};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{CountedOwner, DropCounts, ThreadSet, thread_id};
@@ -154,12 +154,12 @@ isolated_test! {
         type Freed = Arc<Mutex<Option<(String, u64)>>>;
         struct Device1Buffer {
             context: Arc<PrimaryContext>,
-            buffer: cuda_sys::types::CUdeviceptr,
+            buffer: cuda_dl_sys::types::CUdeviceptr,
             freed: Freed,
         }
         impl Drop for Device1Buffer {
             fn drop(&mut self) {
-                let driver = cuda_sys::driver().unwrap();
+                let driver = cuda_dl_sys::driver().unwrap();
                 let result = self.context.set_current().map_err(|e| e.to_string()).and_then(|()| {
                     // SAFETY: device 1's allocation, freed once, its context current.
                     unsafe { driver.cuMemFree(self.buffer) }.map_err(|e| e.to_string())

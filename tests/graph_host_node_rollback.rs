@@ -8,8 +8,8 @@
 
 use std::ptr;
 
+use cuda_dl_sys::types::{CUgraph, CUresult, CUstreamCaptureMode};
 use cuda_host_launch::{Error, Graph, LaunchOptions, Stream, add_host_node, flush};
-use cuda_sys::types::{CUgraph, CUresult, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     PATIENCE, Probe, ThreadInfo, fake, fake_primary_context, load_fake_driver, wait_until,
@@ -62,7 +62,7 @@ fn rollback(via: Via, fault: &str, here: bool) {
     };
     fake().clear_faults();
     match failed {
-        Err(Error::Cuda(cuda_sys::Error::Driver(e))) => {
+        Err(Error::Cuda(cuda_dl_sys::Error::Driver(e))) => {
             assert_eq!(e.code(), OOM, "{e}");
             assert_eq!(e.function(), Some(fault), "{e}");
         }

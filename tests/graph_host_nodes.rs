@@ -9,8 +9,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use cuda_dl_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_host_launch::{Event, Graph, LaunchOptions, Stream, add_host_node, flush};
-use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{

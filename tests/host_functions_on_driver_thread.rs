@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_sys::types::{CUdevice, CUstream};
+use cuda_dl_sys::types::{CUdevice, CUstream};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{current_primary_context, fake, load_fake_driver, os_thread};
 

@@ -8,13 +8,13 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{
+    CUgraph, CUgraphNodeType, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
+};
 use cuda_host_launch::{
     Error, Event, Graph, PrimaryContext, Stream, host_launch, launch_host_function,
     launch_host_function_with_bytes,
-};
-use cuda_sys::Driver;
-use cuda_sys::types::{
-    CUgraph, CUgraphNodeType, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{Drops, ThreadInfo, fake_primary_context, load_fake_driver};

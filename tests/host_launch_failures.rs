@@ -9,11 +9,11 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cuda_dl_sys::types::CUresult;
 use cuda_host_launch::{
     Error, Graph, LaunchOptions, Stream, host_launch, launch_host_function,
     launch_host_function_with_bytes,
 };
-use cuda_sys::types::CUresult;
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_primary_context};
 
@@ -28,7 +28,7 @@ unsafe extern "C" fn count_run(_: *mut c_void) {
 #[track_caller]
 fn assert_driver_error(result: Result<(), Error>, code: CUresult, function: &str) {
     match result {
-        Err(Error::Cuda(cuda_sys::Error::Driver(e))) => {
+        Err(Error::Cuda(cuda_dl_sys::Error::Driver(e))) => {
             assert_eq!(e.code(), code, "{e}");
             assert_eq!(e.function(), Some(function), "{e}");
         }

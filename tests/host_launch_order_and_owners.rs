@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cuda_dl_sys::types::{CUresult, CUstream};
 use cuda_host_launch::{
     Device, Error, Event, PrimaryContext, RawStream, Stream, flush, host_launch,
     launch_host_function, launch_host_function_with_bytes,
 };
-use cuda_sys::types::{CUresult, CUstream};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     DropRecord, Drops, RanOn, ThreadInfo, fake, fake_driver_path, fake_primary_context,
@@ -385,7 +385,7 @@ fn a_stream_made_through_cuda_sys_alone_works_through_raw_stream() {
 /// held, and checks the function runs only once the hold is released, with a synchronize of
 /// `launch_on` waiting for it.
 fn launch_behind_a_hold(hold_on: RawStream, launch_on: RawStream) {
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     let hold = fake()
         .hold_stream(hold_on.raw())
         .unwrap_or_else(|| panic!("the fake could not hold {hold_on:?}"));
@@ -431,11 +431,11 @@ isolated_test! {
     /// (`RawStream::DEFAULT`) is the calling thread's per-thread stream, reached through the
     /// `_ptsz` entry; `LEGACY` and `PER_THREAD` mean what they say in either mode.
     fn in_per_thread_mode_the_null_stream_is_the_calling_threads_own(
-        CUDA_SYS_LIBRARY = fake_driver_path(),
-        CUDA_SYS_PER_THREAD_DEFAULT_STREAM = "1"
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM = "1"
     ) {
-        let driver = cuda_sys::driver().unwrap();
-        assert_eq!(driver.default_stream(), cuda_sys::DefaultStream::PerThread);
+        let driver = cuda_dl_sys::driver().unwrap();
+        assert_eq!(driver.default_stream(), cuda_dl_sys::DefaultStream::PerThread);
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
         context.set_current().unwrap();
         launch_behind_a_hold(RawStream::PER_THREAD, RawStream::DEFAULT);

@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use cuda_dl_sys::types::{CUresult, CUstream, CUstreamCaptureMode};
 use cuda_host_launch::{
     Graph, PrimaryContext, Stream, flush, host_launch, pending_launches, reclaim_pending,
 };
-use cuda_sys::types::{CUresult, CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{Drops, fake, fake_driver_path, fake_primary_context};
 
@@ -73,7 +73,7 @@ impl SendStream {
 
 /// Begins a relaxed-mode capture of `stream` (as another thread's safe API would).
 fn begin_capture(stream: SendStream) {
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     // SAFETY: a live stream of the fake driver.
     unsafe {
         driver.cuStreamBeginCapture(
@@ -86,7 +86,7 @@ fn begin_capture(stream: SendStream) {
 
 /// Ends `stream`'s capture and takes the graph.
 fn end_capture(stream: &Stream) -> Graph {
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     let mut graph = std::ptr::null_mut();
     // SAFETY: a capturing stream; `graph` is a valid out-pointer.
     unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();
@@ -219,7 +219,7 @@ fn capture_begun_inside_the_launch(boxed: bool, end_inside: bool) {
 
 /// Ends a capture from a hook (which cannot borrow the `Stream`).
 fn end_capture_raw(stream: SendStream) -> Graph {
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     let mut graph = std::ptr::null_mut();
     // SAFETY: a capturing stream; `graph` is a valid out-pointer.
     unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();
@@ -230,56 +230,56 @@ fn end_capture_raw(stream: SendStream) -> Graph {
 isolated_test! {
     /// A reclaim during a launch the driver refuses: a pooled record.
     fn a_reclaim_during_a_refused_launch_leaves_it_to_the_launcher(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         reclaim_during_a_refused_launch(false);
     }
 
     /// A reclaim during a launch the driver refuses: a boxed record.
     fn a_reclaim_during_a_refused_launch_leaves_a_boxed_record_to_the_launcher(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         reclaim_during_a_refused_launch(true);
     }
 
     /// A reclaim during a launch the driver accepts: a pooled record.
     fn a_reclaim_during_an_accepted_launch_leaves_it_to_the_driver(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         reclaim_during_an_accepted_launch(false);
     }
 
     /// A reclaim during a launch the driver accepts: a boxed record.
     fn a_reclaim_during_an_accepted_launch_leaves_a_boxed_record_to_the_driver(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         reclaim_during_an_accepted_launch(true);
     }
 
     /// A capture begun between the capture query and the launch: a pooled record.
     fn a_capture_begun_inside_the_launch_runs_it_once_and_releases_it_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_begun_inside_the_launch(false, false);
     }
 
     /// A capture begun between the capture query and the launch: a boxed record.
     fn a_capture_begun_inside_the_launch_runs_a_boxed_record_once_and_releases_it_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_begun_inside_the_launch(true, false);
     }
 
     /// A capture begun and ended inside the launch, unseen by the launcher: a pooled record.
     fn a_capture_begun_and_ended_inside_the_launch_runs_it_once_and_releases_it_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_begun_inside_the_launch(false, true);
     }
 
     /// A capture begun and ended inside the launch, unseen by the launcher: a boxed record.
     fn a_capture_begun_and_ended_inside_the_launch_runs_a_boxed_record_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_begun_inside_the_launch(true, true);
     }
@@ -288,7 +288,7 @@ isolated_test! {
     /// made from the capture may still run it), and a reset of its context releases it, once; a
     /// replay afterwards touches nothing.
     fn a_captured_launch_never_replayed_is_released_with_its_context(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -322,7 +322,7 @@ isolated_test! {
     /// The host function runs to its end before its launcher has looked at the stream again: the
     /// launcher queues the record, once.
     fn a_host_function_that_ran_before_its_launcher_was_done_is_released_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -344,7 +344,7 @@ isolated_test! {
     /// The host function is still running when its launcher is done: the launcher leaves the
     /// record to it, and it queues the record when its run is over, once.
     fn a_host_function_still_running_when_its_launcher_is_done_releases_its_record(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();

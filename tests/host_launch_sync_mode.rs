@@ -9,9 +9,9 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use cuda_dl_sys::DriverVersion;
+use cuda_dl_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_host_launch::{Error, Graph, HostTaskSyncMode, LaunchOptions, Stream};
-use cuda_sys::DriverVersion;
-use cuda_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_primary_context, load_fake_driver};
@@ -30,7 +30,7 @@ fn counting(runs: &Arc<AtomicUsize>, drops: &Arc<Drops>) -> impl Fn() + Send + S
 #[track_caller]
 fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>) {
     match result {
-        Err(Error::Cuda(cuda_sys::Error::DriverTooOld {
+        Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld {
             function,
             required,
             found,

@@ -102,7 +102,7 @@ isolated_test! {
     /// Pending host functions of a poisoned context never run; `reset` reclaims all their owners,
     /// each dropped once.
     fn a_reset_after_a_sticky_error_reclaims_every_pending_owner(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let (context, stream, ran, dropped) = poisoned_with_pending_launches();
         assert!(stream.synchronize().is_err(), "a sticky error");
@@ -132,7 +132,7 @@ isolated_test! {
 
     /// The last release of a poisoned primary context resets it: the owners are reclaimed too.
     fn the_last_release_of_a_poisoned_primary_context_reclaims_its_owners(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let (context, stream, ran, dropped) = poisoned_with_pending_launches();
         drop(stream);
@@ -146,7 +146,7 @@ isolated_test! {
     /// `cuCtxDestroy` of a healthy context runs its pending host functions first: a reclaim then
     /// finds nothing, and every owner is dropped exactly once.
     fn a_normal_destroy_runs_pending_functions_first_and_owners_drop_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let d = load_fake_driver();
         let mut device = 0;
@@ -179,7 +179,7 @@ isolated_test! {
     /// owners are dropped once, at the refusal, though its pool slot (written, published, marked
     /// pending before the driver was called) is still read by a reclaim's walk over the pool.
     fn a_refused_launch_is_not_reclaimed_later_and_its_owners_drop_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         load_fake_driver();
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
@@ -219,7 +219,7 @@ isolated_test! {
 
     /// Pending counts are per context, and a reclaim of one context leaves the other alone.
     fn pending_launches_are_counted_per_context_and_reclaimed_per_context(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let d = load_fake_driver();
         let primary = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();

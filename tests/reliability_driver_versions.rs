@@ -1,4 +1,4 @@
-//! Every public call of `cuda-host-launch`, and a sample of `cuda-sys` (with every entry of its
+//! Every public call of `cuda-host-launch`, and a sample of `cuda-dl-sys` (with every entry of its
 //! table resolved), against drivers of every version from 9.2 to 13.2, against a driver missing
 //! each symbol the crate uses, and against the toolkit's stub library.
 //!
@@ -8,7 +8,7 @@
 //! hidden, those in graphs at most once); a launch that worked ran exactly once per run of what it
 //! went into (its stream, or each launch of its graph), and one that failed never ran.
 //!
-//! On the version runs every call must work except where `cuda-sys`'s generated table gates a
+//! On the version runs every call must work except where `cuda-dl-sys`'s generated table gates a
 //! function it needs above the driver's version: the only errors allowed are `DriverTooOld` for
 //! such a function (stating the table's gate and the driver's version), and the `CaptureActive`
 //! of the run-once launch on a capturing stream. At the end nothing is left in the driver (no
@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUdevice_attribute, CUgraph, CUstreamCaptureMode};
+use cuda_dl_sys::{Driver, Function};
 use cuda_host_launch::{
     AsRawStream, CleanupMode, CompletionMode, Device, Error, Event, Graph, HostTaskSyncMode,
     LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, cleanup_mode, cleanup_stats,
@@ -41,8 +43,6 @@ use cuda_host_launch::{
     reclaim_pending, release_after, reset_panic_handler, set_cleanup_mode, set_panic_handler,
     spawn_after,
 };
-use cuda_sys::types::{CUdevice_attribute, CUgraph, CUstreamCaptureMode};
-use cuda_sys::{Driver, Function};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{
@@ -69,7 +69,7 @@ enum Outcome {
 
 fn classify(e: &Error) -> Outcome {
     match e {
-        Error::Cuda(cuda_sys::Error::DriverTooOld {
+        Error::Cuda(cuda_dl_sys::Error::DriverTooOld {
             function,
             required,
             found,
@@ -79,15 +79,17 @@ fn classify(e: &Error) -> Outcome {
             assert_eq!(found.0, driver_version(), "{e}");
             Outcome::TooOld(function)
         }
-        Error::Cuda(cuda_sys::Error::SymbolMissing { function, .. }) => Outcome::Missing(function),
-        Error::Cuda(cuda_sys::Error::Driver(d)) => Outcome::Driver(d.to_string()),
-        Error::Cuda(cuda_sys::Error::StubLibrary { .. }) => Outcome::Stub,
+        Error::Cuda(cuda_dl_sys::Error::SymbolMissing { function, .. }) => {
+            Outcome::Missing(function)
+        }
+        Error::Cuda(cuda_dl_sys::Error::Driver(d)) => Outcome::Driver(d.to_string()),
+        Error::Cuda(cuda_dl_sys::Error::StubLibrary { .. }) => Outcome::Stub,
         Error::CaptureActive { .. } => Outcome::Refused,
         other => Outcome::Untyped(format!("{other:?}")),
     }
 }
 
-/// The version gate of the table entry named `function` in `cuda-sys`'s generated table.
+/// The version gate of the table entry named `function` in `cuda-dl-sys`'s generated table.
 fn gate(function: &str) -> Option<u32> {
     Function::ALL
         .iter()
@@ -146,8 +148,8 @@ impl Tally {
         }
     }
 
-    /// A `cuda-sys` call.
-    fn sys<E: Into<cuda_sys::Error>>(
+    /// A `cuda-dl-sys` call.
+    fn sys<E: Into<cuda_dl_sys::Error>>(
         &mut self,
         name: &'static str,
         f: impl FnOnce() -> Result<(), E>,
@@ -257,7 +259,7 @@ impl Tally {
     }
 
     /// On a driver of `version`: every call worked, except those that report `DriverTooOld` for
-    /// a function whose version gate in `cuda-sys`'s generated table is above `version` (with the
+    /// a function whose version gate in `cuda-dl-sys`'s generated table is above `version` (with the
     /// table's version and this driver's), the run-once launch on a capturing stream
     /// (`CaptureActive`), and calls skipped because such a call failed before them.
     #[track_caller]
@@ -406,7 +408,7 @@ fn launches<S: AsRawStream + Copy>(t: &mut Tally, stream: S) {
 
 unsafe extern "C" fn ignore(_: *mut c_void) {}
 
-/// Calls every public call of `cuda-host-launch` and a sample of `cuda-sys`, recording each.
+/// Calls every public call of `cuda-host-launch` and a sample of `cuda-dl-sys`, recording each.
 fn exercise(t: &mut Tally) {
     // The cleanup API needs no driver.
     t.call("cleanup_mode", cleanup_mode);
@@ -421,7 +423,7 @@ fn exercise(t: &mut Tally) {
     reset_panic_handler();
     let _ = (cleanup_stats(), poller_cpu_time(), pending_launches(None));
 
-    let driver = t.call("cuda_sys::driver", || Ok(cuda_sys::driver()?));
+    let driver = t.call("cuda_dl_sys::driver", || Ok(cuda_dl_sys::driver()?));
     t.call("Device::count", Device::count);
     let device = t.call("Device::get", || Device::get(0));
     if let Some(device) = device {
@@ -518,7 +520,7 @@ fn exercise(t: &mut Tally) {
         graph_ops(t, index, &graph, stream.as_ref());
     }
 
-    // Own contexts (cuda-sys) and reclaim_pending.
+    // Own contexts (cuda-dl-sys) and reclaim_pending.
     if let Some(driver) = driver {
         sys_sample(t, driver, stream.as_ref());
     }
@@ -641,15 +643,15 @@ fn graph_ops(t: &mut Tally, index: usize, graph: &Graph, stream: Option<&Stream>
     }
 }
 
-/// A sample of `cuda-sys`: every table entry resolved, and direct calls.
+/// A sample of `cuda-dl-sys`: every table entry resolved, and direct calls.
 fn sys_sample(t: &mut Tally, d: &'static Driver, stream: Option<&Stream>) {
     let (mut resolved, mut too_old, mut missing, mut failed) = (0, 0, 0, 0);
     for &function in Function::ALL {
         match catch_unwind(AssertUnwindSafe(|| d.resolve(function))) {
             Ok(Ok(_)) => resolved += 1,
-            Ok(Err(cuda_sys::Error::DriverTooOld { .. })) => too_old += 1,
-            Ok(Err(cuda_sys::Error::SymbolMissing { .. })) => missing += 1,
-            Ok(Err(cuda_sys::Error::Driver(_) | cuda_sys::Error::StubLibrary { .. })) => {
+            Ok(Err(cuda_dl_sys::Error::DriverTooOld { .. })) => too_old += 1,
+            Ok(Err(cuda_dl_sys::Error::SymbolMissing { .. })) => missing += 1,
+            Ok(Err(cuda_dl_sys::Error::Driver(_) | cuda_dl_sys::Error::StubLibrary { .. })) => {
                 failed += 1
             }
             Ok(Err(e)) => t
@@ -661,7 +663,7 @@ fn sys_sample(t: &mut Tally, d: &'static Driver, stream: Option<&Stream>) {
         }
     }
     println!(
-        "  cuda-sys table: {} entries: {resolved} resolved, {too_old} DriverTooOld, {missing} \
+        "  cuda-dl-sys table: {} entries: {resolved} resolved, {too_old} DriverTooOld, {missing} \
          SymbolMissing, {failed} failed lookups",
         Function::ALL.len()
     );
@@ -741,7 +743,7 @@ fn sys_sample(t: &mut Tally, d: &'static Driver, stream: Option<&Stream>) {
 
 /// The first driver version of each feature, as the crate documents it: from there on the call
 /// must work, before it must fail as too old (or not be reached). Which calls may fail at all is
-/// derived from `cuda-sys`'s table ([`Tally::assert_supported_calls_work`]); this list adds where
+/// derived from `cuda-dl-sys`'s table ([`Tally::assert_supported_calls_work`]); this list adds where
 /// each feature must appear, so that a launch asking for a newer function than it needs (the sync
 /// mode's `cuLaunchHostFunc_v2` for default options, say) fails here.
 const NEEDS: &[(&str, i32)] = &[
@@ -799,7 +801,7 @@ fn on_version(version: i32) {
     let _ = fake();
     let mut t = Tally::default();
     exercise(&mut t);
-    let driver = cuda_sys::driver().expect("the fake driver");
+    let driver = cuda_dl_sys::driver().expect("the fake driver");
     assert_eq!(driver.version().0, version);
     t.assert_typed();
     t.assert_supported_calls_work(version);
@@ -838,7 +840,7 @@ macro_rules! versions {
             /// Every call on a driver of this version.
             fn $name(
                 FAKE_CUDA_VERSION = stringify!($version),
-                CUDA_SYS_LIBRARY = fake_driver_path()
+                CUDA_DL_SYS_LIBRARY = fake_driver_path()
             ) {
                 on_version($version);
             }
@@ -967,7 +969,10 @@ fn every_call_without_each_symbol_the_crate_uses() {
                     let envs = [
                         ("FAKE_CUDA_MISSING", symbol.to_string()),
                         ("FAKE_CUDA_VERSION", version.to_string()),
-                        ("CUDA_SYS_LIBRARY", fake_driver_path().display().to_string()),
+                        (
+                            "CUDA_DL_SYS_LIBRARY",
+                            fake_driver_path().display().to_string(),
+                        ),
                     ];
                     in_own_process(&name, &envs, || {
                         if std::env::var("FAKE_CUDA_MISSING").as_deref() == Ok(symbol) {
@@ -992,7 +997,7 @@ isolated_test! {
     /// no owner outlives its failed launch, nothing panics.
     fn every_call_on_the_stub_library_is_stub_library(
         FAKE_CUDA_STUB = "1",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let _ = fake();
         let mut t = Tally::default();
@@ -1031,7 +1036,7 @@ isolated_test! {
     /// signature and semantics.
     fn the_last_primary_context_is_released_on_a_10_2_driver(
         FAKE_CUDA_VERSION = "10020",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
         assert_eq!(fake().live_objects("primary_retains"), 1);

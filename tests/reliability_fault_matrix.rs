@@ -60,15 +60,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{
+    CUcontext, CUgraph, CUgraphNodeType, CUresult, CUstream, CUstreamCaptureMode,
+};
 use cuda_host_launch::{
     CompletionMode, Device, Error, Event, Graph, GraphExec, GraphNode, HostTaskSyncMode,
     LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, completion, host_launch,
     host_launch_async, launch_host_function, launch_host_function_with_bytes, pending_launches,
     reclaim_pending, release_after, spawn_after,
-};
-use cuda_sys::Driver;
-use cuda_sys::types::{
-    CUcontext, CUgraph, CUgraphNodeType, CUresult, CUstream, CUstreamCaptureMode,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::Probe;
@@ -465,7 +465,7 @@ impl Env {
 fn warm_event_pool(stream: &Stream) -> bool {
     match release_after(stream, ()) {
         Ok(()) => {}
-        Err(Error::Cuda(cuda_sys::Error::DriverTooOld { .. })) => return false,
+        Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { .. })) => return false,
         Err(e) => panic!("release_after: {e}"),
     }
     cuda_workspace::testing::wait_until(
@@ -484,7 +484,7 @@ struct Run {
     probe: Probe,
     /// The host node added before the operation (capture and node families).
     baseline: Option<Probe>,
-    baseline_node: Option<cuda_sys::types::CUgraphNode>,
+    baseline_node: Option<cuda_dl_sys::types::CUgraphNode>,
     graph: Option<Graph>,
     /// A graph the operation made from `graph` (`try_clone`).
     copy: Option<Graph>,
@@ -955,7 +955,7 @@ fn event(run: &Run) -> &Event {
     run.event.as_ref().expect("an event")
 }
 
-fn end_capture(env: &Env) -> Result<Graph, cuda_sys::Error> {
+fn end_capture(env: &Env) -> Result<Graph, cuda_dl_sys::Error> {
     let mut raw: CUgraph = ptr::null_mut();
     // SAFETY: a live stream; a valid out-pointer.
     unsafe {
@@ -1311,7 +1311,7 @@ fn undo_leak(env: &Env, op: Op, raw: usize, before: &Snapshot) {
 #[track_caller]
 fn assert_names(result: &Result<(), Error>, fault: &Fault, label: &str) {
     match result {
-        Err(Error::Cuda(cuda_sys::Error::Driver(e))) => {
+        Err(Error::Cuda(cuda_dl_sys::Error::Driver(e))) => {
             assert_eq!(e.code(), FAULT, "{label}: {e}");
             let function = e.function().unwrap_or("");
             assert!(
@@ -1431,7 +1431,8 @@ fn matrix(env: &mut Env, op: Op, report: &mut Report) {
     match warm {
         Ok(()) => {}
         Err(Error::Cuda(
-            e @ (cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }),
+            e
+            @ (cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }),
         )) => {
             report.skipped.push(format!("{}: {e}", op.name()));
             return;
@@ -1606,7 +1607,7 @@ isolated_test! {
     /// 13.2 (`cuGetProcAddress_v2`, the 12.3 capture query, the 13.1 sync mode).
     fn every_call_failing_at_every_position_on_a_13_2_driver(
         FAKE_CUDA_VERSION = "13020",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let cases = fault_matrix(13020);
         assert!(cases >= 80, "only {cases} cases");
@@ -1616,7 +1617,7 @@ isolated_test! {
     /// `cuStreamGetCaptureInfo`, looked up with `cuGetProcAddress_v2` at every capture.
     fn every_call_failing_at_every_position_on_a_12_2_driver(
         FAKE_CUDA_VERSION = "12020",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let cases = fault_matrix(12020);
         assert!(cases >= 70, "only {cases} cases");
@@ -1625,7 +1626,7 @@ isolated_test! {
     /// 11.4: functions found through `cuGetProcAddress` (v1).
     fn every_call_failing_at_every_position_on_an_11_4_driver(
         FAKE_CUDA_VERSION = "11040",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let cases = fault_matrix(11040);
         assert!(cases >= 70, "only {cases} cases");
@@ -1635,7 +1636,7 @@ isolated_test! {
     /// host nodes (skipped: `DriverTooOld`).
     fn every_call_failing_at_every_position_on_a_10_2_driver(
         FAKE_CUDA_VERSION = "10020",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let cases = fault_matrix(10020);
         assert!(cases >= 30, "only {cases} cases");
@@ -1704,7 +1705,7 @@ isolated_test! {
     /// the owners having been reclaimed; a failure the reset ignores (clearing the current
     /// context) leaves it `Ok`. Afterwards the context works: a launch on a new stream runs.
     fn a_reset_with_any_call_failing_reclaims_every_pending_owner_exactly_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         load_fake_driver();
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
@@ -1790,7 +1791,7 @@ isolated_test! {
     /// dropped exactly once later: by a reset if the release failed (the context is still
     /// retained), by the next `flush` (which looks again) if only the state query failed.
     fn a_failed_last_release_leaves_the_pending_owners_to_a_later_reclaim(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let driver = load_fake_driver();
         let device = Device::get(0).unwrap();
@@ -1848,7 +1849,7 @@ isolated_test! {
     /// handle `f` returned: when `cuCtxPopCurrent` fails, the stream or event exists in the driver
     /// and nobody can destroy it.
     fn creating_a_stream_or_event_leaks_nothing_when_cu_ctx_pop_current_fails(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let before = (fake().live_objects("streams"), fake().live_objects("events"));
@@ -1874,7 +1875,7 @@ isolated_test! {
     /// registration of freed memory, and when the allocator hands the same page out again, the next
     /// completion's `cuMemHostRegister` fails (already registered) in that context.
     fn a_failed_low_latency_completion_leaves_no_host_memory_registered(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -1893,12 +1894,12 @@ isolated_test! {
 
 /// `cuDevicePrimaryCtxRelease` through the table, or its 7.0 variant on drivers before 11.0 (as
 /// `PrimaryContext` does).
-fn release_primary(d: &Driver, device: cuda_sys::types::CUdevice) {
+fn release_primary(d: &Driver, device: cuda_dl_sys::types::CUdevice) {
     match d.raw().cuDevicePrimaryCtxRelease() {
         // SAFETY: a retained primary context of `device`, released once.
         Ok(release) => assert_eq!(
             unsafe { release(device) },
-            cuda_sys::types::CUresult::CUDA_SUCCESS
+            cuda_dl_sys::types::CUresult::CUDA_SUCCESS
         ),
         Err(_) => {
             let p = d
@@ -1906,12 +1907,12 @@ fn release_primary(d: &Driver, device: cuda_sys::types::CUdevice) {
                 .expect("the 7.0 release");
             // SAFETY: PFN_cuDevicePrimaryCtxRelease_v7000 takes a CUdevice, returns a CUresult.
             let release: unsafe extern "C" fn(
-                cuda_sys::types::CUdevice,
-            ) -> cuda_sys::types::CUresult = unsafe { std::mem::transmute(p.as_ptr()) };
+                cuda_dl_sys::types::CUdevice,
+            ) -> cuda_dl_sys::types::CUresult = unsafe { std::mem::transmute(p.as_ptr()) };
             // SAFETY: as above.
             assert_eq!(
                 unsafe { release(device) },
-                cuda_sys::types::CUresult::CUDA_SUCCESS
+                cuda_dl_sys::types::CUresult::CUDA_SUCCESS
             );
         }
     }

@@ -1,5 +1,5 @@
 //! Load: 16 threads × 20 000 launches over 4 streams in 2 contexts (the primary context, and one
-//! made with `cuCtxCreate` through `cuda-sys`, reached through raw stream handles), closures and
+//! made with `cuCtxCreate` through `cuda-dl-sys`, reached through raw stream handles), closures and
 //! raw launches mixed, run-once and repeatable. Every owner is counted: none lost, none dropped
 //! twice, none dropped on a driver thread (the dropping thread of each owner is classified by its
 //! operating-system name: the fake's driver threads are `fake-cuda-drive…`/`fake-cuda-user-…`),
@@ -15,11 +15,11 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUcontext, CUstream};
 use cuda_host_launch::{
     AsRawStream, LaunchOptions, RawStream, Stream, cleanup_stats, flush, host_launch,
     launch_host_function, launch_ticket_bytes, pending_launches, reclaim_pending,
 };
-use cuda_sys::types::{CUcontext, CUstream};
 use cuda_workspace::gpu::heap_in_use;
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
@@ -107,7 +107,7 @@ struct Streams {
 impl Streams {
     fn new() -> Streams {
         let context = fake_primary_context();
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         let (mut own, mut popped) = (ptr::null_mut(), ptr::null_mut());
         let mut raw: [CUstream; 2] = [ptr::null_mut(); 2];
         // SAFETY: valid out-pointers; `cuCtxCreate` pushes the new context, in which the streams
@@ -137,7 +137,7 @@ impl Streams {
         match k {
             0 | 1 => self.primary[k].synchronize().unwrap(),
             _ => {
-                let driver = cuda_sys::driver().unwrap();
+                let driver = cuda_dl_sys::driver().unwrap();
                 // SAFETY: a live stream.
                 unsafe { driver.cuStreamSynchronize(self.own[k - 2].raw()) }.unwrap();
             }
@@ -148,7 +148,7 @@ impl Streams {
         for stream in &self.primary {
             stream.synchronize().unwrap();
         }
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         for stream in &self.own {
             // SAFETY: a live stream.
             unsafe { driver.cuStreamSynchronize(stream.raw()) }.unwrap();
@@ -157,7 +157,7 @@ impl Streams {
 
     /// Destroys our context (which runs anything pending first) and its streams.
     fn destroy(self) {
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         // SAFETY: our streams and context, destroyed once, after every launch into them.
         unsafe {
             for stream in &self.own {
@@ -225,7 +225,7 @@ isolated_test! {
     /// was dropped exactly once, by the reaper, none on a driver thread; every record queued for
     /// release was released; nothing is pending; no driver object was left behind.
     fn launches_from_16_threads_over_2_contexts_lose_nothing_and_leave_nothing_behind(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         const TOTAL: usize = THREADS * PER_THREAD;
         let drops = DropCounts::new(THREADS * WARM_UP + TOTAL);

@@ -165,7 +165,7 @@ isolated_test! {
     /// was reclaimed, exactly once; every owner dropped exactly once, none on a driver thread;
     /// nothing pending; the context works again after each reset.
     fn a_sticky_error_under_load_accounts_for_every_launch_exactly_once(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         load_fake_driver();
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();

@@ -101,7 +101,7 @@ isolated_test! {
     /// the driver's thread, a launch or `synchronize` for an owner's drop waits out the closed
     /// gate: the test fails on the gate's note, or on the owners dropped too early.)
     fn slow_owners_never_hold_up_the_driver_thread_launches_or_synchronize(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new_non_blocking(&context).unwrap();
@@ -216,7 +216,7 @@ isolated_test! {
     /// aborts; every owner is dropped (the panicking ones counted before they panic); and after
     /// the storm the reaper and the streams still work.
     fn panics_everywhere_at_once_are_all_reported_and_stop_nothing(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         quiet_expected_panics();
         let reports: Arc<Mutex<[usize; 2]>> = Arc::default();

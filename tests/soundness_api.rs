@@ -2,7 +2,7 @@
 //! threads with `HostFunctionScope`, and a mark can never end another's), the driver calls of the
 //! resource and graph types inside a host function (refused), and graph nodes given as dependencies
 //! (a node of another graph is refused). That a node handle cannot outlive its graph, and that
-//! `cuda_sys::Driver::load` is `unsafe`, are compile-fail doctests of `Graph::nodes`,
+//! `cuda_dl_sys::Driver::load` is `unsafe`, are compile-fail doctests of `Graph::nodes`,
 //! `add_host_node` and `Driver::load`.
 //!
 //! Call counts are process-wide, so each test has a process of its own.
@@ -86,7 +86,7 @@ isolated_test! {
             outcomes: Mutex::new(Vec::new()),
         });
         let user_data = std::ptr::from_ref::<Foreign>(&foreign).cast_mut().cast::<c_void>();
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         // SAFETY: a live stream; the function's contract holds (the `Foreign` lives until the
         // synchronize below, after which the function has returned).
         unsafe {
@@ -142,7 +142,7 @@ isolated_test! {
     fn a_mark_dropped_inside_our_host_function_does_not_unmark_its_thread() {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         // SAFETY: a live stream; the function ignores its data.
         unsafe {
             driver

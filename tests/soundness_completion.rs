@@ -18,11 +18,11 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUcontext, CUresult, CUstream, CUstreamCaptureMode};
 use cuda_host_launch::{
     CompletionMode, Error, Graph, PanicOrigin, RawStream, Stream, completion, flush, host_launch,
     host_launch_async, set_panic_handler,
 };
-use cuda_sys::types::{CUcontext, CUresult, CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{fake, fake_driver_path, fake_primary_context, load_fake_driver};
 
@@ -175,7 +175,7 @@ isolated_test! {
     /// the look after the write sees it, the completion is refused, and the flag slot the graph
     /// now writes on every replay is never handed to another future.
     fn a_capture_begun_after_the_look_is_seen_after_the_write_and_its_slot_never_reused(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let (captured, waiting, replay) = (
@@ -215,7 +215,7 @@ isolated_test! {
     /// (at the first replay) and its slot went to a later future, later replays must not resolve
     /// that later future.
     fn a_replayed_flag_write_never_resolves_a_later_future_in_the_same_slot(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let (captured, waiting, replay) = (
@@ -262,7 +262,7 @@ isolated_test! {
     /// is caught there and reported, as `PanicOrigin::Waker`, by the releasing thread; the process
     /// does not abort and the future still resolves.
     fn a_waker_panicking_on_the_driver_thread_is_reported_not_aborting(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let reports = collect_reports();
         let context = fake_primary_context();
@@ -287,7 +287,7 @@ isolated_test! {
     /// A waker that panics when the low-latency poller wakes it is caught and reported; the
     /// poller goes on, so the other futures still resolve.
     fn a_waker_panicking_on_the_poller_is_reported_and_the_poller_goes_on(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let reports = collect_reports();
         let context = fake_primary_context();
@@ -444,7 +444,7 @@ fn assert_refused_at_once(outcome: (Result<(), Error>, Duration)) {
 isolated_test! {
     /// `flush` inside an owner's `Drop` and inside the panic handler (both run by the reaper)
     /// returns an error at once instead of waiting for itself, and the reaper goes on.
-    fn flush_by_the_reaper_returns_an_error_at_once(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn flush_by_the_reaper_returns_an_error_at_once(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         quiet_expected_panics();
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -473,7 +473,7 @@ isolated_test! {
     /// In manual mode the thread that drains is the releasing thread: `flush` inside an owner's
     /// `Drop` returns an error at once there too.
     fn flush_by_a_draining_thread_returns_an_error_at_once(
-        CUDA_SYS_LIBRARY = fake_driver_path(),
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
         CUDA_HOST_LAUNCH_CLEANUP = "manual"
     ) {
         let context = fake_primary_context();
@@ -526,7 +526,7 @@ isolated_test! {
     /// at its handle: a low-latency completion in the new one resolves and its context stays
     /// healthy (its flag is written to memory registered in it, not in the dead context).
     fn a_new_context_at_a_destroyed_ones_handle_gets_its_own_flag_page(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let _primary = fake_primary_context();
         fake().reuse_context_handles(true);

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUdeviceptr, CUgraph, CUgraphExec, CUresult, CUstreamCaptureMode};
 use cuda_host_launch::{CompletionMode, Error, Stream, drain, flush, host_launch};
-use cuda_sys::types::{CUdeviceptr, CUgraph, CUgraphExec, CUresult, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{PATIENCE, fake, fake_primary_context};
 
@@ -39,7 +39,7 @@ struct DeviceBuffer {
 
 impl DeviceBuffer {
     fn new(freed: &mpsc::Sender<CUresult>) -> DeviceBuffer {
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         let mut ptr = 0;
         // SAFETY: a valid out-pointer; a context is current.
         unsafe { driver.cuMemAlloc(&mut ptr, 256) }.unwrap();
@@ -71,7 +71,7 @@ fn capture_on_another_thread(
     std::thread::spawn(move || {
         context.set_current().unwrap();
         let stream = Stream::new(&context).unwrap();
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         let raw = driver.raw();
         // SAFETY: a live stream of ours.
         let code = unsafe { raw.cuStreamBeginCapture().unwrap()(stream.raw(), mode) };

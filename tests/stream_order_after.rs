@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::{CUstream, CUstreamCaptureMode};
 use cuda_host_launch::{
     AsRawStream, CompletionMode, Error, PanicOrigin, PrimaryContext, RawStream, Stream, flush,
     pending_launches, poller_cpu_time, release_after, set_panic_handler, spawn_after,
 };
-use cuda_sys::types::{CUstream, CUstreamCaptureMode};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     CreatedContext, Drops, Hold, ThreadInfo, fake, fake_driver_path, fake_primary_context,
@@ -29,20 +29,20 @@ fn wait_for(what: &str, done: impl FnMut() -> bool) {
 }
 
 fn begin_capture(stream: CUstream, mode: CUstreamCaptureMode) {
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     // SAFETY: a live stream of the fake driver.
     unsafe { driver.cuStreamBeginCapture(stream, mode) }.unwrap();
 }
 
-fn end_capture(stream: CUstream) -> Result<cuda_sys::types::CUgraph, cuda_sys::CallError> {
-    let driver = cuda_sys::driver().unwrap();
+fn end_capture(stream: CUstream) -> Result<cuda_dl_sys::types::CUgraph, cuda_dl_sys::CallError> {
+    let driver = cuda_dl_sys::driver().unwrap();
     let mut graph = std::ptr::null_mut();
     // SAFETY: a live stream; a valid out-pointer.
     unsafe { driver.cuStreamEndCapture(stream, &mut graph) }.map(|()| graph)
 }
 
-fn destroy_graph(graph: cuda_sys::types::CUgraph) {
-    let driver = cuda_sys::driver().unwrap();
+fn destroy_graph(graph: cuda_dl_sys::types::CUgraph) {
+    let driver = cuda_dl_sys::driver().unwrap();
     // SAFETY: a graph a capture made, destroyed once.
     unsafe { driver.cuGraphDestroy(graph) }.unwrap();
 }
@@ -65,7 +65,7 @@ isolated_test! {
     /// pending, then dropped exactly once by the event poller (one hop: it releases what it
     /// completes), never by the caller or a driver thread.
     fn release_after_keeps_owners_until_the_earlier_work_completed(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -92,7 +92,7 @@ isolated_test! {
     /// Callbacks run in stream order, each stream's in its own order, on the poller thread, after
     /// the work before them; four streams at once.
     fn spawn_after_runs_callbacks_in_stream_order_on_the_poller(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let streams: Vec<Stream> = (0..4).map(|_| Stream::new(&context).unwrap()).collect();
@@ -126,7 +126,7 @@ isolated_test! {
 
     /// A callback may call CUDA: it enqueues a host launch and a release on its stream and
     /// synchronizes another stream, none refused as "inside a host function".
-    fn a_callback_may_call_cuda(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn a_callback_may_call_cuda(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         let context = fake_primary_context();
         let stream = Arc::new(Stream::new(&context).unwrap());
         let other = Stream::new(&context).unwrap();
@@ -149,7 +149,7 @@ isolated_test! {
 
     /// A panicking callback is reported as a callback's panic; the poller goes on.
     fn a_panicking_callback_is_reported_and_the_poller_goes_on(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let reports: Arc<Mutex<Vec<(PanicOrigin, String)>>> = Arc::default();
         let out = Arc::clone(&reports);
@@ -177,7 +177,7 @@ isolated_test! {
     /// work still ran) and a callback is refused too; both are dropped on the caller's thread,
     /// unrun, before the error returns; the capture is unharmed.
     fn on_a_capturing_stream_releases_and_callbacks_are_refused(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -212,7 +212,7 @@ isolated_test! {
     /// survives), the call says so, and the owner stays pending until the context's reset, which
     /// drops it once.
     fn a_capture_begun_during_the_record_strands_the_release_until_the_reset(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_race(false);
     }
@@ -221,14 +221,14 @@ isolated_test! {
     /// poller's query says the event was captured (`CUDA_ERROR_INVALID_VALUE`), and the owner
     /// stays pending until the reset. Never early.
     fn a_capture_begun_and_ended_during_the_record_strands_the_release_until_the_reset(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_race(true);
     }
 
     /// A sticky error: the events never complete; the owners and the future stay pending until
     /// the reset, then the owners are dropped once and the future resolves to `ContextLost`.
-    fn after_a_sticky_error_releases_wait_for_the_reset(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn after_a_sticky_error_releases_wait_for_the_reset(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
         let stream = Stream::new(&context).unwrap();
         let drops = Drops::new();
@@ -252,7 +252,7 @@ isolated_test! {
 
     /// The special handles (legacy and per-thread default streams, the null stream) work as other
     /// streams: a release waits for the held stream, and a default completion resolves.
-    fn the_special_stream_handles_work_as_other_streams(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn the_special_stream_handles_work_as_other_streams(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         let context = fake_primary_context();
         context.set_current().unwrap();
         for stream in [RawStream::LEGACY, RawStream::PER_THREAD, RawStream::DEFAULT] {
@@ -271,7 +271,7 @@ isolated_test! {
 
     /// A stream of a context made with `cuCtxCreate` is refused (the crate could not keep it alive
     /// for its poller); the owners are dropped on the calling thread.
-    fn a_stream_of_a_created_context_is_refused(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn a_stream_of_a_created_context_is_refused(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         fake_primary_context();
         let created = CreatedContext::new();
         let drops = Drops::new();
@@ -287,7 +287,7 @@ isolated_test! {
     /// retain of the primary context, which would create one (a context's worth of device memory)
     /// only to destroy it again.
     fn no_primary_context_is_made_to_refuse_a_created_contexts_stream(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         cuda_workspace::testing::load_fake_driver();
         let created = CreatedContext::new();
@@ -302,7 +302,7 @@ isolated_test! {
     /// release still comes once the stream gets there. (How soon is a figure, printed here and
     /// measured on the GPU by the benchmark, `completion_latency_long_wait_us`: a bound in
     /// milliseconds is one CPU load can break.)
-    fn a_long_wait_costs_few_queries(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn a_long_wait_costs_few_queries(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let drops = Drops::new();
@@ -332,7 +332,7 @@ isolated_test! {
     /// moving), so a poller that is not woken sees it only once that round's whole pause is over;
     /// woken, it sees it well before. The only bound on load: the enqueue and the wake-up must
     /// take less than that pause (hundreds of ms; 34 ms was the worst seen under load).
-    fn work_enqueued_during_a_long_pause_is_seen_soon(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn work_enqueued_during_a_long_pause_is_seen_soon(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         const GROW: Duration = Duration::from_millis(4_800);
         cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
             max_interval: Duration::from_secs(1),
@@ -389,7 +389,7 @@ isolated_test! {
     /// While another thread captures in global mode, the poller's queries (and the releases they
     /// complete) leave that capture intact: the poller is in relaxed mode.
     fn the_poller_never_breaks_another_threads_global_capture(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let captured = Stream::new(&context).unwrap();
@@ -407,7 +407,7 @@ isolated_test! {
     /// An `Event`-mode future resolves once the stream got there; the poller's CPU time is counted,
     /// and once idle it exits and gives its events back.
     fn event_completions_resolve_and_the_idle_poller_gives_its_events_back(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
             idle_exit: Duration::from_millis(20),
@@ -433,7 +433,7 @@ isolated_test! {
     /// A release runs no users' code on the poller, which then makes no context call for it: per
     /// release, `cuCtxGetCurrent` is called once (by the reaper, after the owner's drop), not
     /// twice.
-    fn the_poller_makes_no_context_call_for_a_release(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn the_poller_makes_no_context_call_for_a_release(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         const N: u64 = 200;
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -460,7 +460,7 @@ isolated_test! {
     /// that load could break). (An enqueue while work is pending wakes it only from a pause longer
     /// than its shortest.)
     fn an_enqueue_wakes_the_poller_parked_with_nothing_pending(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
             idle_exit: Duration::from_secs(3_600),
@@ -497,7 +497,7 @@ isolated_test! {
     /// completion must not complete the newer release (queues are per enqueuing thread, whose
     /// records are in stream order).
     fn another_threads_later_release_on_the_same_stream_is_not_completed_early(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Arc::new(Stream::new(&context).unwrap());
@@ -535,7 +535,7 @@ isolated_test! {
     /// the three are enqueued, so that it finds them together, the oldest done: no query can see
     /// the oldest event before it completed.)
     fn the_oldest_release_completing_leaves_the_newer_ones_of_its_queue_pending(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -581,7 +581,7 @@ isolated_test! {
 isolated_test! {
     /// A reset that fails leaves the context as it was: its pending releases still complete
     /// once their stream gets there.
-    fn a_failed_reset_leaves_pending_releases_to_complete(CUDA_SYS_LIBRARY = fake_driver_path()) {
+    fn a_failed_reset_leaves_pending_releases_to_complete(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
         let stream = Stream::new(&context).unwrap();
         let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
@@ -602,7 +602,7 @@ isolated_test! {
     /// is pending (its stream held, the poller spinning) when `main` returns, and an exit handler
     /// registered before the driver's asks the fake how many calls came after its teardown.
     fn the_poller_makes_no_driver_call_after_the_drivers_teardown_at_exit(
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         // SAFETY: a plain `extern "C"` handler; handlers run in reverse order, so this one runs
         // after the driver's teardown (registered later, by the driver's load).

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cuda_dl_sys::types::CUstreamCaptureMode;
 use cuda_host_launch::{
     CompletionMode, Device, Error, Graph, PrimaryContext, Stream, add_host_node, flush,
     host_launch, launch_host_function, pending_launches, release_after, spawn_after,
 };
-use cuda_sys::types::CUstreamCaptureMode;
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     DropCounts, Drops, ThreadSet, fake, fake_driver_path, load_fake_driver, thread_id,
@@ -78,7 +78,7 @@ isolated_test! {
     /// thread that ran host functions.
     fn launches_of_every_kind_on_two_devices_from_8_threads(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
         let per_thread = PER_DEVICE / THREADS;
@@ -164,10 +164,10 @@ isolated_test! {
     /// device 1's context itself, as a binding's buffer does) off the driver's thread, with no error.
     fn an_owner_of_device_1_memory_after_a_host_function_of_device_0(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         contexts[1].set_current().unwrap();
         let mut buffer = 0;
         // SAFETY: a valid out-pointer; device 1's context is current.
@@ -176,12 +176,12 @@ isolated_test! {
         let freed: Freed = Arc::default();
         struct Device1Buffer {
             context: Arc<PrimaryContext>,
-            buffer: cuda_sys::types::CUdeviceptr,
+            buffer: cuda_dl_sys::types::CUdeviceptr,
             freed: Freed,
         }
         impl Drop for Device1Buffer {
             fn drop(&mut self) {
-                let driver = cuda_sys::driver().unwrap();
+                let driver = cuda_dl_sys::driver().unwrap();
                 let result = self.context.set_current().map_err(|e| e.to_string()).and_then(|()| {
                     // SAFETY: device 1's allocation, freed once, its context current.
                     unsafe { driver.cuMemFree(self.buffer) }.map_err(|e| e.to_string())
@@ -214,7 +214,7 @@ isolated_test! {
     /// releases each once.
     fn a_lost_context_on_device_1_leaves_device_0_untouched(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
         let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
@@ -266,7 +266,7 @@ isolated_test! {
     /// stream gets there; device 1's resolves to `ContextLost`.
     fn a_lost_context_fails_only_its_own_low_latency_futures(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
         let [stream0, stream1] = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
@@ -295,10 +295,10 @@ isolated_test! {
     /// reaper, completed by the poller): the capture survives.
     fn a_global_capture_on_device_0_survives_device_1_releases(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
-        let driver = cuda_sys::driver().unwrap();
+        let driver = cuda_dl_sys::driver().unwrap();
         let captured = Stream::new(&contexts[0]).unwrap();
         let work = Stream::new(&contexts[1]).unwrap();
         let drops = Drops::new();
@@ -336,7 +336,7 @@ isolated_test! {
     /// `Drop`, every other one switching to the other device's context after.
     fn owners_are_dropped_with_no_context_left_current_by_an_earlier_owner(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
         let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
@@ -377,7 +377,7 @@ isolated_test! {
     /// before it made device 1's context current.
     fn reclaimed_owners_are_dropped_with_no_context_left_current_by_an_earlier_owner(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
         let stream = Stream::new(&contexts[0]).unwrap();
@@ -414,7 +414,7 @@ isolated_test! {
     /// device 0's, and a release it makes on the legacy stream lands on device 0's.
     fn a_callback_binding_another_context_leaves_the_next_callback_in_its_own(
         FAKE_CUDA_DEVICES = "2",
-        CUDA_SYS_LIBRARY = fake_driver_path()
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let contexts = contexts();
         let stream = Stream::new(&contexts[0]).unwrap();
@@ -428,7 +428,7 @@ isolated_test! {
         // Device 0's legacy stream is held: a release there must wait.
         contexts[0].set_current().unwrap();
         let hold = fake()
-            .hold_stream(cuda_sys::CU_STREAM_LEGACY)
+            .hold_stream(cuda_dl_sys::CU_STREAM_LEGACY)
             .expect("the fake could not hold the stream");
         let drops = Drops::new();
         let (out, owner) = (Arc::clone(&seen), drops.owner());
@@ -477,7 +477,7 @@ impl Drop for ContextCheck {
 
 /// The calling thread's current context (0 for none).
 fn current_context() -> usize {
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     let mut current = std::ptr::null_mut();
     // SAFETY: a valid out-pointer.
     unsafe { driver.cuCtxGetCurrent(&mut current) }.unwrap();

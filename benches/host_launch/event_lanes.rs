@@ -8,8 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use cuda_sys::Driver;
-use cuda_sys::types::{CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstreamCaptureMode};
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{
+    CUcontext, CUevent, CUevent_flags, CUresult, CUstream, CUstreamCaptureMode,
+};
 
 /// Events per lane: a slot is recorded again only once the poller saw it complete.
 const RING: usize = 4096;

@@ -23,8 +23,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::CUresult;
 use cuda_host_launch::{Stream, flush, host_launch, launch_host_function};
-use cuda_sys::types::CUresult;
 
 use super::{Bench, json_number, quartiles};
 

@@ -205,7 +205,7 @@ fn event_unavailable(error: &Error) -> bool {
         error,
         Error::NotPrimaryContext { .. }
             | Error::Cuda(
-                cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }
+                cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }
             )
     )
 }

@@ -19,7 +19,7 @@
 //!
 //! cudarc's default stream (`CudaContext::default_stream`, handle `0`) is taken as the legacy
 //! default stream (`CU_STREAM_LEGACY`), which is what cudarc's own calls use, whatever default-stream
-//! mode `cuda-sys` was loaded with. Its default and per-thread streams name "the stream of the
+//! mode `cuda-dl-sys` was loaded with. Its default and per-thread streams name "the stream of the
 //! calling thread's current context": bind the stream's context to the launching thread first
 //! (`stream.context().bind_to_thread()`), as cudarc does before each of its calls; the launch goes,
 //! and is tracked, in whichever context is current.
@@ -29,7 +29,7 @@
 //! run-once launch that a capture took anyway runs on the graph's first replay only, and later
 //! replays find it retired and do nothing.
 
-use cuda_sys::types::{CUcontext, CUstream};
+use cuda_dl_sys::types::{CUcontext, CUstream};
 use cudarc::driver::CudaStream;
 
 use crate::support::raw_stream::AsRawStream;
@@ -42,7 +42,7 @@ unsafe impl AsRawStream for CudaStream {
     fn as_raw_stream(&self) -> CUstream {
         let handle = self.cu_stream() as CUstream;
         if handle.is_null() {
-            cuda_sys::CU_STREAM_LEGACY
+            cuda_dl_sys::CU_STREAM_LEGACY
         } else {
             handle
         }
@@ -50,7 +50,7 @@ unsafe impl AsRawStream for CudaStream {
 
     fn context_hint(&self) -> Option<CUcontext> {
         let handle = self.as_raw_stream();
-        if handle == cuda_sys::CU_STREAM_LEGACY || handle == cuda_sys::CU_STREAM_PER_THREAD {
+        if handle == cuda_dl_sys::CU_STREAM_LEGACY || handle == cuda_dl_sys::CU_STREAM_PER_THREAD {
             None
         } else {
             Some(self.context().cu_ctx() as CUcontext)

@@ -4,7 +4,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ptr;
 
-use cuda_sys::types::{
+use cuda_dl_sys::types::{
     CUDA_HOST_NODE_PARAMS, CUDA_HOST_NODE_PARAMS_v2, CUgraph, CUgraphExec, CUgraphNode,
     CUgraphNodeParams, CUgraphNodeType, CUhostFn, CUresult,
 };
@@ -41,7 +41,7 @@ impl Graph {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn new() -> Result<Graph, Error> {
         refuse_inside_host_function("Graph::new")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write; flags must be 0.
         unsafe { driver.cuGraphCreate(&mut raw, 0)? };
@@ -70,7 +70,7 @@ impl Graph {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn try_clone(&self) -> Result<Graph, Error> {
         refuse_inside_host_function("Graph::try_clone")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
         unsafe { driver.cuGraphClone(&mut raw, self.raw)? };
@@ -85,7 +85,7 @@ impl Graph {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn instantiate(&self) -> Result<GraphExec, Error> {
         refuse_inside_host_function("Graph::instantiate")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: live graph; valid out-pointer.
         unsafe { driver.cuGraphInstantiateWithFlags(&mut raw, self.raw, 0)? };
@@ -110,7 +110,7 @@ impl Graph {
     /// ```
     pub fn nodes(&self) -> Result<Vec<GraphNode<'_>>, Error> {
         refuse_inside_host_function("Graph::nodes")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut count = 0usize;
         // SAFETY: live graph; a null array asks for the count.
         unsafe { driver.cuGraphGetNodes(self.raw, ptr::null_mut(), &mut count)? };
@@ -136,7 +136,7 @@ impl Graph {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn node_types(&self) -> Result<Vec<(GraphNode<'_>, CUgraphNodeType)>, Error> {
         refuse_inside_host_function("Graph::node_types")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         self.nodes()?
             .into_iter()
             .map(|node| {
@@ -208,7 +208,7 @@ fn raw_dependencies(
 /// `GraphExec` hand to `defer_drop`, so that a drop inside a host function waits for the reaper.
 struct DestroyLater<H: Copy> {
     handle: H,
-    destroy: unsafe fn(&cuda_sys::Driver, H) -> Result<(), cuda_sys::CallError>,
+    destroy: unsafe fn(&cuda_dl_sys::Driver, H) -> Result<(), cuda_dl_sys::CallError>,
 }
 
 // SAFETY: a graph or executable-graph handle, which the driver lets any thread destroy; used by one
@@ -217,7 +217,7 @@ unsafe impl<H: Copy> Send for DestroyLater<H> {}
 
 impl<H: Copy> Drop for DestroyLater<H> {
     fn drop(&mut self) {
-        if let Ok(driver) = cuda_sys::driver() {
+        if let Ok(driver) = cuda_dl_sys::driver() {
             // SAFETY: `destroy` is the destroy call for `handle`, which is live (its owner is being
             // dropped) and destroyed once, here.
             let _ = unsafe { (self.destroy)(driver, self.handle) };
@@ -229,7 +229,7 @@ impl Drop for Graph {
     fn drop(&mut self) {
         defer_drop(DestroyLater {
             handle: self.raw,
-            destroy: cuda_sys::Driver::cuGraphDestroy,
+            destroy: cuda_dl_sys::Driver::cuGraphDestroy,
         });
     }
 }
@@ -252,7 +252,7 @@ impl GraphExec {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn launch(&self, stream: impl AsRawStream) -> Result<(), Error> {
         refuse_inside_host_function("GraphExec::launch")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         // SAFETY: live executable graph; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuGraphLaunch(self.raw, stream.as_raw_stream())? };
         Ok(())
@@ -268,7 +268,7 @@ impl Drop for GraphExec {
     fn drop(&mut self) {
         defer_drop(DestroyLater {
             handle: self.raw,
-            destroy: cuda_sys::Driver::cuGraphExecDestroy,
+            destroy: cuda_dl_sys::Driver::cuGraphExecDestroy,
         });
     }
 }
@@ -410,7 +410,7 @@ unsafe fn add_node(
         });
     }
     reaper::thread::prepare()?;
-    let driver = cuda_sys::driver()?;
+    let driver = cuda_dl_sys::driver()?;
     options.check_supported(driver)?;
     let owned = GraphOwnedRecord::attach(driver, graph, record)?;
     let mut node: CUgraphNode = ptr::null_mut();
@@ -475,7 +475,7 @@ unsafe fn add_node(
     };
     if code != CUresult::CUDA_SUCCESS {
         owned.detach(driver);
-        return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+        return Err(cuda_dl_sys::Error::from(driver.describe(code, Some(function))).into());
     }
     Ok(node)
 }

@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 
-use cuda_sys::types::CUhostFn;
+use cuda_dl_sys::types::CUhostFn;
 
 use crate::reaper::defer_drop::defer_drop;
 use crate::reaper::owned_record::OwnedRecord;

@@ -35,9 +35,7 @@
 //! One heap allocation per launch (the launch record holds the function, its data and its owners);
 //! the driver's thread only runs the function and pushes the record onto a lock-free queue. A
 //! reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or [`flush`]) drops the
-//! owners. The repository's
-//! [`DESIGN.md`](https://example.invalid/cuda-host-launch/blob/main/DESIGN.md) tells which thread
-//! drops what.
+//! owners. The workspace's `DESIGN.md` tells which thread drops what.
 //!
 //! # Features
 //! - `unpooled-records` (off by default): every launch record is a `Box` of its own instead of a
@@ -165,5 +163,5 @@ pub use transport::poller_pace::poller_cpu_time;
 #[cfg(not(loom))]
 pub use transport::reclaim_pending;
 
-/// The `cuda-sys` this crate is built on, for raw driver calls.
-pub use cuda_sys;
+/// The `cuda-dl-sys` this crate is built on, for raw driver calls.
+pub use cuda_dl_sys;

@@ -18,9 +18,9 @@ use crate::types::CUresult;
 /// got by calling [`pointer`](ChosenFunction::pointer) directly.
 ///
 /// ```no_run
-/// # fn main() -> Result<(), cuda_sys::Error> {
-/// let driver = cuda_sys::driver()?;
-/// let release = driver.newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)?;
+/// # fn main() -> Result<(), cuda_dl_sys::Error> {
+/// let driver = cuda_dl_sys::driver()?;
+/// let release = driver.newest_variant(cuda_dl_sys::functions::cuDevicePrimaryCtxRelease)?;
 /// let device = 0;
 /// // SAFETY: the caller holds a retain of device 0's primary context, which this gives up.
 /// unsafe { release.call((device,))? };

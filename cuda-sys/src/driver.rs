@@ -17,7 +17,7 @@ use crate::version::DriverVersion;
 
 /// The environment variable that selects per-thread default-stream semantics: `1`, `true`, `yes` or
 /// `on` select them; `0`, `false`, `no`, `off` or unset keep the legacy default stream.
-pub const PER_THREAD_ENV: &str = "CUDA_SYS_PER_THREAD_DEFAULT_STREAM";
+pub const PER_THREAD_ENV: &str = "CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM";
 
 /// How to load the driver: [`Driver::load`] takes these (a library path is a promise about that
 /// library, hence `unsafe`), [`driver`] reads them from the environment.
@@ -34,7 +34,7 @@ impl LoadOptions {
     /// library path, [`PER_THREAD_ENV`] selects per-thread default-stream semantics.
     ///
     /// # Errors
-    /// [`Error::InvalidEnvironment`] if `CUDA_SYS_PER_THREAD_DEFAULT_STREAM` holds something other
+    /// [`Error::InvalidEnvironment`] if `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM` holds something other
     /// than a yes or a no.
     pub fn from_env() -> Result<LoadOptions, Error> {
         let library_path = std::env::var_os(library::LIBRARY_ENV)
@@ -81,7 +81,7 @@ fn invalid_env(value: String) -> Error {
 /// process exits and is never unloaded, so every function pointer handed out stays valid. It has two
 /// tables side by side, one per [`DefaultStream`] mode: [`Driver::legacy`] and
 /// [`Driver::per_thread`] reach either from the other, and [`driver`] returns the process's default
-/// (the mode of the first load: `CUDA_SYS_PER_THREAD_DEFAULT_STREAM`, or [`LoadOptions`]).
+/// (the mode of the first load: `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM`, or [`LoadOptions`]).
 /// Each function of a table is resolved the first time it is called there and cached; later calls
 /// cost one atomic load and a branch. A function the driver lacks or is too old for returns an error
 /// and affects no other function.
@@ -144,7 +144,7 @@ static LOADING: Mutex<()> = Mutex::new(());
 /// # Safety
 /// A safe function, but one that trusts the process's environment: the library it opens is
 /// trusted to be the CUDA driver (see [`Driver::load`]'s Safety section for what that covers).
-/// Setting [`LIBRARY_ENV`](crate::LIBRARY_ENV) (`CUDA_SYS_LIBRARY`) to a path makes the process
+/// Setting [`LIBRARY_ENV`](crate::LIBRARY_ENV) (`CUDA_DL_SYS_LIBRARY`) to a path makes the process
 /// trust the library at that path, exactly as an `unsafe` [`Driver::load`] of it would; unset, the
 /// system loader's search for [`DEFAULT_NAMES`](crate::DEFAULT_NAMES) is trusted, as for any library
 /// the program links (on Windows only the system folder is searched, as a driver install places
@@ -158,8 +158,8 @@ static LOADING: Mutex<()> = Mutex::new(());
 ///
 /// # Examples
 /// ```no_run
-/// # fn main() -> Result<(), cuda_sys::Error> {
-/// let driver = cuda_sys::driver()?;
+/// # fn main() -> Result<(), cuda_dl_sys::Error> {
+/// let driver = cuda_dl_sys::driver()?;
 /// println!("CUDA {} driver at {}", driver.version(), driver.path().display());
 /// let mut count = 0;
 /// // SAFETY: `count` is a valid place for the driver to write an int.
@@ -181,7 +181,7 @@ fn load_from_env() -> Result<&'static Driver, Error> {
         Some(_) => LibraryOrigin::Environment,
         None => LibraryOrigin::DefaultNames,
     };
-    // The path, if any, is the one `CUDA_SYS_LIBRARY` names, which whoever set the process's
+    // The path, if any, is the one `CUDA_DL_SYS_LIBRARY` names, which whoever set the process's
     // environment vouches for (see `driver`'s Safety section): as `Driver::load` of it would.
     Driver::load_from(
         Source::Search(options.library_path, origin),
@@ -227,14 +227,14 @@ impl Driver {
     /// # Examples
     /// Loading a library by path is a promise about that library, so it takes `unsafe`:
     /// ```compile_fail,E0133
-    /// let options = cuda_sys::LoadOptions::with_library_path("/opt/driver/libcuda.so.1");
-    /// let _ = cuda_sys::Driver::load(options);
+    /// let options = cuda_dl_sys::LoadOptions::with_library_path("/opt/driver/libcuda.so.1");
+    /// let _ = cuda_dl_sys::Driver::load(options);
     /// ```
     /// ```no_run
-    /// # fn main() -> Result<(), cuda_sys::Error> {
-    /// let options = cuda_sys::LoadOptions::with_library_path("/opt/driver/libcuda.so.1");
+    /// # fn main() -> Result<(), cuda_dl_sys::Error> {
+    /// let options = cuda_dl_sys::LoadOptions::with_library_path("/opt/driver/libcuda.so.1");
     /// // SAFETY: /opt/driver holds the NVIDIA driver this program was deployed with.
-    /// let driver = unsafe { cuda_sys::Driver::load(options)? };
+    /// let driver = unsafe { cuda_dl_sys::Driver::load(options)? };
     /// # let _ = driver; Ok(()) }
     /// ```
     pub unsafe fn load(options: LoadOptions) -> Result<&'static Driver, Error> {
@@ -358,8 +358,8 @@ impl Driver {
     /// can call per-thread variants while the application uses the legacy default stream.
     ///
     /// ```no_run
-    /// # fn main() -> Result<(), cuda_sys::Error> {
-    /// let driver = cuda_sys::driver()?;
+    /// # fn main() -> Result<(), cuda_dl_sys::Error> {
+    /// let driver = cuda_dl_sys::driver()?;
     /// // SAFETY: the per-thread default stream (null) of the calling thread, with a current context.
     /// unsafe { driver.per_thread().cuStreamSynchronize(std::ptr::null_mut())? };
     /// # Ok(()) }

@@ -18,7 +18,7 @@ use crate::version::DriverVersion;
 pub enum Error {
     /// No candidate library could be opened as the driver. `tried` lists every name or path, with
     /// the loader's message for each; `origin` says where they came from (the default names, or
-    /// the one path `CUDA_SYS_LIBRARY` or the caller named), which decides what to fix.
+    /// the one path `CUDA_DL_SYS_LIBRARY` or the caller named), which decides what to fix.
     #[error("{}", library_not_found(tried, *origin))]
     LibraryNotFound {
         /// Each name or path tried, in order, with why it failed.

@@ -11,10 +11,10 @@
 //! of a list:
 //!
 //! ```no_run
-//! use cuda_sys::functions::{cuEventElapsedTime, cuEventElapsedTime_v2000};
-//! # fn main() -> Result<(), cuda_sys::Error> {
-//! # let (start, end): (cuda_sys::types::CUevent, cuda_sys::types::CUevent) = todo!();
-//! let driver = cuda_sys::driver()?;
+//! use cuda_dl_sys::functions::{cuEventElapsedTime, cuEventElapsedTime_v2000};
+//! # fn main() -> Result<(), cuda_dl_sys::Error> {
+//! # let (start, end): (cuda_dl_sys::types::CUevent, cuda_dl_sys::types::CUevent) = todo!();
+//! let driver = cuda_dl_sys::driver()?;
 //! // 12.8's ABI where the driver has it, else the 2.0 one (same signature, older semantics).
 //! let elapsed = driver.newest_variant(cuEventElapsedTime)?;
 //! println!("using {}", elapsed.function());
@@ -109,11 +109,11 @@ impl Driver {
     /// The table as raw C function pointers, for binding authors who want the `CUresult` itself.
     ///
     /// ```no_run
-    /// # fn main() -> Result<(), cuda_sys::Error> {
-    /// let driver = cuda_sys::driver()?;
+    /// # fn main() -> Result<(), cuda_dl_sys::Error> {
+    /// let driver = cuda_dl_sys::driver()?;
     /// let synchronize = driver.raw().cuStreamSynchronize()?;
     /// // SAFETY: CU_STREAM_LEGACY is always a valid stream handle once a context is current.
-    /// let code = unsafe { synchronize(cuda_sys::CU_STREAM_LEGACY) };
+    /// let code = unsafe { synchronize(cuda_dl_sys::CU_STREAM_LEGACY) };
     /// # let _ = code; Ok(()) }
     /// ```
     #[inline]

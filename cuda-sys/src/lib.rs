@@ -1,7 +1,7 @@
 //! The NVIDIA CUDA driver API, loaded at run time.
 //!
 //! - **No link-time dependency.** The driver library (`libcuda.so.1`, then `libcuda.so`;
-//!   `nvcuda.dll` from the Windows system folder; or the path in `CUDA_SYS_LIBRARY`, which the
+//!   `nvcuda.dll` from the Windows system folder; or the path in `CUDA_DL_SYS_LIBRARY`, which the
 //!   process then trusts to be the driver: see [`driver`]'s Safety section) is opened on first use,
 //!   once per process, and never unloaded. [`Driver::load`] opens a path of the caller's choosing
 //!   and [`Driver::adopt`] takes a library the caller opened: both are `unsafe` for that reason;
@@ -30,9 +30,9 @@
 //! `cuInit` is that call's [`Error::Driver`]. (Calling `cuInit` again is harmless.)
 //!
 //! ```no_run
-//! use cuda_sys::{driver, types::*};
+//! use cuda_dl_sys::{driver, types::*};
 //!
-//! # fn main() -> Result<(), cuda_sys::Error> {
+//! # fn main() -> Result<(), cuda_dl_sys::Error> {
 //! let cuda = driver()?; // opens the library and calls cuInit(0)
 //! println!("CUDA {} ({:?})", cuda.version(), cuda.resolution_path());
 //! let mut device: CUdevice = 0;
@@ -54,7 +54,7 @@
 //! Both default-stream semantics are available at once: [`Driver::legacy`] and
 //! [`Driver::per_thread`] (`nvcc --default-stream per-thread`) are two tables over one library. The
 //! process's default, which [`driver`] returns, is chosen at the first load:
-//! [`LoadOptions::default_stream`], or `CUDA_SYS_PER_THREAD_DEFAULT_STREAM=1`.
+//! [`LoadOptions::default_stream`], or `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM=1`.
 
 #![warn(
     missing_docs,

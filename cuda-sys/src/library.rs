@@ -9,7 +9,7 @@ use crate::version::DriverVersion;
 
 /// The environment variable that names the driver library's path explicitly. Setting it makes the
 /// process trust that library as the CUDA driver (see [`driver`](crate::driver)'s Safety section).
-pub const LIBRARY_ENV: &str = "CUDA_SYS_LIBRARY";
+pub const LIBRARY_ENV: &str = "CUDA_DL_SYS_LIBRARY";
 
 /// The names tried, in order, when no explicit path is given.
 #[cfg(windows)]
@@ -25,7 +25,7 @@ pub const DEFAULT_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so"];
 pub enum LibraryOrigin {
     /// The standard search for [`DEFAULT_NAMES`].
     DefaultNames,
-    /// The path [`LIBRARY_ENV`] (`CUDA_SYS_LIBRARY`) names: the only candidate while it is set.
+    /// The path [`LIBRARY_ENV`] (`CUDA_DL_SYS_LIBRARY`) names: the only candidate while it is set.
     Environment,
     /// A path given to [`Driver::load`](crate::Driver::load) in
     /// [`LoadOptions::library_path`](crate::LoadOptions::library_path).
@@ -145,7 +145,7 @@ pub(crate) fn open(candidate: &Candidate) -> Result<libloading::Library, LoadAtt
         open_standard(&candidate.name)
     } else {
         // SAFETY: opening a library runs its initialisers. The path is vouched for as a CUDA driver
-        // (`Driver::load`'s contract; for `CUDA_SYS_LIBRARY`, `driver`'s Safety section); the
+        // (`Driver::load`'s contract; for `CUDA_DL_SYS_LIBRARY`, `driver`'s Safety section); the
         // driver's initialisers have no preconditions that this process could violate.
         unsafe { libloading::Library::new(&candidate.name) }
     };

@@ -1,8 +1,8 @@
 //! A context made with `cuCtxCreate` (not a device's primary context) and a stream of it, for the
 //! tests of what the crate does with such streams.
 
+use cuda_dl_sys::types::{CUcontext, CUstream};
 use cuda_host_launch::RawStream;
-use cuda_sys::types::{CUcontext, CUstream};
 
 /// A context of device 0 made with `cuCtxCreate` on the process's driver, and a stream of it; both
 /// destroyed on drop. The context is left current on the calling thread (as `cuCtxCreate` makes
@@ -20,7 +20,7 @@ impl CreatedContext {
     /// # Panics
     /// If the driver cannot be loaded or refuses either.
     pub fn new() -> CreatedContext {
-        let driver = cuda_sys::driver().expect("the driver");
+        let driver = cuda_dl_sys::driver().expect("the driver");
         let mut context = std::ptr::null_mut();
         // SAFETY: a valid out-pointer, flags 0, device 0.
         unsafe { driver.cuCtxCreate(&mut context, std::ptr::null_mut(), 0, 0) }
@@ -49,7 +49,7 @@ impl Default for CreatedContext {
 
 impl Drop for CreatedContext {
     fn drop(&mut self) {
-        let Ok(driver) = cuda_sys::driver() else {
+        let Ok(driver) = cuda_dl_sys::driver() else {
             return;
         };
         // SAFETY: ours, destroyed once each, the stream first.

@@ -5,8 +5,8 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_sys::Driver;
-use cuda_sys::types::{
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{
     CUDA_HOST_NODE_PARAMS, CUevent, CUgraph, CUgraphEdgeData, CUgraphExec, CUgraphNode,
     CUgraphNodeType, CUresult, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus, cuuint64_t,
 };

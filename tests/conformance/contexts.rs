@@ -4,7 +4,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cuda_sys::types::{CUcontext, CUresult};
+use cuda_dl_sys::types::{CUcontext, CUresult};
 use cuda_workspace::testing::bump;
 
 use super::harness::{Cx, Log, SETTLE, Tagged, cases, code, data, leak, log_tag};
@@ -295,7 +295,7 @@ fn sticky_error_then_reset(cx: &Cx, launch_after: bool) {
 /// ran. Each step is logged (stderr), so a case that crashes on the real driver says where.
 fn during_the_last_release<T: Send + 'static>(
     cx: &Cx,
-    ask: fn(&'static cuda_sys::Driver, cuda_sys::types::CUdevice, usize) -> T,
+    ask: fn(&'static cuda_dl_sys::Driver, cuda_dl_sys::types::CUdevice, usize) -> T,
 ) -> (bool, T, usize) {
     use std::sync::atomic::AtomicBool;
     let stream = cx.stream();

@@ -3,8 +3,8 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
 
-use cuda_sys::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
-use cuda_sys::{DefaultStream, Error, Function, MissingReason};
+use cuda_dl_sys::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+use cuda_dl_sys::{DefaultStream, Error, Function, MissingReason};
 
 use super::harness::{Cx, cases};
 
@@ -102,7 +102,7 @@ cases! {
         assert!(!pfn.is_null());
     }
 
-    /// `cuda-sys`'s reading of the answers: too new a version is `Rejected`, a symbol only in newer
+    /// `cuda-dl-sys`'s reading of the answers: too new a version is `Rejected`, a symbol only in newer
     /// variants `VersionNotSufficient`, an unknown one `NotFound`. A symbol with per-thread
     /// variants finds only those with the per-thread flag: its older variant without a twin
     /// (`cuMemcpyHtoD` at 2000) is `VersionNotSufficient` there, though found without the flag.
@@ -124,7 +124,7 @@ cases! {
 
     /// Each variant `cuGetProcAddress` returns is the library's export of that variant: the
     /// legacy and per-thread variants of `cuStreamGetCaptureInfo` at three versions, and every
-    /// entry of `cuda-sys`'s table that resolves (with its per-thread twin).
+    /// entry of `cuda-dl-sys`'s table that resolves (with its per-thread twin).
     fn cu_get_proc_address_returns_the_exported_variants(cx) {
         let found = |symbol: &str, version: u32, mode| {
             cx.driver.get_proc_address(symbol, version, mode).unwrap().addr().get()
@@ -173,7 +173,7 @@ cases! {
     }
 
     /// The fake implements only part of the driver API (the functions the workspace uses and
-    /// their kin): entries of `cuda-sys`'s table within the driver's version that it does not
+    /// their kin): entries of `cuda-dl-sys`'s table within the driver's version that it does not
     /// implement are "not found", and not exported either.
     fn only_the_implemented_part_of_the_table_resolves(cx) {
         let version = cx.driver.version().0 as u32;

@@ -3,8 +3,8 @@
 use std::ffi::{CStr, c_char};
 use std::ptr;
 
-use cuda_sys::DriverError;
-use cuda_sys::types::CUresult;
+use cuda_dl_sys::DriverError;
+use cuda_dl_sys::types::CUresult;
 
 use super::harness::{cases, code};
 
@@ -86,12 +86,12 @@ const PINNED: &[(u32, &str, &str)] = &[
 ];
 
 type Describe =
-    unsafe fn(&cuda_sys::Driver, CUresult, *mut *const c_char) -> Result<(), cuda_sys::Error>;
+    unsafe fn(&cuda_dl_sys::Driver, CUresult, *mut *const c_char) -> Result<(), cuda_dl_sys::Error>;
 
 /// What `describe` (`cuGetErrorName` or `cuGetErrorString`) says of `code`: its result, and the
 /// text if any.
 fn ask(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     describe: Describe,
     error: u32,
 ) -> (Option<CUresult>, Option<String>) {
@@ -106,7 +106,7 @@ fn ask(
     (result, text)
 }
 
-fn name(driver: &cuda_sys::Driver, error: u32) -> (Option<CUresult>, Option<String>) {
+fn name(driver: &cuda_dl_sys::Driver, error: u32) -> (Option<CUresult>, Option<String>) {
     // SAFETY: forwards the caller's out-pointer.
     ask(
         driver,
@@ -115,7 +115,7 @@ fn name(driver: &cuda_sys::Driver, error: u32) -> (Option<CUresult>, Option<Stri
     )
 }
 
-fn string(driver: &cuda_sys::Driver, error: u32) -> (Option<CUresult>, Option<String>) {
+fn string(driver: &cuda_dl_sys::Driver, error: u32) -> (Option<CUresult>, Option<String>) {
     // SAFETY: forwards the caller's out-pointer.
     ask(
         driver,
@@ -133,7 +133,7 @@ cases! {
         }
     }
 
-    /// Every code the driver names (0 to 1000) has the name `cuda-sys`'s pinned header gives it;
+    /// Every code the driver names (0 to 1000) has the name `cuda-dl-sys`'s pinned header gives it;
     /// the fake names every code of that header.
     fn every_named_code_has_the_headers_name(cx) {
         let mut named = 0;

@@ -5,7 +5,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use cuda_sys::types::{CUevent, CUgraph, CUresult, CUstreamCaptureMode};
+use cuda_dl_sys::types::{CUevent, CUgraph, CUresult, CUstreamCaptureMode};
 use cuda_workspace::testing::bump;
 
 use super::harness::{SETTLE, Shared, cases, code, data, leak};
@@ -14,7 +14,7 @@ const GLOBAL: CUstreamCaptureMode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_
 /// `CU_EVENT_DISABLE_TIMING`.
 const DISABLE_TIMING: u32 = 2;
 
-fn event(driver: &cuda_sys::Driver, flags: u32) -> CUevent {
+fn event(driver: &cuda_dl_sys::Driver, flags: u32) -> CUevent {
     let mut event = ptr::null_mut();
     // SAFETY: a valid out-pointer.
     unsafe { driver.cuEventCreate(&mut event, flags) }.unwrap();

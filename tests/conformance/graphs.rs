@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_sys::types::{CUDA_HOST_NODE_PARAMS, CUgraph, CUgraphExec, CUgraphNode, CUuserObject};
+use cuda_dl_sys::types::{CUDA_HOST_NODE_PARAMS, CUgraph, CUgraphExec, CUgraphNode, CUuserObject};
 use cuda_workspace::testing::{bump, os_thread};
 
 use super::harness::{Cx, Log, SETTLE, Tagged, cases, data, leak, log_tag, wait_until};

@@ -2,7 +2,7 @@
 //! difference means.
 //!
 //! - `CONFORMANCE_DRIVER` selects the driver: unset or `fake` for the fake (`tests/fake-cuda`,
-//!   through `CUDA_SYS_LIBRARY`), `real` for the installed NVIDIA driver (`cuda-sys`'s default
+//!   through `CUDA_DL_SYS_LIBRARY`), `real` for the installed NVIDIA driver (`cuda-dl-sys`'s default
 //!   names: `libcuda.so.1`). The GPU bundle's runner sets `real`.
 //! - Each case runs in a process of its own (the driver is loaded once per process, and a case
 //!   may poison its context), with device 0's primary context current ([`Cx`]).
@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use cuda_sys::Driver;
-use cuda_sys::types::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream};
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{CUcontext, CUdevice, CUdeviceptr, CUresult, CUstream};
 use cuda_workspace::testing::{
     fake, fake_driver_path, in_own_process, os_thread, panic_text, test_path,
 };
@@ -118,7 +118,7 @@ pub(crate) use cases;
 /// Runs the case `name` (of `module`) in a process of its own.
 pub fn run(module: &str, name: &str, body: impl FnOnce(&Cx)) {
     let envs: Vec<(&str, OsString)> = match target() {
-        Target::Fake => vec![("CUDA_SYS_LIBRARY", fake_driver_path().into_os_string())],
+        Target::Fake => vec![("CUDA_DL_SYS_LIBRARY", fake_driver_path().into_os_string())],
         Target::Real => Vec::new(),
     };
     in_own_process(&test_path(module, name), &envs, || run_here(name, body));
@@ -192,7 +192,7 @@ impl Cx {
             // Keeps the fake's state mapped for its control functions.
             let _ = fake();
         }
-        let driver = cuda_sys::driver().unwrap_or_else(|e| panic!("no driver: {e}"));
+        let driver = cuda_dl_sys::driver().unwrap_or_else(|e| panic!("no driver: {e}"));
         let is_fake = driver.path().to_string_lossy().contains("fake_cuda");
         assert_eq!(
             is_fake,
@@ -337,7 +337,7 @@ impl Drop for Hold {
 ///
 /// # Panics
 /// On an error that is not a driver result code.
-pub fn code(result: Result<(), impl Into<cuda_sys::Error>>) -> Option<CUresult> {
+pub fn code(result: Result<(), impl Into<cuda_dl_sys::Error>>) -> Option<CUresult> {
     result.err().map(|e| {
         let e = e.into();
         e.code()

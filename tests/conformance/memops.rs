@@ -4,7 +4,7 @@
 use std::ptr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use cuda_sys::types::{CUgraph, CUgraphExec, CUgraphNodeType, CUresult, CUstreamCaptureMode};
+use cuda_dl_sys::types::{CUgraph, CUgraphExec, CUgraphNodeType, CUresult, CUstreamCaptureMode};
 use cuda_workspace::testing::bump;
 
 use super::harness::{MAPPED, SETTLE, cases, code, data, leak};

@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::ptr;
 
-use cuda_sys::types::{CUcontext, CUdevice_attribute, CUdeviceptr, CUresult};
+use cuda_dl_sys::types::{CUcontext, CUdevice_attribute, CUdeviceptr, CUresult};
 
 use super::harness::{Cx, MAPPED, cases, code};
 

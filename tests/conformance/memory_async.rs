@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUdeviceptr, CUgraph, CUresult, CUstreamCaptureMode};
+use cuda_dl_sys::types::{CUdeviceptr, CUgraph, CUresult, CUstreamCaptureMode};
 
 use super::harness::{SETTLE, cases, code, leak};
 use super::memory::{bytes, device_memory, pinned, read};
@@ -178,7 +178,7 @@ cases! {
         let device = device_memory(cx, 16);
         let other = device_memory(cx, 16);
         let target = pinned(cx, 16);
-        let hold = cx.hold(cuda_sys::CU_STREAM_PER_THREAD);
+        let hold = cx.hold(cuda_dl_sys::CU_STREAM_PER_THREAD);
         // SAFETY: the calling thread's default stream; 16 bytes each.
         unsafe {
             per_thread.cuMemsetD8Async(device, 0x66, 16, ptr::null_mut()).unwrap();

@@ -5,8 +5,8 @@ use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
-use cuda_sys::Driver;
-use cuda_sys::types::{CUresult, CUstream};
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{CUresult, CUstream};
 use cuda_workspace::testing::{bump, os_thread};
 
 use super::harness::{Log, SETTLE, Tagged, cases, code, data, leak, log_tag, wait_until};

@@ -16,7 +16,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUcontext, CUresult, CUstream};
+use cuda_dl_sys::types::{CUcontext, CUresult, CUstream};
 
 /// Launches per run unless `AB_N` says otherwise.
 const N: usize = 200_000;
@@ -40,7 +40,7 @@ unsafe impl new::AsRawStream for Handle {
     }
 }
 
-// SAFETY: as above. The old build's cuda-sys has its own (identical) C types: the handles are the
+// SAFETY: as above. The old build's cuda-dl-sys has its own (identical) C types: the handles are the
 // same pointers.
 unsafe impl old::AsRawStream for Handle {
     fn as_raw_stream(&self) -> old_sys::types::CUstream {
@@ -82,7 +82,7 @@ impl Method {
 
 unsafe extern "C" fn noop(_: *mut c_void) {}
 
-fn launch(driver: &cuda_sys::Driver, method: Method, stream: Handle, value: u64) {
+fn launch(driver: &cuda_dl_sys::Driver, method: Method, stream: Handle, value: u64) {
     match method {
         Method::Raw => {
             let f = driver.raw().cuLaunchHostFunc().unwrap();
@@ -109,7 +109,7 @@ fn launch(driver: &cuda_sys::Driver, method: Method, stream: Handle, value: u64)
     }
 }
 
-fn synchronize(driver: &cuda_sys::Driver, streams: &[Handle]) {
+fn synchronize(driver: &cuda_dl_sys::Driver, streams: &[Handle]) {
     for s in streams {
         // SAFETY: a live stream.
         unsafe { driver.cuStreamSynchronize(s.stream) }.unwrap();
@@ -123,7 +123,7 @@ fn flush_both() {
 }
 
 /// (enqueue ns per launch, host functions per second).
-fn run(driver: &cuda_sys::Driver, method: Method, streams: &[Handle], n: usize) -> (f64, f64) {
+fn run(driver: &cuda_dl_sys::Driver, method: Method, streams: &[Handle], n: usize) -> (f64, f64) {
     let started = Instant::now();
     for i in 0..n {
         launch(driver, method, streams[i % streams.len()], i as u64);
@@ -175,7 +175,7 @@ fn main() {
     };
     let reps = env("AB_REPS", 15);
     let n = env("AB_N", N);
-    let driver = cuda_sys::driver().unwrap();
+    let driver = cuda_dl_sys::driver().unwrap();
     let context = new::PrimaryContext::retain(new::Device::get(0).unwrap()).unwrap();
     let streams: Vec<new::Stream> = (0..4)
         .map(|_| new::Stream::new(&context).unwrap())

@@ -12,7 +12,7 @@
 //!    the header's Doxygen comment as Markdown (`doc_markdown`), with links to the table's entries
 //!    and to the types and constants of the bindings.
 //!
-//! Outputs go to `$OUT_DIR/generated/` and, with `CUDA_SYS_WRITE_GENERATED=1`, over
+//! Outputs go to `$OUT_DIR/generated/` and, with `CUDA_DL_SYS_WRITE_GENERATED=1`, over
 //! `cuda-sys/src/generated/`. This is build-time tooling: it panics with a message on bad input.
 
 mod doc_markdown;
@@ -32,17 +32,17 @@ const HEADER_PACKAGE: &str = "nvidia-cuda-runtime==13.5.37";
 
 pub fn run() {
     for var in [
-        "CUDA_SYS_INCLUDE_DIR",
-        "CUDA_SYS_WRITE_GENERATED",
+        "CUDA_DL_SYS_INCLUDE_DIR",
+        "CUDA_DL_SYS_WRITE_GENERATED",
         "LIBCLANG_PATH",
         "BINDGEN_EXTRA_CLANG_ARGS",
     ] {
         println!("cargo::rerun-if-env-changed={var}");
     }
-    let include = match env::var("CUDA_SYS_INCLUDE_DIR") {
+    let include = match env::var("CUDA_DL_SYS_INCLUDE_DIR") {
         Ok(dir) => PathBuf::from(dir),
         Err(_) => panic!(
-            "the `regenerate` feature needs CUDA_SYS_INCLUDE_DIR, the folder holding cuda.h and \
+            "the `regenerate` feature needs CUDA_DL_SYS_INCLUDE_DIR, the folder holding cuda.h and \
              cudaTypedefs.h of {HEADER_PACKAGE}; run scripts/regenerate-bindings, which fetches them"
         ),
     };
@@ -112,7 +112,7 @@ pub fn run() {
 
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("generated");
     write_all(&out_dir, &outputs);
-    if env::var("CUDA_SYS_WRITE_GENERATED").as_deref() == Ok("1") {
+    if env::var("CUDA_DL_SYS_WRITE_GENERATED").as_deref() == Ok("1") {
         write_all(&root.join(GENERATED_DIR), &outputs);
         println!(
             "cargo::warning=regenerated {GENERATED_DIR}: {} functions in the table",

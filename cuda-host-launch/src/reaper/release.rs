@@ -68,7 +68,7 @@ pub(crate) struct ReaperContext {
 
 impl ReaperContext {
     /// Before a launch's owners are dropped: no context current.
-    fn enter(&mut self, driver: &cuda_sys::Driver) {
+    fn enter(&mut self, driver: &cuda_dl_sys::Driver) {
         if !self.clear {
             self.clear_now(driver);
         }
@@ -81,11 +81,11 @@ impl ReaperContext {
     }
 
     /// After a launch's owners were dropped: none current again, if their `Drop` made one so.
-    fn after_drop(&mut self, driver: &cuda_sys::Driver) {
+    fn after_drop(&mut self, driver: &cuda_dl_sys::Driver) {
         self.clear_now(driver);
     }
 
-    fn clear_now(&mut self, driver: &cuda_sys::Driver) {
+    fn clear_now(&mut self, driver: &cuda_dl_sys::Driver) {
         let mut now = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
         self.clear = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
@@ -126,7 +126,7 @@ fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperCon
     // Every record's owners, whether its launch ran or not (a reclaimed launch, a deferred drop,
     // a graph's record): an earlier owner's `Drop` may have made a context current. Only the
     // current context is read and cleared, never a context of the record's (it may be dead).
-    let driver = cuda_sys::Driver::get();
+    let driver = cuda_dl_sys::Driver::get();
     if let Some(reaper) = context.as_deref_mut() {
         match driver {
             Some(driver) => reaper.enter(driver),

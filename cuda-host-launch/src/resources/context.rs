@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use std::sync::atomic::{AtomicPtr, Ordering};
 
-use cuda_sys::types::{CUcontext, CUctx_st, CUdevice};
+use cuda_dl_sys::types::{CUcontext, CUctx_st, CUdevice};
 
 use super::device::Device;
 use crate::reaper::defer_drop::defer_drop;
@@ -36,7 +36,7 @@ impl PrimaryContext {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn retain(device: Device) -> Result<Arc<PrimaryContext>, Error> {
         crate::support::host_thread::refuse_inside_host_function("PrimaryContext::retain")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut raw = ptr::null_mut();
         // SAFETY: `raw` is a valid place to write a context handle; `device` came from the driver.
         unsafe { driver.cuDevicePrimaryCtxRetain(&mut raw, device.raw())? };
@@ -48,14 +48,14 @@ impl PrimaryContext {
     }
 
     /// Makes this the calling thread's current context (`cuCtxSetCurrent`), as the special streams
-    /// ([`RawStream::LEGACY`](crate::RawStream::LEGACY), ...) and raw `cuda-sys` calls need.
+    /// ([`RawStream::LEGACY`](crate::RawStream::LEGACY), ...) and raw `cuda-dl-sys` calls need.
     ///
     /// # Errors
     /// [`Error::Cuda`] if the call fails.
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn set_current(&self) -> Result<(), Error> {
         crate::support::host_thread::refuse_inside_host_function("PrimaryContext::set_current")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         // SAFETY: `raw` is a retained, live context.
         unsafe { driver.cuCtxSetCurrent(self.raw())? };
         Ok(())
@@ -115,11 +115,11 @@ impl PrimaryContext {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub unsafe fn reset(&self) -> Result<usize, Error> {
         crate::support::host_thread::refuse_inside_host_function("PrimaryContext::reset")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let old = self.raw();
         let reset = reset_function(driver)?;
         let device = self.device.raw();
-        let run_reset = || -> Result<(), cuda_sys::Error> {
+        let run_reset = || -> Result<(), cuda_dl_sys::Error> {
             // SAFETY: a valid device handle. An error names the variant called.
             Ok(unsafe { reset.call((device,)) }?)
         };
@@ -175,9 +175,9 @@ impl PrimaryContext {
     /// Runs `f` with this context pushed as the calling thread's current context.
     pub(crate) fn scoped<R>(
         &self,
-        f: impl FnOnce(&cuda_sys::Driver) -> Result<R, Error>,
+        f: impl FnOnce(&cuda_dl_sys::Driver) -> Result<R, Error>,
     ) -> Result<R, Error> {
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         // SAFETY: `raw` is a retained, live context.
         unsafe { driver.cuCtxPushCurrent(self.raw())? };
         let result = f(driver);
@@ -206,7 +206,7 @@ unsafe impl Send for Release {}
 
 impl Drop for Release {
     fn drop(&mut self) {
-        let Ok(driver) = cuda_sys::driver() else {
+        let Ok(driver) = cuda_dl_sys::driver() else {
             return;
         };
         // SAFETY: the device's primary context was retained once by this value's owner.

@@ -2,7 +2,7 @@
 
 use std::ffi::c_char;
 
-use cuda_sys::types::CUdevice;
+use cuda_dl_sys::types::CUdevice;
 
 use crate::support::error::Error;
 
@@ -21,7 +21,7 @@ impl Device {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn count() -> Result<usize, Error> {
         crate::support::host_thread::refuse_inside_host_function("Device::count")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut count = 0;
         // SAFETY: `count` is a valid place to write an int.
         unsafe { driver.cuDeviceGetCount(&mut count)? };
@@ -35,7 +35,7 @@ impl Device {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn get(ordinal: i32) -> Result<Device, Error> {
         crate::support::host_thread::refuse_inside_host_function("Device::get")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut raw = 0;
         // SAFETY: `raw` is a valid place to write a device handle.
         unsafe { driver.cuDeviceGet(&mut raw, ordinal)? };
@@ -49,7 +49,7 @@ impl Device {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn name(&self) -> Result<String, Error> {
         crate::support::host_thread::refuse_inside_host_function("Device::name")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let mut buffer = [0 as c_char; 256];
         // SAFETY: the buffer holds `len` bytes; the driver writes a NUL-terminated name into it.
         unsafe { driver.cuDeviceGetName(buffer.as_mut_ptr(), buffer.len() as i32, self.raw)? };

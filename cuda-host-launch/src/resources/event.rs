@@ -3,7 +3,7 @@
 use std::ptr;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUevent, CUevent_flags, CUresult};
+use cuda_dl_sys::types::{CUevent, CUevent_flags, CUresult};
 
 use super::context::PrimaryContext;
 use crate::reaper::defer_drop::defer_drop;
@@ -52,7 +52,7 @@ impl Event {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn record(&self, stream: impl AsRawStream) -> Result<(), Error> {
         crate::support::host_thread::refuse_inside_host_function("Event::record")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         // SAFETY: the event is live; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuEventRecord(self.raw, stream.as_raw_stream())? };
         Ok(())
@@ -66,7 +66,7 @@ impl Event {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn make_wait(&self, stream: impl AsRawStream) -> Result<(), Error> {
         crate::support::host_thread::refuse_inside_host_function("Event::make_wait")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         // SAFETY: the event is live; the stream is valid by `AsRawStream`'s contract.
         unsafe { driver.cuStreamWaitEvent(stream.as_raw_stream(), self.raw, 0)? };
         Ok(())
@@ -79,7 +79,7 @@ impl Event {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
         crate::support::host_thread::refuse_inside_host_function("Event::synchronize")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         // SAFETY: the event is live.
         unsafe { driver.cuEventSynchronize(self.raw)? };
         Ok(())
@@ -92,7 +92,7 @@ impl Event {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn is_complete(&self) -> Result<bool, Error> {
         crate::support::host_thread::refuse_inside_host_function("Event::is_complete")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let query = driver.raw().cuEventQuery()?;
         // SAFETY: the event is live.
         let code = unsafe { query(self.raw) };

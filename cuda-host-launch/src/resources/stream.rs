@@ -3,7 +3,7 @@
 use std::ptr;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUresult, CUstream, CUstream_flags};
+use cuda_dl_sys::types::{CUresult, CUstream, CUstream_flags};
 
 use super::context::PrimaryContext;
 use crate::reaper::defer_drop::defer_drop;
@@ -73,7 +73,7 @@ impl Stream {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn synchronize(&self) -> Result<(), Error> {
         crate::support::host_thread::refuse_inside_host_function("Stream::synchronize")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         // SAFETY: `raw` is a live stream.
         unsafe { driver.cuStreamSynchronize(self.raw)? };
         Ok(())
@@ -86,7 +86,7 @@ impl Stream {
     /// [`Error::InsideHostFunction`] inside a host function (no driver call is made).
     pub fn is_idle(&self) -> Result<bool, Error> {
         crate::support::host_thread::refuse_inside_host_function("Stream::is_idle")?;
-        let driver = cuda_sys::driver()?;
+        let driver = cuda_dl_sys::driver()?;
         let query = driver.raw().cuStreamQuery()?;
         // SAFETY: `raw` is a live stream.
         let code = unsafe { query(self.raw) };
@@ -114,7 +114,7 @@ unsafe impl AsRawStream for Stream {
         self.raw
     }
 
-    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+    fn context_hint(&self) -> Option<cuda_dl_sys::types::CUcontext> {
         Some(self.context.raw())
     }
 
@@ -125,14 +125,14 @@ unsafe impl AsRawStream for Stream {
 
 /// The ids of a stream just made in `context` (`None` on drivers before 12.0, which have none).
 fn ids_of(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     stream: CUstream,
-    context: cuda_sys::types::CUcontext,
+    context: cuda_dl_sys::types::CUcontext,
 ) -> Result<Option<StreamIds>, Error> {
-    let too_old = |e: &cuda_sys::Error| {
+    let too_old = |e: &cuda_dl_sys::Error| {
         matches!(
             e,
-            cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }
+            cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }
         )
     };
     let get_id = match driver.raw().cuStreamGetId() {

@@ -2,7 +2,7 @@
 
 use std::ptr;
 
-use cuda_sys::types::{CUgraph, CUstream, CUstreamCaptureStatus};
+use cuda_dl_sys::types::{CUgraph, CUstream, CUstreamCaptureStatus};
 
 use crate::support::error::Error;
 
@@ -25,7 +25,7 @@ pub(crate) fn capture_active(stream: CUstream, capture_id: u64) -> Error {
 
 /// The capture state of `stream`: `cuStreamGetCaptureInfo` (12.3+), which also sees a stream joined
 /// into another stream's capture through an event; on older drivers `cuStreamIsCapturing`.
-pub(crate) fn capture_of(driver: &cuda_sys::Driver, stream: CUstream) -> Result<Capture, Error> {
+pub(crate) fn capture_of(driver: &cuda_dl_sys::Driver, stream: CUstream) -> Result<Capture, Error> {
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut id = 0;
     let mut graph: CUgraph = ptr::null_mut();
@@ -46,7 +46,7 @@ pub(crate) fn capture_of(driver: &cuda_sys::Driver, stream: CUstream) -> Result<
             };
             driver.check(code, "cuStreamGetCaptureInfo")?;
         }
-        Err(cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }) => {
+        Err(cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }) => {
             let is_capturing = driver.raw().cuStreamIsCapturing()?;
             // SAFETY: valid stream; `status` is a valid place to write.
             let code = unsafe { is_capturing(stream, &mut status) };
@@ -64,7 +64,7 @@ pub(crate) fn capture_of(driver: &cuda_sys::Driver, stream: CUstream) -> Result<
 /// an event record): whether a capture another thread began since the first look may have taken
 /// what was just enqueued on `stream`. `Some` with the error to return if so; an unknown state
 /// (the query failed) counts as captured.
-pub(crate) fn captured_since(driver: &cuda_sys::Driver, stream: CUstream) -> Option<Error> {
+pub(crate) fn captured_since(driver: &cuda_dl_sys::Driver, stream: CUstream) -> Option<Error> {
     match capture_of(driver, stream) {
         Ok(Capture::None) => None,
         Ok(Capture::Active { id, .. }) => Some(capture_active(stream, id)),
@@ -76,7 +76,7 @@ pub(crate) fn captured_since(driver: &cuda_sys::Driver, stream: CUstream) -> Opt
 /// `cuStreamGetCaptureInfo` is not available: the table's 11.3 variant, `cuStreamGetCaptureInfo_v2`
 /// (gated: `DriverTooOld` below 11.3, where only the 10.1 signature exists).
 pub(crate) fn capture_graph_legacy(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     stream: CUstream,
 ) -> Result<CUgraph, Error> {
     let info = driver.raw().cuStreamGetCaptureInfo_v2()?;

@@ -19,7 +19,7 @@
 //! of one handle apart, and a reclaim falls back to what its caller knows (the context it released
 //! or reset is gone).
 
-use cuda_sys::types::{CUcontext, CUdevice, CUresult};
+use cuda_dl_sys::types::{CUcontext, CUdevice, CUresult};
 
 use crate::support::error::Error;
 
@@ -43,7 +43,10 @@ impl ContextKey {
 ///
 /// # Errors
 /// The driver's error for `cuCtxGetId` on a driver that has it (a dead handle, say).
-pub(crate) fn key_of(driver: &cuda_sys::Driver, context: CUcontext) -> Result<ContextKey, Error> {
+pub(crate) fn key_of(
+    driver: &cuda_dl_sys::Driver,
+    context: CUcontext,
+) -> Result<ContextKey, Error> {
     let id = match driver.raw().cuCtxGetId() {
         Ok(get_id) => {
             let mut id = 0;
@@ -53,7 +56,9 @@ pub(crate) fn key_of(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Co
             driver.check(code, "cuCtxGetId")?;
             id
         }
-        Err(cuda_sys::Error::DriverTooOld { .. } | cuda_sys::Error::SymbolMissing { .. }) => 0,
+        Err(cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }) => {
+            0
+        }
         Err(e) => return Err(e.into()),
     };
     Ok(ContextKey {
@@ -85,7 +90,7 @@ impl Liveness {
     /// its id is sound whatever happened to the context; a handle of a context made with
     /// `cuCtxCreate` is never looked at (after its destruction it may dangle).
     pub(crate) fn of_primary(
-        driver: &cuda_sys::Driver,
+        driver: &cuda_dl_sys::Driver,
         device: CUdevice,
         handle: usize,
     ) -> Liveness {

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-/// A checked driver call's small error, made rich ([`cuda_sys::Error`]) on the way up.
-impl From<cuda_sys::CallError> for Error {
-    fn from(error: cuda_sys::CallError) -> Error {
+/// A checked driver call's small error, made rich ([`cuda_dl_sys::Error`]) on the way up.
+impl From<cuda_dl_sys::CallError> for Error {
+    fn from(error: cuda_dl_sys::CallError) -> Error {
         Error::Cuda(error.into())
     }
 }
@@ -18,7 +18,7 @@ impl From<cuda_sys::CallError> for Error {
 pub enum Error {
     /// The driver could not be loaded, a function could not be resolved, or a driver call failed.
     #[error(transparent)]
-    Cuda(#[from] cuda_sys::Error),
+    Cuda(#[from] cuda_dl_sys::Error),
 
     /// `launch_host_function` was given a null function pointer.
     #[error("the host function pointer is null: pass Some(function)")]
@@ -190,7 +190,7 @@ pub enum Error {
 
 impl Error {
     /// The driver's result code, when the error is one.
-    pub fn cuda_code(&self) -> Option<cuda_sys::types::CUresult> {
+    pub fn cuda_code(&self) -> Option<cuda_dl_sys::types::CUresult> {
         match self {
             Error::Cuda(e) => e.code(),
             _ => None,

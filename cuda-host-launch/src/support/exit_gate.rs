@@ -112,7 +112,7 @@ impl Drop for DriverWork {
 /// for good instead of returning.
 #[inline]
 pub(crate) fn arm_or_stop() {
-    if !ARM.is_completed() && cuda_sys::Driver::get().is_some() {
+    if !ARM.is_completed() && cuda_dl_sys::Driver::get().is_some() {
         arm();
     }
     if CLOSED.load(Ordering::Relaxed) {

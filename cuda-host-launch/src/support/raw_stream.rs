@@ -1,7 +1,7 @@
 //! Accepting any stream handle: this crate's [`Stream`](crate::Stream), a handle from another binding,
 //! or one of the special handles.
 
-use cuda_sys::types::{CUcontext, CUstream};
+use cuda_dl_sys::types::{CUcontext, CUstream};
 
 use crate::support::context_key::{ContextKey, key_of};
 use crate::support::error::Error;
@@ -20,7 +20,7 @@ pub unsafe trait AsRawStream {
     /// [`Stream`](crate::Stream) does). `None` (the default) makes a launch ask the driver
     /// (`cuStreamGetCtx`, or the current context for the special handles). An implementor that
     /// returns `Some` must return the stream's true context.
-    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+    fn context_hint(&self) -> Option<cuda_dl_sys::types::CUcontext> {
         None
     }
 
@@ -50,7 +50,7 @@ unsafe impl<T: AsRawStream + ?Sized> AsRawStream for &T {
         (**self).as_raw_stream()
     }
 
-    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+    fn context_hint(&self) -> Option<cuda_dl_sys::types::CUcontext> {
         (**self).context_hint()
     }
 
@@ -66,7 +66,7 @@ unsafe impl<T: AsRawStream + ?Sized> AsRawStream for std::sync::Arc<T> {
         (**self).as_raw_stream()
     }
 
-    fn context_hint(&self) -> Option<cuda_sys::types::CUcontext> {
+    fn context_hint(&self) -> Option<cuda_dl_sys::types::CUcontext> {
         (**self).context_hint()
     }
 
@@ -75,7 +75,7 @@ unsafe impl<T: AsRawStream + ?Sized> AsRawStream for std::sync::Arc<T> {
     }
 }
 
-/// A stream handle made elsewhere: by `cuda-sys` directly, by another binding (cudarc's
+/// A stream handle made elsewhere: by `cuda-dl-sys` directly, by another binding (cudarc's
 /// `CudaStream::cu_stream()`, cust), or by another language (a PyTorch stream's `cuda_stream`).
 ///
 /// Creating one is `unsafe` (you vouch that the handle stays valid while you use it); using it is
@@ -91,11 +91,11 @@ unsafe impl Sync for RawStream {}
 
 impl RawStream {
     /// The legacy default stream (`CU_STREAM_LEGACY`) of the calling thread's current context.
-    pub const LEGACY: RawStream = RawStream(cuda_sys::CU_STREAM_LEGACY);
+    pub const LEGACY: RawStream = RawStream(cuda_dl_sys::CU_STREAM_LEGACY);
     /// The calling thread's per-thread default stream (`CU_STREAM_PER_THREAD`) of its current context.
-    pub const PER_THREAD: RawStream = RawStream(cuda_sys::CU_STREAM_PER_THREAD);
+    pub const PER_THREAD: RawStream = RawStream(cuda_dl_sys::CU_STREAM_PER_THREAD);
     /// The null stream `0`: the legacy or the per-thread default stream, as the driver was loaded
-    /// ([`cuda_sys::DefaultStream`]).
+    /// ([`cuda_dl_sys::DefaultStream`]).
     pub const DEFAULT: RawStream = RawStream(std::ptr::null_mut());
 
     /// Wraps a handle made elsewhere.
@@ -122,7 +122,7 @@ unsafe impl AsRawStream for RawStream {
 
 /// `context`'s `cuCtxGetId` (CUDA 12.0; `DriverTooOld` before): unlike its handle, never shared
 /// with a context made after it was destroyed.
-pub(crate) fn context_id(driver: &cuda_sys::Driver, context: CUcontext) -> Result<u64, Error> {
+pub(crate) fn context_id(driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<u64, Error> {
     let get_id = driver.raw().cuCtxGetId()?;
     let mut id = 0;
     // SAFETY: a context handle from the driver; a valid out-pointer.
@@ -135,14 +135,14 @@ pub(crate) fn context_id(driver: &cuda_sys::Driver, context: CUcontext) -> Resul
 /// current context.
 fn is_special(stream: CUstream) -> bool {
     stream.is_null()
-        || stream == cuda_sys::CU_STREAM_LEGACY
-        || stream == cuda_sys::CU_STREAM_PER_THREAD
+        || stream == cuda_dl_sys::CU_STREAM_LEGACY
+        || stream == cuda_dl_sys::CU_STREAM_PER_THREAD
 }
 
 /// The context an operation on `stream` goes to: the implementor's hint, the current context for
 /// the special handles, or `cuStreamGetCtx`.
 pub(crate) fn context_of(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     stream: CUstream,
     hint: Option<CUcontext>,
 ) -> Result<CUcontext, Error> {
@@ -163,7 +163,7 @@ pub(crate) fn context_of(
 /// The context an operation on `stream` goes to, as the crate names contexts (handle and id: see
 /// `context_key`): from the implementor's hints where it gives them, else asked of the driver.
 pub(crate) fn context_key_of(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     stream: &(impl AsRawStream + ?Sized),
 ) -> Result<ContextKey, Error> {
     let hint = stream.context_hint();

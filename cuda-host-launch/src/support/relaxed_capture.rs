@@ -12,7 +12,7 @@
 //! If that is impossible (a driver older than 10.1 has no interaction modes; the call failed), the
 //! thread works as before, in the default mode: nothing else depends on it.
 
-use cuda_sys::types::CUstreamCaptureMode;
+use cuda_dl_sys::types::CUstreamCaptureMode;
 
 /// Whether the calling thread is in relaxed mode yet, for a thread that may start before the
 /// driver is loaded (the reaper: it is started by the first launch, which loads the driver after).
@@ -41,7 +41,7 @@ impl RelaxedCaptureMode {
 /// loaded yet; `Some(false)` if the driver cannot (too old, or the call failed): the thread then
 /// stays in its mode (the default, for a thread of ours).
 pub(crate) fn enter_relaxed_mode() -> Option<bool> {
-    let driver = cuda_sys::Driver::get()?;
+    let driver = cuda_dl_sys::Driver::get()?;
     let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: a valid place for the mode, read and overwritten with the thread's previous mode.
     // The mode only affects the calling thread.

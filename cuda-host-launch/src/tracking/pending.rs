@@ -13,7 +13,7 @@
 
 use std::ptr::NonNull;
 
-use cuda_sys::types::CUcontext;
+use cuda_dl_sys::types::CUcontext;
 
 use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::release;
@@ -220,8 +220,8 @@ pub fn pending_launches(context: Option<CUcontext>) -> usize {
 
 /// The memory held by launch tickets: one small slot per launch pending at the same time, at the
 /// most so far, allocated in chunks of 4,096 and never freed, since a late call of the driver (a
-/// replay of a graph that captured a launch) may look at any ticket at any time (the repository's
-/// [`DESIGN.md`](https://example.invalid/cuda-host-launch/blob/main/DESIGN.md) tells more). For
+/// replay of a graph that captured a launch) may look at any ticket at any time (the workspace's
+/// `DESIGN.md` tells more). For
 /// leak checks that must tell this bounded growth from a leak.
 pub fn launch_ticket_bytes() -> usize {
     tickets::memory_bytes()

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 
-use cuda_sys::types::CUresult;
+use cuda_dl_sys::types::CUresult;
 
 use super::options::{LaunchCall, LaunchOptions};
 use super::user_object::GraphOwnedRecord;
@@ -48,7 +48,7 @@ pub(crate) unsafe fn enqueue(
     // On an error `record` is dropped here, which defers its owners to the cleanup queue.
     refuse_inside_host_function("launching a host function")?;
     let mode = reaper::thread::prepare()?;
-    let driver = cuda_sys::driver()?;
+    let driver = cuda_dl_sys::driver()?;
     let call = LaunchCall::resolve(driver, options)?;
     let capture = capture_of(driver, stream)?;
     match (capture, runs) {
@@ -66,7 +66,7 @@ pub(crate) unsafe fn enqueue(
                 // The driver did not take it: it is ours again (a reclaim never takes a launch
                 // still inside its launch call), released here.
                 tracked.refused();
-                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+                return Err(cuda_dl_sys::Error::from(driver.describe(code, Some(function))).into());
             }
             // The driver has it: hand it over (or, if its host function already ran, queue it).
             tracked.hand_over();
@@ -88,7 +88,7 @@ pub(crate) unsafe fn enqueue(
                 unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
             if code != CUresult::CUDA_SUCCESS {
                 owned.detach(driver);
-                return Err(cuda_sys::Error::from(driver.describe(code, Some(function))).into());
+                return Err(cuda_dl_sys::Error::from(driver.describe(code, Some(function))).into());
             }
         }
     }

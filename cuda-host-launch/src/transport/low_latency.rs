@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUcontext, CUdeviceptr};
+use cuda_dl_sys::types::{CUcontext, CUdeviceptr};
 
 use super::completion_state::CompletionState;
 use super::poller_barrier::RoundBarrier;
@@ -195,7 +195,7 @@ pub(crate) fn register(
         });
     }
     forked_child::check()?;
-    let driver = cuda_sys::driver()?;
+    let driver = cuda_dl_sys::driver()?;
     let write = driver.raw().cuStreamWriteValue64()?;
     let raw = stream.as_raw_stream();
     if let Capture::Active { id, .. } = capture_of(driver, raw)? {
@@ -244,7 +244,7 @@ pub(crate) fn register(
     Ok(())
 }
 
-fn take_slot(driver: &cuda_sys::Driver, key: ContextKey) -> Result<(Arc<Page>, u16), Error> {
+fn take_slot(driver: &cuda_dl_sys::Driver, key: ContextKey) -> Result<(Arc<Page>, u16), Error> {
     let context = key.raw();
     let mut reg = registry();
     if !reg.pages.contains_key(&key) {
@@ -270,7 +270,7 @@ fn free_slot(page: &Page, slot: u16) {
     lock(&page.free).push(slot);
 }
 
-fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error> {
+fn new_page(driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<Page, Error> {
     let layout = page_layout();
     // SAFETY: a non-zero size.
     let host = unsafe { std::alloc::alloc_zeroed(layout) };
@@ -280,7 +280,7 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
     let mut device = 0;
     let mut registered = false;
     // Register in the stream's context (pushed for the calls, then popped).
-    let result = (|| -> Result<(), cuda_sys::Error> {
+    let result = (|| -> Result<(), cuda_dl_sys::Error> {
         // SAFETY: a context handle from the driver (the stream's).
         unsafe { driver.cuCtxPushCurrent(context)? };
         // SAFETY: page-aligned memory of ours, PAGE_BYTES long, registered once.
@@ -304,7 +304,7 @@ fn new_page(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Page, Error
         let mut popped = std::ptr::null_mut();
         // SAFETY: we pushed a context above.
         let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
-        result.map_err(cuda_sys::Error::from)
+        result.map_err(cuda_dl_sys::Error::from)
     })();
     if let Err(e) = result {
         if !registered {

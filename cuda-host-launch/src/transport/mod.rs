@@ -12,7 +12,7 @@
 //! transport is a file here and a variant of `CompletionMode`; when a context is gone,
 //! [`reclaim_gone`] tells each transport that holds work of it.
 
-use cuda_sys::types::{CUcontext, CUdevice};
+use cuda_dl_sys::types::{CUcontext, CUdevice};
 
 use crate::support::context_key::{Gone, Liveness, key_of};
 use crate::tracking::pending;
@@ -56,7 +56,7 @@ pub(crate) unsafe fn reclaim_gone(
 /// never looked at: after its destruction it may dangle; `reclaim_pending` is for those.) For
 /// [`flush`](crate::flush).
 pub(crate) fn sweep_gone() {
-    let Some(driver) = cuda_sys::Driver::get() else {
+    let Some(driver) = cuda_dl_sys::Driver::get() else {
         return;
     };
     let mut handles = pending::pending_handles();
@@ -86,7 +86,7 @@ pub(crate) fn wait_for_pollers(deadline: Option<std::time::Instant>) -> bool {
 /// if that was the last retain, the context is gone, and its work that will never run or complete
 /// (after a sticky error) is released. Safe whoever retains the device again meanwhile: only the
 /// work of contexts that are gone is taken (see `support::context_key`).
-pub(crate) fn reclaim_after_release(driver: &cuda_sys::Driver, device: CUdevice, handle: usize) {
+pub(crate) fn reclaim_after_release(driver: &cuda_dl_sys::Driver, device: CUdevice, handle: usize) {
     let look = || Liveness::of_primary(driver, device, handle);
     // SAFETY: nothing is known gone: the look decides (on a driver without context ids, only a
     // handle that names no context now counts as gone: the context of the last release).
@@ -101,7 +101,7 @@ pub(crate) fn reclaim_after_release(driver: &cuda_sys::Driver, device: CUdevice,
 /// # Safety
 /// `reset` resets the primary context of `device`, whose handle is `handle`.
 pub(crate) unsafe fn reset_and_reclaim<E>(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     device: CUdevice,
     handle: usize,
     reset: impl FnOnce() -> Result<(), E>,
@@ -142,7 +142,7 @@ pub(crate) unsafe fn reset_and_reclaim<E>(
 /// which cannot tell contexts of one handle apart) a host function could run after its owners were
 /// dropped.
 pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
-    let Some(driver) = cuda_sys::Driver::get() else {
+    let Some(driver) = cuda_dl_sys::Driver::get() else {
         // Nothing was ever launched.
         return 0;
     };

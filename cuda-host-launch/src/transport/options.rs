@@ -1,6 +1,6 @@
 //! Launch options: the driver thread's sync mode (`cuLaunchHostFunc_v2`).
 
-use cuda_sys::types::{CUhostTaskSyncMode, CUstream};
+use cuda_dl_sys::types::{CUhostTaskSyncMode, CUstream};
 
 use crate::support::error::Error;
 
@@ -45,7 +45,7 @@ impl LaunchOptions {
     }
 
     /// Fails with `DriverTooOld` if these options need a newer driver than `driver`.
-    pub(crate) fn check_supported(&self, driver: &cuda_sys::Driver) -> Result<(), Error> {
+    pub(crate) fn check_supported(&self, driver: &cuda_dl_sys::Driver) -> Result<(), Error> {
         if self.sync_mode.is_some() {
             driver.raw().cuLaunchHostFunc_v2()?;
         }
@@ -58,17 +58,17 @@ pub(crate) enum LaunchCall {
     V1(
         unsafe extern "C" fn(
             CUstream,
-            cuda_sys::types::CUhostFn,
+            cuda_dl_sys::types::CUhostFn,
             *mut std::ffi::c_void,
-        ) -> cuda_sys::types::CUresult,
+        ) -> cuda_dl_sys::types::CUresult,
     ),
     V2(
         unsafe extern "C" fn(
             CUstream,
-            cuda_sys::types::CUhostFn,
+            cuda_dl_sys::types::CUhostFn,
             *mut std::ffi::c_void,
             u32,
-        ) -> cuda_sys::types::CUresult,
+        ) -> cuda_dl_sys::types::CUresult,
         u32,
     ),
 }
@@ -76,7 +76,7 @@ pub(crate) enum LaunchCall {
 impl LaunchCall {
     /// Resolves the call (so a too-old driver is reported before anything is enqueued).
     pub(crate) fn resolve(
-        driver: &cuda_sys::Driver,
+        driver: &cuda_dl_sys::Driver,
         options: &LaunchOptions,
     ) -> Result<Self, Error> {
         Ok(match options.sync_mode {
@@ -94,7 +94,7 @@ impl LaunchCall {
         stream: CUstream,
         f: unsafe extern "C" fn(*mut std::ffi::c_void),
         user_data: *mut std::ffi::c_void,
-    ) -> (cuda_sys::types::CUresult, &'static str) {
+    ) -> (cuda_dl_sys::types::CUresult, &'static str) {
         match *self {
             // SAFETY: the caller's contract.
             LaunchCall::V1(launch) => (

@@ -4,10 +4,10 @@
 //! waiting for them. Both holders of a retain use it: a [`PrimaryContext`](crate::PrimaryContext)
 //! and an event pool.
 
-use cuda_sys::ChosenFunction;
+use cuda_dl_sys::ChosenFunction;
 use std::sync::Mutex;
 
-use cuda_sys::types::{CUdevice, CUresult};
+use cuda_dl_sys::types::{CUdevice, CUresult};
 
 use crate::support::sync::lock;
 
@@ -17,24 +17,24 @@ pub(crate) type PrimaryCall = unsafe extern "C" fn(CUdevice) -> CUresult;
 /// `cuDevicePrimaryCtxRelease`, or on drivers before 11.0 (which lack the table's `_v2` ABI) its
 /// 7.0 variant, which has the same signature: the newest the driver has.
 pub(crate) fn release_function(
-    driver: &cuda_sys::Driver,
-) -> Result<ChosenFunction<PrimaryCall>, cuda_sys::Error> {
-    driver.newest_variant(cuda_sys::functions::cuDevicePrimaryCtxRelease)
+    driver: &cuda_dl_sys::Driver,
+) -> Result<ChosenFunction<PrimaryCall>, cuda_dl_sys::Error> {
+    driver.newest_variant(cuda_dl_sys::functions::cuDevicePrimaryCtxRelease)
 }
 
 /// `cuDevicePrimaryCtxReset`, with the same fallback as [`release_function`]; its checked call's
 /// error names the variant chosen.
 pub(crate) fn reset_function(
-    driver: &cuda_sys::Driver,
-) -> Result<ChosenFunction<PrimaryCall>, cuda_sys::Error> {
-    driver.newest_variant(cuda_sys::functions::cuDevicePrimaryCtxReset)
+    driver: &cuda_dl_sys::Driver,
+) -> Result<ChosenFunction<PrimaryCall>, cuda_dl_sys::Error> {
+    driver.newest_variant(cuda_dl_sys::functions::cuDevicePrimaryCtxReset)
 }
 
 /// Releases one retain of `device`'s primary context; `true` if the driver took it.
 ///
 /// # Safety
 /// The caller holds a retain of `device`'s primary context, which this gives up.
-pub(crate) unsafe fn release(driver: &cuda_sys::Driver, device: CUdevice) -> bool {
+pub(crate) unsafe fn release(driver: &cuda_dl_sys::Driver, device: CUdevice) -> bool {
     let Ok(release) = release_function(driver) else {
         return false;
     };

@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::ptr::{self, NonNull};
 
-use cuda_sys::types::{
+use cuda_dl_sys::types::{
     CUgraph, CUresult, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
 };
 
@@ -29,7 +29,7 @@ impl GraphOwnedRecord {
     /// pointing at freed data: if creating fails, the record is released here; if retaining fails,
     /// the user object is released, which queues the record.
     pub(crate) fn attach(
-        driver: &cuda_sys::Driver,
+        driver: &cuda_dl_sys::Driver,
         graph: CUgraph,
         record: OwnedRecord,
     ) -> Result<GraphOwnedRecord, Error> {
@@ -84,7 +84,7 @@ impl GraphOwnedRecord {
     /// Undoes `attach` after the node could not be added: the graph lets its reference go, and the
     /// destructor queues the record. If even that fails, the record stays owned by the graph and is
     /// released with it: nothing dangles (no node uses it) and nothing leaks past the graph.
-    pub(crate) fn detach(self, driver: &cuda_sys::Driver) {
+    pub(crate) fn detach(self, driver: &cuda_dl_sys::Driver) {
         if let Ok(release) = driver.raw().cuGraphReleaseUserObject() {
             // SAFETY: the graph holds the one reference `attach` moved to it.
             let _ = unsafe { release(self.graph, self.object, 1) };
@@ -92,7 +92,7 @@ impl GraphOwnedRecord {
     }
 }
 
-fn driver_error(driver: &cuda_sys::Driver, code: CUresult, function: &'static str) -> Error {
+fn driver_error(driver: &cuda_dl_sys::Driver, code: CUresult, function: &'static str) -> Error {
     Error::Cuda(driver.describe(code, Some(function)).into())
 }
 

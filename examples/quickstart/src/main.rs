@@ -12,8 +12,8 @@ use std::process::ExitCode;
 use std::sync::mpsc::{Sender, channel};
 use std::time::Duration;
 
+use cuda_dl_sys::{Driver, LoadOptions};
 use cuda_host_launch::{Device, PrimaryContext, Stream, flush, host_launch, launch_host_function};
-use cuda_sys::{Driver, LoadOptions};
 
 /// An owner that reports, when dropped, which thread dropped it.
 struct Owner {
@@ -47,7 +47,7 @@ unsafe extern "C" fn c_host_function(data: *mut std::ffi::c_void) {
 }
 
 fn open_driver() -> Result<&'static Driver, Box<dyn std::error::Error>> {
-    match cuda_sys::driver() {
+    match cuda_dl_sys::driver() {
         Ok(driver) => {
             println!(
                 "Using the NVIDIA driver at {} (CUDA {}).",

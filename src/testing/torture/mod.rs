@@ -39,7 +39,7 @@ pub const CHILD_TEST: &str = "torture_child";
 static ORACLE: OnceLock<Arc<oracle::Oracle>> = OnceLock::new();
 
 /// Runs `script` in this process, which must be fresh (the driver not loaded yet; the parent set
-/// `CUDA_SYS_LIBRARY`, `FAKE_CUDA_DEVICES` and the cleanup mode). Returns the violations.
+/// `CUDA_DL_SYS_LIBRARY`, `FAKE_CUDA_DEVICES` and the cleanup mode). Returns the violations.
 pub fn run_here(script: &Script) -> Vec<String> {
     let settings = script.settings;
     let world = Arc::new(World::new());
@@ -96,7 +96,7 @@ pub fn run_here(script: &Script) -> Vec<String> {
 /// crate's doing.
 fn relaxed_capture_mode() {
     let driver = load_fake_driver();
-    let mut mode = cuda_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    let mut mode = cuda_dl_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: a valid in/out mode.
     let _ = unsafe { driver.cuThreadExchangeStreamCaptureMode(&mut mode) };
 }
@@ -170,7 +170,7 @@ pub fn run_child(script: &Script) -> Outcome {
     }
     command
         .env(SCRIPT_ENV, &file)
-        .env("CUDA_SYS_LIBRARY", fake_driver_path())
+        .env("CUDA_DL_SYS_LIBRARY", fake_driver_path())
         .env("FAKE_CUDA_DEVICES", script::DEVICES.to_string())
         .env(
             cuda_host_launch::CLEANUP_MODE_ENV,

@@ -415,7 +415,7 @@ impl Drop for Owner {
         if releasing && launch_that_ran {
             // A launch that ran: its owners are dropped with no context current (a graph's
             // records are not launches: the crate leaves the context as their `Drop` found it).
-            if let Some(driver) = cuda_sys::Driver::get() {
+            if let Some(driver) = cuda_dl_sys::Driver::get() {
                 let mut current = std::ptr::null_mut();
                 // SAFETY: a valid out-pointer.
                 if unsafe { driver.cuCtxGetCurrent(&mut current) }.is_ok() && !current.is_null() {
@@ -427,7 +427,7 @@ impl Drop for Owner {
             }
         }
         self.oracle.owners_dropped(&self.tracked);
-        if let (Some(context), Some(driver)) = (self.binds, cuda_sys::Driver::get()) {
+        if let (Some(context), Some(driver)) = (self.binds, cuda_dl_sys::Driver::get()) {
             // SAFETY: any handle: a dead one is refused by the driver (the fake never reuses one).
             let _ =
                 unsafe { driver.cuCtxSetCurrent(std::ptr::with_exposed_provenance_mut(context)) };

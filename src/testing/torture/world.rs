@@ -1,7 +1,7 @@
 //! The world a torture run's threads share: slots of contexts and streams (this crate's, another
 //! binding's, created contexts'), captures, holds; and how each operation is carried out on it,
 //! through the crate's public API or, for what other code does to the same driver, through raw
-//! `cuda-sys` calls.
+//! `cuda-dl-sys` calls.
 //!
 //! Every slot is a lock: an operation that uses a stream holds its slot's read lock for the whole
 //! call (a raw handle stays valid while the crate uses it, as `AsRawStream` requires), and whatever
@@ -15,12 +15,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{
+    CUcontext, CUdevice, CUgraph, CUgraphExec, CUstream, CUstreamCaptureMode,
+};
 use cuda_host_launch::{
     AsRawStream, CompletionMode, Device, Error, Graph, LaunchOptions, PrimaryContext, RawStream,
     Stream,
 };
-use cuda_sys::Driver;
-use cuda_sys::types::{CUcontext, CUdevice, CUgraph, CUgraphExec, CUstream, CUstreamCaptureMode};
 
 use super::super::fake;
 use super::oracle::{CaptureRecord, Oracle, Owner, Position, Tracked, WakeFlag, Watched};

@@ -7,7 +7,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex};
 
-use cuda_sys::types::CUresult;
+use cuda_dl_sys::types::CUresult;
 
 use crate::config::config;
 use crate::errors::{DEINITIALIZED, NOT_INITIALIZED, STUB_LIBRARY, UNKNOWN};

@@ -19,7 +19,7 @@
 
 use std::cell::Cell;
 
-use cuda_sys::types::CUstreamCaptureMode;
+use cuda_dl_sys::types::CUstreamCaptureMode;
 
 use crate::errors::{CAPTURE_UNSUPPORTED, INVALID_VALUE, Res, ensure};
 use crate::state::{lock, thread_number};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cuda_sys::types::{CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
+use cuda_dl_sys::types::{CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
 
 use crate::device::check_device;
 use crate::errors::{INVALID_CONTEXT, INVALID_VALUE, NOT_PERMITTED, Res, ensure};
@@ -31,7 +31,10 @@ fn top() -> Option<usize> {
 }
 
 /// `ctx` if it can be used now: live and not closing (its own worker may still use a closing one).
-pub(crate) fn check_context(st: &State, ctx: usize) -> Result<&Context, cuda_sys::types::CUresult> {
+pub(crate) fn check_context(
+    st: &State,
+    ctx: usize,
+) -> Result<&Context, cuda_dl_sys::types::CUresult> {
     match st.contexts.get(&ctx) {
         Some(c) if c.usable() => Ok(c),
         Some(c) if c.closing && !c.stop && on_worker_of(ctx) => Ok(c),
@@ -40,14 +43,14 @@ pub(crate) fn check_context(st: &State, ctx: usize) -> Result<&Context, cuda_sys
 }
 
 /// The calling thread's current context, or 201.
-pub(crate) fn current(st: &State) -> Result<usize, cuda_sys::types::CUresult> {
+pub(crate) fn current(st: &State) -> Result<usize, cuda_dl_sys::types::CUresult> {
     let ctx = top().ok_or(INVALID_CONTEXT)?;
     check_context(st, ctx)?;
     Ok(ctx)
 }
 
 /// `ctx`, or the current context if `ctx` is null.
-fn given_or_current(st: &State, ctx: CUcontext) -> Result<usize, cuda_sys::types::CUresult> {
+fn given_or_current(st: &State, ctx: CUcontext) -> Result<usize, cuda_dl_sys::types::CUresult> {
     if ctx.is_null() {
         current(st)
     } else {

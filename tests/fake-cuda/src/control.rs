@@ -8,7 +8,7 @@
 use std::ffi::{CStr, c_char};
 use std::sync::atomic::Ordering;
 
-use cuda_sys::types::{CUcontext, CUresult, CUstream};
+use cuda_dl_sys::types::{CUcontext, CUresult, CUstream};
 
 use crate::calls;
 use crate::config::config;

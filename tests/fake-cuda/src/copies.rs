@@ -10,7 +10,7 @@
 
 use std::ffi::{c_uint, c_void};
 
-use cuda_sys::types::{CUarray, CUcontext, CUdeviceptr, CUstream};
+use cuda_dl_sys::types::{CUarray, CUcontext, CUdeviceptr, CUstream};
 
 use crate::context::check_context;
 use crate::errors::{NOT_SUPPORTED, Res};

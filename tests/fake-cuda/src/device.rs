@@ -2,7 +2,7 @@
 
 use std::ffi::{c_char, c_int, c_uint};
 
-use cuda_sys::types::{CUdevice, CUdevice_attribute, CUresult};
+use cuda_dl_sys::types::{CUdevice, CUdevice_attribute, CUresult};
 
 use crate::calls::{call, set_initialized};
 use crate::config::config;

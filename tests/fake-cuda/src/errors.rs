@@ -4,7 +4,7 @@
 use std::ffi::{CString, c_char};
 use std::sync::LazyLock;
 
-use cuda_sys::types::CUresult;
+use cuda_dl_sys::types::CUresult;
 
 use crate::calls::call;
 
@@ -149,14 +149,14 @@ const KNOWN: &[(u32, &str, &str)] = &[
     (999, "CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
 ];
 
-/// The codes of `cuda-sys`'s header table that [`KNOWN`] lacks, with the header's name and
+/// The codes of `cuda-dl-sys`'s header table that [`KNOWN`] lacks, with the header's name and
 /// description (a real driver knows every code of its own header; the fake's strings for these
 /// are the header's documentation, not the driver's short texts).
 static FROM_HEADER: LazyLock<Vec<(u32, CString, CString)>> = LazyLock::new(|| {
     (0..=1000)
         .filter(|code| !KNOWN.iter().any(|entry| entry.0 == *code))
         .filter_map(|code| {
-            let error = cuda_sys::DriverError::from_code(CUresult(code));
+            let error = cuda_dl_sys::DriverError::from_code(CUresult(code));
             let known = error.name() != "CUDA_ERROR_UNRECOGNIZED";
             let text = |s: &str| CString::new(s).ok();
             known.then(|| Some((code, text(error.name())?, text(error.description())?)))?

@@ -4,7 +4,7 @@
 use std::ffi::c_uint;
 use std::sync::Arc;
 
-use cuda_sys::types::{CUevent, CUstream};
+use cuda_dl_sys::types::{CUevent, CUstream};
 
 use crate::capture;
 use crate::context::current;

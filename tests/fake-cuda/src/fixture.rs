@@ -7,7 +7,7 @@
 //! #[test]
 //! fn a_failed_allocation_is_reported() {
 //!     let fake = fixture::lock(); // loads the fake once; waits for other tests that steer it
-//!     let driver = fake.driver(); // cuda-sys, loaded from the fake (also `cuda_sys::driver()`)
+//!     let driver = fake.driver(); // cuda-dl-sys, loaded from the fake (also `cuda_dl_sys::driver()`)
 //!     fake.primary_context().unwrap(); // device 0's primary context, current on this thread
 //!     fake.set_fault("cuMemAlloc", 1, 2); // the next cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY
 //!     let mut dptr = 0;
@@ -44,8 +44,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use cuda_sys::types::CUcontext;
-use cuda_sys::{Driver, LoadOptions};
+use cuda_dl_sys::types::CUcontext;
+use cuda_dl_sys::{Driver, LoadOptions};
 
 use crate::steer::{self, Config, FakeCuda, FakeError};
 
@@ -61,15 +61,15 @@ static LOADED: OnceLock<Loaded> = OnceLock::new();
 /// The one turn to steer the fake (see the module's documentation).
 static TURN: Mutex<()> = Mutex::new(());
 
-/// Loads the fake: [`steer::locate`], then its control functions, then `cuda-sys`'s driver from
-/// it (with the default-stream mode `CUDA_SYS_PER_THREAD_DEFAULT_STREAM` asks for).
+/// Loads the fake: [`steer::locate`], then its control functions, then `cuda-dl-sys`'s driver from
+/// it (with the default-stream mode `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM` asks for).
 fn load() -> Result<Loaded, FakeError> {
     let path = steer::locate()?;
     // First, so that the fake stays mapped even if the driver loader rejects it.
     let fake = FakeCuda::open(&path)?;
-    let refused = |e: cuda_sys::Error| FakeError::Open {
+    let refused = |e: cuda_dl_sys::Error| FakeError::Open {
         path: path.clone(),
-        message: format!("cuda-sys did not load it as the driver: {e}"),
+        message: format!("cuda-dl-sys did not load it as the driver: {e}"),
     };
     let options = LoadOptions {
         library_path: Some(path.clone()),
@@ -85,7 +85,7 @@ fn load() -> Result<Loaded, FakeError> {
 /// holds it. The call counters start at 0; when the guard drops, the steering is reset.
 ///
 /// # Errors
-/// [`FakeError`] if the fake cannot be found or opened, or `cuda-sys` cannot load it (another
+/// [`FakeError`] if the fake cannot be found or opened, or `cuda-dl-sys` cannot load it (another
 /// driver was loaded first, or the environment asks for the stub). Nothing is remembered: a later
 /// call tries again.
 pub fn try_lock() -> Result<Locked, FakeError> {
@@ -151,7 +151,7 @@ impl Drop for Locked {
 }
 
 impl Locked {
-    /// The driver, as `cuda-sys` loaded it from the fake (the process's driver: `cuda_sys::driver()`
+    /// The driver, as `cuda-dl-sys` loaded it from the fake (the process's driver: `cuda_dl_sys::driver()`
     /// returns it too).
     pub fn driver(&self) -> &'static Driver {
         self.loaded.driver
@@ -162,7 +162,7 @@ impl Locked {
     ///
     /// # Errors
     /// The driver's, if it refuses (a fault the test set, say).
-    pub fn primary_context(&self) -> Result<CUcontext, cuda_sys::Error> {
+    pub fn primary_context(&self) -> Result<CUcontext, cuda_dl_sys::Error> {
         static RETAINED: OnceLock<usize> = OnceLock::new();
         let driver = self.driver();
         let context = match RETAINED.get() {
@@ -259,7 +259,7 @@ pub const CHILD_ENV: &str = "FAKE_CUDA_CHILD_TEST";
 /// reads once ([`Config`]: version, stub, missing symbols, faults from the first call), and for
 /// bindings that open the driver by name (cudarc opens `libcuda.so`): the child's loader path
 /// starts with a folder where `libcuda.so` and `libcuda.so.1` are the fake
-/// ([`steer::libcuda_folder`]). `cuda-sys` (`CUDA_SYS_LIBRARY`) and [`steer::locate`]
+/// ([`steer::libcuda_folder`]). `cuda-dl-sys` (`CUDA_DL_SYS_LIBRARY`) and [`steer::locate`]
 /// (`FAKE_CUDA_LIBRARY`) find the same file there, so every binding shares one fake driver.
 ///
 /// ```no_run
@@ -357,7 +357,7 @@ impl ChildTest {
             .env(CHILD_ENV, &self.test)
             .env("LD_LIBRARY_PATH", search)
             .env(steer::LIBRARY_ENV, &library)
-            .env("CUDA_SYS_LIBRARY", &library);
+            .env("CUDA_DL_SYS_LIBRARY", &library);
         self.config.apply(&mut command);
         command.envs(self.envs.iter().map(|(k, v)| (k, v)));
         Ok(command)

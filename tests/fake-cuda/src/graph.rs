@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_ulonglong};
 use std::sync::Arc;
 
-use cuda_sys::types::{
+use cuda_dl_sys::types::{
     CUDA_HOST_NODE_PARAMS, CUDA_KERNEL_NODE_PARAMS, CUgraph, CUgraphEdgeData, CUgraphExec,
     CUgraphNode, CUgraphNodeParams, CUgraphNodeType, CUstream,
 };
@@ -65,7 +65,7 @@ unsafe fn node_list(
     graph: usize,
     list: *const CUgraphNode,
     n: usize,
-) -> Result<Vec<usize>, cuda_sys::types::CUresult> {
+) -> Result<Vec<usize>, cuda_dl_sys::types::CUresult> {
     if n == 0 {
         return Ok(Vec::new());
     }

@@ -1,8 +1,8 @@
 //! A fake NVIDIA CUDA driver: a `cdylib` that exports the part of the driver API that host-side
 //! code uses, for tests on machines without a GPU.
 //!
-//! Tests load it like the real driver, through `unsafe { cuda_sys::Driver::load(
-//! LoadOptions::with_library_path(path)) }` or `CUDA_SYS_LIBRARY=<path>` (or, for a binding that
+//! Tests load it like the real driver, through `unsafe { cuda_dl_sys::Driver::load(
+//! LoadOptions::with_library_path(path)) }` or `CUDA_DL_SYS_LIBRARY=<path>` (or, for a binding that
 //! opens `libcuda.so` or `libcuda.so.1` by name, a folder with those links first on
 //! `LD_LIBRARY_PATH` of a child process: see [`steer::libcuda_folder`] and
 //! [`fixture::ChildTest`]), and steer or inspect it through [`steer::FakeCuda`], the typed Rust
@@ -101,7 +101,7 @@
 //! # The proof: the conformance suite
 //!
 //! `tests/driver_conformance.rs` in the workspace states each of these behaviours as a case written
-//! once against the driver API through `cuda-sys`; `cargo test` runs it against the fake, the GPU
+//! once against the driver API through `cuda-dl-sys`; `cargo test` runs it against the fake, the GPU
 //! bundle (`scripts/gpu-bundle`) against the real driver. Where the real driver differs, the case
 //! is listed with its reason in `tests/conformance/differences.txt`, and the suite checks that
 //! the listed cases still differ there.
@@ -151,7 +151,7 @@
 macro_rules! export {
     ($base:literal, $name:ident => $imp:ident($($arg:ident: $ty:ty),* $(,)?)) => {
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> cuda_sys::types::CUresult {
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> cuda_dl_sys::types::CUresult {
             $crate::calls::call(stringify!($name), $base, || {
                 // SAFETY: the C caller upholds this function's contract in the CUDA Driver API
                 // reference (valid pointers for what it reads and writes), which is all that the
@@ -168,7 +168,7 @@ macro_rules! export {
 macro_rules! stream_export {
     ($base:literal, $name:ident / $per_thread:ident => $imp:ident($($arg:ident: $ty:ty),* $(,)?)) => {
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> cuda_sys::types::CUresult {
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> cuda_dl_sys::types::CUresult {
             $crate::calls::call(stringify!($name), $base, || {
                 // SAFETY: as for `export!`: the C caller upholds the function's contract.
                 $crate::errors::code(unsafe { $imp($($arg,)* false) })
@@ -176,7 +176,7 @@ macro_rules! stream_export {
         }
 
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $per_thread($($arg: $ty),*) -> cuda_sys::types::CUresult {
+        pub unsafe extern "C" fn $per_thread($($arg: $ty),*) -> cuda_dl_sys::types::CUresult {
             $crate::calls::call(stringify!($per_thread), $base, || {
                 // SAFETY: as for `export!`: the C caller upholds the function's contract.
                 $crate::errors::code(unsafe { $imp($($arg,)* true) })

@@ -16,7 +16,7 @@ use std::alloc::Layout;
 use std::ffi::{c_uint, c_void};
 use std::sync::{Mutex, MutexGuard};
 
-use cuda_sys::types::{CUdeviceptr, CUresult};
+use cuda_dl_sys::types::{CUdeviceptr, CUresult};
 
 use crate::context::current;
 use crate::errors::{INVALID_VALUE, OUT_OF_MEMORY, Res, ensure};

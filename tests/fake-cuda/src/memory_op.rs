@@ -27,7 +27,7 @@
 
 use std::sync::{Arc, MutexGuard};
 
-use cuda_sys::types::{CUresult, CUstream};
+use cuda_dl_sys::types::{CUresult, CUstream};
 
 use crate::capture;
 use crate::errors::{

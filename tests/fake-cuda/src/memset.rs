@@ -5,7 +5,7 @@
 
 use std::ffi::{c_uchar, c_uint, c_ushort};
 
-use cuda_sys::types::{CUdeviceptr, CUstream};
+use cuda_dl_sys::types::{CUdeviceptr, CUstream};
 
 use crate::errors::Res;
 use crate::memory_op::{Call, set};

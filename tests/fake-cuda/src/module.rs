@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_uint, c_void};
 
-use cuda_sys::types::{CUjit_option, CUlibrary, CUlibraryOption, CUmodule};
+use cuda_dl_sys::types::{CUjit_option, CUlibrary, CUlibraryOption, CUmodule};
 
 use crate::errors::{NOT_SUPPORTED, Res};
 

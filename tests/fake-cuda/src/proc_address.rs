@@ -7,7 +7,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
-use cuda_sys::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
+use cuda_dl_sys::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
 use crate::calls::call;
 use crate::config::config;

@@ -7,7 +7,7 @@ use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use cuda_sys::types::CUresult;
+use cuda_dl_sys::types::CUresult;
 
 use crate::errors::{LAUNCH_FAILED, NOT_PERMITTED, SUCCESS, UNKNOWN};
 use crate::state::{Action, Op, State, as_ptr, lock, notify, wait, wait_timeout};

@@ -11,7 +11,7 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUgraphEdgeData, CUhostFn, CUresult, CUstream, CUstreamCaptureMode};
+use cuda_dl_sys::types::{CUgraphEdgeData, CUhostFn, CUresult, CUstream, CUstreamCaptureMode};
 
 /// A host function as the worker calls it.
 pub(crate) type HostFn = unsafe extern "C" fn(*mut c_void);

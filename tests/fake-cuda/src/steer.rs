@@ -13,7 +13,7 @@
 //! // Before the code under test first touches the driver:
 //! let library = steer::locate().expect("cargo builds the cdylib beside the test binary");
 //! // SAFETY: no other thread reads or writes the environment yet.
-//! unsafe { std::env::set_var("CUDA_SYS_LIBRARY", &library) }; // for cuda-sys
+//! unsafe { std::env::set_var("CUDA_DL_SYS_LIBRARY", &library) }; // for cuda-dl-sys
 //! // For a binding that opens `libcuda.so.1` by name (cudarc...), put this folder first on
 //! // LD_LIBRARY_PATH of a child process (the loader reads it at process start):
 //! let folder = steer::libcuda_folder(&library, &std::env::temp_dir().join("fake-libcuda"))?;
@@ -29,7 +29,7 @@ use std::ffi::{CString, OsString, c_char, c_void};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use cuda_sys::types::{CUcontext, CUresult, CUstream};
+use cuda_dl_sys::types::{CUcontext, CUresult, CUstream};
 
 /// The environment variable that, when set, names the fake library's path for [`locate`].
 pub const LIBRARY_ENV: &str = "FAKE_CUDA_LIBRARY";

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint, c_ulonglong, c_void};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use cuda_sys::types::{
+use cuda_dl_sys::types::{
     CUcontext, CUdevice, CUdeviceptr, CUgreenCtx, CUhostFn, CUresult, CUstream, CUstreamCallback,
     cuuint32_t, cuuint64_t,
 };

@@ -8,7 +8,7 @@
 //! driver adds memory nodes): `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, and the capture is
 //! invalidated.
 
-use cuda_sys::types::{CUdeviceptr, CUstream};
+use cuda_dl_sys::types::{CUdeviceptr, CUstream};
 
 use crate::capture;
 use crate::errors::{CAPTURE_UNSUPPORTED, INVALID_VALUE, LAUNCH_FAILED, Res, ensure, result};
@@ -23,7 +23,7 @@ fn stream_of(
     st: &mut State,
     handle: CUstream,
     per_thread: bool,
-) -> Result<(usize, usize), cuda_sys::types::CUresult> {
+) -> Result<(usize, usize), cuda_dl_sys::types::CUresult> {
     let s = resolve(st, handle, per_thread)?;
     if capture::is_capturing(st, s) {
         capture::invalidate(st, s);

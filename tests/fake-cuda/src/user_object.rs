@@ -4,7 +4,7 @@
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cuda_sys::types::{CUgraph, CUhostFn, CUresult, CUuserObject};
+use cuda_dl_sys::types::{CUgraph, CUhostFn, CUresult, CUuserObject};
 
 use crate::calls::call;
 use crate::errors::{INVALID_HANDLE, INVALID_VALUE, SUCCESS};

@@ -1,8 +1,8 @@
 //! What a downstream crate's test looks like: its own host-side code (here a tiny "done flag"
 //! that a host function sets when the stream reaches it), tested against the fake driver through
-//! `cuda-sys`, steered with `fake_cuda::fixture`. No GPU, no kernels.
+//! `cuda-dl-sys`, steered with `fake_cuda::fixture`. No GPU, no kernels.
 //!
-//! In your crate: `fake-cuda` and `cuda-sys` in `[dev-dependencies]` (Cargo then builds
+//! In your crate: `fake-cuda` and `cuda-dl-sys` in `[dev-dependencies]` (Cargo then builds
 //! `libfake_cuda.so` beside your test binaries; `README.md` says how from another repository),
 //! and this file as a template. `fixture::lock()` is all the set-up: it loads the fake once for
 //! the process, makes the tests that steer it take turns (its faults, hooks and settings are
@@ -12,15 +12,15 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use cuda_sys::Driver;
-use cuda_sys::types::{CUresult, CUstream};
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{CUresult, CUstream};
 use fake_cuda::fixture::{self, ChildTest};
 use fake_cuda::steer::Config;
 
 // ---- The code under test: the downstream crate's own (normally in its src/). ----
 
 /// A flag that becomes true once `stream` has done everything enqueued before it.
-fn done_flag(driver: &Driver, stream: CUstream) -> Result<Arc<AtomicBool>, cuda_sys::Error> {
+fn done_flag(driver: &Driver, stream: CUstream) -> Result<Arc<AtomicBool>, cuda_dl_sys::Error> {
     unsafe extern "C" fn set(data: *mut c_void) {
         // SAFETY: `data` is the `Arc::into_raw` below, given to this one call.
         let flag = unsafe { Arc::from_raw(data.cast::<AtomicBool>()) };

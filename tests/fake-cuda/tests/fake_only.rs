@@ -5,10 +5,10 @@
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_sys::types::{CUcontext, CUresult, CUstream};
+use cuda_dl_sys::types::{CUcontext, CUresult, CUstream};
 use fake_cuda::fixture;
 
-fn code(result: Result<(), impl Into<cuda_sys::Error>>) -> Option<CUresult> {
+fn code(result: Result<(), impl Into<cuda_dl_sys::Error>>) -> Option<CUresult> {
     result.err().and_then(|e| e.into().code())
 }
 

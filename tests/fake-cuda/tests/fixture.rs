@@ -4,15 +4,15 @@
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use cuda_sys::DefaultStream;
-use cuda_sys::types::{CUcontext, CUdeviceptr, CUresult, CUstream};
+use cuda_dl_sys::DefaultStream;
+use cuda_dl_sys::types::{CUcontext, CUdeviceptr, CUresult, CUstream};
 use fake_cuda::fixture;
 
-fn code(result: Result<(), impl Into<cuda_sys::Error>>) -> Option<CUresult> {
+fn code(result: Result<(), impl Into<cuda_dl_sys::Error>>) -> Option<CUresult> {
     result.err().and_then(|e| e.into().code())
 }
 
-fn new_stream(driver: &cuda_sys::Driver) -> CUstream {
+fn new_stream(driver: &cuda_dl_sys::Driver) -> CUstream {
     let mut stream = ptr::null_mut();
     // SAFETY: a valid out-pointer.
     unsafe { driver.cuStreamCreate(&mut stream, 0) }.unwrap();
@@ -23,7 +23,7 @@ static HOOK_RUNS: AtomicUsize = AtomicUsize::new(0);
 
 #[test]
 fn the_guard_puts_the_steering_back_when_it_drops() {
-    let version = |driver: &cuda_sys::Driver| {
+    let version = |driver: &cuda_dl_sys::Driver| {
         let mut version = 0;
         // SAFETY: a valid out-pointer.
         unsafe { driver.cuDriverGetVersion(&mut version) }.unwrap();

@@ -45,7 +45,7 @@ mod pools;
 
 use std::sync::{LazyLock, Mutex, MutexGuard};
 
-use cuda_sys::types::CUresult;
+use cuda_dl_sys::types::CUresult;
 
 use crate::reaper::mode::CleanupMode;
 use crate::reaper::owned_record::OwnedRecord;
@@ -134,7 +134,7 @@ pub(crate) unsafe fn enqueue(
     let raw = stream.as_raw_stream();
     refuse_inside_host_function("enqueuing a stream-ordered release or callback")?;
     let mode = reaper::thread::prepare()?;
-    let driver = cuda_sys::driver()?;
+    let driver = cuda_dl_sys::driver()?;
     let record_event = driver.raw().cuEventRecord()?;
     // What the poller calls for this entry, resolved now: a driver without them refuses the work
     // here, rather than leave it pending for good.
@@ -183,7 +183,7 @@ pub(crate) unsafe fn enqueue(
         // Not recorded: the record is ours again (held: no reclaim takes it), released here.
         tracked.refused();
         give_back_refused(driver, context, event);
-        return Err(cuda_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
+        return Err(cuda_dl_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
     }
     // A capture another thread began since the first look may hold the event.
     let captured = captured_since(driver, raw);
@@ -229,9 +229,9 @@ pub(crate) unsafe fn enqueue(
 /// refuses every record). Under the hand-over's lock, then the pools', as the poller decides to
 /// exit: either it still runs and gives the pool back when it exits, or it is gone and this does.
 fn give_back_refused(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     context: ContextKey,
-    event: cuda_sys::types::CUevent,
+    event: cuda_dl_sys::types::CUevent,
 ) {
     let released = {
         let incoming = incoming();

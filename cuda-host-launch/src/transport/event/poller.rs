@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use cuda_sys::types::{CUevent, CUresult};
+use cuda_dl_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
 use crate::reaper::mode::{CleanupMode, cleanup_mode};
@@ -200,7 +200,7 @@ fn forget_gone_locked(
     incoming
         .entries
         .retain(|entry| !keys.contains(&entry.context));
-    if let Some(driver) = cuda_sys::Driver::get() {
+    if let Some(driver) = cuda_dl_sys::Driver::get() {
         for key in keys {
             pools.forget(driver, key);
         }
@@ -217,7 +217,7 @@ enum Seen {
     },
 }
 
-fn query(driver: &cuda_sys::Driver, event: usize) -> Seen {
+fn query(driver: &cuda_dl_sys::Driver, event: usize) -> Seen {
     let Ok(query) = driver.raw().cuEventQuery() else {
         return Seen::NotYet;
     };
@@ -242,7 +242,7 @@ fn query(driver: &cuda_sys::Driver, event: usize) -> Seen {
 /// Moves the completed entries of one stream's queue to `done` and the ones that never will to
 /// `stranded`: the newest first (its completion completes every older one), else from the oldest.
 fn scan(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     queue: &mut VecDeque<Entry>,
     done: &mut Vec<Entry>,
     stranded: &mut Vec<Entry>,
@@ -295,7 +295,12 @@ struct Current {
 /// users' code ([`Work::Call`]) needs its stream's context current; a release's payload does
 /// nothing. Returns `false` if the entry must wait for a later round: its context could not be
 /// made current (a passing failure; its event, already given back, is not looked at again).
-fn complete(driver: &cuda_sys::Driver, entry: &Entry, current: &mut Current, here: bool) -> bool {
+fn complete(
+    driver: &cuda_dl_sys::Driver,
+    entry: &Entry,
+    current: &mut Current,
+    here: bool,
+) -> bool {
     let calls = entry.work == Work::Call;
     if calls && current.callback != Some(entry.context.handle) {
         // Callbacks may call CUDA: in the stream's context. Made current before the claim, so
@@ -364,7 +369,7 @@ fn park_unless_enqueued(pause: Duration) {
 }
 
 fn poll_loop() {
-    let Some(driver) = cuda_sys::Driver::get() else {
+    let Some(driver) = cuda_dl_sys::Driver::get() else {
         // Never: an enqueue loaded the driver before starting this thread.
         incoming().poller = None;
         return;

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::ptr;
 
-use cuda_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
+use cuda_dl_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
 use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
@@ -59,7 +59,7 @@ impl Pools {
     /// primary) or a batch of events as needed.
     pub(super) fn take(
         &mut self,
-        driver: &cuda_sys::Driver,
+        driver: &cuda_dl_sys::Driver,
         key: ContextKey,
     ) -> Result<CUevent, Error> {
         let context = key.raw();
@@ -96,7 +96,7 @@ impl Pools {
     /// Gives back an event whose record completed (or was never made): it may be recorded again.
     pub(super) fn give_back(
         &mut self,
-        driver: &cuda_sys::Driver,
+        driver: &cuda_dl_sys::Driver,
         context: ContextKey,
         event: CUevent,
     ) {
@@ -132,7 +132,7 @@ impl Pools {
     /// `transport::reclaim_after_release`.
     pub(super) fn give_back_done(
         &mut self,
-        driver: &cuda_sys::Driver,
+        driver: &cuda_dl_sys::Driver,
         all: bool,
     ) -> Vec<(CUdevice, usize)> {
         let done: Vec<ContextKey> = self
@@ -155,7 +155,7 @@ impl Pools {
     /// out; returns the release's device and handle.
     pub(super) fn give_back_if_idle(
         &mut self,
-        driver: &cuda_sys::Driver,
+        driver: &cuda_dl_sys::Driver,
         context: ContextKey,
     ) -> Option<(CUdevice, usize)> {
         if self.by_context.get(&context)?.out > 0 {
@@ -182,7 +182,7 @@ impl Pools {
 
     /// Forgets `context`'s pool without touching its events, which the context's destruction took
     /// (it is gone), and releases the pool's retain.
-    pub(super) fn forget(&mut self, driver: &cuda_sys::Driver, context: ContextKey) {
+    pub(super) fn forget(&mut self, driver: &cuda_dl_sys::Driver, context: ContextKey) {
         if let Some(pool) = self.by_context.remove(&context) {
             pool.release(driver);
         }
@@ -190,7 +190,7 @@ impl Pools {
 }
 
 impl Pool {
-    fn new(driver: &cuda_sys::Driver, context: CUcontext) -> Result<Pool, Error> {
+    fn new(driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<Pool, Error> {
         let mut device: CUdevice = 0;
         pushed(driver, context, || {
             // SAFETY: a valid out-pointer; `context` is current.
@@ -228,7 +228,7 @@ impl Pool {
         })
     }
 
-    fn refill(&mut self, driver: &cuda_sys::Driver, context: CUcontext) -> Result<(), Error> {
+    fn refill(&mut self, driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<(), Error> {
         let free = &mut self.free;
         pushed(driver, context, || {
             for _ in 0..BATCH {
@@ -249,7 +249,7 @@ impl Pool {
 
     /// Destroys the free events (the stranded ones are left to the context) and releases the
     /// context.
-    fn give_back(self, driver: &cuda_sys::Driver) {
+    fn give_back(self, driver: &cuda_dl_sys::Driver) {
         for &event in &self.free {
             // SAFETY: an event of this pool's retained context, not in use.
             let _ = unsafe { driver.cuEventDestroy(ptr::with_exposed_provenance_mut(event)) };
@@ -257,7 +257,7 @@ impl Pool {
         self.release(driver);
     }
 
-    fn release(self, driver: &cuda_sys::Driver) {
+    fn release(self, driver: &cuda_dl_sys::Driver) {
         // SAFETY: the pool retained the device's primary context once, in `new`.
         unsafe { primary_release::release(driver, self.device) };
     }
@@ -266,9 +266,9 @@ impl Pool {
 /// Runs `f` with `context` pushed as the calling thread's current context. A failed pop is an
 /// error too.
 fn pushed(
-    driver: &cuda_sys::Driver,
+    driver: &cuda_dl_sys::Driver,
     context: CUcontext,
-    f: impl FnOnce() -> Result<(), cuda_sys::CallError>,
+    f: impl FnOnce() -> Result<(), cuda_dl_sys::CallError>,
 ) -> Result<(), Error> {
     // SAFETY: a live context (the stream's, or one this pool retains).
     unsafe { driver.cuCtxPushCurrent(context)? };
