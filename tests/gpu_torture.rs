@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cuda_host_launch::{PollerSettings, RawStream, set_poller_settings};
 use cuda_dl_sys::types::CUstreamCaptureMode;
+use cuda_host_launch::{PollerSettings, RawStream, set_poller_settings};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{PATIENCE, fake_driver_path};
 

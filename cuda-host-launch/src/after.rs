@@ -32,10 +32,14 @@ pub use crate::transport::poller_pace::PollerSettings;
 /// them on a thread of this crate (the cleanup queue's: never a driver thread, never the caller's
 /// unless the call fails). One `cuEventRecord`; no host function; the stream does not wait.
 ///
-/// On a capturing stream the owners are tied to the capture's graph instead (a CUDA user object):
-/// they are dropped once the graph and every executable graph made from it are destroyed.
+/// On a capturing stream the release is refused ([`Error::ReleaseDuringCapture`]): work enqueued
+/// before the capture began is not in the graph, and nothing would tell when it completes. To keep
+/// values alive as long as a graph, move them into a repeatable launch's closure on the capturing
+/// stream ([`LaunchOptions::host_launch_repeatable`](crate::LaunchOptions::host_launch_repeatable)).
 ///
 /// # Errors
+/// - [`Error::ReleaseDuringCapture`] on a capturing stream: the owners are dropped before
+///   returning, on the calling thread; the capture is unharmed.
 /// - [`Error::CaptureActive`] if another thread began a capture of the stream while this call ran:
 ///   the capture may hold the event, so it is never queried, and the owners stay pending (counted
 ///   by [`pending_launches`](crate::pending_launches)) until the context is reset. Never early.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cuda_host_launch::{CompletionMode, Error, Graph, RawStream};
 use cuda_dl_sys::types::{CUstream, CUstreamCaptureMode};
+use cuda_host_launch::{CompletionMode, Error, Graph, RawStream};
 
 use crate::Rng;
 use crate::oracle::{Kind, Tracked, run};

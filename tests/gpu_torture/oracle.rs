@@ -24,11 +24,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::Driver;
+use cuda_dl_sys::types::{CUresult, CUstream};
 use cuda_host_launch::{
     Completion, CompletionMode, Device, Error, HostLaunchFuture, PrimaryContext,
 };
-use cuda_dl_sys::Driver;
-use cuda_dl_sys::types::{CUresult, CUstream};
 use cuda_workspace::gpu::{Gpu, Kernels, MappedU32s};
 use cuda_workspace::testing::{PATIENCE, REAPER_NAME, ThreadSet, load_fake_driver, thread_id};
 

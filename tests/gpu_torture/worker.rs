@@ -7,11 +7,11 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cuda_dl_sys::types::CUstream;
 use cuda_host_launch::{
     AsRawStream, CompletionMode, Error, Graph, GraphExec, LaunchOptions, PrimaryContext, RawStream,
     Stream,
 };
-use cuda_dl_sys::types::CUstream;
 use cuda_workspace::testing::PATIENCE;
 
 use crate::Rng;
