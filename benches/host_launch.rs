@@ -1136,6 +1136,14 @@ fn call_time_distribution(bench: &Bench, stream: &Stream, table: &mut String, js
     json.push_str("\n  },");
 }
 
+/// Prints the table's lines so far (and forgets them): a run cut short still shows its sections.
+fn print_so_far(table: &mut String) {
+    use std::io::Write as _;
+    print!("{table}");
+    let _ = std::io::stdout().flush();
+    table.clear();
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--cold-start-child") {
         cold_start_child();
@@ -1294,6 +1302,7 @@ fn main() {
     }
     json.push_str("\n  },");
 
+    print_so_far(&mut table);
     // After the table, before unpinning: a run of its own, so its clock reads do not touch the
     // table's figures.
     if std::env::var("BENCH_CALL_TIMES").map_or(true, |v| v.trim() != "0") {
@@ -1348,6 +1357,7 @@ fn main() {
         event_section(&bench, planned.as_ref(), &all_cpus, &mut table, &mut json);
     }
     unpin_current_thread(&all_cpus);
+    print_so_far(&mut table);
     // `BENCH_TABLE_ONLY=1`: the table (and the single-call times) only, for comparing builds over
     // many short processes.
     if std::env::var("BENCH_TABLE_ONLY").is_ok_and(|v| v.trim() == "1") {
@@ -1429,6 +1439,7 @@ fn main() {
         cuda_host_launch::CompletionMode::LowLatency,
         cuda_host_launch::CompletionMode::Event,
     ];
+    print_so_far(&mut table);
     // Short waits (a kernel of about 100 µs), then long ones (about 20 ms: the event poller's
     // pauses have grown to 250 µs), whose poller CPU per second of waiting is the figure to read.
     for (k, (kernel, samples, cycles)) in [
@@ -1504,6 +1515,7 @@ fn main() {
     }
     json.push_str("\n  },");
 
+    print_so_far(&mut table);
     let (table_ns, pointer_ns) = gated_call_cost(&bench);
     let (open_ms, first_us, second_us, dlopen_ms) = cold_start();
     let _ = writeln!(
