@@ -4,7 +4,8 @@
 use std::ptr;
 
 use cuda_dl_sys::{
-    DefaultStream, Error, Function, LibraryKind, MissingReason, ResolutionPath, driver,
+    DefaultStream, DriverVersion, Error, Function, LibraryKind, MissingReason, ResolutionPath,
+    driver,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::assert_gated_exactly_above;
@@ -97,8 +98,8 @@ fn launch_host_func_v2_is_gated_by_the_driver_version() {
             found,
         }) => {
             println!(
-                "{function}: DriverTooOld (needs {r}, driver {found}): {}",
-                d.version()
+                "{function}: DriverTooOld (needs {}, driver {found})",
+                DriverVersion(r as i32)
             );
             assert!(d.version().0 < required as i32);
             assert_eq!(r, required);
