@@ -282,7 +282,10 @@ impl LaunchOptions {
     /// on a capturing stream: there the launch becomes a host node of the captured graph, `f` runs
     /// on every launch of every executable graph made from it, and `f` (with its captures) is
     /// dropped, off the driver's thread, once the graph and all its executable graphs are
-    /// destroyed.
+    /// destroyed. If another thread begins a capture of the stream while this call runs, after
+    /// its look at the stream, the launch is captured as a run-once one: `f` runs on the first
+    /// launch of the graph only and is released after that run (later launches find its ticket
+    /// retired and touch nothing).
     ///
     /// A panic in `f` is caught on every run and reported; the graph goes on.
     ///

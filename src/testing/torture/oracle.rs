@@ -76,6 +76,10 @@ pub struct Tracked {
     pub has_callback: bool,
     /// The capture its stream was in when it was enqueued (the world knew for sure).
     pub capture: Option<Arc<CaptureRecord>>,
+    /// Whether a capture may have been hidden from the crate's look during its call: a repeatable
+    /// launch is then made as a run-once one, which a capture may take (it runs on the first
+    /// replay only, and is released after it).
+    pub capture_maybe_hidden: AtomicBool,
     /// The callback's runs.
     pub ran: AtomicU32,
     /// The owners' drops.
@@ -127,6 +131,7 @@ impl Oracle {
             runs_once,
             has_callback,
             capture,
+            capture_maybe_hidden: AtomicBool::new(false),
             ran: AtomicU32::new(0),
             dropped: AtomicU32::new(0),
             owned: AtomicBool::new(true),
@@ -157,6 +162,9 @@ impl Oracle {
             tracked.failed.store(true, Ordering::Release);
         }
         drop(in_call);
+        if capture_hidden {
+            tracked.capture_maybe_hidden.store(true, Ordering::Release);
+        }
         match result {
             Ok(()) => {
                 if tracked.capture.is_some() && tracked.runs_once && !capture_hidden {
@@ -284,7 +292,11 @@ impl Oracle {
             // replays).
             // A run-once launch a capture took (its capture hidden from the crate's look) runs
             // on the first replay only and is released after that run.
-            Some(_) if ran && tracked.runs_once => {}
+            // The same for a repeatable launch the crate took for run-once (the capture hidden).
+            Some(_)
+                if ran
+                    && (tracked.runs_once
+                        || tracked.capture_maybe_hidden.load(Ordering::Acquire)) => {}
             Some(capture) => {
                 if !ran && !capture.graph_gone.load(Ordering::Acquire) {
                     self.violation(format!(
@@ -304,8 +316,12 @@ impl Oracle {
                     if !replayed.reached() {
                         self.violation(format!(
                             "{}: owned by a graph, its owners were dropped {when} before the \
-                             graph's last replay completed",
-                            describe(tracked)
+                             graph's last replay completed (replay stream {stream} at {:?}, \
+                             needed {replays}; context alive {}, poisoned {})",
+                            describe(tracked),
+                            fake().stream_progress(stream),
+                            !at.context_dead(),
+                            fake().context_poisoned(at.context),
                         ));
                     }
                 }
