@@ -268,10 +268,9 @@ isolated_test! {
         drop(stream);
         // SAFETY: every stream of the context is dropped, and nothing made in it is used after the reset.
         let reclaimed = unsafe { context.reset() }.unwrap();
-        assert_eq!(
-            reclaimed, 4,
-            "the completion's launch, the two closures' (pooled and boxed), the bytes launch"
-        );
+        // The completion's launch, the two closures' (pooled and boxed), the bytes launch; the
+        // poller (the low-latency future's) may release some of them itself.
+        cuda_workspace::testing::assert_reset_released(&context, reclaimed, 4);
         assert!(matches!(block_on(host), Err(Error::ContextLost)));
         assert!(matches!(block_on(low), Err(Error::ContextLost)));
         assert!(matches!(block_on(value), Err(Error::ContextLost)));
@@ -328,7 +327,9 @@ isolated_test! {
         drop(stream);
         // SAFETY: the context's only stream is dropped, and nothing made in it is used after.
         let reclaimed = unsafe { context.reset() }.unwrap();
-        assert_eq!(reclaimed, 3, "the host function's, the event's and the closure's launches");
+        // The host function's, the event's and the closure's launches; the poller may release some
+        // of them itself.
+        cuda_workspace::testing::assert_reset_released(&context, reclaimed, 3);
         for (name, _, counter) in &futures {
             cuda_workspace::testing::wait_until(
                 &format!("the {name} future's waker to be woken"),

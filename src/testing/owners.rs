@@ -34,6 +34,27 @@ pub fn fake_primary_context() -> Arc<PrimaryContext> {
     }))
 }
 
+/// Checks the count that [`PrimaryContext::reset`] returned, when `expected` launches of the
+/// context were pending and a thread of the crate may hold a retain of it (the event poller, for
+/// event work, `release_after`, `spawn_after` or a low-latency future): giving that retain back
+/// just after the reset, the poller may release some of the reset context's launches itself, so
+/// the reset's count is at most `expected`; whoever released them, none is pending once the reset
+/// has returned. (Without such a thread the count is exact: assert it.)
+///
+/// # Panics
+/// If the count is above `expected`, or a launch of the context is still pending.
+pub fn assert_reset_released(context: &PrimaryContext, reclaimed: usize, expected: usize) {
+    assert!(
+        reclaimed <= expected,
+        "the reset released {reclaimed} launches, of {expected} pending"
+    );
+    assert_eq!(
+        context.pending_launches(),
+        0,
+        "launches of the reset context still pending after the reset ({reclaimed} released by it)"
+    );
+}
+
 /// A thread, as this binary's standard library and the operating system know it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ThreadInfo {

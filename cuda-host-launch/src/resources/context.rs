@@ -79,7 +79,14 @@ impl PrimaryContext {
     /// Resets the device's primary context (`cuDevicePrimaryCtxReset`): every allocation, module,
     /// stream and event of it is destroyed, and a sticky error (719) is cleared. Pending host
     /// functions that will now never run (after a sticky error) have their owners released through
-    /// the cleanup queue; returns how many. The context stays retained and can be used again.
+    /// the cleanup queue; returns how many this call released. The context stays retained and can
+    /// be used again.
+    ///
+    /// Once the driver's reset has returned, any reclaim of this crate may take the reset
+    /// context's work, not only this call's: the event poller giving back its own retain of the
+    /// context at that moment releases some of it itself (each launch is released once, by
+    /// whichever comes first), and the count here leaves those out. When this returns, none of
+    /// the reset context's launches is pending ([`pending_launches`](Self::pending_launches)).
     ///
     /// The reset destroys the context (its old handle is dead: `CUDA_ERROR_CONTEXT_IS_DESTROYED`,
     /// measured on the H200). The calling thread's current context, if it was the old one, is
