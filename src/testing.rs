@@ -45,7 +45,7 @@ pub use created_context::CreatedContext;
 pub use drop_counts::{CountedOwner, DropCounts};
 pub use owners::{
     DropRecord, Drops, Owner, PATIENCE, REAPER_NAME, RanOn, ThreadInfo, assert_reset_released,
-    fake_primary_context, threads_named,
+    fake_primary_context, thread_states, threads_named,
 };
 pub use probe::{Probe, address_bytes, bump, bump_from_bytes};
 pub use thread_set::{ThreadSet, thread_id};

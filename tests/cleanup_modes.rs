@@ -15,7 +15,7 @@ use cuda_host_launch::{
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
     Drops, Hold, Owner, PATIENCE, REAPER_NAME, ThreadInfo, fake, fake_primary_context,
-    threads_named, wait_until,
+    thread_states, threads_named, wait_until,
 };
 
 /// Launches a closure owning `owner` on `stream` and waits until it has run.
@@ -165,6 +165,40 @@ isolated_test! {
         }
         assert_dropped_here(&drops, 1);
         assert_eq!(threads_named(REAPER_NAME), 0);
+    }
+
+    /// `CUDA_HOST_LAUNCH_CLEANUP=reaper`, in any case and with spaces around, is reaper mode, and
+    /// the reaper drops the owners. (Mutation testing: nothing checked this value's spelling.)
+    fn reaper_mode_from_the_environment_by_name(CUDA_HOST_LAUNCH_CLEANUP = " Reaper ") {
+        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        run_with(&stream, drops.owner());
+        let records = drops.wait_dropped(1);
+        assert!(records.iter().all(|r| r.thread.is_reaper()), "{records:?}");
+    }
+
+    /// Once the queue is empty the reaper sleeps (lingering between looks, then parked), rather
+    /// than spinning: the scheduler sees it sleeping. (Mutation testing: with the reaper never
+    /// allowed to park, it looked at the empty queue without pause, a busy core for good.)
+    fn the_idle_reaper_sleeps() {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        run_with(&stream, drops.owner());
+        drops.wait_dropped(1);
+        // Only the crate's reaper runs in this process (every crate thread's name starts with the
+        // same 15 bytes, all `/proc` shows).
+        wait_until("the reaper to sleep", PATIENCE, || {
+            let states = thread_states(REAPER_NAME);
+            !states.is_empty() && states.iter().all(|&state| state == 'S')
+        });
+    }
+
+    /// An empty (or blank) `CUDA_HOST_LAUNCH_CLEANUP` is the default, reaper mode.
+    fn an_empty_cleanup_mode_in_the_environment_is_reaper_mode(CUDA_HOST_LAUNCH_CLEANUP = "  ") {
+        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
     }
 
     /// `set_cleanup_mode(Manual)` before the first launch works like the environment variable.

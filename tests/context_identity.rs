@@ -15,11 +15,15 @@ use cuda_host_launch::{
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    Drops, PATIENCE, fake, fake_driver_path, load_fake_driver, wait_until,
+    Drops, Hold, PATIENCE, fake, fake_driver_path, load_fake_driver, wait_until,
 };
 
 /// What the hook makes in the context made again: kept alive past the hook.
 type Made = (Arc<PrimaryContext>, Stream, u64, Arc<Drops>);
+
+/// [`Made`] with the stream's hold itself: should an assertion fail, the hold is released before
+/// the stream and the retain are dropped (a last release waits for a held stream).
+type MadeHeld = (Arc<PrimaryContext>, Stream, Hold<'static>, Arc<Drops>);
 
 /// Polls `future` until it resolves (a thread waker; bounded by `PATIENCE`).
 fn resolve<F: std::future::Future + Unpin>(future: &mut F) -> F::Output {
@@ -111,6 +115,124 @@ isolated_test! {
         }
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 2);
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// `PrimaryContext::reset` after a sticky error reclaims the reset context's launch; another
+    /// thread that retains the device once the driver's reset has returned (a hook after
+    /// `cuDevicePrimaryCtxReset`, before the crate's reclaim), makes a stream and launches there,
+    /// loses nothing: the reclaim knows the reset context by its id and takes only its work.
+    /// (Mutation testing: with the reset's id matching every context of the handle, the new
+    /// context's launch was reclaimed, its owner dropped while its stream was held.)
+    fn a_reset_leaves_the_work_of_the_context_made_again_during_it_alone(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let device = Device::get(0).unwrap();
+        let context = PrimaryContext::retain(device).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let old_drops = Drops::new();
+        let hold = fake().hold_stream(stream.raw()).unwrap();
+        host_launch(&stream, {
+            let owner = old_drops.owner();
+            move || { let _keep = &owner; }
+        })
+        .unwrap();
+        fake().poison_context(context.raw()).unwrap();
+        hold.release();
+        drop(stream);
+        let made: Arc<Mutex<Option<MadeHeld>>> = Arc::default();
+        {
+            let made = Arc::clone(&made);
+            fake().set_hook_after("cuDevicePrimaryCtxReset", 1, move || {
+                let made = Arc::clone(&made);
+                std::thread::spawn(move || {
+                    let again = PrimaryContext::retain(device).unwrap();
+                    let stream = Stream::new(&again).unwrap();
+                    let hold = fake().hold_stream(stream.raw()).unwrap();
+                    let drops = Drops::new();
+                    host_launch(&stream, {
+                        let owner = drops.owner();
+                        move || { let _keep = &owner; }
+                    })
+                    .unwrap();
+                    *made.lock().unwrap() = Some((again, stream, hold, drops));
+                })
+                .join()
+                .unwrap();
+            });
+        }
+        // SAFETY: the context's only stream is dropped; nothing made in it is used after the reset
+        // (the other thread's stream is made in the context made again).
+        let reclaimed = unsafe { context.reset() }.unwrap();
+        fake().clear_hooks();
+        let (again, stream, hold, drops) = made.lock().unwrap().take().expect("the hook ran");
+        assert_eq!(again.raw(), context.raw(), "the handle stays");
+        assert_eq!(reclaimed, 1, "only the reset context's launch is reclaimed");
+        flush(PATIENCE).unwrap();
+        old_drops.wait_dropped(1);
+        assert_eq!(drops.dropped(), 0, "the new context's owner was reclaimed");
+        assert_eq!(pending_launches(Some(again.raw())), 1, "the new context's launch is pending");
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 1);
+        assert_eq!(pending_launches(None), 0);
+    }
+
+    /// Another binding makes the last release of a primary context with a sticky error (the crate
+    /// sees no release of its own that is the last) and the device is retained again (the same
+    /// handle, a new id): `flush` finds the old context gone by its id and releases its pending
+    /// launch, and leaves the new context's launch alone. (Mutation testing: with the id test
+    /// inverted, a context whose handle names another one was taken for live and its work never
+    /// released.)
+    fn flush_releases_the_work_of_a_context_another_binding_released_for_the_last_time(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let driver = load_fake_driver();
+        let device = Device::get(0).unwrap();
+        let context = PrimaryContext::retain(device).unwrap();
+        // The other binding's retain.
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; a device of the driver.
+        unsafe { driver.cuDevicePrimaryCtxRetain(&mut raw, device.raw()).unwrap() };
+        assert_eq!(raw, context.raw());
+        let stream = Stream::new(&context).unwrap();
+        let old_drops = Drops::new();
+        let hold = fake().hold_stream(stream.raw()).unwrap();
+        host_launch(&stream, {
+            let owner = old_drops.owner();
+            move || { let _keep = &owner; }
+        })
+        .unwrap();
+        fake().poison_context(context.raw()).unwrap();
+        hold.release();
+        drop(stream);
+        // Not the last release: the other binding still retains the context.
+        drop(context);
+        flush(PATIENCE).unwrap();
+        assert_eq!(old_drops.dropped(), 0, "released while the context was retained");
+        // The other binding's last release, unseen by the crate, then a retain again.
+        // SAFETY: the retain made above, released once.
+        unsafe { driver.cuDevicePrimaryCtxRelease(device.raw()).unwrap() };
+        let again = PrimaryContext::retain(device).unwrap();
+        assert_eq!(again.raw(), raw, "the handle stays");
+        let stream = Stream::new(&again).unwrap();
+        let drops = Drops::new();
+        let hold = fake().hold_stream(stream.raw()).unwrap();
+        host_launch(&stream, {
+            let owner = drops.owner();
+            move || { let _keep = &owner; }
+        })
+        .unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(old_drops.dropped(), 1, "the old context's launch was not released");
+        assert_eq!(drops.dropped(), 0, "the new context's launch was released");
+        assert_eq!(pending_launches(None), 1);
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 1);
         assert_eq!(pending_launches(None), 0);
     }
 

@@ -195,4 +195,45 @@ isolated_test! {
         let after = Stream::new(&context).unwrap();
         after.synchronize().unwrap();
     }
+
+    /// A value dropped inside a host closure (`defer_drop`) is dropped later by the reaper; a
+    /// `Drop` there that makes a context current (as a binding's buffer does) leaves none current
+    /// for the owners of the launch released after it. (Mutation testing: with the reaper not
+    /// clearing the current context before a launch's owners, they saw the deferred drop's.)
+    fn a_deferred_drop_that_makes_a_context_current_leaves_none_for_the_next_owners() {
+        struct MakesCurrent(Arc<PrimaryContext>);
+        impl Drop for MakesCurrent {
+            fn drop(&mut self) {
+                self.0.set_current().unwrap();
+            }
+        }
+        /// Records the current context, and whether the reaper dropped it.
+        struct SeesCurrent(Arc<Mutex<Vec<(usize, bool)>>>);
+        impl Drop for SeesCurrent {
+            fn drop(&mut self) {
+                let mut current = ptr::null_mut();
+                // SAFETY: a valid out-pointer.
+                unsafe { cuda_dl_sys::driver().unwrap().cuCtxGetCurrent(&mut current) }.unwrap();
+                let reaper = std::thread::current().name() == Some("cuda-host-launch-reaper");
+                self.0.lock().unwrap().push((current.addr(), reaper));
+            }
+        }
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let seen: Arc<Mutex<Vec<(usize, bool)>>> = Arc::default();
+        let mut deferred = Some(MakesCurrent(Arc::clone(&context)));
+        let owner = SeesCurrent(Arc::clone(&seen));
+        // The deferred value reaches the queue during the host function, the launch's record (its
+        // owner) after it: the reaper releases them in that order.
+        host_launch(&stream, move || {
+            let _keep = &owner;
+            if let Some(value) = deferred.take() {
+                cuda_host_launch::defer_drop(value);
+            }
+        })
+        .unwrap();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [(0, true)], "(current context, on the reaper)");
+    }
 }

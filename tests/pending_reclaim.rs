@@ -143,6 +143,22 @@ isolated_test! {
         assert_eq!(pending_launches(None), 0);
     }
 
+    /// The same on a driver without context ids (11.8: no `cuCtxGetId`), where the reclaim cannot
+    /// tell contexts of one handle apart and takes the handle's work once it names no context.
+    /// (Mutation testing: with that test inverted, nothing was reclaimed.)
+    fn the_last_release_of_a_poisoned_primary_context_reclaims_its_owners_without_context_ids(
+        FAKE_CUDA_VERSION = "11080",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let (context, stream, ran, dropped) = poisoned_with_pending_launches();
+        drop(stream);
+        drop(context);
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), OWNED);
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(pending_launches(None), 0);
+    }
+
     /// `cuCtxDestroy` of a healthy context runs its pending host functions first: a reclaim then
     /// finds nothing, and every owner is dropped exactly once.
     fn a_normal_destroy_runs_pending_functions_first_and_owners_drop_once(

@@ -309,6 +309,7 @@ mod tests {
     use crate::error::MissingReason::NoPerThreadVariant;
     use crate::streams::DefaultStream::{Legacy, PerThread};
     use crate::table::Function;
+    use crate::types::{CUdriverProcAddressQueryResult, CUresult};
 
     #[test]
     fn only_a_twinless_variant_of_a_function_with_per_thread_variants_lacks_a_per_thread_one() {
@@ -333,6 +334,129 @@ mod tests {
             assert_eq!(value, i + 1);
             assert!(value <= super::SLOT_LAST_SENTINEL);
         }
+    }
+
+    /// Lookups made by [`counting_lookup`].
+    static LOOKUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    /// The address [`counting_lookup`] answers (any value above the sentinels).
+    const FOUND: usize = 0x10_0000;
+
+    /// A `cuGetProcAddress_v2` that finds every symbol at [`FOUND`] and counts its calls.
+    unsafe extern "C" fn counting_lookup(
+        _: *const std::ffi::c_char,
+        pfn: *mut *mut std::ffi::c_void,
+        _: std::ffi::c_int,
+        _: crate::types::cuuint64_t,
+        status: *mut CUdriverProcAddressQueryResult,
+    ) -> CUresult {
+        LOOKUPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        // SAFETY: the caller (`Loaded::lookup`) passes valid places for both.
+        unsafe {
+            pfn.write(std::ptr::without_provenance_mut(FOUND));
+            status.write(CUdriverProcAddressQueryResult::CU_GET_PROC_ADDRESS_SUCCESS);
+        }
+        CUresult::CUDA_SUCCESS
+    }
+
+    unsafe extern "C" fn no_op(_: std::ffi::c_uint) -> CUresult {
+        CUresult::CUDA_SUCCESS
+    }
+    unsafe extern "C" fn no_version(_: *mut std::ffi::c_int) -> CUresult {
+        CUresult::CUDA_SUCCESS
+    }
+
+    /// A 13.0 driver whose `cuGetProcAddress_v2` is [`counting_lookup`] (the library itself is
+    /// this process: nothing is looked up in it).
+    #[cfg(unix)]
+    fn counting_driver() -> super::Loaded {
+        let bootstrap = crate::library::Bootstrap {
+            cu_init: no_op,
+            cu_driver_get_version: no_version,
+            cu_get_proc_address_v2: Some(counting_lookup),
+            cu_get_proc_address: None,
+            cu_get_error_name: None,
+            cu_get_error_string: None,
+        };
+        super::Loaded {
+            library: libloading::os::unix::Library::this().into(),
+            opened_as: "this process".into(),
+            path: "this process".into(),
+            version: crate::DriverVersion(13000),
+            resolution: super::ResolutionPath::ProcAddressV2,
+            bootstrap,
+            kind: crate::library::LibraryKind::OtherName,
+            origin: crate::library::LibraryOrigin::Given,
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_slot_another_thread_resolved_is_taken_as_it_is_and_a_resolution_is_cached() {
+        use std::sync::atomic::{AtomicPtr, Ordering};
+        let driver = counting_driver();
+        let before = LOOKUPS.load(Ordering::SeqCst);
+        // Resolved by another thread after the caller saw it empty: no second lookup.
+        let address = std::ptr::without_provenance_mut(0x20_0000);
+        let slot = AtomicPtr::new(address);
+        let resolved = driver.resolve_slot(&slot, Function::cuMemAlloc, Legacy);
+        assert_eq!(resolved.ok(), Some(address));
+        assert_eq!(LOOKUPS.load(Ordering::SeqCst), before);
+        // An empty slot: one lookup, whose address the slot then holds.
+        let slot = AtomicPtr::new(std::ptr::null_mut());
+        let resolved = driver.resolve_slot(&slot, Function::cuMemAlloc, Legacy);
+        assert_eq!(resolved.ok().map(|p| p.addr()), Some(FOUND));
+        assert_eq!(slot.load(Ordering::SeqCst).addr(), FOUND);
+        assert_eq!(LOOKUPS.load(Ordering::SeqCst), before + 1);
+    }
+
+    #[test]
+    fn a_lookup_whose_status_is_not_success_finds_nothing_whatever_pointer_it_left() {
+        use super::{Lookup, interpret};
+        use crate::error::MissingReason::{NotFound, VersionNotSufficient};
+        use CUdriverProcAddressQueryResult as Status;
+        let stray = std::ptr::without_provenance_mut(0x30_0000);
+        let found = |status| interpret(CUresult::CUDA_SUCCESS, stray, Some(status), "lookup");
+        assert!(matches!(
+            found(Status::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND),
+            Lookup::Missing(NotFound)
+        ));
+        assert!(matches!(
+            found(Status::CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT),
+            Lookup::Missing(VersionNotSufficient)
+        ));
+        assert!(matches!(
+            found(Status::CU_GET_PROC_ADDRESS_SUCCESS),
+            Lookup::Found(p) if p.as_ptr() == stray
+        ));
+    }
+
+    /// A `cuGetErrorName` that writes a text and fails.
+    unsafe extern "C" fn failing_with_text(
+        _: CUresult,
+        text: *mut *const std::ffi::c_char,
+    ) -> CUresult {
+        // SAFETY: the caller passes a valid place for the pointer.
+        unsafe { text.write(c"left by a failing call".as_ptr()) };
+        CUresult::CUDA_ERROR_INVALID_VALUE
+    }
+
+    /// A `cuGetErrorName` that succeeds and writes no text.
+    unsafe extern "C" fn succeeding_without_text(
+        _: CUresult,
+        _: *mut *const std::ffi::c_char,
+    ) -> CUresult {
+        CUresult::CUDA_SUCCESS
+    }
+
+    #[test]
+    fn the_drivers_error_text_is_taken_only_from_a_call_that_succeeded_and_wrote_one() {
+        let code = CUresult::CUDA_ERROR_UNKNOWN;
+        assert_eq!(super::driver_text(Some(failing_with_text), code), None);
+        assert_eq!(
+            super::driver_text(Some(succeeding_without_text), code),
+            None
+        );
+        assert_eq!(super::driver_text(None, code), None);
     }
 
     #[test]

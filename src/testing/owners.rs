@@ -219,6 +219,28 @@ pub fn threads_named(name: &str) -> usize {
         .count()
 }
 
+/// The scheduler states (`R` running, `S` sleeping, ...: the third field of
+/// `/proc/self/task/*/stat`) of the threads of this process named `name` (cut to 15 bytes).
+pub fn thread_states(name: &str) -> Vec<char> {
+    let short: String = name.chars().take(15).collect();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| comm.trim_end() == short)
+        })
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            // "pid (comm) S ...": the name may hold spaces and parentheses; the state follows the
+            // last ')'.
+            stat.rsplit_once(')')?.1.trim_start().chars().next()
+        })
+        .collect()
+}
+
 /// A slot a host function writes the thread it ran on into.
 #[derive(Debug, Default)]
 pub struct RanOn(Mutex<Vec<ThreadInfo>>);

@@ -279,6 +279,19 @@ mod tests {
     }
 
     #[test]
+    fn low_latency_spins_and_queries_without_pause_and_keeps_the_other_defaults() {
+        // The documented settings (mutation testing: without its `query_gap`, LOW_LATENCY kept
+        // the default 5 µs between queries while spinning).
+        let low = PollerSettings::LOW_LATENCY;
+        assert_eq!((low.spin, low.query_gap), (Duration::MAX, Duration::ZERO));
+        let default = PollerSettings::DEFAULT;
+        assert_eq!(
+            (low.interval, low.max_interval, low.idle_exit),
+            (default.interval, default.max_interval, default.idle_exit)
+        );
+    }
+
+    #[test]
     fn spinning_without_end_and_bounds_that_cross_or_overflow_do_not_panic() {
         let pace = Pace::start();
         let later = Instant::now() + Duration::from_secs(3600);
