@@ -409,6 +409,86 @@ isolated_test! {
         assert!(wrong.is_empty(), "{} of 20 reclaimed owners dropped with a context current: {wrong:?}", wrong.len());
     }
 
+    /// A `spawn_after` callback runs on the event poller with its stream's context current, and
+    /// what its closure captured is dropped as the call returns, in that context (part of its
+    /// run, as documented); the `release_after` owners the poller drops between callbacks see no
+    /// context current. (Mutation testing: with the poller not clearing the context it set for a
+    /// callback, every release's owner saw it.)
+    fn release_after_owners_between_callbacks_are_dropped_with_no_context_current(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let own = contexts[0].raw().addr();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let captured: Seen = Arc::default();
+        let released: Seen = Arc::default();
+        let check = |seen: &Seen| ContextCheck {
+            own,
+            other: Arc::clone(&contexts[1]),
+            switch: false,
+            seen: Arc::clone(seen),
+        };
+        for _ in 0..10 {
+            let capture = check(&captured);
+            spawn_after(&stream, move || {
+                let _keep = &capture;
+            })
+            .unwrap();
+            release_after(&stream, check(&released)).unwrap();
+        }
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        let captured = captured.lock().unwrap();
+        assert_eq!(captured.len(), 10);
+        assert!(captured.iter().all(|e| e.1 == own), "captures dropped in the callback's context: {captured:?}");
+        let released = released.lock().unwrap();
+        assert_eq!(released.len(), 10);
+        let wrong: Vec<_> = released.iter().filter(|e| e.1 != 0).collect();
+        assert!(wrong.is_empty(), "{} of 10 owners dropped with a context current: {wrong:?}", wrong.len());
+    }
+
+    /// The waker of an event-mode future dropped before its work completed goes with the
+    /// completion's record, which the poller releases after waking it: with no context current,
+    /// though the poller made the stream's context current for the wake. (Mutation testing: with
+    /// the poller not clearing that context before the release, the waker's drop saw it.)
+    fn a_waker_the_poller_drops_sees_no_context_current(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        struct CheckingWaker(#[allow(dead_code)] ContextCheck);
+        impl std::task::Wake for CheckingWaker {
+            fn wake(self: Arc<Self>) {}
+        }
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let seen: Arc<Mutex<Vec<(usize, usize, bool)>>> = Arc::default();
+        for _ in 0..5 {
+            let mut future = Box::pin(CompletionMode::Event.completion(&stream).unwrap());
+            let waker = std::task::Waker::from(Arc::new(CheckingWaker(ContextCheck {
+                own: contexts[0].raw().addr(),
+                other: Arc::clone(&contexts[1]),
+                switch: false,
+                seen: Arc::clone(&seen),
+            })));
+            let poll = future.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+            assert!(poll.is_pending(), "{poll:?} while the stream is held");
+            // Only the completion's record keeps the waker now.
+            drop((future, waker));
+        }
+        assert!(seen.lock().unwrap().is_empty(), "a waker dropped before its work completed");
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 5, "each waker dropped once");
+        let wrong: Vec<_> = seen.iter().filter(|e| e.1 != 0).collect();
+        assert!(wrong.is_empty(), "{} of 5 wakers dropped with a context current: {wrong:?}", wrong.len());
+    }
+
     /// Callbacks run with their stream's context current, even after a callback made another
     /// context current (as one that frees a device-1 buffer does): the next device-0 callback sees
     /// device 0's, and a release it makes on the legacy stream lands on device 0's.
@@ -455,6 +535,9 @@ isolated_test! {
 /// An owner that notes, in its `Drop`, its context, the context current then and whether the
 /// reaper drops it; with `switch`, it then makes `other` current and leaves it so (as a binding's
 /// buffer that binds its own context does).
+/// What each [`ContextCheck`] saw as it was dropped.
+type Seen = Arc<Mutex<Vec<(usize, usize, bool)>>>;
+
 struct ContextCheck {
     own: usize,
     other: Arc<PrimaryContext>,

@@ -74,6 +74,10 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) ->
 /// callback must not block waiting for another callback or event completion of this crate. A
 /// panic in `f` is caught and reported ([`PanicOrigin::Callback`]); the poller goes on.
 ///
+/// `f` runs with the stream's context current, and what it captured (and did not move out) is
+/// dropped as it returns: on the poller, in that context, as part of its run. A value that must
+/// be dropped with no context current, as owners are, goes to [`release_after`] instead.
+///
 /// # Errors
 /// - [`Error::CaptureActive`] on a capturing stream (`f` cannot be ordered after work that only
 ///   exists in a graph: use a repeatable host function there,

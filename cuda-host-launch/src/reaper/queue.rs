@@ -180,3 +180,41 @@ impl Drop for ReaperHandle {
         }
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::CleanupQueue;
+    use crate::record::layout::RecordHeader;
+
+    /// A release asks for a `flush`'s notification exactly while one waits. (Without it a flush
+    /// still ends, on its 2 ms slices, so no end-to-end test sees a lost notification.)
+    #[test]
+    fn a_release_notifies_only_while_a_flush_waits() {
+        let queue = CleanupQueue::<RecordHeader>::new();
+        assert!(!queue.count_released(1), "no flush waits");
+        queue.flush_waiting(true);
+        queue.flush_waiting(true);
+        assert!(queue.count_released(2), "two flushes wait");
+        queue.flush_waiting(false);
+        assert!(queue.count_released(1), "one flush still waits");
+        queue.flush_waiting(false);
+        assert!(!queue.count_released(1), "no flush waits any more");
+        assert_eq!(queue.released(), 5);
+    }
+
+    /// The first reaper is published; a second is refused and leaves the first. (The wake-up the
+    /// publication gives a push that ran before it is loom's to check:
+    /// `loom_models::reaper_wake_up`.)
+    #[test]
+    fn the_reaper_is_published_once() {
+        let queue = CleanupQueue::<RecordHeader>::new();
+        assert!(!queue.has_reaper());
+        let first = std::thread::current();
+        assert!(queue.set_reaper(first.clone()), "the first reaper");
+        let other = std::thread::spawn(std::thread::current)
+            .join()
+            .unwrap();
+        assert!(!queue.set_reaper(other), "a second reaper");
+        assert_eq!(queue.reaper.get().map(|t| t.id()), Some(first.id()));
+    }
+}
