@@ -99,6 +99,30 @@ fn poisoned_with_pending_launches() -> (
 }
 
 isolated_test! {
+    /// The tickets' memory: whole chunks of 4,096 tickets, which launches one after another reuse (the count of launches pending at once is what
+    /// grows it, not the count of launches).
+    fn launch_tickets_are_allocated_in_chunks_and_reused(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let context = cuda_workspace::testing::fake_primary_context();
+        let stream = cuda_host_launch::Stream::new(&context).unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let launch = || {
+            let ran = Arc::clone(&ran);
+            cuda_host_launch::host_launch(&stream, move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+            stream.synchronize().unwrap();
+        };
+        launch();
+        let chunk = cuda_host_launch::launch_ticket_bytes();
+        assert!(chunk >= 4096 && chunk % 4096 == 0, "one chunk of 4,096 tickets: {chunk} bytes");
+        for _ in 0..100 {
+            launch();
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 101);
+        assert_eq!(cuda_host_launch::launch_ticket_bytes(), chunk, "reused, not grown");
+    }
+
     /// Pending host functions of a poisoned context never run; `reset` reclaims all their owners,
     /// each dropped once.
     fn a_reset_after_a_sticky_error_reclaims_every_pending_owner(

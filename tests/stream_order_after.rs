@@ -61,6 +61,80 @@ impl SendStream {
 }
 
 isolated_test! {
+    /// The poller makes a callback's context current before it runs it; when that fails (a
+    /// passing failure), the callback waits for a later round, and runs then. When it keeps
+    /// failing and the launch is reclaimed meanwhile (its context gone), the poller lets the
+    /// entry go and exits once idle. (Mutation testing: with the poller's "still pending" look
+    /// answering "no", or comparing generations the wrong way, the callback was lost.)
+    fn a_callback_whose_context_cannot_be_made_current_waits_or_goes_with_its_context(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let device = |n| cuda_host_launch::Device::get(n).unwrap();
+        // A passing failure: the callback runs in a later round.
+        let context = PrimaryContext::retain(device(0)).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&ran);
+        spawn_after(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        let before = fake().call_count("cuCtxSetCurrent");
+        fake().set_fault("cuCtxSetCurrent", 1, 201);
+        hold.release();
+        wait_for("the callback to run after the failed cuCtxSetCurrent", || {
+            ran.load(Ordering::SeqCst) == 1
+        });
+        assert!(fake().call_count("cuCtxSetCurrent") >= before + 2, "the failure was seen, then a retry");
+        flush(PATIENCE).unwrap();
+        // A lasting failure on device 1's context, which is then poisoned and let go: the
+        // launch is reclaimed, and the poller drops its entry instead of waiting for good.
+        let other = PrimaryContext::retain(device(1)).unwrap();
+        let stream = Stream::new(&other).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let drops = Drops::new();
+        let owner = drops.owner();
+        spawn_after(&stream, move || {
+            let _keep = &owner;
+        })
+        .unwrap();
+        fake().set_fault("cuCtxSetCurrent", 0, 201);
+        fake().poison_context(other.raw()).expect("the fake could not poison the context");
+        hold.release();
+        drop(stream);
+        drop(other);
+        drops.wait_dropped(1);
+        wait_for("the poller to exit", || cuda_workspace::testing::threads_named(POLLER) == 0);
+    }
+
+    /// While a `spawn_after` callback blocks the event poller's round, `flush` cannot see that
+    /// round end: it times out (`FlushTimedOut`), though the cleanup queue is empty; once the
+    /// callback returns, a flush succeeds. (Mutation testing: with the pollers' barrier reporting
+    /// "done" when either poller was, the flush returned `Ok` during the round.)
+    fn flush_times_out_while_a_callback_holds_the_pollers_round(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        spawn_after(&stream, move || {
+            started_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        })
+        .unwrap();
+        started.recv_timeout(PATIENCE).expect("the callback never started");
+        let result = flush(Duration::from_millis(50));
+        assert!(
+            matches!(result, Err(Error::FlushTimedOut { .. })),
+            "a flush during the callback: {result:?}"
+        );
+        go.send(()).unwrap();
+        flush(PATIENCE).unwrap();
+    }
+
     /// Owners released after the stream's earlier work: kept while the stream is held, counted as
     /// pending, then dropped exactly once by the event poller (one hop: it releases what it
     /// completes), never by the caller or a driver thread.

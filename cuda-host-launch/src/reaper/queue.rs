@@ -211,9 +211,7 @@ mod tests {
         assert!(!queue.has_reaper());
         let first = std::thread::current();
         assert!(queue.set_reaper(first.clone()), "the first reaper");
-        let other = std::thread::spawn(std::thread::current)
-            .join()
-            .unwrap();
+        let other = std::thread::spawn(std::thread::current).join().unwrap();
         assert!(!queue.set_reaper(other), "a second reaper");
         assert_eq!(queue.reaper.get().map(|t| t.id()), Some(first.id()));
     }
