@@ -115,7 +115,7 @@ isolated_test! {
         };
         launch();
         let chunk = cuda_host_launch::launch_ticket_bytes();
-        assert!(chunk >= 4096 && chunk % 4096 == 0, "one chunk of 4,096 tickets: {chunk} bytes");
+        assert!(chunk >= 4096 && chunk.is_multiple_of(4096), "one chunk of 4,096 tickets: {chunk} bytes");
         for _ in 0..100 {
             launch();
         }
