@@ -489,6 +489,46 @@ isolated_test! {
         assert!(wrong.is_empty(), "{} of 5 wakers dropped with a context current: {wrong:?}", wrong.len());
     }
 
+    /// Device 1's primary context, last released by another binding after a sticky error: the
+    /// crate did not make that release, so a `flush` finds the context gone (by device 1's own
+    /// state, while device 0's stays active) and releases its pending launch. (Mutation testing:
+    /// with every handle taken for device 0's, the flush asked device 0's state, found it
+    /// active, and the owner was never dropped.)
+    fn a_flush_releases_the_work_of_device_1s_context_another_binding_let_go(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let driver = cuda_dl_sys::driver().unwrap();
+        let device = contexts[1].device().raw();
+        // Another binding's retain of device 1.
+        let mut foreign = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer and device.
+        unsafe { driver.cuDevicePrimaryCtxRetain(&mut foreign, device) }.unwrap();
+        assert_eq!(foreign, contexts[1].raw());
+        let stream = Stream::new(&contexts[1]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let drops = Drops::new();
+        let owner = drops.owner();
+        host_launch(&stream, move || {
+            let _keep = &owner;
+        })
+        .unwrap();
+        fake().poison_context(contexts[1].raw()).expect("the fake could not poison the context");
+        hold.release();
+        drop(stream);
+        let [zero, one] = contexts;
+        drop(one);
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 0, "device 1's context still lives (the other binding's retain)");
+        // SAFETY: the retain above; the last one of device 1's context.
+        unsafe { driver.cuDevicePrimaryCtxRelease(device) }.unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 1, "the owner of the gone context's launch");
+        assert_eq!(pending_launches(None), 0);
+        drop(zero);
+    }
+
     /// Callbacks run with their stream's context current, even after a callback made another
     /// context current (as one that frees a device-1 buffer does): the next device-0 callback sees
     /// device 0's, and a release it makes on the legacy stream lands on device 0's.
