@@ -271,6 +271,14 @@ isolated_test! {
         assert_eq!(ran.load(Ordering::SeqCst), 0, "a callback ran after a sticky error");
         assert_eq!(pending_launches(Some(raw)), 0);
         wait_until("no retain left", PATIENCE, || fake().live_objects("primary_retains") == 0);
+        // The reclaim forgot the gone context's queues and pool: the poller queries nothing more
+        // and, idle, exits. (Mutation testing: with nothing forgotten, it kept the stranded
+        // entries for good.)
+        let queries = fake().call_count("cuEventQuery");
+        wait_until("the idle poller to exit", PATIENCE, || {
+            cuda_workspace::testing::threads_named("cuda-hl-events") == 0
+        });
+        assert_eq!(fake().call_count("cuEventQuery"), queries, "queries after the reclaim");
     }
 
     /// A capture another thread begins while `release_after` records its event strands the release

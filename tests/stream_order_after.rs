@@ -61,6 +61,52 @@ impl SendStream {
 }
 
 isolated_test! {
+    /// A release whose event a capture took (begun and ended during its record: the poller's
+    /// query answers `INVALID_VALUE`) is stranded alone: an earlier release of the same stream
+    /// still completes in stream order. (Mutation testing: with that answer taken for a sticky
+    /// error, the whole stream's queue was stranded, the earlier owner with it.)
+    fn a_captured_release_strands_only_itself(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let raw = SendStream::of(&stream);
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let earlier = Drops::new();
+        release_after(&stream, earlier.owner()).unwrap();
+        let graph: Arc<Mutex<Option<usize>>> = Arc::default();
+        fake().set_hook("cuEventRecord", 1, move || {
+            std::thread::spawn(move || {
+                begin_capture(raw.raw(), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            })
+            .join()
+            .unwrap();
+        });
+        let out = Arc::clone(&graph);
+        fake().set_hook_after("cuEventRecord", 1, move || {
+            *out.lock().unwrap() = Some(end_capture(raw.raw()).unwrap().addr());
+        });
+        let captured = Drops::new();
+        release_after(&stream, captured.owner())
+            .expect("the call cannot see a capture that began and ended inside it");
+        // The poller's rounds from here query the captured release's event (the newest).
+        let queries = fake().call_count("cuEventQuery");
+        wait_for("the poller to query the newest event", || {
+            fake().call_count("cuEventQuery") >= queries + 3
+        });
+        assert_eq!(earlier.dropped(), 0, "never early");
+        hold.release();
+        earlier.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        assert_eq!(captured.dropped(), 0, "the captured release waits for its context");
+        if let Some(g) = graph.lock().unwrap().take() {
+            destroy_graph(std::ptr::with_exposed_provenance_mut(g));
+        }
+        drop(stream);
+        // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
+        let reclaimed = unsafe { context.reset() }.unwrap();
+        cuda_workspace::testing::assert_reset_released(&context, reclaimed, 1);
+        captured.wait_dropped(1);
+    }
+
     /// The poller makes a callback's context current before it runs it; when that fails (a
     /// passing failure), the callback waits for a later round, and runs then. When it keeps
     /// failing and the launch is reclaimed meanwhile (its context gone), the poller lets the
