@@ -61,6 +61,23 @@ impl SendStream {
 }
 
 isolated_test! {
+    /// `poller_settings` reads back what `set_poller_settings` set, `Duration::MAX` spin included.
+    fn the_poller_settings_read_back_as_set(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        use cuda_host_launch::{PollerSettings, poller_settings, set_poller_settings};
+        assert_eq!(poller_settings(), PollerSettings::DEFAULT);
+        let odd = PollerSettings {
+            spin: Duration::from_micros(7),
+            interval: Duration::from_micros(11),
+            max_interval: Duration::from_micros(13),
+            idle_exit: Duration::from_millis(17),
+            query_gap: Duration::from_nanos(19),
+        };
+        for settings in [odd, PollerSettings::LOW_LATENCY, PollerSettings::DEFAULT] {
+            set_poller_settings(settings);
+            assert_eq!(poller_settings(), settings);
+        }
+    }
+
     /// A release whose event a capture took (begun and ended during its record: the poller's
     /// query answers `INVALID_VALUE`) is stranded alone: an earlier release of the same stream
     /// still completes in stream order. (Mutation testing: with that answer taken for a sticky

@@ -529,6 +529,64 @@ isolated_test! {
         drop(zero);
     }
 
+    /// A reset of device 0's context forgets the event work of that context only: device 1's
+    /// release, pending behind a held stream, completes once the stream runs, whether the reset
+    /// came at once (the entry may still be in the poller's hand-over) or after the poller had
+    /// queried it (in its queues). (Mutation testing: with the forgetting's filters inverted, the
+    /// reset dropped every other context's entries, and device 1's owner was never dropped.)
+    fn a_reset_forgets_the_event_work_of_its_own_context_only(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        for queried_first in [false, true] {
+            let streams = [0, 1].map(|d| Stream::new(&contexts[d]).unwrap());
+            let holds = [0, 1].map(|d| {
+                fake().hold_stream(streams[d].raw()).expect("the fake could not hold the stream")
+            });
+            let drops = [Drops::new(), Drops::new()];
+            // Not queried first: the poller is kept busy in a callback, so that device 1's entry
+            // is still in its hand-over when the reset comes.
+            let busy = Stream::new(&contexts[1]).unwrap();
+            let (started_tx, started) = std::sync::mpsc::channel();
+            let (go, go_rx) = std::sync::mpsc::channel::<()>();
+            if queried_first {
+                drop(go_rx);
+            } else {
+                spawn_after(&busy, move || {
+                    started_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                })
+                .unwrap();
+                started.recv_timeout(PATIENCE).expect("the callback never started");
+            }
+            release_after(&streams[1], drops[1].owner()).unwrap();
+            if queried_first {
+                let queries = fake().call_count("cuEventQuery");
+                cuda_workspace::testing::wait_until("the poller to query device 1's event", PATIENCE, || {
+                    fake().call_count("cuEventQuery") >= queries + 3
+                });
+            }
+            release_after(&streams[0], drops[0].owner()).unwrap();
+            // Device 0's release is never to run: a sticky error, then the reset.
+            fake().poison_context(contexts[0].raw()).expect("the fake could not poison the context");
+            let [hold0, hold1] = holds;
+            hold0.release();
+            let [stream0, stream1] = streams;
+            drop(stream0);
+            // SAFETY: device 0's context's only stream is dropped; nothing made in it is used
+            // after.
+            let reclaimed = unsafe { contexts[0].reset() }.unwrap();
+            cuda_workspace::testing::assert_reset_released(&contexts[0], reclaimed, 1);
+            let _ = go.send(());
+            drops[0].wait_dropped(1);
+            assert_eq!(drops[1].dropped(), 0, "device 1's stream is still held");
+            hold1.release();
+            drops[1].wait_dropped(1);
+            drop((stream1, busy));
+        }
+    }
+
     /// Callbacks run with their stream's context current, even after a callback made another
     /// context current (as one that frees a device-1 buffer does): the next device-0 callback sees
     /// device 0's, and a release it makes on the legacy stream lands on device 0's.
