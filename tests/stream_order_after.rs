@@ -61,6 +61,36 @@ impl SendStream {
 }
 
 isolated_test! {
+    /// A reset while a release waits in the poller's queues (its stream held until the reset
+    /// begins, so the reset runs it and destroys its event): the poller forgets the entry under
+    /// the reset's lock and never queries the dead event (on the real driver its handle may
+    /// name another event by then); the reset's reclaim drops the owner once. (Mutation testing:
+    /// with nothing forgotten, the poller's next round queried the destroyed event.)
+    fn a_reset_leaves_the_poller_no_dead_event_to_query(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let token = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream")
+            .into_token();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        let queries = fake().call_count("cuEventQuery");
+        wait_for("the poller to query the release's event", || {
+            fake().call_count("cuEventQuery") >= queries + 3
+        });
+        fake().set_hook("cuDevicePrimaryCtxReset", 1, move || fake().release_hold(token));
+        drop(stream);
+        let unknown = fake().unknown_event_calls();
+        // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
+        let reclaimed = unsafe { context.reset() }.unwrap();
+        cuda_workspace::testing::assert_reset_released(&context, reclaimed, 1);
+        drops.wait_dropped(1);
+        // A poller round that began after the reset has ended.
+        flush(PATIENCE).unwrap();
+        assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
+    }
+
     /// `poller_settings` reads back what `set_poller_settings` set, `Duration::MAX` spin included.
     fn the_poller_settings_read_back_as_set(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         use cuda_host_launch::{PollerSettings, poller_settings, set_poller_settings};

@@ -366,6 +366,14 @@ pub extern "C" fn fake_cuda_calls_after_teardown() -> u64 {
     crate::teardown::calls_after_teardown()
 }
 
+/// Calls since the fake was loaded that named an event it does not know (destroyed, also with
+/// its context by a destroy, last release or reset; or never made): on the real driver such a
+/// handle may name another event made since.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_cuda_unknown_event_calls() -> u64 {
+    crate::oracle::unknown_event_calls()
+}
+
 /// Whether the driver's teardown at process exit has run (1) or not (0).
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_torn_down() -> u32 {

@@ -55,7 +55,7 @@ unsafe fn event_destroy(event: CUevent) -> Res {
         .events
         .remove(&event.addr())
         .map(|_| ())
-        .ok_or(INVALID_HANDLE)
+        .ok_or_else(crate::oracle::unknown_event)
 }
 export!("cuEventDestroy", cuEventDestroy => event_destroy(hEvent: CUevent));
 export!("cuEventDestroy", cuEventDestroy_v2 => event_destroy(hEvent: CUevent));
@@ -63,7 +63,9 @@ export!("cuEventDestroy", cuEventDestroy_v2 => event_destroy(hEvent: CUevent));
 stream_export!("cuEventRecord", cuEventRecord / cuEventRecord_ptsz => event_record(hEvent: CUevent, hStream: CUstream));
 unsafe fn event_record(event: CUevent, handle: CUstream, per_thread: bool) -> Res {
     let mut st = lock();
-    ensure(st.events.contains_key(&event.addr()), INVALID_HANDLE)?;
+    if !st.events.contains_key(&event.addr()) {
+        return Err(crate::oracle::unknown_event());
+    }
     let s = resolve(&mut st, handle, per_thread)?;
     let captured = st.streams[&s]
         .capture
@@ -106,7 +108,10 @@ unsafe fn event_query(event: CUevent) -> Res {
         crate::capture_mode::check("cuEventQuery")?;
     }
     let mut st = lock();
-    let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
+    let e = st
+        .events
+        .get(&event.addr())
+        .ok_or_else(crate::oracle::unknown_event)?;
     if let Some((id, _)) = e.capture {
         // Recorded in a capture, the event is a marker, not work (measured: probes/event_facts.c):
         // queried while the capture lasts, it invalidates it; after, it is an invalid value.
@@ -134,7 +139,7 @@ unsafe fn event_synchronize(event: CUevent) -> Res {
     let mut st = lock();
     loop {
         let Some(e) = st.events.get(&event.addr()) else {
-            return Err(INVALID_HANDLE);
+            return Err(crate::oracle::unknown_event());
         };
         ensure(!event_ctx_poisoned(&st, e), LAUNCH_FAILED)?;
         let Some(done) = e.last_record.clone() else {
@@ -158,7 +163,10 @@ unsafe fn stream_wait_event(
     ensure(flags & !WAIT_EXTERNAL == 0, INVALID_VALUE)?;
     let mut st = lock();
     let s = resolve(&mut st, handle, per_thread)?;
-    let e = st.events.get(&event.addr()).ok_or(INVALID_HANDLE)?;
+    let e = st
+        .events
+        .get(&event.addr())
+        .ok_or_else(crate::oracle::unknown_event)?;
     let record_capture = e
         .capture
         .clone()

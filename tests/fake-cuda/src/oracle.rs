@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::state::{State, relock};
 
@@ -85,3 +86,19 @@ pub(crate) fn this_thread_name() -> String {
 
 /// For [`State`]: the progress of every stream that ever had work.
 pub(crate) type ProgressMap = BTreeMap<u64, Progress>;
+
+/// Calls that named an event the fake does not know: destroyed (with its context too, by a
+/// destroy, last release or reset), or never made. On the real driver such a handle may name
+/// another event made since, so a library must never pass one.
+static UNKNOWN_EVENT_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// An event call named an unknown event: counted, and the call's answer.
+pub(crate) fn unknown_event() -> cuda_dl_sys::types::CUresult {
+    UNKNOWN_EVENT_CALLS.fetch_add(1, Ordering::Relaxed);
+    crate::errors::INVALID_HANDLE
+}
+
+/// How many calls named an event the fake does not know, since the fake was loaded.
+pub(crate) fn unknown_event_calls() -> u64 {
+    UNKNOWN_EVENT_CALLS.load(Ordering::Relaxed)
+}

@@ -645,6 +645,11 @@ plain_controls! {
     /// [`fixture`](crate::fixture)'s guard does when it drops.
     fn reset_steering() = fake_cuda_reset_steering;
 
+    /// Calls since the fake was loaded that named an event it does not know: destroyed (also
+    /// with its context, by a destroy, last release or reset) or never made. On the real driver
+    /// such a handle may name another event made since: a library must never pass one.
+    fn unknown_event_calls() -> u64 = fake_cuda_unknown_event_calls;
+
     /// Lets a held stream continue (unknown tokens are ignored).
     fn release_hold(token: u64) = fake_cuda_release_hold;
 
