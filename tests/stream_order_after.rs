@@ -169,17 +169,24 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let ran = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&ran);
-        spawn_after(&stream, move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-        })
-        .unwrap();
+        let order: Arc<Mutex<Vec<usize>>> = Arc::default();
+        for i in 0..2 {
+            let (counter, order) = (Arc::clone(&ran), Arc::clone(&order));
+            spawn_after(&stream, move || {
+                order.lock().unwrap().push(i);
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+        }
         let before = fake().call_count("cuCtxSetCurrent");
         fake().set_fault("cuCtxSetCurrent", 1, 201);
         hold.release();
-        wait_for("the callback to run after the failed cuCtxSetCurrent", || {
-            ran.load(Ordering::SeqCst) == 1
+        wait_for("the callbacks to run after the failed cuCtxSetCurrent", || {
+            ran.load(Ordering::SeqCst) == 2
         });
+        // The second waited behind the first, in stream order. (Mutation testing: with the
+        // queue not marked blocked, the second ran first.)
+        assert_eq!(*order.lock().unwrap(), [0, 1]);
         assert!(fake().call_count("cuCtxSetCurrent") >= before + 2, "the failure was seen, then a retry");
         flush(PATIENCE).unwrap();
         // A lasting failure on device 1's context, which is then poisoned and let go: the
