@@ -73,6 +73,9 @@
 //! - Calls made on the fake's own threads (a context's worker, inside a host function, or the
 //!   user-object destructor thread), where the real driver forbids CUDA calls, are also counted
 //!   apart ([`control::fake_cuda_driver_thread_call_count`]), so tests can check nobody makes them.
+//! - Calls that name an event the fake does not know (destroyed, also with its context by a
+//!   destroy, last release or reset) are counted ([`control::fake_cuda_unknown_event_calls`]): on
+//!   the real driver such a handle may name another event made since.
 //! - Hooks ([`control::fake_cuda_set_hook`], [`control::fake_cuda_set_hook_after`]): a test's
 //!   function run at the start or the end of a chosen call, on the calling thread, to make
 //!   something happen exactly between two driver calls of the code under test (another thread's
