@@ -587,6 +587,53 @@ isolated_test! {
         }
     }
 
+    /// The reaper clears the context an owner's `Drop` left current even when it cannot ask
+    /// what is current (`cuCtxGetCurrent` failing: an injected fault here, a sticky error on the
+    /// GPU): the next launch's owner sees none. (Found by the torture harness under ASan, seed
+    /// 1796206488: with the question failing, the reaper left the context current.)
+    fn the_reaper_clears_the_context_when_it_cannot_ask_which_is_current(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        /// Makes its context current, then makes every `cuCtxGetCurrent` fail.
+        struct LeavesCurrentAndBreaksTheQuestion(Arc<PrimaryContext>);
+        impl Drop for LeavesCurrentAndBreaksTheQuestion {
+            fn drop(&mut self) {
+                self.0.set_current().unwrap();
+                fake().set_fault("cuCtxGetCurrent", 0, 201);
+            }
+        }
+        /// Lets the question work again, then records the current context.
+        struct Sees(Arc<Mutex<Vec<usize>>>);
+        impl Drop for Sees {
+            fn drop(&mut self) {
+                fake().clear_faults();
+                self.0.lock().unwrap().push(current_context());
+            }
+        }
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+        for _ in 0..5 {
+            let first = LeavesCurrentAndBreaksTheQuestion(Arc::clone(&contexts[1]));
+            host_launch(&stream, move || {
+                let _keep = &first;
+            })
+            .unwrap();
+            let second = Sees(Arc::clone(&seen));
+            host_launch(&stream, move || {
+                let _keep = &second;
+            })
+            .unwrap();
+        }
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        fake().clear_faults();
+        assert_eq!(*seen.lock().unwrap(), [0; 5], "contexts current as the owners were dropped");
+    }
+
     /// Callbacks run with their stream's context current, even after a callback made another
     /// context current (as one that frees a device-1 buffer does): the next device-0 callback sees
     /// device 0's, and a release it makes on the legacy stream lands on device 0's.

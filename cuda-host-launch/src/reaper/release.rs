@@ -85,14 +85,15 @@ impl ReaperContext {
         self.clear_now(driver);
     }
 
+    /// Clears the current context: asks first (a call less when none is), and clears anyway when
+    /// the question fails (after a sticky error it may), since what is current is not known.
     fn clear_now(&mut self, driver: &cuda_dl_sys::Driver) {
         let mut now = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
         self.clear = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
             Ok(()) if now.is_null() => true,
             // SAFETY: clearing the calling thread's current context is always allowed.
-            Ok(()) => unsafe { driver.cuCtxSetCurrent(std::ptr::null_mut()) }.is_ok(),
-            Err(_) => false,
+            _ => unsafe { driver.cuCtxSetCurrent(std::ptr::null_mut()) }.is_ok(),
         };
     }
 }
