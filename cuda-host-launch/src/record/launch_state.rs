@@ -198,12 +198,6 @@ impl LaunchState {
         )
     }
 
-    /// Whether the launch of `generation` ran (its host function, or its event's completion), as
-    /// opposed to being reclaimed: for its releaser, which may then use its context.
-    pub(crate) fn ran(&self, generation: u64) -> bool {
-        self.word.load(Ordering::Acquire) == word(generation, RAN)
-    }
-
     /// A reclaim's claim of the launch of `generation` (its context is gone, so its host function
     /// will never run from the stream): whether the reclaim took it, and must push it.
     pub(crate) fn claim_reclaim(&self, generation: u64) -> bool {

@@ -230,20 +230,16 @@ pub(crate) unsafe fn track(
 }
 
 /// Before a record is released: gives its launch's ticket back, if it was launched. Called by
-/// whoever releases the record (never on a driver thread). Returns whether the launch ran (rather
-/// than being reclaimed with its lost context, or never made).
-pub(crate) fn forget(header: NonNull<RecordHeader>) -> bool {
+/// whoever releases the record (never on a driver thread).
+pub(crate) fn forget(header: NonNull<RecordHeader>) {
     // SAFETY: the record is live and the caller's.
     let launched = unsafe { RecordHeader::ticket(header) }.with_mut(|ticket| {
         // SAFETY: the caller owns the record; the launcher's write is ordered before this read.
         unsafe { (*ticket).take() }
     });
-    let Some(launched) = launched else {
-        return false;
-    };
-    let ran = ticket(launched.index()).is_some_and(|t| t.state.ran(launched.generation()));
-    give_back(launched);
-    ran
+    if let Some(launched) = launched {
+        give_back(launched);
+    }
 }
 
 /// Calls `f` with every ticket handed out so far (some free, some in use).
