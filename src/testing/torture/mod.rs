@@ -120,6 +120,12 @@ extern "C" fn check_at_exit() {
         "TORTURE FAILED at exit: {after} driver calls after the driver's teardown by the crate's \
          threads"
     );
+    if after != 0 {
+        // Each line marked, so that the failure report keeps it.
+        for line in fake().after_teardown_report().lines() {
+            eprintln!("TORTURE after teardown: {line}");
+        }
+    }
     for v in violations {
         eprintln!("violation: {v}");
     }
@@ -232,7 +238,7 @@ pub fn report_failure(script: &Script, outcome: &Outcome) -> String {
         .output
         .lines()
         .filter(|l| l.contains("violation") || l.contains("TORTURE") || l.contains("panicked"))
-        .take(40)
+        .take(160)
         .collect();
     format!(
         "torture run of seed {} failed ({:?}); script: {}\n  replay: scripts/torture --replay {}\n  \

@@ -132,7 +132,7 @@ pub(crate) fn call(
     if let Some(code) = count_and_fault(export, base) {
         return code;
     }
-    if crate::teardown::refuse_call() {
+    if crate::teardown::refuse_call(export) {
         return DEINITIALIZED;
     }
     if !works_uninitialized(base) && !INITIALIZED.load(Ordering::Acquire) {

@@ -435,6 +435,27 @@ pub unsafe extern "C" fn fake_cuda_calls_after_teardown_by(prefix: *const c_char
     unsafe { text(prefix) }.map_or(0, crate::teardown::calls_after_teardown_by)
 }
 
+/// Writes what [`fake_cuda_calls_after_teardown_by`] counts as text into `buffer`, as
+/// [`fake_cuda_call_counts`] does: one line `thread export` per call after the teardown (the
+/// first 1000), then the stack of the first one made by a thread of `cuda-host-launch` (named
+/// `cuda-h…`). Returns the length of the whole text.
+///
+/// # Safety
+/// `buffer` has `len` writable bytes (or is null with `len` 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_after_teardown_report(buffer: *mut c_char, len: usize) -> usize {
+    let text = crate::teardown::report();
+    if !buffer.is_null() && len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: the caller passes `len` writable bytes at `buffer`; `n + 1 <= len`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buffer.cast::<u8>(), n);
+            buffer.add(n).write(0);
+        }
+    }
+    text.len()
+}
+
 /// Whether the context with `cuCtxGetId` `id` has a sticky error (1; see
 /// [`fake_cuda_poison_context`]) or not (0, also for a context that no longer lives).
 #[unsafe(no_mangle)]

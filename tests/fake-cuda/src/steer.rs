@@ -565,6 +565,26 @@ impl FakeCuda {
         unsafe { f(prefix.as_ptr()) }
     }
 
+    /// The driver calls made after the fake's teardown, as text: one line `thread export` per
+    /// call (the first 1000), then the stack of the first one by a thread whose name starts with
+    /// `cuda-h` (`cuda-host-launch`'s threads). For the message of a failed exit check.
+    pub fn after_teardown_report(&self) -> String {
+        let report = control!(
+            self,
+            fake_cuda_after_teardown_report: unsafe extern "C" fn(*mut c_char, usize) -> usize
+        );
+        let mut buffer = vec![0u8; 4096];
+        let len = loop {
+            // SAFETY: `buffer` has `buffer.len()` writable bytes.
+            let needed = unsafe { report(buffer.as_mut_ptr().cast(), buffer.len()) };
+            if needed < buffer.len() {
+                break needed;
+            }
+            buffer.resize(needed + 1, 0);
+        };
+        String::from_utf8_lossy(&buffer[..len]).into_owned()
+    }
+
     /// Whether the context with `cuCtxGetId` `id` lives with a sticky error (see
     /// [`poison_context`](Self::poison_context)).
     pub fn context_poisoned(&self, id: u64) -> bool {

@@ -29,16 +29,34 @@ pub(crate) fn register() {
     });
 }
 
-/// The threads (by name, as the operating system knows them) that called after the teardown.
-static CALLERS_AFTER: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// The calls after the teardown: the calling thread's name (as the operating system knows it)
+/// and the export called, the first 1000.
+static CALLERS_AFTER: std::sync::Mutex<Vec<(String, &'static str)>> =
+    std::sync::Mutex::new(Vec::new());
 
-/// Whether the driver was torn down; if so, counts the call (and its thread).
-pub(crate) fn refuse_call() -> bool {
+/// The stack of the first call after the teardown by a thread whose name starts with
+/// [`LIBRARY_THREADS`]: what a failed exit check prints.
+static FIRST_LIBRARY_CALL: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// The name prefix of the threads of the library under test (`cuda-host-launch`'s reaper and
+/// poller): whose calls after the teardown are worth a stack.
+const LIBRARY_THREADS: &str = "cuda-h";
+
+/// Whether the driver was torn down; if so, counts the call to `export` (and its thread).
+pub(crate) fn refuse_call(export: &'static str) -> bool {
     if TORN_DOWN.load(Ordering::SeqCst) {
         CALLS_AFTER.fetch_add(1, Ordering::SeqCst);
+        let thread = crate::oracle::this_thread_name();
+        if thread.starts_with(LIBRARY_THREADS) {
+            let mut first = FIRST_LIBRARY_CALL.lock().unwrap_or_else(|p| p.into_inner());
+            if first.is_none() {
+                let stack = std::backtrace::Backtrace::force_capture();
+                *first = Some(format!("{export} on {thread}:\n{stack}"));
+            }
+        }
         let mut callers = CALLERS_AFTER.lock().unwrap_or_else(|p| p.into_inner());
         if callers.len() < 1000 {
-            callers.push(crate::oracle::this_thread_name());
+            callers.push((thread, export));
         }
         return true;
     }
@@ -51,8 +69,25 @@ pub(crate) fn calls_after_teardown_by(prefix: &str) -> u64 {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .filter(|name| name.starts_with(prefix))
+        .filter(|(name, _)| name.starts_with(prefix))
         .count() as u64
+}
+
+/// The calls after the teardown as text: one line `thread export` per call (the first 1000),
+/// then the stack of the first call by the library's threads, if one called.
+pub(crate) fn report() -> String {
+    let mut text = String::new();
+    for (thread, export) in CALLERS_AFTER
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+    {
+        text.push_str(&format!("{thread} {export}\n"));
+    }
+    if let Some(stack) = &*FIRST_LIBRARY_CALL.lock().unwrap_or_else(|p| p.into_inner()) {
+        text.push_str(stack);
+    }
+    text
 }
 
 /// Driver calls made after the teardown.
