@@ -29,10 +29,17 @@ use std::time::{Duration, Instant};
 #[cfg(target_os = "linux")]
 pub(crate) const EXIT_WAIT: Duration = Duration::from_secs(1);
 
-/// Set by the exit handler: no release may start.
-static CLOSED: AtomicBool = AtomicBool::new(false);
-/// Releases in progress (batches being released, one per releasing thread and nesting level).
-static RELEASING: AtomicUsize = AtomicUsize::new(0);
+/// What the exit handler closes: whether the process is exiting, and how much work it must wait
+/// for. One per process ([`GATE`]); a value of its own in the unit tests.
+struct Gate {
+    /// Set by the exit handler: no release may start.
+    closed: AtomicBool,
+    /// Work in progress (releases, one per releasing thread and nesting level, and the event
+    /// poller's rounds).
+    in_progress: AtomicUsize,
+}
+
+static GATE: Gate = Gate::new();
 static ARM: Once = Once::new();
 
 thread_local! {
@@ -41,51 +48,83 @@ thread_local! {
     static DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
+/// One piece of work the exit handler waits for: counted from [`Gate::enter`] until dropped.
+struct Entry<'g>(&'g Gate);
+
+impl Gate {
+    const fn new() -> Gate {
+        Gate {
+            closed: AtomicBool::new(false),
+            in_progress: AtomicUsize::new(0),
+        }
+    }
+
+    /// Counts work in progress that the exit handler waits for, unless the process is exiting
+    /// (then counts nothing). The SeqCst pair (this increment then the look at `closed`, against
+    /// the handler's store to `closed` then its look at the count): either the handler sees this
+    /// work and waits for it, or this work sees the handler's mark and does not start.
+    #[inline]
+    fn enter(&self) -> Option<Entry<'_>> {
+        self.in_progress.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.in_progress.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        // Made only now: an `Entry` dropped un-counts, so one made for a refused entry would
+        // un-count someone else's work and end the handler's wait early.
+        Some(Entry(self))
+    }
+
+    /// No work starts from now on.
+    fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Work in progress.
+    fn in_progress(&self) -> usize {
+        self.in_progress.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Entry<'_> {
+    fn drop(&mut self) {
+        self.0.in_progress.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Whether the calling thread is releasing a batch of records (running an owner's `Drop` or the
 /// panic handler for the cleanup queue: the reaper, or a thread that drains).
 pub(crate) fn releasing_here() -> bool {
     DEPTH.with(Cell::get) > 0
 }
 
-/// Counts work in progress that the exit handler waits for, unless the process is exiting (then
-/// returns `false` and counts nothing). The SeqCst pair (this increment then the look at CLOSED,
-/// against the handler's store to CLOSED then its look at RELEASING): either the handler sees
-/// this work and waits for it, or this work sees the handler's mark and does not start.
-#[inline]
-fn enter() -> bool {
-    RELEASING.fetch_add(1, Ordering::SeqCst);
-    if CLOSED.load(Ordering::SeqCst) {
-        RELEASING.fetch_sub(1, Ordering::SeqCst);
-        return false;
-    }
-    true
-}
-
 /// A release in progress: the exit handler waits for it to end.
-pub(crate) struct Releasing(());
+pub(crate) struct Releasing(Entry<'static>);
 
 /// Begins a release, unless the process is exiting.
 #[inline]
 pub(crate) fn begin_releasing() -> Option<Releasing> {
-    if !enter() {
-        return None;
-    }
+    let entry = GATE.enter()?;
     DEPTH.with(|d| d.set(d.get() + 1));
-    Some(Releasing(()))
+    Some(Releasing(entry))
 }
 
 impl Releasing {
     /// Whether the process began to exit since: the release stops before its next record.
     #[inline]
     pub(crate) fn exit_began(&self) -> bool {
-        CLOSED.load(Ordering::Relaxed)
+        self.0.0.closed()
     }
 }
 
 impl Drop for Releasing {
     fn drop(&mut self) {
+        // Then the entry (a field) is dropped: the handler stops waiting for this release.
         DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
-        RELEASING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -93,18 +132,14 @@ impl Drop for Releasing {
 /// (the event poller's queries and callbacks): the exit handler waits for it as for a release,
 /// and it does not start once the process is exiting. Unlike [`begin_releasing`] it does not mark
 /// the thread as releasing (a callback may `flush`: the reaper releases, not this thread).
-pub(crate) struct DriverWork(());
+pub(crate) struct DriverWork {
+    _entry: Entry<'static>,
+}
 
 /// Begins driver work, unless the process is exiting.
 #[inline]
 pub(crate) fn begin_driver_work() -> Option<DriverWork> {
-    enter().then_some(DriverWork(()))
-}
-
-impl Drop for DriverWork {
-    fn drop(&mut self) {
-        RELEASING.fetch_sub(1, Ordering::SeqCst);
-    }
+    GATE.enter().map(|entry| DriverWork { _entry: entry })
 }
 
 /// For the reaper, before each batch: registers the exit handler once the driver is loaded (so it
@@ -115,7 +150,7 @@ pub(crate) fn arm_or_stop() {
     if !ARM.is_completed() && cuda_dl_sys::Driver::get().is_some() {
         arm();
     }
-    if CLOSED.load(Ordering::Relaxed) {
+    if GATE.closed() {
         loop {
             std::thread::park();
         }
@@ -142,10 +177,51 @@ extern "C" fn close_and_wait() {
     if crate::support::forked_child::is_forked_child() {
         return;
     }
-    CLOSED.store(true, Ordering::SeqCst);
+    GATE.close();
     let own = DEPTH.with(Cell::get);
     let deadline = Instant::now() + EXIT_WAIT;
-    while RELEASING.load(Ordering::SeqCst) > own && Instant::now() < deadline {
+    while GATE.in_progress() > own && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Gate;
+
+    /// Work that asks to start once the gate is closed is refused and counts nothing: the
+    /// handler goes on waiting for the work in progress, and for nothing else. (Found by the
+    /// torture harness: a refused poller round un-counted another round still running, so the
+    /// handler stopped waiting and that round queried the driver after its teardown.)
+    #[test]
+    fn a_refused_entry_leaves_the_count_of_work_in_progress_alone() {
+        let gate = Gate::new();
+        let running = gate.enter().expect("an open gate lets work start");
+        assert_eq!(gate.in_progress(), 1);
+        gate.close();
+        for _ in 0..3 {
+            assert!(gate.enter().is_none(), "a closed gate lets nothing start");
+        }
+        assert_eq!(
+            gate.in_progress(),
+            1,
+            "the running work is still waited for"
+        );
+        drop(running);
+        assert_eq!(gate.in_progress(), 0);
+    }
+
+    /// Each entry counts once and is un-counted once, nested or not.
+    #[test]
+    fn entries_count_until_they_are_dropped() {
+        let gate = Gate::new();
+        let a = gate.enter().unwrap();
+        let b = gate.enter().unwrap();
+        assert_eq!(gate.in_progress(), 2);
+        drop(a);
+        assert_eq!(gate.in_progress(), 1);
+        assert!(!gate.closed());
+        drop(b);
+        assert_eq!(gate.in_progress(), 0);
     }
 }
