@@ -209,6 +209,40 @@ isolated_test! {
         wait_for("the poller to exit", || cuda_workspace::testing::threads_named(POLLER) == 0);
     }
 
+    /// A callback that waits for its context (`cuCtxSetCurrent` failing for a while) keeps the
+    /// poller, though nothing else is pending and its idle time to exit is long over: once the
+    /// context can be made current, the callback runs. (Mutation testing: with the poller idle
+    /// when its queues were empty whatever waited, it exited holding the callback, which never
+    /// ran.)
+    fn a_callback_waiting_for_its_context_keeps_the_idle_poller(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_nanos(1),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&ran);
+        spawn_after(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        let before = fake().call_count("cuCtxSetCurrent");
+        fake().set_fault("cuCtxSetCurrent", 0, 201);
+        hold.release();
+        wait_for("the poller to try again and again", || {
+            fake().call_count("cuCtxSetCurrent") >= before + 5
+        });
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "its context could not be made current");
+        // Replaces the lasting failure with one that never comes.
+        fake().set_fault("cuCtxSetCurrent", u64::MAX, 201);
+        wait_for("the callback to run", || ran.load(Ordering::SeqCst) == 1);
+        flush(PATIENCE).unwrap();
+    }
+
     /// While a `spawn_after` callback blocks the event poller's round, `flush` cannot see that
     /// round end: it times out (`FlushTimedOut`), though the cleanup queue is empty; once the
     /// callback returns, a flush succeeds. (Mutation testing: with the pollers' barrier reporting
