@@ -827,10 +827,75 @@ isolated_test! {
         std::thread::sleep(Duration::from_millis(20));
         std::mem::forget(stream);
     }
+
+    /// A crate thread whose first round comes after the driver's teardown (the process began to
+    /// exit meanwhile) makes no driver call: the exit gate is armed before the thread starts,
+    /// not by its first round. Here the event poller, started by a release before the exit, is
+    /// held in its start hook until an exit handler that runs after the teardown lets it go.
+    /// Manual cleanup: no reaper arms the gate instead. (Found by the torture harness, seed 4:
+    /// the poller armed the gate in its first round, after the teardown, so the gate's handler
+    /// ran after the teardown, and the poller queried its events and released its pools.)
+    fn a_crate_thread_first_running_after_the_teardown_makes_no_driver_call(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        CUDA_HOST_LAUNCH_CLEANUP = "manual"
+    ) {
+        // SAFETY: a plain `extern "C"` handler; handlers run in reverse order, so this one runs
+        // after the driver's teardown (registered later, by the driver's load).
+        unsafe { libc::atexit(release_the_poller_after_the_teardown) };
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        cuda_host_launch::set_thread_settings(cuda_host_launch::ThreadSettings::new().on_start(
+            |which| {
+                if which == cuda_host_launch::CrateThread::EventPoller {
+                    while !POLLER_MAY_START.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+            },
+        ));
+        // Held until the process exits: the poller has an event to query.
+        let _hold = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream")
+            .into_token();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        wait_for("the poller's thread", || {
+            cuda_workspace::testing::threads_named(POLLER) == 1
+        });
+        std::mem::forget(stream);
+        std::mem::forget(context);
+        std::mem::forget(drops);
+    }
 }
 
-/// The exit check of the test above: fails the process (exit status 3) if the fake saw a call
-/// after its teardown.
+/// Lets the event poller of the test above start its first round.
+static POLLER_MAY_START: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The exit check of the test above, after the driver's teardown: lets the poller go, gives it
+/// time to call the driver (which it does at once when it may: its first round queries the
+/// event), and fails the process (exit status 3) if a crate thread did.
+extern "C" fn release_the_poller_after_the_teardown() {
+    if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
+        return;
+    }
+    POLLER_MAY_START.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while fake().calls_after_teardown_by("cuda-h") == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if fake().calls_after_teardown_by("cuda-h") != 0 {
+        eprintln!(
+            "driver calls after the teardown:\n{}",
+            fake().after_teardown_report()
+        );
+        // SAFETY: ends the process at once, as the failing verdict.
+        unsafe { libc::_exit(3) };
+    }
+}
+
+/// The exit check of `the_poller_makes_no_driver_call_after_the_drivers_teardown_at_exit`: fails
+/// the process (exit status 3) if the fake saw a call after its teardown.
 extern "C" fn calls_after_teardown_at_exit() {
     if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
         return;

@@ -23,11 +23,16 @@ pub const REAPER_LINGER_ENV: &str = "CUDA_HOST_LAUNCH_REAPER_LINGER_US";
 const DEFAULT_POLL: Duration = Duration::from_micros(50);
 const DEFAULT_LINGER: Duration = Duration::from_micros(2000);
 
-/// Makes sure whoever must drain is ready before a record can reach the queue: in reaper mode, that
-/// the reaper thread exists (so the first push can wake it). Returns the mode.
+/// Makes sure whoever must drain is ready before a record can reach the queue: the driver loaded
+/// and the exit handler registered, and in reaper mode, the reaper thread started (so the first
+/// push can wake it). Returns the mode.
 #[inline]
 pub(crate) fn prepare() -> Result<CleanupMode, Error> {
     forked_child::check()?;
+    // The driver loaded, then the exit handler registered (see `exit_gate`): by the crate's first
+    // launch, before the reaper starts.
+    cuda_dl_sys::driver()?;
+    exit_gate::arm();
     let mode = cleanup_mode()?;
     if mode == CleanupMode::Reaper && !QUEUE.has_reaper() {
         start_reaper()?;
@@ -82,10 +87,10 @@ fn reaper_loop() {
             continue;
         }
         idle_since = None;
-        // The driver is loaded by now (a record is queued only after a launch): relax this
-        // thread's capture interaction before it runs owners' `Drop`, and stop it at exit.
-        relaxed.enter_once_loaded();
+        // Stopped here at exit; the driver is loaded by now (a record is queued only after a
+        // launch): relax this thread's capture interaction before it runs owners' `Drop`.
         exit_gate::arm_or_stop();
+        relaxed.enter_once_loaded();
         release_batch(QUEUE.take_all(), &mut scratch);
     }
 }

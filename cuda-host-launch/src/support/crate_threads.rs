@@ -124,6 +124,8 @@ pub(crate) fn spawn(
     which: CrateThread,
     body: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    // Before the thread exists: its first driver call comes after the exit handler is in place.
+    crate::support::exit_gate::arm();
     let settings = thread_settings();
     let name = settings
         .name

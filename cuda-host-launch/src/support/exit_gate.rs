@@ -6,11 +6,15 @@
 //! the driver is torn down, or start one afterwards: a call into a library being destroyed, which
 //! may fail, hang or crash the exiting process.
 //!
-//! So the reaper, once the driver is loaded and before it releases anything, registers an exit
-//! handler (`atexit`; handlers run in the reverse order of registration, so this one runs before
-//! the teardown of a driver loaded and initialised earlier). The handler closes the gate: from then
-//! on no release starts (the reaper, a `drain`, a `flush`: each stops before its next record), and
-//! it waits, at most [`EXIT_WAIT`], for the releases in progress to finish. The records not
+//! So the crate registers an exit handler (`atexit`; handlers run in the reverse order of
+//! registration, so this one runs before the teardown of a driver loaded and initialised earlier)
+//! at its first launch and before it starts any thread of its own ([`arm`]), once the driver is
+//! loaded. Not later, from a thread's first round: a process may begin to exit meanwhile, and a
+//! handler registered during `exit` runs after the handlers before it, the driver's teardown
+//! among them, while the thread already calls the driver. The handler closes the gate: from then
+//! on no release starts (the reaper, a `drain`, a `flush`: each stops before its next record; nor
+//! a round of the event poller), and it waits, at most [`EXIT_WAIT`], for the releases in
+//! progress to finish. The records not
 //! released stay so, as the process ends: their owners' `Drop` does not run, as for any value alive
 //! at `exit`. A release that outlasts the wait (an owner's `Drop` that blocks) goes on while the
 //! process exits, as before.
@@ -142,14 +146,22 @@ pub(crate) fn begin_driver_work() -> Option<DriverWork> {
     GATE.enter().map(|entry| DriverWork { _entry: entry })
 }
 
-/// For the reaper, before each batch: registers the exit handler once the driver is loaded (so it
-/// runs before the driver's teardown), and once the process is exiting, parks the calling thread
-/// for good instead of returning.
+/// Registers the exit handler, once, if the driver is loaded (so that it runs before the driver's
+/// teardown). Called at each launch and before the crate starts a thread: so the handler is in
+/// place before any thread of the crate calls the driver, unless the process began to exit before
+/// the crate's first launch (a thread of the user's calling the crate while another exits).
+#[inline]
+pub(crate) fn arm() {
+    if !ARM.is_completed() && cuda_dl_sys::Driver::get().is_some() {
+        register();
+    }
+}
+
+/// For the crate's threads, before each batch or round: [`arm`], and once the process is exiting,
+/// parks the calling thread for good instead of returning.
 #[inline]
 pub(crate) fn arm_or_stop() {
-    if !ARM.is_completed() && cuda_dl_sys::Driver::get().is_some() {
-        arm();
-    }
+    arm();
     if GATE.closed() {
         loop {
             std::thread::park();
@@ -158,7 +170,7 @@ pub(crate) fn arm_or_stop() {
 }
 
 #[cold]
-fn arm() {
+fn register() {
     ARM.call_once(|| {
         #[cfg(target_os = "linux")]
         // SAFETY: `close_and_wait` is an `extern "C" fn()` that touches only this module's

@@ -14,8 +14,10 @@
 
 use cuda_dl_sys::types::CUstreamCaptureMode;
 
-/// Whether the calling thread is in relaxed mode yet, for a thread that may start before the
-/// driver is loaded (the reaper: it is started by the first launch, which loads the driver after).
+use crate::support::exit_gate;
+
+/// Whether the calling thread is in relaxed mode yet, for a thread that calls it before each batch
+/// (the reaper: the attempt is made again while it could not be made).
 pub(crate) struct RelaxedCaptureMode {
     settled: bool,
 }
@@ -38,10 +40,12 @@ impl RelaxedCaptureMode {
 }
 
 /// Puts the calling thread in relaxed capture-interaction mode. `None` if the driver is not
-/// loaded yet; `Some(false)` if the driver cannot (too old, or the call failed): the thread then
+/// loaded yet, or the process is exiting (no driver call once the exit gate is closed: see
+/// `exit_gate`); `Some(false)` if the driver cannot (too old, or the call failed): the thread then
 /// stays in its mode (the default, for a thread of ours).
 pub(crate) fn enter_relaxed_mode() -> Option<bool> {
     let driver = cuda_dl_sys::Driver::get()?;
+    let _work = exit_gate::begin_driver_work()?;
     let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: a valid place for the mode, read and overwritten with the thread's previous mode.
     // The mode only affects the calling thread.
