@@ -265,6 +265,102 @@ isolated_test! {
         drop(freed);
         // The test returns; the harness exits the process with all of this under way.
     }
+
+    /// At exit a release stops before its next record: a drain holds two owners in one batch and
+    /// is inside the first one's `Drop` when the process exits; that drop finishes, the second
+    /// owner is not dropped. The first `Drop` returns only after the crate's exit handler (which
+    /// waits its whole second for it) closed the gate: an exit handler of this test, registered
+    /// before the crate's (by the first launch), so run after it, lets it return. Manual cleanup:
+    /// no reaper. (Mutation testing: with the gate's "closed" answering no, the batch went on and
+    /// dropped the second owner during the exit.)
+    fn exit_stops_a_drain_before_its_next_record(CUDA_HOST_LAUNCH_CLEANUP = "manual") {
+        // SAFETY: `extern "C" fn()`s that read and store atomics (and `_exit` on failure);
+        // handlers run in reverse order: the check after the driver's teardown, the release of
+        // the first owner's `Drop` after the crate's handler and before the teardown.
+        assert_eq!(unsafe { libc::atexit(check_the_drain_stopped) }, 0);
+        let context = fake_primary_context();
+        assert_eq!(unsafe { libc::atexit(let_the_first_drop_return) }, 0);
+        let stream = Stream::new(&context).unwrap();
+        let first = OnDrop(Some(Box::new(|| {
+            DRAIN_AT_EXIT.first_started.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + PATIENCE;
+            while !DRAIN_AT_EXIT.first_may_return.load(Ordering::SeqCst) && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })));
+        let second = OnDrop(Some(Box::new(|| {
+            DRAIN_AT_EXIT.second_dropped.store(true, Ordering::SeqCst);
+        })));
+        host_launch(&stream, move || {
+            let _keep = &first;
+        })
+        .unwrap();
+        host_launch(&stream, move || {
+            let _keep = &second;
+        })
+        .unwrap();
+        // Both host functions ran: both records wait in the queue for a drain, one batch.
+        stream.synchronize().unwrap();
+        std::thread::spawn(|| {
+            drain();
+            DRAIN_AT_EXIT.drain_returned.store(true, Ordering::SeqCst);
+        });
+        let deadline = Instant::now() + PATIENCE;
+        while !DRAIN_AT_EXIT.first_started.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the drain never began the first owner's drop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::mem::forget(stream);
+        // The test returns; the harness exits the process with the drain inside the first drop.
+    }
+}
+
+/// What `exit_stops_a_drain_before_its_next_record` saw.
+struct DrainAtExit {
+    first_started: AtomicBool,
+    first_may_return: AtomicBool,
+    second_dropped: AtomicBool,
+    drain_returned: AtomicBool,
+}
+
+static DRAIN_AT_EXIT: DrainAtExit = DrainAtExit {
+    first_started: AtomicBool::new(false),
+    first_may_return: AtomicBool::new(false),
+    second_dropped: AtomicBool::new(false),
+    drain_returned: AtomicBool::new(false),
+};
+
+/// The exit handler that runs after the crate's: lets the first owner's `Drop` return, then
+/// waits for the drain to end its batch.
+extern "C" fn let_the_first_drop_return() {
+    if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
+        return;
+    }
+    DRAIN_AT_EXIT.first_may_return.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + PATIENCE;
+    while !DRAIN_AT_EXIT.drain_returned.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The verdict, after the driver's teardown: the drain returned, without the second owner.
+extern "C" fn check_the_drain_stopped() {
+    if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
+        return;
+    }
+    let failure = if !DRAIN_AT_EXIT.drain_returned.load(Ordering::SeqCst) {
+        Some("the drain did not return")
+    } else if DRAIN_AT_EXIT.second_dropped.load(Ordering::SeqCst) {
+        Some("the second owner was dropped after the process began to exit")
+    } else {
+        None
+    };
+    if let Some(failure) = failure {
+        eprintln!("exit test: {failure}");
+        // SAFETY: ends the process at once with a failure status (the parent test reports it).
+        unsafe { libc::_exit(3) };
+    }
 }
 
 /// A value that runs a closure when dropped.
