@@ -292,6 +292,11 @@ isolated_test! {
         let second = OnDrop(Some(Box::new(|| {
             DRAIN_AT_EXIT.second_dropped.store(true, Ordering::SeqCst);
         })));
+        // Held while both are launched: a launch in manual mode drains what is queued, so the
+        // first must not have run before the second is launched.
+        let hold = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream");
         host_launch(&stream, move || {
             let _keep = &first;
         })
@@ -300,6 +305,7 @@ isolated_test! {
             let _keep = &second;
         })
         .unwrap();
+        hold.release();
         // Both host functions ran: both records wait in the queue for a drain, one batch.
         stream.synchronize().unwrap();
         std::thread::spawn(|| {
