@@ -262,8 +262,12 @@ pub(crate) fn memory_bytes() -> usize {
 mod tests {
     use super::*;
 
+    /// Taken by the tests that grow the table or check that it does not grow (they share it).
+    static TABLE: Mutex<()> = Mutex::new(());
+
     #[test]
     fn tickets_given_back_are_reused_and_their_old_generation_is_stale() {
+        let _table = lock(&TABLE);
         let record = NonNull::<RecordHeader>::dangling();
         let none = ContextKey { handle: 0, id: 0 };
         let first = take(record, none).unwrap().id;
@@ -281,6 +285,27 @@ mod tests {
             ticket.state.claim_run(first.generation()),
             crate::record::launch_state::Claim::Skip
         );
+    }
+
+    /// Launches pending at once get distinct tickets across many chunks, each found again by its
+    /// index. (Mutation testing: with the directory sized `1 << (24 / 12)` chunks instead of
+    /// `1 << (24 - 12)`, the fifth chunk's first ticket indexed past the directory.)
+    #[test]
+    fn tickets_held_at_once_span_many_chunks() {
+        let _table = lock(&TABLE);
+        let record = NonNull::<RecordHeader>::dangling();
+        let none = ContextKey { handle: 0, id: 0 };
+        let held: Vec<TicketId> = (0..5 * CHUNK_LEN)
+            .map(|_| take(record, none).expect("a ticket").id)
+            .collect();
+        let mut indices: Vec<u32> = held.iter().map(|id| id.index()).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        assert_eq!(indices.len(), held.len(), "a ticket handed out twice");
+        assert!(held.iter().all(|id| ticket(id.index()).is_some()));
+        for id in held {
+            give_back(id);
+        }
     }
 
     #[test]
