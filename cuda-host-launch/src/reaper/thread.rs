@@ -30,9 +30,11 @@ const DEFAULT_LINGER: Duration = Duration::from_micros(2000);
 pub(crate) fn prepare() -> Result<CleanupMode, Error> {
     forked_child::check()?;
     // The driver loaded, then the exit handler registered (see `exit_gate`): by the crate's first
-    // launch, before the reaper starts.
-    cuda_dl_sys::driver()?;
-    exit_gate::arm();
+    // launch, before the reaper starts. Once armed, one load of a flag.
+    if !exit_gate::armed() {
+        cuda_dl_sys::driver()?;
+        exit_gate::arm();
+    }
     let mode = cleanup_mode()?;
     if mode == CleanupMode::Reaper && !QUEUE.has_reaper() {
         start_reaper()?;

@@ -154,9 +154,15 @@ pub(crate) fn begin_driver_work() -> Option<DriverWork> {
 /// the crate's first launch (a thread of the user's calling the crate while another exits).
 #[inline]
 pub(crate) fn arm() {
-    if !ARM.is_completed() && cuda_dl_sys::Driver::get().is_some() {
+    if !armed() && cuda_dl_sys::Driver::get().is_some() {
         register();
     }
+}
+
+/// Whether the exit handler is registered.
+#[inline]
+pub(crate) fn armed() -> bool {
+    ARM.is_completed()
 }
 
 /// For the crate's threads, before each batch or round: [`arm`], and once the process is exiting,
