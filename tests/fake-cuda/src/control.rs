@@ -108,14 +108,12 @@ pub unsafe extern "C" fn fake_cuda_driver_thread_call_count(name: *const c_char)
     calls::count_on_driver_threads(name)
 }
 
-/// Writes every call counter into `buffer` as text, one line per export name called so far:
-/// `export base count` (so a test can see which functions an operation called without knowing
-/// their names in advance). Writes at most `len` bytes, NUL-terminated when there is room, and
-/// returns the length of the whole text (without the NUL): call again with a larger buffer if that
-/// is `len` or more. `buffer` may be null when `len` is 0.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn fake_cuda_call_counts(buffer: *mut c_char, len: usize) -> usize {
-    let text = calls::counts_text();
+/// Writes `text` into `buffer`: at most `len` bytes, NUL-terminated when there is room. Returns
+/// the length of the whole text (without the NUL).
+///
+/// # Safety
+/// `buffer` has `len` writable bytes (or is null with `len` 0).
+unsafe fn write_text(text: &str, buffer: *mut c_char, len: usize) -> usize {
     if !buffer.is_null() && len > 0 {
         let n = text.len().min(len - 1);
         // SAFETY: the caller passes `len` writable bytes at `buffer`; `n + 1 <= len`.
@@ -125,6 +123,17 @@ pub unsafe extern "C" fn fake_cuda_call_counts(buffer: *mut c_char, len: usize) 
         }
     }
     text.len()
+}
+
+/// Writes every call counter into `buffer` as text, one line per export name called so far:
+/// `export base count` (so a test can see which functions an operation called without knowing
+/// their names in advance). Writes at most `len` bytes, NUL-terminated when there is room, and
+/// returns the length of the whole text (without the NUL): call again with a larger buffer if that
+/// is `len` or more. `buffer` may be null when `len` is 0.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_call_counts(buffer: *mut c_char, len: usize) -> usize {
+    // SAFETY: as the caller promises.
+    unsafe { write_text(&calls::counts_text(), buffer, len) }
 }
 
 /// How many driver objects of a kind are alive, for leak checks: `streams` (created and not yet
@@ -444,16 +453,8 @@ pub unsafe extern "C" fn fake_cuda_calls_after_teardown_by(prefix: *const c_char
 /// `buffer` has `len` writable bytes (or is null with `len` 0).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fake_cuda_after_teardown_report(buffer: *mut c_char, len: usize) -> usize {
-    let text = crate::teardown::report();
-    if !buffer.is_null() && len > 0 {
-        let n = text.len().min(len - 1);
-        // SAFETY: the caller passes `len` writable bytes at `buffer`; `n + 1 <= len`.
-        unsafe {
-            std::ptr::copy_nonoverlapping(text.as_ptr(), buffer.cast::<u8>(), n);
-            buffer.add(n).write(0);
-        }
-    }
-    text.len()
+    // SAFETY: as the caller promises.
+    unsafe { write_text(&crate::teardown::report(), buffer, len) }
 }
 
 /// Whether the context with `cuCtxGetId` `id` has a sticky error (1; see

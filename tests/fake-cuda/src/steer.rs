@@ -481,16 +481,7 @@ impl FakeCuda {
             self,
             fake_cuda_call_counts: unsafe extern "C" fn(*mut c_char, usize) -> usize
         );
-        let mut buffer = vec![0u8; 4096];
-        let len = loop {
-            // SAFETY: `buffer` has `buffer.len()` writable bytes.
-            let needed = unsafe { counts(buffer.as_mut_ptr().cast(), buffer.len()) };
-            if needed < buffer.len() {
-                break needed;
-            }
-            buffer.resize(needed + 1, 0);
-        };
-        String::from_utf8_lossy(&buffer[..len])
+        read_text(counts)
             .lines()
             .filter_map(|line| {
                 let mut fields = line.split(' ');
@@ -573,16 +564,7 @@ impl FakeCuda {
             self,
             fake_cuda_after_teardown_report: unsafe extern "C" fn(*mut c_char, usize) -> usize
         );
-        let mut buffer = vec![0u8; 4096];
-        let len = loop {
-            // SAFETY: `buffer` has `buffer.len()` writable bytes.
-            let needed = unsafe { report(buffer.as_mut_ptr().cast(), buffer.len()) };
-            if needed < buffer.len() {
-                break needed;
-            }
-            buffer.resize(needed + 1, 0);
-        };
-        String::from_utf8_lossy(&buffer[..len]).into_owned()
+        read_text(report)
     }
 
     /// Whether the context with `cuCtxGetId` `id` lives with a sticky error (see
@@ -730,4 +712,19 @@ plain_controls! {
     /// `CUDA_ERROR_DEINITIALIZED`): for an exit handler of a test, registered before the driver
     /// was initialised, so that it runs after the teardown.
     fn calls_after_teardown() -> u64 = fake_cuda_calls_after_teardown;
+}
+
+/// The text a control function that writes into a buffer (`fake_cuda_call_counts`, ...) returns,
+/// asking again with a larger buffer until it fits.
+fn read_text(write: unsafe extern "C" fn(*mut c_char, usize) -> usize) -> String {
+    let mut buffer = vec![0u8; 4096];
+    let len = loop {
+        // SAFETY: `buffer` has `buffer.len()` writable bytes.
+        let needed = unsafe { write(buffer.as_mut_ptr().cast(), buffer.len()) };
+        if needed < buffer.len() {
+            break needed;
+        }
+        buffer.resize(needed + 1, 0);
+    };
+    String::from_utf8_lossy(&buffer[..len]).into_owned()
 }
