@@ -393,6 +393,34 @@ isolated_test! {
         let new = Stream::new(&again).unwrap().ids_hint().unwrap();
         assert_ne!(new.context, ids.context, "a new id");
     }
+
+    /// The fake remembers a sticky error past the context's death: `context_poisoned` stays true
+    /// for the id the context had, after a reset too, and the context made again (another id)
+    /// starts clean. The torture oracle lets a graph's owners go before its replay ran when that
+    /// answer is true (the driver drops a poisoned context's launches); the answer turned false at
+    /// a reset between the oracle's looks, and the drop was reported as a violation (a CI
+    /// rehearsal's ASan torture, seed 1796222836).
+    fn a_sticky_error_stays_on_record_for_the_id_of_the_context_it_ended(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::AsRawStream;
+        load_fake_driver();
+        let device = Device::get(0).unwrap();
+        let context = PrimaryContext::retain(device).unwrap();
+        let old = Stream::new(&context).unwrap().ids_hint().unwrap().context;
+        assert!(!fake().context_poisoned(old), "poisoned before the error");
+        fake().poison_context(context.raw()).unwrap();
+        assert!(fake().context_poisoned(old));
+        // SAFETY: the test's only stream is dropped, and nothing else uses the context.
+        let reclaimed = unsafe { context.reset() };
+        assert!(matches!(reclaimed, Ok(0) | Err(_)), "{reclaimed:?}");
+        assert!(!fake().context_alive(old), "the reset ended the context");
+        assert!(fake().context_poisoned(old), "the error forgotten at the context's reset");
+        let new = Stream::new(&context).unwrap().ids_hint().unwrap().context;
+        assert_ne!(new, old);
+        assert!(fake().context_alive(new));
+        assert!(!fake().context_poisoned(new), "the context made again inherits the error");
+    }
 }
 
 fn begin_capture(stream: &Stream) {

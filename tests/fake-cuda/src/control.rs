@@ -457,8 +457,8 @@ pub unsafe extern "C" fn fake_cuda_after_teardown_report(buffer: *mut c_char, le
     unsafe { write_text(&crate::teardown::report(), buffer, len) }
 }
 
-/// Whether the context with `cuCtxGetId` `id` has a sticky error (1; see
-/// [`fake_cuda_poison_context`]) or not (0, also for a context that no longer lives).
+/// Whether the context with `cuCtxGetId` `id` has had a sticky error (1; see
+/// [`fake_cuda_poison_context`]): it lives with it, or died with it. 0 for one that never had.
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_context_poisoned(id: u64) -> u32 {
     u32::from(crate::oracle::context_poisoned(&lock(), id))

@@ -49,9 +49,11 @@ pub(crate) fn context_alive(st: &State, id: u64) -> bool {
     st.contexts.values().any(|c| c.id == id && c.usable())
 }
 
-/// Whether the context with id `id` has a sticky error (it lives on, but runs nothing).
+/// Whether the context with id `id` has had a sticky error: it lives on with it (running nothing),
+/// or died with it (ids are never reused, so the answer never goes back to `false`: a judgement
+/// that looks at it after the context's death sees what it would have seen before).
 pub(crate) fn context_poisoned(st: &State, id: u64) -> bool {
-    st.contexts.values().any(|c| c.id == id && c.is_poisoned())
+    st.died_poisoned.contains(&id) || st.contexts.values().any(|c| c.id == id && c.is_poisoned())
 }
 
 /// A prohibited call on the calling thread invalidated a capture.

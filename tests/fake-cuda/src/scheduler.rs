@@ -425,6 +425,11 @@ pub(crate) fn shut_down(mut st: Guard, ctx: usize) -> Guard {
     st.events.retain(|_, e| e.ctx != ctx);
     crate::memory::forget_registrations(ctx);
     crate::memory::forget_allocations(&mut st, ctx);
+    // Before the caller, still holding the lock, gives the context a new id or removes it.
+    if let Some(c) = st.contexts.get(&ctx).filter(|c| c.is_poisoned()) {
+        let id = c.id;
+        st.died_poisoned.insert(id);
+    }
     notify();
     st
 }

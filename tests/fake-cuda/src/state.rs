@@ -37,6 +37,8 @@ pub(crate) struct State {
     pub(crate) destructor: Option<Sender<(HostFn, usize)>>,
     /// Stream id → operations enqueued and completed (see `oracle.rs`).
     pub(crate) progress: crate::oracle::ProgressMap,
+    /// Ids of contexts that died with a sticky error (see `oracle::context_poisoned`).
+    pub(crate) died_poisoned: std::collections::BTreeSet<u64>,
     next_id: u64,
 }
 
@@ -54,6 +56,7 @@ static STATE: Mutex<State> = Mutex::new(State {
     allocations: BTreeMap::new(),
     destructor: None,
     progress: BTreeMap::new(),
+    died_poisoned: std::collections::BTreeSet::new(),
     next_id: 1,
 });
 

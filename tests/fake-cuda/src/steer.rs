@@ -567,8 +567,9 @@ impl FakeCuda {
         read_text(report)
     }
 
-    /// Whether the context with `cuCtxGetId` `id` lives with a sticky error (see
-    /// [`poison_context`](Self::poison_context)).
+    /// Whether the context with `cuCtxGetId` `id` has had a sticky error (see
+    /// [`poison_context`](Self::poison_context)): it lives with it, or died with it (a reset or
+    /// destroy does not make the answer `false`; the context made again has another id).
     pub fn context_poisoned(&self, id: u64) -> bool {
         control!(self, fake_cuda_context_poisoned: extern "C" fn(u64) -> u32)(id) != 0
     }
