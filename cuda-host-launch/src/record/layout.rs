@@ -357,4 +357,47 @@ mod tests {
         assert_eq!(offset % BYTES_ALIGN, 0);
         assert!(layout.size() >= offset + 24);
     }
+
+    /// A small payload that runs nothing.
+    struct Small([usize; 2]);
+
+    impl Payload for Small {
+        unsafe fn run(&mut self) {}
+    }
+
+    /// The addresses of three run-once records made one after another on a new thread (marked as
+    /// inside a host function if `in_host_function`), then released.
+    fn three_records(in_host_function: bool) -> [usize; 3] {
+        std::thread::spawn(move || {
+            let _mark = in_host_function.then(crate::HostFunctionScope::enter);
+            let records = [(); 3].map(|()| new_record(Small([0; 2])));
+            for record in records {
+                // SAFETY: made above, live, released once.
+                let panic = unsafe { RecordHeader::dispatch(record, Op::Release) };
+                assert!(panic.is_none());
+            }
+            records.map(|record| record.as_ptr().addr())
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Whether three records sit in consecutive slots from the first slot after a segment's
+    /// header, as a new thread's first records from the pool do.
+    fn pooled(addresses: [usize; 3]) -> bool {
+        let segment = pool::SLOT_SIZE * pool::SEGMENT_SLOTS;
+        addresses[0] % segment == pool::SLOT_SIZE
+            && addresses[1] == addresses[0] + pool::SLOT_SIZE
+            && addresses[2] == addresses[1] + pool::SLOT_SIZE
+    }
+
+    /// A small record is pooled on an ordinary thread, and boxed on a driver thread (inside a host
+    /// function), whose records are rare and would keep a segment of their own. (Mutation
+    /// testing: with the host-function test negated, the two were swapped and every test passed.)
+    #[test]
+    fn small_records_are_pooled_except_inside_host_functions() {
+        let pooling = !cfg!(feature = "unpooled-records");
+        assert_eq!(pooled(three_records(false)), pooling);
+        assert!(!pooled(three_records(true)));
+    }
 }
