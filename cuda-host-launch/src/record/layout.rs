@@ -358,11 +358,13 @@ mod tests {
         assert!(layout.size() >= offset + 24);
     }
 
-    /// A small payload that runs nothing.
+    /// A small payload: a counter of its runs and a word.
     struct Small([usize; 2]);
 
     impl Payload for Small {
-        unsafe fn run(&mut self) {}
+        unsafe fn run(&mut self) {
+            self.0[0] += 1;
+        }
     }
 
     /// The addresses of three run-once records made one after another on a new thread (marked as

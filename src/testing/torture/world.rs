@@ -881,6 +881,15 @@ impl World {
                 }
             }
         }
+        // Each run is a process of its own, so the fake's count is this run's. The world makes no
+        // event of its own: every event call is the crate's.
+        let unknown = fake.unknown_event_calls();
+        if unknown != 0 {
+            self.oracle.violation(format!(
+                "{unknown} event calls named an event that no longer exists (destroyed, or gone \
+                 with its context): on the real driver the handle may name another event"
+            ));
+        }
         let invalidations = fake.invalidations_by("cuda-h");
         if invalidations != 0 {
             self.oracle.violation(format!(

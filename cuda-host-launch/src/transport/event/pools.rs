@@ -1,5 +1,7 @@
 //! Events per context: created lazily in batches, reused once their completion was seen, bounded,
-//! and given back (destroyed, with the context's retain) when the poller goes idle.
+//! and given back (destroyed, with the context's retain) when the poller goes idle: destroyed only
+//! if the context still lives, since another binding's reset destroys them with it (see
+//! [`Pool::give_back`]).
 //!
 //! A pool exists only for a device's **primary** context, which the pool retains
 //! (`cuDevicePrimaryCtxRetain`) from its first event until it is given back: another binding's last
@@ -19,7 +21,7 @@ use std::ptr;
 
 use cuda_dl_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
-use crate::support::context_key::ContextKey;
+use crate::support::context_key::{ContextKey, Liveness};
 use crate::support::error::Error;
 use crate::support::fast_hash::FastHash;
 use crate::transport::primary_release;
@@ -145,7 +147,7 @@ impl Pools {
         for key in done {
             if let Some(pool) = self.by_context.remove(&key) {
                 released.push((pool.device, key.handle));
-                pool.give_back(driver);
+                pool.give_back(driver, key);
             }
         }
         released
@@ -163,7 +165,7 @@ impl Pools {
         }
         let pool = self.by_context.remove(&context)?;
         let device = pool.device;
-        pool.give_back(driver);
+        pool.give_back(driver, context);
         Some((device, context.handle))
     }
 
@@ -248,11 +250,26 @@ impl Pool {
     }
 
     /// Destroys the free events (the stranded ones are left to the context) and releases the
-    /// context.
-    fn give_back(self, driver: &cuda_dl_sys::Driver) {
-        for &event in &self.free {
-            // SAFETY: an event of this pool's retained context, not in use.
-            let _ = unsafe { driver.cuEventDestroy(ptr::with_exposed_provenance_mut(event)) };
+    /// context, `key`.
+    ///
+    /// The retain keeps the context from a last release, not from a reset: another binding's
+    /// `cuDevicePrimaryCtxReset` (`cudaDeviceReset`) destroys it with its events and makes a new
+    /// one at the handle, the retain count kept. The events' handles may then name other
+    /// bindings' events, so they are destroyed only if the handle still names this context (on a
+    /// driver without context ids, before 12.0, this cannot be told, and they are destroyed). A
+    /// look that fails leaves them to the context: a few events kept too long, never another's
+    /// destroyed.
+    fn give_back(self, driver: &cuda_dl_sys::Driver, key: ContextKey) {
+        let alive = key.id == 0
+            || Liveness::of_primary(driver, self.device, key.handle) == Liveness::Live(key.id);
+        if alive {
+            for &event in &self.free {
+                // SAFETY: an event of this pool's context, which still lives (looked at just
+                // above; a reset meanwhile would be another binding's use of the context while
+                // this crate's poller uses it, which the reset's own contract forbids); not in
+                // use.
+                let _ = unsafe { driver.cuEventDestroy(ptr::with_exposed_provenance_mut(event)) };
+            }
         }
         self.release(driver);
     }
