@@ -520,6 +520,46 @@ mod tests {
         on_a_thread(|| give_back(&take(3 * SEGMENT_SLOTS)));
     }
 
+    /// A thread that handed out every slot of its segment owes it nothing when it exits: the
+    /// segment, freed by its last slot, is on the free list once. (Mutation testing: with the
+    /// exit giving back its zero unissued slots, the release of 0 found the count at 0 and put the
+    /// segment on the free list a second time, for two threads to take at once.)
+    #[test]
+    fn a_thread_that_used_up_its_segment_gives_nothing_back_when_it_exits() {
+        let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+        let segment = on_a_thread(|| {
+            let slots = take(SEGMENT_SLOTS - 1);
+            let segment = segment_of(slots[0]);
+            assert!(slots.iter().all(|&s| segment_of(s) == segment));
+            give_back(&slots);
+            segment
+        });
+        let free = free_segments();
+        assert_eq!(
+            free.iter().filter(|&&s| s == segment).count(),
+            1,
+            "the used-up segment is on the free list once"
+        );
+        let mut distinct = free.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), free.len(), "a segment free twice");
+        assert_registry_consistent();
+    }
+
+    /// A record fits a slot up to the slot's size and alignment (nothing fits with the
+    /// `unpooled-records` feature). (Mutation testing: with the alignment test reversed, records
+    /// aligned more than a slot went to one, and every test passed.)
+    #[test]
+    fn records_fit_a_slot_up_to_its_size_and_alignment() {
+        let pooling = !cfg!(feature = "unpooled-records");
+        let largest = Layout::from_size_align(SLOT_SIZE, SLOT_ALIGN).unwrap();
+        assert_eq!(fits(largest), pooling);
+        assert_eq!(fits(Layout::new::<u8>()), pooling);
+        assert!(!fits(Layout::from_size_align(SLOT_SIZE + 1, 8).unwrap()));
+        assert!(!fits(Layout::from_size_align(16, 2 * SLOT_ALIGN).unwrap()));
+    }
+
     /// Every registered segment knows its place in the registry, once, and every free segment is
     /// registered.
     fn assert_registry_consistent() {
