@@ -277,6 +277,74 @@ isolated_test! {
         };
         assert!(matches!(result, Err(Error::ContextLost)), "{result:?}");
     }
+
+    /// Another binding resets the primary context (`cuDevicePrimaryCtxReset`, as
+    /// `cudaDeviceReset` does) while the event pool keeps free events of it, then makes events of
+    /// its own in the context made again (the driver may give them the destroyed events' handles).
+    /// When the poller goes idle and gives the old pool back, the other binding's events survive:
+    /// the pool destroys nothing of a context that is gone. The poller is kept from giving the
+    /// pool back before the reset by a long idle exit, then woken by a release in the new context
+    /// (no `flush`, which would forget the old pool first).
+    #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+    fn a_reset_by_another_binding_leaves_the_events_made_after_it_alone() {
+        use cuda_dl_sys::types::CUevent;
+        use cuda_host_launch::{PollerSettings, set_poller_settings};
+        let long = PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..PollerSettings::DEFAULT
+        };
+        set_poller_settings(long);
+        let gpu = Gpu::open();
+        let stream = Stream::new(&gpu.context).unwrap();
+        let counts = DropCounts::new(1);
+        release_after(&stream, counts.owner(0)).unwrap();
+        flush(PATIENCE).unwrap();
+        wait_for("the release", || counts.never() == 0);
+        drop(stream);
+        // Events of the context before the reset, to compare handles with (made after the pool's).
+        let make = |n: usize| -> Vec<CUevent> {
+            (0..n)
+                .map(|_| {
+                    let mut event: CUevent = std::ptr::null_mut();
+                    // SAFETY: a valid out-pointer; the context is current on this thread.
+                    unsafe { gpu.driver.cuEventCreate(&mut event, 0) }.unwrap();
+                    event
+                })
+                .collect()
+        };
+        let before = make(32);
+        // SAFETY: nothing made in the context before is used after the reset (the stream is
+        // dropped; `before` is only compared, never passed to the driver again).
+        unsafe { gpu.driver.cuDevicePrimaryCtxReset_v2(gpu.context.device().raw()) }.unwrap();
+        gpu.context.set_current().unwrap();
+        let after = make(256);
+        let reused = after.iter().filter(|e| before.contains(e)).count();
+        set_poller_settings(PollerSettings {
+            idle_exit: Duration::from_millis(5),
+            ..long
+        });
+        let stream = Stream::new(&gpu.context).unwrap();
+        let woken = DropCounts::new(1);
+        release_after(&stream, woken.owner(0)).unwrap();
+        wait_for("the release in the new context", || woken.never() == 0);
+        drop(stream);
+        wait_for("the poller to exit", || {
+            cuda_workspace::testing::threads_named(POLLER) == 0
+        });
+        for (i, &event) in after.iter().enumerate() {
+            // SAFETY: an event made above in the live context, not yet destroyed.
+            let query = unsafe { gpu.driver.cuEventQuery(event) };
+            assert!(query.is_ok(), "event {i} of {}: {query:?}", after.len());
+            // SAFETY: made above, destroyed once.
+            unsafe { gpu.driver.cuEventDestroy_v2(event) }.unwrap();
+        }
+        eprintln!(
+            "gpu_after: {reused} of {} events made after the reset got the handle of one of {} \
+             destroyed by it",
+            after.len(),
+            before.len()
+        );
+    }
 }
 
 #[test]
