@@ -158,8 +158,8 @@ fn place(affinity: &Affinity) {
         if cpus.is_empty() {
             return;
         }
-        // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET bounds-checks the index
-        // against the set's size (larger indices are ignored).
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; only indices below its size are set
+        // (`CPU_SET` indexes the set's words, and would panic past them).
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
             for cpu in cpus {

@@ -1,0 +1,166 @@
+//! How the crate starts its own threads (`set_thread_settings`): their names, the start hook, and
+//! where they may run (`Affinity`). A crate thread starts from a user's thread and would inherit
+//! its affinity; by default it widens it to the process's CPUs. Each case has a process of its own
+//! (the settings and the threads are process-wide), on the fake driver; the affinity cases need
+//! two CPUs, and pin the launching thread to the first. Linux only (affinity is set there alone).
+#![cfg(target_os = "linux")]
+
+use std::sync::{Arc, Mutex};
+
+use cuda_host_launch::{
+    Affinity, CrateThread, Stream, ThreadSettings, flush, host_launch, release_after,
+    set_thread_settings, thread_settings,
+};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{
+    Drops, PATIENCE, fake_driver_path, fake_primary_context, threads_named,
+};
+
+/// What each crate thread's start hook saw: which thread, and the CPUs it may run on.
+type Started = Arc<Mutex<Vec<(CrateThread, Vec<usize>)>>>;
+
+/// The CPUs the calling thread may run on.
+fn cpus_of_this_thread() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the size passed is its own.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: an index below the set's size.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin_this_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; `cpu` is below its size (a CPU the thread
+    // may use); the size passed is its own.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// Settings with a start hook that notes each thread and its CPUs into `started`.
+fn noting(settings: ThreadSettings, started: &Started) -> ThreadSettings {
+    let started = Arc::clone(started);
+    settings.on_start(move |which| {
+        started.lock().unwrap().push((which, cpus_of_this_thread()));
+    })
+}
+
+/// Starts the event poller from this thread (a release) and returns the CPUs its start hook saw.
+fn event_poller_cpus(started: &Started) -> Vec<usize> {
+    let stream = Stream::new(&fake_primary_context()).unwrap();
+    let drops = Drops::new();
+    release_after(&stream, drops.owner()).unwrap();
+    drops.wait_dropped(1);
+    let seen = started.lock().unwrap().clone();
+    seen.into_iter()
+        .find(|(which, _)| *which == CrateThread::EventPoller)
+        .expect("the event poller's start hook ran")
+        .1
+}
+
+/// The CPUs this process's threads may use, at least two (else the cases cannot tell affinities
+/// apart); the calling thread is then pinned to the first.
+fn two_cpus_and_pin_to_the_first() -> Vec<usize> {
+    let cpus = cpus_of_this_thread();
+    assert!(
+        cpus.len() >= 2,
+        "the affinity cases need two CPUs; this thread may use {cpus:?}"
+    );
+    pin_this_thread(cpus[0]);
+    assert_eq!(cpus_of_this_thread(), [cpus[0]]);
+    cpus
+}
+
+isolated_test! {
+    /// Threads started after `set_thread_settings` take its names and run its start hook once
+    /// each, first thing; `thread_settings` reads the settings back.
+    fn crate_threads_take_the_names_and_the_start_hook_set(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let started: Started = Arc::default();
+        set_thread_settings(noting(
+            ThreadSettings::new().name(|which| match which {
+                CrateThread::Reaper => "t-reaper".to_string(),
+                CrateThread::EventPoller => "t-events".to_string(),
+                _ => "t-other".to_string(),
+            }),
+            &started,
+        ));
+        let now = thread_settings();
+        assert!(now.name.is_some() && now.start.is_some(), "{now:?}");
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        let drops = Drops::new();
+        host_launch(&stream, {
+            let owner = drops.owner();
+            move || {
+                let _keep = &owner;
+            }
+        })
+        .unwrap();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(2);
+        flush(PATIENCE).unwrap();
+        assert_eq!(threads_named("t-reaper"), 1);
+        assert_eq!(threads_named("t-events"), 1);
+        assert_eq!(threads_named(CrateThread::Reaper.default_name()), 0);
+        let mut which: Vec<CrateThread> =
+            started.lock().unwrap().iter().map(|(which, _)| *which).collect();
+        which.sort_by_key(|w| format!("{w:?}"));
+        assert_eq!(which, [CrateThread::EventPoller, CrateThread::Reaper]);
+    }
+
+    /// By default a crate thread may run on every CPU of the process, though the thread that
+    /// started it was pinned to one. (Mutation testing: with no placement, or the process's CPUs
+    /// read as none or as one, it kept the launcher's single CPU and every test passed.)
+    fn a_crate_thread_widens_the_affinity_it_inherits_to_the_process(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let cpus = two_cpus_and_pin_to_the_first();
+        let started: Started = Arc::default();
+        set_thread_settings(noting(ThreadSettings::new(), &started));
+        assert_eq!(thread_settings().affinity, Affinity::Process);
+        assert_eq!(event_poller_cpus(&started), cpus);
+    }
+
+    /// `Affinity::Inherit` keeps the starting thread's affinity.
+    fn a_crate_thread_may_keep_the_affinity_it_inherits(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let cpus = two_cpus_and_pin_to_the_first();
+        let started: Started = Arc::default();
+        set_thread_settings(noting(
+            ThreadSettings::new().affinity(Affinity::Inherit),
+            &started,
+        ));
+        assert_eq!(event_poller_cpus(&started), [cpus[0]]);
+    }
+
+    /// `Affinity::Cpus` pins a crate thread to the CPUs named that the process may use; a CPU it
+    /// may not use is left out. (Mutation testing: with the filter's `||` as `&&`, or the set's
+    /// index test reversed, the thread kept the launcher's CPU.)
+    fn a_crate_thread_may_be_pinned_to_cpus_the_process_may_use(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let cpus = two_cpus_and_pin_to_the_first();
+        let started: Started = Arc::default();
+        let outside = (0..).find(|c| !cpus.contains(c)).unwrap();
+        set_thread_settings(noting(
+            ThreadSettings::new().affinity(Affinity::Cpus(vec![cpus[1], outside])),
+            &started,
+        ));
+        assert_eq!(event_poller_cpus(&started), [cpus[1]]);
+    }
+}
