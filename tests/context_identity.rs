@@ -394,6 +394,44 @@ isolated_test! {
         assert_ne!(new.context, ids.context, "a new id");
     }
 
+    /// A launch or a release on this crate's `Stream` takes the stream's context and ids from the
+    /// `Stream` (`context_hint`, `ids_hint`): it asks the driver for neither. (Mutation testing:
+    /// with `Stream`'s context hint gone, every launch asked `cuStreamGetCtx` and `cuCtxGetId`,
+    /// and every test passed.)
+    fn a_launch_on_a_crate_stream_asks_the_driver_for_neither_its_context_nor_its_ids(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        // The first of each starts the crate's threads and pools, which may ask.
+        host_launch(&stream, || {}).unwrap();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        let asked = || {
+            (
+                fake().call_count("cuStreamGetCtx"),
+                fake().call_count("cuCtxGetId"),
+            )
+        };
+        // This thread's calls only (the crate's threads, and a flush, look at contexts).
+        fake().focus_calls_on_this_thread(true);
+        let before = asked();
+        host_launch(&stream, {
+            let owner = drops.owner();
+            move || {
+                let _keep = &owner;
+            }
+        })
+        .unwrap();
+        release_after(&stream, drops.owner()).unwrap();
+        let after = asked();
+        fake().focus_calls_on_this_thread(false);
+        assert_eq!(after, before, "(cuStreamGetCtx, cuCtxGetId) calls");
+        drops.wait_dropped(3);
+    }
+
     /// The fake remembers a sticky error past the context's death: `context_poisoned` stays true
     /// for the id the context had, after a reset too, and the context made again (another id)
     /// starts clean. The torture oracle lets a graph's owners go before its replay ran when that
