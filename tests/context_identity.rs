@@ -394,10 +394,11 @@ isolated_test! {
         assert_ne!(new.context, ids.context, "a new id");
     }
 
-    /// A launch or a release on this crate's `Stream` takes the stream's context and ids from the
-    /// `Stream` (`context_hint`, `ids_hint`): it asks the driver for neither. (Mutation testing:
-    /// with `Stream`'s context hint gone, every launch asked `cuStreamGetCtx` and `cuCtxGetId`,
-    /// and every test passed.)
+    /// A launch or a release on this crate's `Stream` (or a reference to one, or an `Arc`) takes
+    /// the stream's context and ids from the `Stream` (`context_hint`, `ids_hint`): it asks the
+    /// driver for neither. (Mutation testing: with `Stream`'s context hint, or the reference's
+    /// or the `Arc`'s forwarding, gone, every launch asked `cuStreamGetCtx` and `cuCtxGetId`, and
+    /// every test passed.)
     fn a_launch_on_a_crate_stream_asks_the_driver_for_neither_its_context_nor_its_ids(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -426,10 +427,14 @@ isolated_test! {
         })
         .unwrap();
         release_after(&stream, drops.owner()).unwrap();
+        // Through a reference and an `Arc`, whose impls pass the hints on.
+        release_after(&&stream, drops.owner()).unwrap();
+        let shared = Arc::new(stream);
+        release_after(&shared, drops.owner()).unwrap();
         let after = asked();
         fake().focus_calls_on_this_thread(false);
         assert_eq!(after, before, "(cuStreamGetCtx, cuCtxGetId) calls");
-        drops.wait_dropped(3);
+        drops.wait_dropped(5);
     }
 
     /// The fake remembers a sticky error past the context's death: `context_poisoned` stays true
