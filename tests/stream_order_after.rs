@@ -138,6 +138,60 @@ isolated_test! {
         assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
     }
 
+    /// After another binding's reset of the primary context, a `flush` forgets the event pool of
+    /// the context that is gone and releases its retain at once, without touching its events
+    /// (the poller, kept by a long idle exit, would only give it back when idle). (Mutation
+    /// testing: with the event transport's `forget_gone` emptied, or the pools' handles not
+    /// listed for the flush's look, the retain stayed until the poller's idle exit.)
+    fn a_flush_forgets_the_pool_of_a_context_another_binding_reset(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::{PollerSettings, set_poller_settings};
+        set_poller_settings(PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..PollerSettings::DEFAULT
+        });
+        let device = cuda_host_launch::Device::get(0).unwrap();
+        let context = PrimaryContext::retain(device).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        drop(stream);
+        assert_eq!(fake().live_objects("primary_retains"), 2, "the user's and the pool's");
+        let unknown = fake().unknown_event_calls();
+        let driver = cuda_dl_sys::driver().unwrap();
+        // SAFETY: nothing made in the context is used after the reset (its stream is dropped).
+        unsafe { driver.cuDevicePrimaryCtxReset_v2(device.raw()) }.unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(fake().live_objects("primary_retains"), 1, "the pool's retain kept");
+        assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
+    }
+
+    /// A release whose event record the driver refuses gives its event back to the pool: the
+    /// pool has nothing out, so the poller still goes idle and gives the pool (and its retain of
+    /// the context) back. (Mutation testing: with the refused event kept out, the poller never
+    /// went idle and the context stayed retained, and every test passed.)
+    fn a_refused_record_gives_its_event_back(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        use cuda_host_launch::{PollerSettings, set_poller_settings};
+        set_poller_settings(PollerSettings {
+            idle_exit: Duration::from_millis(5),
+            ..PollerSettings::DEFAULT
+        });
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        fake().set_fault("cuEventRecord", 1, 999);
+        assert!(release_after(&stream, drops.owner()).is_err());
+        drops.wait_dropped(2);
+        wait_for("the poller to give the pool back", || {
+            fake().live_objects("primary_retains") == 1
+        });
+        drop(stream);
+    }
+
     /// `poller_settings` reads back what `set_poller_settings` set, `Duration::MAX` spin included.
     fn the_poller_settings_read_back_as_set(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         use cuda_host_launch::{PollerSettings, poller_settings, set_poller_settings};
