@@ -1,0 +1,90 @@
+//! The low-latency transport's flag pages (4 KiB of host memory, page-aligned, registered with
+//! the driver) live as long as their context: a page is kept for the context's next completions,
+//! and freed once the context is gone. Counted by a global allocator that notes the live
+//! allocations of a page's layout (nothing else in these cases makes one: no launch, so no record
+//! pool segment). Each case in a process of its own, on the fake driver.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+use std::time::{Duration, Instant};
+
+use cuda_host_launch::{CompletionMode, Device, PrimaryContext, Stream, flush};
+use cuda_workspace::isolated_test;
+use cuda_workspace::testing::{PATIENCE, fake_driver_path};
+
+/// Live allocations of 4096 bytes aligned to 4096.
+static PAGES: AtomicIsize = AtomicIsize::new(0);
+
+struct CountingPages;
+
+fn is_page(layout: Layout) -> bool {
+    layout.size() == 4096 && layout.align() == 4096
+}
+
+// SAFETY: every call is passed on to the system allocator as it came; only a count is kept beside.
+unsafe impl GlobalAlloc for CountingPages {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { System.alloc(layout) };
+        if is_page(layout) && !p.is_null() {
+            PAGES.fetch_add(1, Ordering::SeqCst);
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if is_page(layout) && !p.is_null() {
+            PAGES.fetch_add(1, Ordering::SeqCst);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        if is_page(layout) {
+            PAGES.fetch_sub(1, Ordering::SeqCst);
+        }
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(p, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingPages = CountingPages;
+
+/// Polls `future` until it resolves (bounded by `PATIENCE`).
+fn resolve<F: std::future::Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "the completion never resolved");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+isolated_test! {
+    /// One page serves a context's completions, one after another; the context's reset frees
+    /// it. (Mutation testing: with the page's `Drop` emptied, its memory leaked at every lost
+    /// context, and every test passed.)
+    fn a_contexts_flag_page_is_kept_for_its_completions_and_freed_when_it_is_gone(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let before = PAGES.load(Ordering::SeqCst);
+        for _ in 0..3 {
+            resolve(CompletionMode::LowLatency.completion(&stream).unwrap()).unwrap();
+        }
+        assert_eq!(PAGES.load(Ordering::SeqCst), before + 1, "pages for three completions");
+        drop(stream);
+        // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
+        unsafe { context.reset() }.unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(PAGES.load(Ordering::SeqCst), before, "the reset context's page is not freed");
+    }
+}
