@@ -428,6 +428,10 @@ isolated_test! {
         .unwrap();
         release_after(&stream, drops.owner()).unwrap();
         // Through a reference and an `Arc`, whose impls pass the hints on.
+        #[allow(
+            clippy::needless_borrows_for_generic_args,
+            reason = "through `&Stream`'s impl of `AsRawStream`"
+        )]
         release_after(&&stream, drops.owner()).unwrap();
         let shared = Arc::new(stream);
         release_after(&shared, drops.owner()).unwrap();
