@@ -295,6 +295,29 @@ impl Wake for CountingWaker {
 }
 
 isolated_test! {
+    /// `flush` waits for the low-latency poller's round: a `LowLatency` future whose flag the
+    /// stream wrote before the flush (the stream synchronized) has been woken when `flush`
+    /// returns. (Mutation testing: with the wait for that poller answering "done" at once, the
+    /// flush returned before the poller's next look, and every test passed.)
+    fn flush_waits_for_the_low_latency_pollers_round(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        for round in 0..20 {
+            let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+            let mut future = Box::pin(CompletionMode::LowLatency.completion(&stream).unwrap());
+            let counter = Arc::new(CountingWaker::default());
+            let waker = Waker::from(Arc::clone(&counter));
+            assert!(future.as_mut().poll(&mut Context::from_waker(&waker)).is_pending());
+            hold.release();
+            stream.synchronize().unwrap();
+            flush(cuda_workspace::testing::PATIENCE).unwrap();
+            assert!(
+                counter.0.load(Ordering::SeqCst) > 0,
+                "round {round}: not woken when the flush returned"
+            );
+            assert!(future.as_mut().poll(&mut Context::from_waker(&waker)).is_ready());
+        }
+    }
+
     /// A future that a context loss resolves to `ContextLost` wakes its task: each future (a
     /// completion in each mode that can wait, and a `host_launch_async`) is polled once, pending,
     /// with a waker that counts; after the sticky error and the reset, every waker is woken
