@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cuda_host_launch::{CompletionMode, Device, PrimaryContext, Stream, flush};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{PATIENCE, fake_driver_path};
+use std::sync::Arc;
 
 /// Live allocations of 4096 bytes aligned to 4096.
 static PAGES: AtomicIsize = AtomicIsize::new(0);
@@ -87,4 +88,67 @@ isolated_test! {
         flush(PATIENCE).unwrap();
         assert_eq!(PAGES.load(Ordering::SeqCst), before, "the reset context's page is not freed");
     }
+
+    /// Another binding resets device 0's primary context; the next completion there (no flush
+    /// between) finds the pages of the context that is gone at the handle, frees them and makes
+    /// a page of its own; device 1's page is untouched and still serves. (Mutation testing: with
+    /// any of the tests that pick the gone pages changed, the old page was kept, or device 1's
+    /// was dropped, and every test passed.)
+    fn a_completion_in_a_context_made_again_frees_the_gone_contexts_pages(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        FAKE_CUDA_DEVICES = "2"
+    ) {
+        let (zero, one, before) = pages_on_two_devices();
+        let stream = foreign_reset(&zero);
+        // No flush: a flush would free the gone context's page first.
+        complete(&stream);
+        assert_eq!(PAGES.load(Ordering::SeqCst), before + 2, "device 0's new page, device 1's");
+        complete(&Stream::new(&one).unwrap());
+        assert_eq!(PAGES.load(Ordering::SeqCst), before + 2, "device 1's page replaced");
+    }
+
+    /// After another binding's reset of device 0's primary context, a `flush` frees the gone
+    /// context's page; device 1's page is kept and still serves. (Mutation testing: with the
+    /// low-latency handles not listed for the flush's look, or the pages of the live contexts
+    /// dropped instead of the gone one's, and every test passed.)
+    fn a_flush_frees_the_page_of_a_context_another_binding_reset(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        FAKE_CUDA_DEVICES = "2"
+    ) {
+        let (zero, one, before) = pages_on_two_devices();
+        let _stream = foreign_reset(&zero);
+        flush(PATIENCE).unwrap();
+        assert_eq!(PAGES.load(Ordering::SeqCst), before + 1, "device 0's page kept");
+        complete(&Stream::new(&one).unwrap());
+        assert_eq!(PAGES.load(Ordering::SeqCst), before + 1, "device 1's page replaced");
+    }
+}
+
+/// One low-latency completion on `stream`, resolved.
+fn complete(stream: &Stream) {
+    resolve(CompletionMode::LowLatency.completion(stream).unwrap()).unwrap();
+}
+
+/// Devices 0 and 1 retained, a completion on each: their contexts, and the count of pages before.
+fn pages_on_two_devices() -> (Arc<PrimaryContext>, Arc<PrimaryContext>, isize) {
+    let zero = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+    let one = PrimaryContext::retain(Device::get(1).unwrap()).unwrap();
+    let before = PAGES.load(Ordering::SeqCst);
+    complete(&Stream::new(&zero).unwrap());
+    complete(&Stream::new(&one).unwrap());
+    assert_eq!(
+        PAGES.load(Ordering::SeqCst),
+        before + 2,
+        "a page per context"
+    );
+    (zero, one, before)
+}
+
+/// Resets `context` as another binding would (`cuDevicePrimaryCtxReset`, nothing of the crate's
+/// in flight), and returns a stream of the context made again.
+fn foreign_reset(context: &Arc<PrimaryContext>) -> Stream {
+    let driver = cuda_dl_sys::driver().unwrap();
+    // SAFETY: every stream of the context is dropped; nothing made in it is used after.
+    unsafe { driver.cuDevicePrimaryCtxReset_v2(context.device().raw()) }.unwrap();
+    Stream::new(context).unwrap()
 }
