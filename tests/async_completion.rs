@@ -282,6 +282,21 @@ isolated_test! {
     }
 }
 
+/// Polls `future` until it is ready (a no-op waker; bounded by `PATIENCE`).
+fn ready<F: Future + ?Sized>(mut future: std::pin::Pin<&mut F>) -> F::Output {
+    let deadline = std::time::Instant::now() + cuda_workspace::testing::PATIENCE;
+    loop {
+        if let Poll::Ready(out) = future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            return out;
+        }
+        assert!(std::time::Instant::now() < deadline, "never ready");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
 /// A waker that counts its wake-ups.
 #[derive(Default)]
 struct CountingWaker(AtomicUsize);
@@ -295,6 +310,40 @@ impl Wake for CountingWaker {
 }
 
 isolated_test! {
+    /// A `LowLatency` future of a context that another binding resets after a sticky error (its
+    /// flag will never be written) waits in the poller while a completion in the context made
+    /// again at the handle drops the gone context's pages; the next flush still resolves it to
+    /// `ContextLost`, since the poller lists the contexts of what it holds. (Mutation testing:
+    /// with new contexts never added to that list, the future waited for ever.)
+    fn a_lost_low_latency_future_fails_after_its_contexts_pages_went(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::{Device, PrimaryContext};
+        let device = Device::get(0).unwrap();
+        let context = PrimaryContext::retain(device).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let mut lost = Box::pin(CompletionMode::LowLatency.completion(&stream).unwrap());
+        let waker = Waker::from(Arc::new(CountingWaker::default()));
+        assert!(lost.as_mut().poll(&mut Context::from_waker(&waker)).is_pending());
+        // A poller round: the future is the poller's now.
+        flush(cuda_workspace::testing::PATIENCE).unwrap();
+        fake().poison_context(context.raw()).expect("the fake could not poison the context");
+        hold.release();
+        drop(stream);
+        let driver = cuda_dl_sys::driver().unwrap();
+        // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
+        unsafe { driver.cuDevicePrimaryCtxReset_v2(device.raw()) }.unwrap();
+        // No flush before this completion: it finds the gone context's pages and drops them.
+        let stream = Stream::new(&context).unwrap();
+        let mut fresh = pin!(CompletionMode::LowLatency.completion(&stream).unwrap());
+        let result = ready(fresh.as_mut());
+        assert!(result.is_ok(), "{result:?}");
+        flush(cuda_workspace::testing::PATIENCE).unwrap();
+        let result = ready(lost.as_mut());
+        assert!(matches!(result, Err(Error::ContextLost)), "{result:?}");
+    }
+
     /// `flush` waits for the low-latency poller's round: a `LowLatency` future whose flag the
     /// stream wrote before the flush (the stream synchronized) has been woken when `flush`
     /// returns. (Mutation testing: with the wait for that poller answering "done" at once, the
