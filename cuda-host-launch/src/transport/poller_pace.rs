@@ -278,6 +278,38 @@ mod tests {
         );
     }
 
+    /// The thread's CPU time is counted (a system call) before every park, and while spinning
+    /// once a millisecond at most. (Mutation testing: with the test reversed or its `||` as `&&`,
+    /// it was counted on every spinning round, or not before a park, and every test passed.)
+    #[test]
+    fn the_cpu_time_is_counted_before_each_park_and_once_a_millisecond_while_spinning() {
+        let settings = PollerSettings::DEFAULT;
+        let mut pace = Pace::start();
+        let t0 = pace.counted_at;
+        let micros = Duration::from_micros;
+        let news = Round {
+            progress: true,
+            ..PENDING
+        };
+        let spin = pace.after_round(t0 + micros(10), news, &settings);
+        assert_eq!(spin, Some(Wait::Spin));
+        assert_eq!(pace.counted_at, t0, "counted while spinning within the millisecond");
+        let t1 = t0 + CPU_COUNT_EVERY;
+        assert_eq!(pace.after_round(t1, news, &settings), Some(Wait::Spin));
+        assert_eq!(pace.counted_at, t1, "not counted a millisecond into spinning");
+        let t2 = t1 + micros(100);
+        let park = pace.after_round(t2, PENDING, &settings);
+        assert!(matches!(park, Some(Wait::Park(_))), "{park:?}");
+        assert_eq!(pace.counted_at, t2, "not counted before a park");
+        let idle = Round {
+            pending: false,
+            ..PENDING
+        };
+        let t3 = t2 + micros(1);
+        assert_eq!(pace.after_round(t3, idle, &settings), None);
+        assert_eq!(pace.counted_at, t3, "not counted before the idle park");
+    }
+
     #[test]
     fn low_latency_spins_and_queries_without_pause_and_keeps_the_other_defaults() {
         // The documented settings (mutation testing: without its `query_gap`, LOW_LATENCY kept
