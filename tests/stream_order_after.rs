@@ -192,6 +192,46 @@ isolated_test! {
         drop(stream);
     }
 
+    /// An event taken for a release is out of its pool from the take: a poller going idle
+    /// meanwhile (before the release reaches it) keeps the pool, and with it that event and the
+    /// context's retain. Here the release's `cuEventRecord` waits (in a hook) for up to half a
+    /// second for the poller to exit; it must not, and the record names a live event. (Mutation
+    /// testing: with the take not counted out, the idle poller gave the pool back, destroying
+    /// the event about to be recorded.)
+    fn an_idle_poller_keeps_the_pool_of_an_event_being_recorded(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::{PollerSettings, set_poller_settings};
+        set_poller_settings(PollerSettings {
+            idle_exit: Duration::from_millis(5),
+            ..PollerSettings::DEFAULT
+        });
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        let unknown = fake().unknown_event_calls();
+        let exited = Arc::new(AtomicUsize::new(0));
+        fake().set_hook("cuEventRecord", 1, {
+            let exited = Arc::clone(&exited);
+            move || {
+                let deadline = Instant::now() + Duration::from_millis(500);
+                while Instant::now() < deadline {
+                    if cuda_workspace::testing::threads_named("cuda-hl-events") == 0 {
+                        exited.store(1, Ordering::SeqCst);
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(2);
+        assert_eq!(exited.load(Ordering::SeqCst), 0, "the poller exited with an event out");
+        assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
+    }
+
     /// `poller_settings` reads back what `set_poller_settings` set, `Duration::MAX` spin included.
     fn the_poller_settings_read_back_as_set(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         use cuda_host_launch::{PollerSettings, poller_settings, set_poller_settings};

@@ -293,10 +293,16 @@ mod tests {
         };
         let spin = pace.after_round(t0 + micros(10), news, &settings);
         assert_eq!(spin, Some(Wait::Spin));
-        assert_eq!(pace.counted_at, t0, "counted while spinning within the millisecond");
+        assert_eq!(
+            pace.counted_at, t0,
+            "counted while spinning within the millisecond"
+        );
         let t1 = t0 + CPU_COUNT_EVERY;
         assert_eq!(pace.after_round(t1, news, &settings), Some(Wait::Spin));
-        assert_eq!(pace.counted_at, t1, "not counted a millisecond into spinning");
+        assert_eq!(
+            pace.counted_at, t1,
+            "not counted a millisecond into spinning"
+        );
         let t2 = t1 + micros(100);
         let park = pace.after_round(t2, PENDING, &settings);
         assert!(matches!(park, Some(Wait::Park(_))), "{park:?}");
