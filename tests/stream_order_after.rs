@@ -232,6 +232,117 @@ isolated_test! {
         assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
     }
 
+    /// A release stranded by a capture (begun during its record) gives back only the pools with
+    /// nothing out and an event stranded: neither its own context's pool while another of its
+    /// events is out, nor another context's idle pool. (Mutation testing: with the pick's `&&` as
+    /// `||`, the pool went with an event out, its context's retain released under the poller;
+    /// with `stranded >= 0`, every idle pool went.)
+    fn a_stranded_release_gives_back_no_pool_with_an_event_out_and_no_idle_one(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        FAKE_CUDA_DEVICES = "2"
+    ) {
+        use cuda_host_launch::{Device, PollerSettings, set_poller_settings};
+        set_poller_settings(PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..PollerSettings::DEFAULT
+        });
+        let zero = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let one = PrimaryContext::retain(Device::get(1).unwrap()).unwrap();
+        // Device 1: an idle pool (its release completed).
+        let idle = Stream::new(&one).unwrap();
+        let done = Drops::new();
+        release_after(&idle, done.owner()).unwrap();
+        done.wait_dropped(1);
+        // Device 0: a release waiting behind a hold (its event out), then one stranded.
+        let held = Stream::new(&zero).unwrap();
+        let hold = fake().hold_stream(held.raw()).expect("the fake could not hold the stream");
+        let waiting = Drops::new();
+        release_after(&held, waiting.owner()).unwrap();
+        let captured = Stream::new(&zero).unwrap();
+        let raw = SendStream::of(&captured);
+        fake().set_hook("cuEventRecord", 1, move || {
+            std::thread::spawn(move || {
+                begin_capture(
+                    raw.raw(),
+                    CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                )
+            })
+            .join()
+            .unwrap();
+        });
+        let destroys = fake().call_count("cuEventDestroy");
+        let stranded = Drops::new();
+        let result = release_after(&captured, stranded.owner());
+        assert!(matches!(result, Err(Error::CaptureActive { .. })), "{result:?}");
+        assert_eq!(
+            fake().call_count("cuEventDestroy"),
+            destroys,
+            "a pool was given back"
+        );
+        assert_eq!(
+            fake().live_objects("primary_retains"),
+            2,
+            "device 0's pool let go with an event out"
+        );
+        destroy_graph(end_capture(captured.raw()).unwrap());
+        hold.release();
+        waiting.wait_dropped(1);
+    }
+
+    /// The process's first release, refused by the driver at its record: no poller runs to give
+    /// the pool back later, so the refusal gives it back at once, with its retain of the context.
+    /// (Mutation testing: with that give-back answering "not idle", the pool kept the context
+    /// retained for good.)
+    fn a_refused_first_release_gives_its_pool_back_at_once(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        fake().set_fault("cuEventRecord", 1, 999);
+        let drops = Drops::new();
+        assert!(release_after(&stream, drops.owner()).is_err());
+        assert_eq!(drops.dropped(), 1);
+        assert_eq!(fake().live_objects("primary_retains"), 1, "the pool kept its retain");
+    }
+
+    /// A refused release gives its pool back only if no other event of it is out: here the
+    /// refusal comes while another thread's release, the first of the process (no poller yet),
+    /// is inside its record. (Mutation testing: with the test reversed, the pool went with the
+    /// other event out, and its context's retain with it.)
+    fn a_refused_release_keeps_the_pool_of_another_threads_event_out(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let raw = SendStream::of(&stream);
+        let retains_meanwhile = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        // The other thread's record, counted first (the hook runs before the first release's
+        // call is counted), is refused.
+        fake().set_fault("cuEventRecord", 1, 999);
+        fake().set_hook("cuEventRecord", 1, {
+            let retains_meanwhile = Arc::clone(&retains_meanwhile);
+            move || {
+                std::thread::spawn(move || {
+                    // SAFETY: the stream lives until the first release returns, after this.
+                    let stream = unsafe { cuda_host_launch::RawStream::from_raw(raw.raw()) };
+                    let refused = release_after(&stream, ());
+                    assert!(refused.is_err(), "{refused:?}");
+                })
+                .join()
+                .unwrap();
+                retains_meanwhile.store(fake().live_objects("primary_retains"), Ordering::SeqCst);
+            }
+        });
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        assert_eq!(
+            retains_meanwhile.load(Ordering::SeqCst),
+            2,
+            "the pool let go while the first release's event was out"
+        );
+    }
+
     /// `poller_settings` reads back what `set_poller_settings` set, `Duration::MAX` spin included.
     fn the_poller_settings_read_back_as_set(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         use cuda_host_launch::{PollerSettings, poller_settings, set_poller_settings};
