@@ -325,7 +325,7 @@ isolated_test! {
                 std::thread::spawn(move || {
                     // SAFETY: the stream lives until the first release returns, after this.
                     let stream = unsafe { cuda_host_launch::RawStream::from_raw(raw.raw()) };
-                    let refused = release_after(&stream, ());
+                    let refused = release_after(stream, ());
                     assert!(refused.is_err(), "{refused:?}");
                 })
                 .join()
