@@ -334,6 +334,11 @@ isolated_test! {
         let driver = cuda_dl_sys::driver().unwrap();
         // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
         unsafe { driver.cuDevicePrimaryCtxReset_v2(device.raw()) }.unwrap();
+        // The other binding's next call retains the device again (on the real driver the context
+        // stays destroyed until then), kept to the process's end.
+        let mut again = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { driver.cuDevicePrimaryCtxRetain(&mut again, device.raw()) }.unwrap();
         // No flush before this completion: it finds the gone context's pages and drops them.
         let stream = Stream::new(&context).unwrap();
         let mut fresh = pin!(CompletionMode::LowLatency.completion(&stream).unwrap());

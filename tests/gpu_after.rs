@@ -313,9 +313,16 @@ isolated_test! {
                 .collect()
         };
         let before = make(32);
+        let device = gpu.context.device().raw();
         // SAFETY: nothing made in the context before is used after the reset (the stream is
         // dropped; `before` is only compared, never passed to the driver again).
-        unsafe { gpu.driver.cuDevicePrimaryCtxReset_v2(gpu.context.device().raw()) }.unwrap();
+        unsafe { gpu.driver.cuDevicePrimaryCtxReset_v2(device) }.unwrap();
+        // The other binding retains the device again (as the runtime does at its next call) and
+        // makes events in the context made again.
+        let mut again: cuda_dl_sys::types::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; released at the end.
+        unsafe { gpu.driver.cuDevicePrimaryCtxRetain(&mut again, device) }.unwrap();
+        assert_eq!(again, gpu.context.raw(), "the primary context keeps its handle");
         gpu.context.set_current().unwrap();
         let after = make(256);
         let reused = after.iter().filter(|e| before.contains(e)).count();
@@ -338,6 +345,8 @@ isolated_test! {
             // SAFETY: made above, destroyed once.
             unsafe { gpu.driver.cuEventDestroy_v2(event) }.unwrap();
         }
+        // SAFETY: retained above.
+        unsafe { gpu.driver.cuDevicePrimaryCtxRelease_v2(device) }.unwrap();
         eprintln!(
             "gpu_after: {reused} of {} events made after the reset got the handle of one of {} \
              destroyed by it",

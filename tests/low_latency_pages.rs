@@ -145,10 +145,19 @@ fn pages_on_two_devices() -> (Arc<PrimaryContext>, Arc<PrimaryContext>, isize) {
 }
 
 /// Resets `context` as another binding would (`cuDevicePrimaryCtxReset`, nothing of the crate's
-/// in flight), and returns a stream of the context made again.
+/// in flight), then retains it again as that binding's next call does (on the H200 the context
+/// stays destroyed until a retain makes it again: `tools/probes/reset_and_register.c`), and
+/// returns a stream of the context made again. The second retain is kept to the process's end.
 fn foreign_reset(context: &Arc<PrimaryContext>) -> Stream {
     let driver = cuda_dl_sys::driver().unwrap();
-    // SAFETY: every stream of the context is dropped; nothing made in it is used after.
-    unsafe { driver.cuDevicePrimaryCtxReset_v2(context.device().raw()) }.unwrap();
+    let device = context.device().raw();
+    let mut again = std::ptr::null_mut();
+    // SAFETY: every stream of the context is dropped; nothing made in it is used after; a valid
+    // out-pointer.
+    unsafe {
+        driver.cuDevicePrimaryCtxReset_v2(device).unwrap();
+        driver.cuDevicePrimaryCtxRetain(&mut again, device).unwrap();
+    }
+    assert_eq!(again, context.raw(), "the handle stays");
     Stream::new(context).unwrap()
 }

@@ -27,19 +27,35 @@ int main(void) {
   /* 2. event handles across a reset */
   enum { BEFORE = 32, AFTER = 256 };
   CUevent before[BEFORE], after[AFTER];
-  for (int i = 0; i < BEFORE; i++) cuEventCreate(&before[i], CU_EVENT_DISABLE_TIMING);
+  unsigned long long id = 0; cuCtxGetId(c, &id);
+  int made = 0;
+  for (int i = 0; i < BEFORE; i++) made += cuEventCreate(&before[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
+  printf("context id %llu; %d of %d events made before the reset\n", id, made, BEFORE);
   CUresult r = cuDevicePrimaryCtxReset(d); printf("reset: %s\n", nm(r));
-  cuCtxSetCurrent(c);
-  for (int i = 0; i < AFTER; i++) cuEventCreate(&after[i], CU_EVENT_DISABLE_TIMING);
+  unsigned int fl = 0; int active = -1; cuDevicePrimaryCtxGetState(d, &fl, &active);
+  printf("after the reset: state active %d; cuCtxGetId(handle): %s\n", active, nm(cuCtxGetId(c, &id)));
+  r = cuCtxSetCurrent(c); printf("cuCtxSetCurrent(handle): %s\n", nm(r));
+  CUevent e; r = cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+  printf("cuEventCreate with the handle current, no retain: %s\n", nm(r));
+  CUcontext c2 = 0; r = cuDevicePrimaryCtxRetain(&c2, d);
+  printf("retain again: %s, %s handle\n", nm(r), c2 == c ? "the same" : "another");
+  cuCtxSetCurrent(c2); cuDevicePrimaryCtxGetState(d, &fl, &active);
+  r = cuCtxGetId(c2, &id); printf("state active %d; cuCtxGetId: %s, id %llu\n", active, nm(r), id);
+  made = 0;
+  for (int i = 0; i < AFTER; i++) {
+    after[i] = 0;
+    made += cuEventCreate(&after[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
+  }
+  printf("%d of %d events made after the retain\n", made, AFTER);
   int reused = 0, stale = -1;
   for (int i = 0; i < BEFORE; i++) {
     int found = 0;
-    for (int j = 0; j < AFTER; j++) if (before[i] == after[j]) found = 1;
+    for (int j = 0; j < AFTER; j++) if (after[j] && before[i] == after[j]) found = 1;
     reused += found;
     if (!found && stale < 0) stale = i;
   }
-  printf("%d of %d events destroyed by the reset had their handle given to one of %d made after it\n",
-         reused, BEFORE, AFTER);
+  printf("%d of %d events destroyed by the reset had their handle given to one of those %d\n",
+         reused, BEFORE, made);
   if (stale >= 0) printf("cuEventQuery of a destroyed handle not given out again: %s\n", nm(cuEventQuery(before[stale])));
   return 0;
 }
