@@ -72,6 +72,21 @@ unsafe extern "C" fn note_run(_: *mut std::ffi::c_void) {
 }
 
 isolated_test! {
+    /// Each device knows the ordinal it was opened with and the driver's name for it. (Mutation
+    /// testing: with the ordinal a constant, or the name cut at its first character that is not
+    /// a NUL, every test passed.)
+    fn a_device_knows_its_ordinal_and_its_name(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        for ordinal in 0..2 {
+            let device = Device::get(ordinal).unwrap();
+            assert_eq!(device.ordinal(), ordinal);
+            assert_eq!(device.name().unwrap(), "Fake CUDA Device");
+        }
+        assert!(Device::get(2).is_err(), "a third device on a driver of two");
+    }
+
     /// 8 threads, each with a stream on each device, launch C functions with owners, closures and
     /// releases through events, and each device gets a graph of host nodes launched many times:
     /// every function ran, in order per stream; every owner dropped once; no owner dropped on a
