@@ -208,6 +208,57 @@ isolated_test! {
         reaper_releases_an_owner();
     }
 
+    /// A child forked while a record of the parent's waits in the cleanup queue (the reaper is
+    /// inside an earlier owner's `Drop`): the child's `drain` releases nothing of it. (Mutation
+    /// testing: with `is_forked_child` answering no, the child's drain dropped the parent's
+    /// owner, and every test passed: the other fork case forks with the queue empty.)
+    fn a_forked_childs_drain_leaves_the_parents_queued_records_alone() {
+        static INSIDE: AtomicBool = AtomicBool::new(false);
+        static LET_GO: AtomicBool = AtomicBool::new(false);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let slow = OnDrop(Some(Box::new(|| {
+            INSIDE.store(true, Ordering::SeqCst);
+            let deadline = Instant::now() + PATIENCE;
+            while !LET_GO.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })));
+        host_launch(&stream, move || {
+            let _keep = &slow;
+        })
+        .unwrap();
+        let deadline = Instant::now() + PATIENCE;
+        while !INSIDE.load(Ordering::SeqCst) {
+            assert!(Instant::now() < deadline, "the reaper never began the slow drop");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Queued behind the slow drop, in the queue itself (the reaper holds only its batch).
+        host_launch(&stream, || {}).unwrap();
+        stream.synchronize().unwrap();
+        // SAFETY: the child only calls `drain`, then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let code = match drain() {
+                0 => 0,
+                n => {
+                    eprintln!("forked child: drain released {n} records of the parent's");
+                    1
+                }
+            };
+            // SAFETY: ends the child without running the parent's exit handlers or unwinding.
+            unsafe { libc::_exit(code) };
+        }
+        LET_GO.store(true, Ordering::SeqCst);
+        let mut status = 0;
+        // SAFETY: our own child; a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status), "the forked child died: status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0, "the forked child failed (its stderr says why)");
+        flush(PATIENCE).unwrap();
+    }
+
     /// The process exits while the reaper is inside an owner's `Drop` that calls the driver, with
     /// another owner queued and a launch pending: the drop in progress finishes before the
     /// driver's teardown, and nothing is released after it. The fake counts driver calls made
