@@ -359,8 +359,10 @@ mod tests {
     }
 
     /// A small payload: a counter of its runs and a word.
+    #[cfg(not(loom))]
     struct Small([usize; 2]);
 
+    #[cfg(not(loom))]
     impl Payload for Small {
         unsafe fn run(&mut self) {
             self.0[0] += 1;
@@ -369,6 +371,7 @@ mod tests {
 
     /// The addresses of three run-once records made one after another on a new thread (marked as
     /// inside a host function if `in_host_function`), then released.
+    #[cfg(not(loom))]
     fn three_records(in_host_function: bool) -> [usize; 3] {
         std::thread::spawn(move || {
             let _mark = in_host_function.then(crate::HostFunctionScope::enter);
@@ -386,6 +389,7 @@ mod tests {
 
     /// Whether three records sit in consecutive slots from the first slot after a segment's
     /// header, as a new thread's first records from the pool do.
+    #[cfg(not(loom))]
     fn pooled(addresses: [usize; 3]) -> bool {
         let segment = pool::SLOT_SIZE * pool::SEGMENT_SLOTS;
         addresses[0] % segment == pool::SLOT_SIZE
@@ -396,6 +400,7 @@ mod tests {
     /// A small record is pooled on an ordinary thread, and boxed on a driver thread (inside a host
     /// function), whose records are rare and would keep a segment of their own. (Mutation
     /// testing: with the host-function test negated, the two were swapped and every test passed.)
+    #[cfg(not(loom))]
     #[test]
     fn small_records_are_pooled_except_inside_host_functions() {
         let pooling = !cfg!(feature = "unpooled-records");
