@@ -28,6 +28,35 @@ fn wait_for(what: &str, done: impl FnMut() -> bool) {
     cuda_workspace::testing::wait_until(what, PATIENCE, done);
 }
 
+/// Device 0's event pool, made by a completed release while the poller's idle exit is an hour
+/// (so the poller keeps it), then device 0's primary context reset by another binding (nothing
+/// of the crate's in flight). Returns the user's retain and the fake's count of calls on unknown
+/// events before the reset.
+fn a_pool_then_a_reset_by_another_binding() -> (Arc<PrimaryContext>, u64) {
+    use cuda_host_launch::{Device, PollerSettings, set_poller_settings};
+    set_poller_settings(PollerSettings {
+        idle_exit: Duration::from_secs(3600),
+        ..PollerSettings::DEFAULT
+    });
+    let device = Device::get(0).unwrap();
+    let context = PrimaryContext::retain(device).unwrap();
+    let stream = Stream::new(&context).unwrap();
+    let drops = Drops::new();
+    release_after(&stream, drops.owner()).unwrap();
+    drops.wait_dropped(1);
+    drop(stream);
+    assert_eq!(
+        fake().live_objects("primary_retains"),
+        2,
+        "the user's and the pool's"
+    );
+    let unknown = fake().unknown_event_calls();
+    let driver = cuda_dl_sys::driver().unwrap();
+    // SAFETY: nothing made in the context is used after the reset (its stream is dropped).
+    unsafe { driver.cuDevicePrimaryCtxReset_v2(device.raw()) }.unwrap();
+    (context, unknown)
+}
+
 fn begin_capture(stream: CUstream, mode: CUstreamCaptureMode) {
     let driver = cuda_dl_sys::driver().unwrap();
     // SAFETY: a live stream of the fake driver.
@@ -103,26 +132,10 @@ isolated_test! {
         FAKE_CUDA_DEVICES = "2"
     ) {
         use cuda_host_launch::{Device, PollerSettings, set_poller_settings};
-        let long = PollerSettings {
-            idle_exit: Duration::from_secs(3600),
-            ..PollerSettings::DEFAULT
-        };
-        set_poller_settings(long);
-        let device = Device::get(0).unwrap();
-        let context = PrimaryContext::retain(device).unwrap();
-        let stream = Stream::new(&context).unwrap();
-        let drops = Drops::new();
-        release_after(&stream, drops.owner()).unwrap();
-        drops.wait_dropped(1);
-        drop(stream);
-        assert_eq!(fake().live_objects("primary_retains"), 2, "the user's and the pool's");
-        let unknown = fake().unknown_event_calls();
-        let driver = cuda_dl_sys::driver().unwrap();
-        // SAFETY: nothing made in the context is used after the reset (its stream is dropped).
-        unsafe { driver.cuDevicePrimaryCtxReset_v2(device.raw()) }.unwrap();
+        let (_context, unknown) = a_pool_then_a_reset_by_another_binding();
         set_poller_settings(PollerSettings {
             idle_exit: Duration::from_millis(5),
-            ..long
+            ..PollerSettings::DEFAULT
         });
         let other = PrimaryContext::retain(Device::get(1).unwrap()).unwrap();
         let stream = Stream::new(&other).unwrap();
@@ -146,23 +159,7 @@ isolated_test! {
     fn a_flush_forgets_the_pool_of_a_context_another_binding_reset(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        use cuda_host_launch::{PollerSettings, set_poller_settings};
-        set_poller_settings(PollerSettings {
-            idle_exit: Duration::from_secs(3600),
-            ..PollerSettings::DEFAULT
-        });
-        let device = cuda_host_launch::Device::get(0).unwrap();
-        let context = PrimaryContext::retain(device).unwrap();
-        let stream = Stream::new(&context).unwrap();
-        let drops = Drops::new();
-        release_after(&stream, drops.owner()).unwrap();
-        drops.wait_dropped(1);
-        drop(stream);
-        assert_eq!(fake().live_objects("primary_retains"), 2, "the user's and the pool's");
-        let unknown = fake().unknown_event_calls();
-        let driver = cuda_dl_sys::driver().unwrap();
-        // SAFETY: nothing made in the context is used after the reset (its stream is dropped).
-        unsafe { driver.cuDevicePrimaryCtxReset_v2(device.raw()) }.unwrap();
+        let (_context, unknown) = a_pool_then_a_reset_by_another_binding();
         flush(PATIENCE).unwrap();
         assert_eq!(fake().live_objects("primary_retains"), 1, "the pool's retain kept");
         assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
