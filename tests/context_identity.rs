@@ -127,57 +127,18 @@ isolated_test! {
     fn a_reset_leaves_the_work_of_the_context_made_again_during_it_alone(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        load_fake_driver();
-        let device = Device::get(0).unwrap();
-        let context = PrimaryContext::retain(device).unwrap();
-        let stream = Stream::new(&context).unwrap();
-        let old_drops = Drops::new();
-        let hold = fake().hold_stream(stream.raw()).unwrap();
-        host_launch(&stream, {
-            let owner = old_drops.owner();
-            move || { let _keep = &owner; }
-        })
-        .unwrap();
-        fake().poison_context(context.raw()).unwrap();
-        hold.release();
-        drop(stream);
-        let made: Arc<Mutex<Option<MadeHeld>>> = Arc::default();
-        {
-            let made = Arc::clone(&made);
-            fake().set_hook_after("cuDevicePrimaryCtxReset", 1, move || {
-                let made = Arc::clone(&made);
-                std::thread::spawn(move || {
-                    let again = PrimaryContext::retain(device).unwrap();
-                    let stream = Stream::new(&again).unwrap();
-                    let hold = fake().hold_stream(stream.raw()).unwrap();
-                    let drops = Drops::new();
-                    host_launch(&stream, {
-                        let owner = drops.owner();
-                        move || { let _keep = &owner; }
-                    })
-                    .unwrap();
-                    *made.lock().unwrap() = Some((again, stream, hold, drops));
-                })
-                .join()
-                .unwrap();
-            });
-        }
-        // SAFETY: the context's only stream is dropped; nothing made in it is used after the reset
-        // (the other thread's stream is made in the context made again).
-        let reclaimed = unsafe { context.reset() }.unwrap();
-        fake().clear_hooks();
-        let (again, stream, hold, drops) = made.lock().unwrap().take().expect("the hook ran");
-        assert_eq!(again.raw(), context.raw(), "the handle stays");
-        assert_eq!(reclaimed, 1, "only the reset context's launch is reclaimed");
-        flush(PATIENCE).unwrap();
-        old_drops.wait_dropped(1);
-        assert_eq!(drops.dropped(), 0, "the new context's owner was reclaimed");
-        assert_eq!(pending_launches(Some(again.raw())), 1, "the new context's launch is pending");
-        hold.release();
-        stream.synchronize().unwrap();
-        flush(PATIENCE).unwrap();
-        assert_eq!(drops.dropped(), 1);
-        assert_eq!(pending_launches(None), 0);
+        reset_with_work_made_again_during_it(false);
+    }
+
+    /// The same when the reset's look at the old context's id fails (`cuCtxGetId` refused once):
+    /// on a driver that has ids, the look after the reset decides alone, and the new context's
+    /// launch is still left alone. (Before: a failed id look fell back to "every launch of the
+    /// handle", as on drivers without ids: the reset returned 2 and dropped the new context's
+    /// owner while its stream was held, and its host function never ran.)
+    fn a_reset_whose_id_look_fails_leaves_the_work_of_the_context_made_again_alone(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        reset_with_work_made_again_during_it(true);
     }
 
     /// Another binding makes the last release of a primary context with a sticky error (the crate
@@ -267,7 +228,12 @@ isolated_test! {
         // Whether the pool gave its retain back before or after the user's release, the last
         // release reclaims (the pool's, on the poller, or the user's).
         wait_until("the owners dropped", PATIENCE, || drops.dropped() == 2);
-        assert!(matches!(resolve(&mut future), Err(Error::ContextLost)));
+        // The poller's query saw the fault first (the future fails with the driver's code), or
+        // the release reclaimed the work first (the context is lost).
+        assert!(matches!(
+            resolve(&mut future),
+            Err(Error::DeviceFault { code: 719, .. } | Error::ContextLost)
+        ));
         assert_eq!(ran.load(Ordering::SeqCst), 0, "a callback ran after a sticky error");
         assert_eq!(pending_launches(Some(raw)), 0);
         wait_until("no retain left", PATIENCE, || fake().live_objects("primary_retains") == 0);
@@ -518,4 +484,73 @@ fn end_capture_raw(stream: usize) {
             .unwrap();
         driver.cuGraphDestroy(graph).unwrap();
     }
+}
+
+/// `PrimaryContext::reset` of a context with a sticky error and a pending launch, while another
+/// thread retains the device once the driver's reset has returned and launches there; with
+/// `fail_id_look`, the reset's first `cuCtxGetId` (its look at the old context's id) is refused.
+/// Only the reset context's launch is reclaimed.
+fn reset_with_work_made_again_during_it(fail_id_look: bool) {
+    load_fake_driver();
+    let device = Device::get(0).unwrap();
+    let context = PrimaryContext::retain(device).unwrap();
+    let stream = Stream::new(&context).unwrap();
+    let old_drops = Drops::new();
+    let hold = fake().hold_stream(stream.raw()).unwrap();
+    host_launch(&stream, {
+        let owner = old_drops.owner();
+        move || {
+            let _keep = &owner;
+        }
+    })
+    .unwrap();
+    fake().poison_context(context.raw()).unwrap();
+    hold.release();
+    drop(stream);
+    let made: Arc<Mutex<Option<MadeHeld>>> = Arc::default();
+    {
+        let made = Arc::clone(&made);
+        fake().set_hook_after("cuDevicePrimaryCtxReset", 1, move || {
+            let made = Arc::clone(&made);
+            std::thread::spawn(move || {
+                let again = PrimaryContext::retain(device).unwrap();
+                let stream = Stream::new(&again).unwrap();
+                let hold = fake().hold_stream(stream.raw()).unwrap();
+                let drops = Drops::new();
+                host_launch(&stream, {
+                    let owner = drops.owner();
+                    move || {
+                        let _keep = &owner;
+                    }
+                })
+                .unwrap();
+                *made.lock().unwrap() = Some((again, stream, hold, drops));
+            })
+            .join()
+            .unwrap();
+        });
+    }
+    if fail_id_look {
+        fake().set_fault("cuCtxGetId", 1, 999);
+    }
+    // SAFETY: the context's only stream is dropped; nothing made in it is used after the reset
+    // (the other thread's stream is made in the context made again).
+    let reclaimed = unsafe { context.reset() }.unwrap();
+    fake().clear_hooks();
+    let (again, stream, hold, drops) = made.lock().unwrap().take().expect("the hook ran");
+    assert_eq!(again.raw(), context.raw(), "the handle stays");
+    assert_eq!(reclaimed, 1, "only the reset context's launch is reclaimed");
+    flush(PATIENCE).unwrap();
+    old_drops.wait_dropped(1);
+    assert_eq!(drops.dropped(), 0, "the new context's owner was reclaimed");
+    assert_eq!(
+        pending_launches(Some(again.raw())),
+        1,
+        "the new context's launch is pending"
+    );
+    hold.release();
+    stream.synchronize().unwrap();
+    flush(PATIENCE).unwrap();
+    assert_eq!(drops.dropped(), 1);
+    assert_eq!(pending_launches(None), 0);
 }

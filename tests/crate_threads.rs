@@ -163,4 +163,71 @@ isolated_test! {
         ));
         assert_eq!(event_poller_cpus(&started), [cpus[1]]);
     }
+
+    /// A start hook that calls `flush` on the event poller gets `FlushOnCrateThread` at once (it
+    /// would wait for its own thread), and the poller then completes event work as usual. (Before:
+    /// the flush waited for the poller's round, which its own thread was to run: `FlushTimedOut`
+    /// after the whole timeout, or for ever with `Duration::MAX`, and no event work completed
+    /// meanwhile.)
+    fn a_start_hook_that_flushes_gets_an_error_at_once_and_stalls_nothing(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let seen: Arc<Mutex<Vec<(CrateThread, String, std::time::Duration)>>> = Arc::default();
+        let sink = Arc::clone(&seen);
+        set_thread_settings(ThreadSettings::new().on_start(move |which| {
+            let began = std::time::Instant::now();
+            let result = flush(std::time::Duration::from_secs(3));
+            sink.lock().unwrap().push((which, format!("{result:?}"), began.elapsed()));
+        }));
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        let seen = seen.lock().unwrap();
+        assert!(!seen.is_empty());
+        for (which, result, took) in seen.iter() {
+            assert!(
+                result.starts_with("Err(FlushOnCrateThread"),
+                "{which:?}'s hook: {result} after {took:?}"
+            );
+            assert!(*took < std::time::Duration::from_secs(1), "{which:?}'s hook waited {took:?}");
+        }
+    }
+
+    /// A start hook that panics with a payload whose own `Drop` panics: the panic is reported
+    /// (`PanicOrigin::StartHook`), the payload's panic goes no further, and the crate's threads
+    /// run on: a release completes and `flush` returns. (Before: the payload was dropped outside
+    /// any `catch_unwind`, its panic ended the poller's thread, which stayed registered: event work
+    /// stayed pending and `flush` timed out.)
+    fn a_start_hooks_panic_whose_payload_panics_on_drop_stops_no_thread(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        struct PanicsOnDrop;
+        impl Drop for PanicsOnDrop {
+            fn drop(&mut self) {
+                panic!("the hook's payload panicked on drop");
+            }
+        }
+        cuda_workspace::testing::quiet_expected_panics(|message| {
+            message.contains("panicked on drop") || message == "<non-string panic>"
+        });
+        let reports: Arc<Mutex<Vec<cuda_host_launch::PanicOrigin>>> = Arc::default();
+        let sink = Arc::clone(&reports);
+        cuda_host_launch::set_panic_handler(move |report| sink.lock().unwrap().push(report.origin));
+        set_thread_settings(ThreadSettings::new().on_start(|_| {
+            std::panic::panic_any(PanicsOnDrop);
+        }));
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        let reports = reports.lock().unwrap();
+        assert!(
+            reports.iter().all(|o| *o == cuda_host_launch::PanicOrigin::StartHook)
+                && reports.len() >= 2,
+            "{reports:?}"
+        );
+    }
 }

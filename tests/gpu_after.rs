@@ -231,11 +231,16 @@ fn a_callback_enqueues_a_kernel_and_frees_a_device_buffer() {
 }
 
 isolated_test! {
-    /// A trapping kernel with releases, callbacks and an `Event` future pending behind it: none
-    /// completes; the reset reclaims them all (owners dropped once, callbacks never run, the
-    /// future resolves to `ContextLost`).
+    /// A trapping kernel with releases, callbacks and futures of every completion mode pending
+    /// behind it. The event futures (`Event`, and `Auto`, which goes by event) resolve to
+    /// `DeviceFault` with the driver's code within 10 ms of the fault surfacing (the stream's
+    /// synchronize answering it), before any reset; nothing else completes: owners are kept,
+    /// callbacks never run. The reset reclaims everything (owners dropped once, the other futures
+    /// resolve to `ContextLost`). Prints when each future resolved.
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
-    fn after_a_trap_pending_releases_and_callbacks_wait_for_the_reset() {
+    fn after_a_trap_event_futures_fail_at_once_and_releases_wait_for_the_reset() {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
         const N: usize = 500;
         let gpu = Gpu::open();
         let stream = Stream::new(&gpu.context).unwrap();
@@ -250,32 +255,66 @@ isolated_test! {
             })
             .unwrap();
         }
-        let future = CompletionMode::Event.completion(&stream).unwrap();
+        type Boxed = std::pin::Pin<Box<dyn Future<Output = Result<(), Error>>>>;
+        let mut futures: Vec<(&str, Boxed, Option<Duration>, Option<Result<(), Error>>)> = vec![
+            ("Event", Box::pin(CompletionMode::Event.completion(&stream).unwrap()), None, None),
+            ("Auto", Box::pin(CompletionMode::Auto.completion(&stream).unwrap()), None, None),
+            ("HostFunction", Box::pin(CompletionMode::HostFunction.completion(&stream).unwrap()), None, None),
+            ("LowLatency", Box::pin(CompletionMode::LowLatency.completion(&stream).unwrap()), None, None),
+        ];
+        let mut cx = Context::from_waker(Waker::noop());
         assert!(stream.synchronize().is_err(), "the trap is a sticky error");
-        std::thread::sleep(Duration::from_millis(200));
+        let surfaced = Instant::now();
+        // Look for 200 ms: the event futures must have resolved by then (within 10 ms, checked
+        // below); the others may not.
+        while surfaced.elapsed() < Duration::from_millis(200) {
+            for (_, future, at, result) in &mut futures {
+                if result.is_none()
+                    && let Poll::Ready(out) = future.as_mut().poll(&mut cx)
+                {
+                    *at = Some(surfaced.elapsed());
+                    *result = Some(out);
+                }
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        for (name, _, at, result) in &futures {
+            println!("after the fault surfaced: {name}: {result:?} after {at:?}");
+        }
+        for (name, _, at, result) in &futures[..2] {
+            assert!(
+                matches!(result, Some(Err(Error::DeviceFault { code: 719, .. }))),
+                "{name}: {result:?}"
+            );
+            assert!(at.is_some_and(|at| at <= Duration::from_millis(10)), "{name}: after {at:?}");
+        }
         flush(PATIENCE).unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         assert_eq!(counts.never(), N, "nothing released before the reset");
-        assert_eq!(gpu.context.pending_launches(), 2 * N + 1);
+        // The releases and callbacks, the two event futures' and the host-function future's
+        // records.
+        assert_eq!(gpu.context.pending_launches(), 2 * N + 3);
         drop(stream);
         // SAFETY: every stream of the context is dropped; nothing made in it is used afterwards.
         let reclaimed = unsafe { gpu.context.reset() }.expect("cuDevicePrimaryCtxReset");
-        cuda_workspace::testing::assert_reset_released(&gpu.context, reclaimed, 2 * N + 1);
+        cuda_workspace::testing::assert_reset_released(&gpu.context, reclaimed, 2 * N + 3);
         flush(PATIENCE).unwrap();
         assert_eq!((counts.never(), counts.more_than_once()), (0, 0));
         assert_eq!(ran.load(Ordering::SeqCst), 0, "callbacks never run after a sticky error");
         let deadline = Instant::now() + PATIENCE;
-        let mut future = std::pin::pin!(future);
-        let waker = std::task::Waker::noop();
-        let mut cx = std::task::Context::from_waker(waker);
-        let result = loop {
-            if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-                break out;
-            }
-            assert!(Instant::now() < deadline);
-            std::thread::sleep(Duration::from_millis(1));
-        };
-        assert!(matches!(result, Err(Error::ContextLost)), "{result:?}");
+        for (name, future, _, result) in &mut futures[2..] {
+            let out = loop {
+                if let Some(out) = result.take() {
+                    break out;
+                }
+                if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                    break out;
+                }
+                assert!(Instant::now() < deadline, "{name} never resolved");
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            assert!(matches!(out, Err(Error::ContextLost | Error::DeviceFault { .. })), "{name}: {out:?}");
+        }
     }
 
     /// Another binding resets the primary context (`cuDevicePrimaryCtxReset`, as

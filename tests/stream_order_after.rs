@@ -403,17 +403,16 @@ isolated_test! {
         captured.wait_dropped(1);
     }
 
-    /// The poller makes a callback's context current before it runs it; when that fails (a
-    /// passing failure), the callback waits for a later round, and runs then. When it keeps
-    /// failing and the launch is reclaimed meanwhile (its context gone), the poller lets the
-    /// entry go and exits once idle. (Mutation testing: with the poller's "still pending" look
-    /// answering "no", or comparing generations the wrong way, the callback was lost.)
-    fn a_callback_whose_context_cannot_be_made_current_waits_or_goes_with_its_context(
+    /// The lane makes a callback's context current before it runs it; a passing failure is tried
+    /// again (the callbacks still run, in stream order). When it keeps failing (the context
+    /// reset, say), the callback is dropped unrun, its captures with it, and the poller, which
+    /// holds nothing of it, exits once idle.
+    fn a_callback_whose_context_cannot_be_made_current_is_tried_again_or_dropped_unrun(
         FAKE_CUDA_DEVICES = "2",
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let device = |n| cuda_host_launch::Device::get(n).unwrap();
-        // A passing failure: the callback runs in a later round.
+        // A passing failure: the callback runs all the same.
         let context = PrimaryContext::retain(device(0)).unwrap();
         let stream = Stream::new(&context).unwrap();
         let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
@@ -433,63 +432,30 @@ isolated_test! {
         wait_for("the callbacks to run after the failed cuCtxSetCurrent", || {
             ran.load(Ordering::SeqCst) == 2
         });
-        // The second waited behind the first, in stream order. (Mutation testing: with the
-        // queue not marked blocked, the second ran first.)
         assert_eq!(*order.lock().unwrap(), [0, 1]);
         assert!(fake().call_count("cuCtxSetCurrent") >= before + 2, "the failure was seen, then a retry");
         flush(PATIENCE).unwrap();
-        // A lasting failure on device 1's context, which is then poisoned and let go: the
-        // launch is reclaimed, and the poller drops its entry instead of waiting for good.
+        // A lasting failure on device 1's context: the callback is dropped unrun (its captures
+        // with it), and the poller is not held by it.
         let other = PrimaryContext::retain(device(1)).unwrap();
         let stream = Stream::new(&other).unwrap();
-        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let drops = Drops::new();
         let owner = drops.owner();
-        spawn_after(&stream, move || {
-            let _keep = &owner;
-        })
-        .unwrap();
-        fake().set_fault("cuCtxSetCurrent", 0, 201);
-        fake().poison_context(other.raw()).expect("the fake could not poison the context");
-        hold.release();
-        drop(stream);
-        drop(other);
-        drops.wait_dropped(1);
-        wait_for("the poller to exit", || cuda_workspace::testing::threads_named(POLLER) == 0);
-    }
-
-    /// A callback that waits for its context (`cuCtxSetCurrent` failing for a while) keeps the
-    /// poller, though nothing else is pending and its idle time to exit is long over: once the
-    /// context can be made current, the callback runs. (Mutation testing: with the poller idle
-    /// when its queues were empty whatever waited, it exited holding the callback, which never
-    /// ran.)
-    fn a_callback_waiting_for_its_context_keeps_the_idle_poller(
-        CUDA_DL_SYS_LIBRARY = fake_driver_path()
-    ) {
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
-            idle_exit: Duration::from_nanos(1),
-            ..cuda_host_launch::PollerSettings::DEFAULT
-        });
-        let context = fake_primary_context();
-        let stream = Stream::new(&context).unwrap();
-        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let ran = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&ran);
+        fake().set_fault("cuCtxSetCurrent", 0, 201);
         spawn_after(&stream, move || {
+            let _keep = &owner;
             counter.fetch_add(1, Ordering::SeqCst);
         })
         .unwrap();
-        let before = fake().call_count("cuCtxSetCurrent");
-        fake().set_fault("cuCtxSetCurrent", 0, 201);
-        hold.release();
-        wait_for("the poller to try again and again", || {
-            fake().call_count("cuCtxSetCurrent") >= before + 5
-        });
-        assert_eq!(ran.load(Ordering::SeqCst), 0, "its context could not be made current");
-        // Replaces the lasting failure with one that never comes.
-        fake().set_fault("cuCtxSetCurrent", u64::MAX, 201);
-        wait_for("the callback to run", || ran.load(Ordering::SeqCst) == 1);
-        flush(PATIENCE).unwrap();
+        let records = drops.wait_dropped(1);
+        fake().clear_faults();
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "run without its context current");
+        assert!(records[0].thread.is_reaper(), "{records:?}");
+        drop(stream);
+        drop(other);
+        wait_for("the poller to exit", || cuda_workspace::testing::threads_named(POLLER) == 0);
     }
 
     /// While a `spawn_after` callback blocks the event poller's round, `flush` cannot see that
@@ -519,8 +485,8 @@ isolated_test! {
     }
 
     /// Owners released after the stream's earlier work: kept while the stream is held, counted as
-    /// pending, then dropped exactly once by the event poller (one hop: it releases what it
-    /// completes), never by the caller or a driver thread.
+    /// pending, then dropped exactly once on the reaper (the poller, which watches completions,
+    /// runs no user code), never by the caller or a driver thread.
     fn release_after_keeps_owners_until_the_earlier_work_completed(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -538,7 +504,7 @@ isolated_test! {
         hold.release();
         let records = drops.wait_dropped(100);
         assert!(
-            records.iter().all(|r| r.thread.os_name == "cuda-hl-events"),
+            records.iter().all(|r| r.thread.is_reaper()),
             "{records:?}"
         );
         assert_eq!(drops.live(), 0);
@@ -546,9 +512,9 @@ isolated_test! {
         assert_eq!(fake().pending_host_functions(std::ptr::null_mut()), 0, "no host function");
     }
 
-    /// Callbacks run in stream order, each stream's in its own order, on the poller thread, after
-    /// the work before them; four streams at once.
-    fn spawn_after_runs_callbacks_in_stream_order_on_the_poller(
+    /// Callbacks run in stream order, each stream's in its own order, on the reaper (never on
+    /// the poller, which watches completions), after the work before them; four streams at once.
+    fn spawn_after_runs_callbacks_in_stream_order_on_the_reaper(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
@@ -578,7 +544,7 @@ isolated_test! {
             let order: Vec<usize> = seen.iter().filter(|e| e.0 == s).map(|e| e.1).collect();
             assert_eq!(order, (0..250).collect::<Vec<_>>(), "stream {s} in order");
         }
-        assert!(seen.iter().all(|e| e.2.name.as_deref() == Some(POLLER)));
+        assert!(seen.iter().all(|e| e.2.is_reaper()));
     }
 
     /// A callback may call CUDA: it enqueues a host launch and a release on its stream and
@@ -683,9 +649,13 @@ isolated_test! {
         capture_race(true);
     }
 
-    /// A sticky error: the events never complete; the owners and the future stay pending until
-    /// the reset, then the owners are dropped once and the future resolves to `ContextLost`.
-    fn after_a_sticky_error_releases_wait_for_the_reset(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+    /// A sticky error: the events never complete. The future resolves at once to `DeviceFault`
+    /// with the driver's code (before: it stayed pending until the user reset the context); the
+    /// owners stay pending until the reset (earlier work may still use them), then are dropped
+    /// once.
+    fn after_a_sticky_error_futures_fail_and_releases_wait_for_the_reset(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
         let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
         let stream = Stream::new(&context).unwrap();
         let drops = Drops::new();
@@ -694,7 +664,17 @@ isolated_test! {
         let future = CompletionMode::Event.completion(&stream).unwrap();
         assert_eq!(fake().poison_context(context.raw()), Ok(()));
         hold.release();
-        std::thread::sleep(Duration::from_millis(50));
+        let result = block_on(future);
+        assert!(
+            matches!(
+                result,
+                Err(Error::DeviceFault {
+                    code: 719,
+                    name: "CUDA_ERROR_LAUNCH_FAILED"
+                })
+            ),
+            "{result:?}"
+        );
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 0);
         assert_eq!(context.pending_launches(), 2);
@@ -703,7 +683,6 @@ isolated_test! {
         let reclaimed = unsafe { context.reset() }.unwrap();
         cuda_workspace::testing::assert_reset_released(&context, reclaimed, 2);
         drops.wait_dropped(1);
-        assert!(matches!(block_on(future), Err(Error::ContextLost)));
         assert_eq!(pending_launches(None), 0);
     }
 
@@ -1229,5 +1208,224 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         }
         assert!(Instant::now() < deadline, "a future never resolved");
         std::thread::park_timeout(Duration::from_millis(5));
+    }
+}
+
+/// A value whose `Drop` runs a closure: user code in an owner's `Drop`.
+struct OnDrop(Option<Box<dyn FnOnce() + Send>>);
+
+impl OnDrop {
+    fn new(f: impl FnOnce() + Send + 'static) -> OnDrop {
+        OnDrop(Some(Box::new(f)))
+    }
+}
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+/// When `exit` was called (nanoseconds since `EXIT_EPOCH`), for the exit checks below.
+static EXIT_CALLED_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static EXIT_EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Calls `exit(0)` from the calling thread (an owner's `Drop` or a callback), noting when.
+fn exit_now() -> ! {
+    let epoch = *EXIT_EPOCH.get_or_init(Instant::now);
+    EXIT_CALLED_NS.store(epoch.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
+    std::process::exit(0)
+}
+
+/// The exit check of the user-lane exit tests: registered before the crate's first launch, so it
+/// runs after the crate's exit handler; fails the process (exit status 3) if that handler waited
+/// for the exiting thread itself (its one-second bound) instead of returning at once.
+extern "C" fn exit_was_not_held_up() {
+    if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
+        return;
+    }
+    let called = EXIT_CALLED_NS.load(Ordering::SeqCst);
+    let Some(epoch) = EXIT_EPOCH.get() else {
+        return;
+    };
+    let waited = epoch.elapsed().saturating_sub(Duration::from_nanos(called));
+    if called == 0 || waited >= Duration::from_millis(500) {
+        eprintln!(
+            "exit called: {}; the exit waited {waited:?} for the exiting thread",
+            called != 0
+        );
+        // SAFETY: ends the process at once, as the failing verdict.
+        unsafe { libc::_exit(3) };
+    }
+    // The test ended inside its body (the exit): the verdict libtest would have printed.
+    println!("\ntest result: ok. 1 passed; 0 failed (the process exited inside the test)");
+}
+
+isolated_test! {
+    /// The user lane: an owner whose `Drop` awaits a future of another stream (the default
+    /// completion mode) while that stream is still held. Its `Drop` runs on the reaper, never on
+    /// the poller, so the poller still sees the other stream's event and wakes the future, and
+    /// the `Drop` returns. (Before: the poller dropped the owner itself and waited for its own
+    /// thread: the future never resolved, and no completion of any stream came again.)
+    fn an_owner_whose_drop_awaits_another_streams_completion_stalls_no_completion(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let first = Stream::new(&context).unwrap();
+        let second = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(second.raw()).expect("the fake could not hold the stream");
+        let future = cuda_host_launch::completion(&second).unwrap();
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (result_tx, result) = std::sync::mpsc::channel();
+        release_after(
+            &first,
+            OnDrop::new(move || {
+                started_tx.send(ThreadInfo::current()).unwrap();
+                result_tx.send(block_on(future)).unwrap();
+            }),
+        )
+        .unwrap();
+        let dropping = started.recv_timeout(PATIENCE).expect("the owner was never dropped");
+        hold.release();
+        let awaited = result
+            .recv_timeout(PATIENCE)
+            .expect("the future awaited in the owner's Drop never resolved");
+        assert!(awaited.is_ok(), "{awaited:?}");
+        assert!(dropping.is_reaper(), "{dropping:?}");
+        flush(PATIENCE).unwrap();
+    }
+
+    /// `flush` waits for the round of the poller that runs now, not of one that is exiting: a
+    /// poller (A) decided to exit (idle) and is held just after (in its reclaim's look at the
+    /// context, a hook); a release then starts another poller (B), whose first round is slow (a
+    /// hook in its query); a `flush` asks B for a round, and A, let go meanwhile, finishes its
+    /// exit. The flush returns only once B's round completed the release: its owner is dropped.
+    /// (Before: the exiting poller marked every request served, B's included, and the flush
+    /// returned `Ok` with the completed release's owner alive.)
+    fn flush_is_answered_by_the_poller_that_runs_not_by_one_that_exits(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use std::sync::atomic::AtomicBool;
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_millis(20),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = fake_primary_context();
+        let first = Stream::new(&context).unwrap();
+        let second = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let on_poller = || std::thread::current().name() == Some(POLLER);
+        // A, exiting: held in its reclaim's look at the context's state until `go`, with no lock
+        // of the crate held (its second look: the first, giving its pool back, is under the
+        // hand-over's and the pools' locks).
+        let (exiting_tx, exiting) = std::sync::mpsc::channel::<()>();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        let (exiting_tx, go_rx) = (Mutex::new(exiting_tx), Mutex::new(go_rx));
+        let looks = Arc::new(AtomicUsize::new(0));
+        {
+            let looks = Arc::clone(&looks);
+            fake().set_hook("cuDevicePrimaryCtxGetState", 0, move || {
+                if on_poller() && looks.fetch_add(1, Ordering::SeqCst) == 1 {
+                    let _ = exiting_tx.lock().unwrap().send(());
+                    let _ = go_rx.lock().unwrap().recv_timeout(PATIENCE);
+                }
+            });
+        }
+        // A launch pending in the context, so that A's reclaim at its exit looks at the context.
+        let third = Stream::new(&context).unwrap();
+        let pending = fake().hold_stream(third.raw()).expect("the fake could not hold the stream");
+        cuda_host_launch::host_launch(&third, || {}).unwrap();
+        release_after(&first, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        exiting.recv_timeout(PATIENCE).expect("the idle poller never exited");
+        // B's first query is slow: the flush's request outlives A's exit.
+        let slow = Arc::new(AtomicBool::new(false));
+        {
+            let slow = Arc::clone(&slow);
+            fake().set_hook("cuEventQuery", 0, move || {
+                if on_poller() && !slow.swap(true, Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(300));
+                }
+            });
+        }
+        let began = Instant::now();
+        release_after(&second, drops.owner()).unwrap();
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "the release waited for the exiting poller: it was held under a lock"
+        );
+        second.synchronize().unwrap();
+        let letting_go = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            go.send(()).unwrap();
+        });
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 2, "flush returned with a completed release's owner alive");
+        letting_go.join().unwrap();
+        fake().clear_hooks();
+        pending.release();
+        third.synchronize().unwrap();
+    }
+
+    /// `exit` from a `release_after` owner's `Drop`: the crate's exit handler does not wait for
+    /// the exiting thread itself (the reaper, where the owner is dropped), so the process ends at
+    /// once. (Before: the event poller dropped the owner, and the exit waited its full second for
+    /// the poller's own round.)
+    fn exit_from_an_owners_drop_is_not_held_up(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        // SAFETY: a plain `extern "C"` handler; registered before the crate's, so it runs after.
+        assert_eq!(unsafe { libc::atexit(exit_was_not_held_up) }, 0);
+        EXIT_EPOCH.get_or_init(Instant::now);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        release_after(&stream, OnDrop::new(|| exit_now())).unwrap();
+        std::thread::sleep(PATIENCE);
+        panic!("the owner's Drop never exited the process");
+    }
+
+    /// The same from a `spawn_after` callback, which runs on the reaper too.
+    fn exit_from_a_callback_is_not_held_up(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        // SAFETY: a plain `extern "C"` handler; registered before the crate's, so it runs after.
+        assert_eq!(unsafe { libc::atexit(exit_was_not_held_up) }, 0);
+        EXIT_EPOCH.get_or_init(Instant::now);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        spawn_after(&stream, || exit_now()).unwrap();
+        std::thread::sleep(PATIENCE);
+        panic!("the callback never exited the process");
+    }
+
+    /// `flush` after the crate's exit handler ran (an exit handler of the test's, registered
+    /// before the crate's first launch, so it runs after the crate's), with event work done just
+    /// before the exit (the poller still registered): it returns `ProcessExiting` at once.
+    /// (Before: it waited for a round of the poller, which had stopped for good: `FlushTimedOut`
+    /// after its whole timeout, and for ever with `Duration::MAX`.)
+    fn flush_after_the_exit_handler_returns_at_once(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        // SAFETY: a plain `extern "C"` handler; registered before the crate's, so it runs after.
+        assert_eq!(unsafe { libc::atexit(flush_at_exit) }, 0);
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        std::mem::forget(stream);
+        std::mem::forget(context);
+    }
+}
+
+/// The exit check of `flush_after_the_exit_handler_returns_at_once`: a flush after the crate's
+/// exit handler must say so at once.
+extern "C" fn flush_at_exit() {
+    if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
+        return;
+    }
+    let began = Instant::now();
+    let result = flush(Duration::from_secs(3));
+    if !matches!(result, Err(Error::ProcessExiting)) || began.elapsed() > Duration::from_millis(500)
+    {
+        eprintln!("a flush at exit: {result:?} after {:?}", began.elapsed());
+        // SAFETY: ends the process at once, as the failing verdict.
+        unsafe { libc::_exit(3) };
     }
 }

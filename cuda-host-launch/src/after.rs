@@ -29,8 +29,10 @@ pub use crate::transport::event::{poller_settings, set_poller_settings};
 pub use crate::transport::poller_pace::PollerSettings;
 
 /// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
-/// them on a thread of this crate (the cleanup queue's: never a driver thread, never the caller's
-/// unless the call fails). One `cuEventRecord`; no host function; the stream does not wait.
+/// them on the cleanup queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual),
+/// whoever drains): never a driver thread, never the event poller (so an owner whose `Drop`
+/// blocks, or awaits a future of this crate, delays no completion), never the caller's unless
+/// the call fails. One `cuEventRecord`; no host function; the stream does not wait.
 ///
 /// On a capturing stream the release is refused ([`Error::ReleaseDuringCapture`]): work enqueued
 /// before the capture began is not in the graph, and nothing would tell when it completes. To keep
@@ -65,18 +67,25 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) ->
     unsafe { event::enqueue(&stream, record, Work::Release) }
 }
 
-/// Runs `f` once all work enqueued on `stream` before this call has completed, on the poller thread
-/// of this crate; the stream does not wait for it. Because that is not a driver thread, **`f` may
-/// call CUDA**: free memory, enqueue more work, launch more releases or callbacks.
+/// Runs `f` once all work enqueued on `stream` before this call has completed, on the cleanup
+/// queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual), whoever
+/// drains); the stream does not wait for it. Because that is not a driver thread, **`f` may call
+/// CUDA**: free memory, enqueue more work, launch more releases or callbacks, and await a
+/// completion of this crate (the event poller, which resolves those, runs no user code).
 ///
-/// The callbacks of all streams run one after another on the one poller thread, in the order
-/// their streams got there: a long callback delays the others (device work is not delayed). A
-/// callback must not block waiting for another callback or event completion of this crate. A
-/// panic in `f` is caught and reported ([`PanicOrigin::Callback`]); the poller goes on.
+/// The callbacks of all streams run one after another on that one thread, with the owners of
+/// released work, in the order their streams got there: a long callback delays the others and
+/// the owners' drops (device work and futures are not delayed). A callback must not block waiting
+/// for another callback or owner's drop; `flush` there returns
+/// [`Error::FlushOnReleasingThread`]. A panic in `f` is caught and reported
+/// ([`PanicOrigin::Callback`]); the thread goes on.
 ///
 /// `f` runs with the stream's context current, and what it captured (and did not move out) is
-/// dropped as it returns: on the poller, in that context, as part of its run. A value that must
-/// be dropped with no context current, as owners are, goes to [`release_after`] instead.
+/// dropped as it returns, in that context, as part of its run. A value that must be dropped with
+/// no context current, as owners are, goes to [`release_after`] instead. If the context cannot
+/// be made current (it was reset since), `f` is dropped unrun. After a sticky error in the
+/// context `f` never runs; it is dropped when the context is reset or released for the last
+/// time.
 ///
 /// # Errors
 /// - [`Error::CaptureActive`] on a capturing stream (`f` cannot be ordered after work that only
@@ -99,8 +108,8 @@ where
     F: FnOnce() + Send + 'static,
 {
     let record = OwnedRecord::new(Callback(Some(f)));
-    // SAFETY: the payload's run calls a `Send` closure once on the poller's thread, catching
-    // panics.
+    // SAFETY: the payload's run calls a `Send` closure once on the cleanup queue's thread (a
+    // thread of this crate, or one that drains: never a driver thread), catching panics.
     unsafe { event::enqueue(&stream, record, Work::Call) }
 }
 
@@ -112,7 +121,7 @@ impl<F: FnOnce() + Send + 'static> Payload for Callback<F> {
         if let Some(f) = self.0.take()
             && let Err(panic) = catch_unwind(AssertUnwindSafe(f))
         {
-            // The poller's thread is this crate's: the handler may run here.
+            // The cleanup queue's thread runs user code: the handler may run here.
             report_and_drop(PanicOrigin::Callback, panic);
         }
     }

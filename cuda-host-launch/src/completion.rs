@@ -193,8 +193,9 @@ fn by_host_function(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>
 /// `CompletionMode::Event`'s enqueue.
 fn by_event(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>>, Error> {
     let shared = CompletionState::new();
+    let work = Work::Wake(Arc::clone(&shared));
     // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-    unsafe { event::enqueue(stream, completion_record(&shared), Work::Call)? };
+    unsafe { event::enqueue(stream, completion_record(&shared), work)? };
     Ok(shared)
 }
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use crate::reaper::release;
 use crate::support::error::Error;
 use crate::support::host_thread::refuse_inside_host_function;
-use crate::support::{exit_gate, forked_child};
+use crate::support::{crate_threads, exit_gate, forked_child};
 use crate::transport;
 
 /// Waits until every release and callback of work that has completed is done, or `timeout`
@@ -41,21 +41,30 @@ use crate::transport;
 /// A `timeout` too long to add to the clock (`Duration::MAX`) waits as long as it takes. Called by
 /// the thread that is releasing records (inside an owner's `Drop`, or the panic handler, whether
 /// on the reaper or on a thread that drains), it returns [`Error::FlushOnReleasingThread`] at once:
-/// the records it would wait for include the one that thread is releasing. Called by a
-/// [`spawn_after`](crate::spawn_after) callback (on the event poller), it does not wait for the
-/// event poller, which is running that callback.
+/// the records it would wait for include the one that thread is releasing. A
+/// [`spawn_after`](crate::spawn_after) callback runs there too (it is released with its record).
+/// Called on another thread of the crate (a start hook, a waker the poller calls), it returns
+/// [`Error::FlushOnCrateThread`] at once, for the same reason.
 ///
 /// # Errors
 /// [`Error::FlushTimedOut`] with the number still waiting; [`Error::InsideHostFunction`] if called
 /// from a host function (the reaper cannot be waited for there);
-/// [`Error::FlushOnReleasingThread`] if called by the releasing thread; [`Error::ForkedChild`] in a
-/// child forked after the first launch.
+/// [`Error::FlushOnReleasingThread`] if called by the releasing thread;
+/// [`Error::FlushOnCrateThread`] on another thread of the crate; [`Error::ProcessExiting`] once
+/// the process began to exit (before or while it waited); [`Error::ForkedChild`] in a child forked
+/// after the first launch.
 pub fn flush(timeout: Duration) -> Result<(), Error> {
     refuse_inside_host_function("flush")?;
     if exit_gate::releasing_here() {
         return Err(Error::FlushOnReleasingThread);
     }
+    if let Some(thread) = crate_threads::current() {
+        return Err(Error::FlushOnCrateThread { thread });
+    }
     forked_child::check()?;
+    if exit_gate::exiting() {
+        return Err(Error::ProcessExiting);
+    }
     // None: beyond what the clock can represent, so never reached.
     let deadline = Instant::now().checked_add(timeout);
     // Work of contexts that are gone will never complete: released now, it reaches the queue.
@@ -63,6 +72,10 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
     // What the pollers complete reaches the queue before the queue is waited for.
     let pollers = transport::wait_for_pollers(deadline);
     let queue = release::flush_queue(deadline, timeout);
+    if exit_gate::exiting() {
+        // The process began to exit while this waited: the crate's threads stopped.
+        return Err(Error::ProcessExiting);
+    }
     match (pollers, queue) {
         (true, result) => result,
         // A poller did not finish its round in time: the flush did not see everything.

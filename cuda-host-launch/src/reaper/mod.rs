@@ -32,6 +32,8 @@
 #[cfg(not(loom))]
 pub(crate) mod defer_drop;
 #[cfg(not(loom))]
+pub(crate) mod lane;
+#[cfg(not(loom))]
 pub(crate) mod mode;
 #[cfg(not(loom))]
 pub(crate) mod owned_record;

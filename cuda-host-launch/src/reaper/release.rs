@@ -15,7 +15,7 @@ use crate::record::{pool, tickets};
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::intrusive_stack::Batch;
-use crate::support::panic_report::{PanicOrigin, report};
+use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::sync::{Mutex, lock};
 use crate::support::{exit_gate, forked_child};
 
@@ -98,25 +98,10 @@ impl ReaperContext {
     }
 }
 
-/// Releases, on the calling thread (a thread of this crate's that keeps `context`: the event
-/// poller), a record that nobody else holds, as the reaper would: owners dropped with no context
-/// current. Returns `false`, leaving the record unreleased (as everything still queued is), once
-/// the process is exiting.
-///
-/// # Safety
-/// `header` must be a live record that nobody else owns (and in no queue).
-pub(crate) unsafe fn release_here(
-    header: NonNull<RecordHeader>,
-    context: &mut ReaperContext,
-) -> bool {
-    let Some(releasing) = exit_gate::begin_releasing() else {
-        return false;
-    };
-    if releasing.exit_began() {
-        return false;
-    }
-    release_one(header, Some(context));
-    true
+/// Releases a record inside the release of another (a callback carried to the lane: see
+/// `lane::Call`), as a drain would: the outer release looks after the thread's context.
+pub(crate) fn release_nested(header: NonNull<RecordHeader>) {
+    release_one(header, None);
 }
 
 /// Releases one record: takes it out of the pending launches (gives its ticket back), reports the
@@ -136,9 +121,8 @@ fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperCon
     }
     // SAFETY: the caller owns the live record.
     if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
-        report(PanicOrigin::HostFunction, &*panic);
-        // The payload's own Drop is user code too.
-        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+        // The payload's own Drop is user code too (caught, and never unwinding out).
+        report_and_drop(PanicOrigin::HostFunction, panic);
     }
     // SAFETY: as above; this is the record's one release. If an owner's Drop panics, unwinding still
     // drops the remaining owners and frees the memory, so the record is gone either way.
@@ -146,8 +130,7 @@ fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperCon
         RecordHeader::dispatch(header, Op::Release)
     }));
     if let Err(panic) = released {
-        report(PanicOrigin::OwnerDrop, &*panic);
-        let _ = catch_unwind(AssertUnwindSafe(move || drop(panic)));
+        report_and_drop(PanicOrigin::OwnerDrop, panic);
     }
     if let (Some(reaper), Some(driver)) = (context, driver) {
         reaper.after_drop(driver);

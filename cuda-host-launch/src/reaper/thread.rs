@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::lane;
 use super::mode::{CleanupMode, REAPER_START, cleanup_mode};
 use super::release::{QUEUE, ReaperContext, Scratch, release_batch};
 use crate::record::pool;
@@ -78,7 +79,9 @@ fn reaper_loop() {
             let now = Instant::now();
             let since = *idle_since.get_or_insert(now);
             if !poll.is_zero() && now.duration_since(since) < linger {
-                std::thread::sleep(poll);
+                // Not a park: a driver thread's push must not pay for a futex wake. A watcher's
+                // push rings the bell, which ends the wait at once (see `lane`).
+                lane::wait_for_ring(poll);
                 continue;
             }
             idle_since = None;

@@ -12,14 +12,17 @@
 
 use std::sync::{Arc, RwLock};
 
+use crate::support::panic_report::{PanicOrigin, report_and_drop};
+
 /// Which of the crate's threads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CrateThread {
-    /// The cleanup queue's reaper: drops owners.
+    /// The cleanup queue's reaper, the crate's lane for user code: drops owners, runs
+    /// `spawn_after` callbacks, reports caught panics.
     Reaper,
-    /// The event poller: queries events, runs `spawn_after` callbacks, drops `release_after`
-    /// owners, wakes event futures.
+    /// The event poller: queries events and wakes event futures; it hands everything else to the
+    /// reaper (it runs no owner's `Drop` and no callback).
     EventPoller,
     /// The low-latency completions' poller: wakes their futures.
     LowLatencyPoller,
@@ -132,13 +135,30 @@ pub(crate) fn spawn(
         .as_ref()
         .map_or_else(|| which.default_name().to_string(), |name| name(which));
     std::thread::Builder::new().name(name).spawn(move || {
+        CURRENT.with(|current| current.set(Some(which)));
         place(&settings.affinity);
         if let Some(start) = &settings.start {
-            // A panicking hook must not stop the crate's thread: it is the user's code.
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start(which)));
+            // A panicking hook must not stop the crate's thread: it is the user's code, and so is
+            // its payload's `Drop` (which may panic again: `drop_quietly`).
+            if let Err(panic) =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start(which)))
+            {
+                report_and_drop(PanicOrigin::StartHook, panic);
+            }
         }
         body();
     })
+}
+
+thread_local! {
+    /// Which crate thread the calling thread is, if it is one (set before its start hook runs).
+    static CURRENT: std::cell::Cell<Option<CrateThread>> = const { std::cell::Cell::new(None) };
+}
+
+/// Which of the crate's threads the calling thread is, if any: `flush` must not wait for a
+/// crate thread from that thread itself (its start hook, a waker it calls).
+pub(crate) fn current() -> Option<CrateThread> {
+    CURRENT.try_with(std::cell::Cell::get).ok().flatten()
 }
 
 /// Sets the calling thread's affinity as `affinity` says (best effort: a refusal keeps what it has).

@@ -113,6 +113,24 @@ pub enum Error {
     )]
     FlushOnReleasingThread,
 
+    /// `flush` was called on one of the crate's own threads outside a release: in a start hook
+    /// ([`ThreadSettings::on_start`](crate::ThreadSettings::on_start)) or in a waker the crate's
+    /// poller called. The thread would wait for itself, so it returns at once.
+    #[error(
+        "flush was called on the crate's own thread {thread:?} (in its start hook, or in a waker          it called): it would wait for itself. Call flush from another thread"
+    )]
+    FlushOnCrateThread {
+        /// The crate thread that called it.
+        thread: crate::CrateThread,
+    },
+
+    /// `flush` was called after the process began to exit (the crate's exit handler ran): nothing
+    /// is released or completed any more, so there is nothing to wait for.
+    #[error(
+        "flush was called after the process began to exit: the crate's threads have stopped and          release nothing more; flush before calling exit"
+    )]
+    ProcessExiting,
+
     /// The reaper thread could not be started.
     #[error(
         "the cleanup reaper thread could not be started ({0}); free thread resources or choose \
@@ -143,6 +161,20 @@ pub enum Error {
          kernel, CUDA_ERROR_LAUNCH_FAILED): the work this future waited for will never complete"
     )]
     ContextLost,
+
+    /// The stream's context has a sticky error (a trapped kernel, an illegal address): the work
+    /// this future waited for will never complete. The values the work used are kept until the
+    /// context is reset or its last retain is released (see
+    /// [`PrimaryContext::reset`](crate::PrimaryContext::reset)).
+    #[error(
+        "the stream's context failed with {name} ({code}): the work this future waited for will          never complete. Reset the device's primary context (PrimaryContext::reset) or release it          to free what the work held"
+    )]
+    DeviceFault {
+        /// The driver's error code (`CUresult`), as the driver answered it.
+        code: u32,
+        /// Its name (`CUDA_ERROR_ILLEGAL_ADDRESS`, ...).
+        name: &'static str,
+    },
 
     /// The host closure of `host_launch_async` panicked.
     #[error("the host function panicked: {message}")]

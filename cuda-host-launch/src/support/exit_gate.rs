@@ -50,6 +50,9 @@ thread_local! {
     /// How many releases the calling thread is inside (an owner's `Drop` may drain). A
     /// const-initialised `Cell` has no destructor, so the exit handler can read it on any thread.
     static DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// How many pieces of driver work ([`begin_driver_work`]) the calling thread is inside: the
+    /// exit handler does not wait for its own thread's (a waker that calls `exit` on a poller).
+    static WORK: Cell<usize> = const { Cell::new(0) };
 }
 
 /// One piece of work the exit handler waits for: counted from [`Gate::enter`] until dropped.
@@ -145,7 +148,22 @@ pub(crate) struct DriverWork {
 /// Begins driver work, unless the process is exiting.
 #[inline]
 pub(crate) fn begin_driver_work() -> Option<DriverWork> {
-    GATE.enter().map(|entry| DriverWork { _entry: entry })
+    let entry = GATE.enter()?;
+    WORK.with(|w| w.set(w.get() + 1));
+    Some(DriverWork { _entry: entry })
+}
+
+impl Drop for DriverWork {
+    fn drop(&mut self) {
+        // Then the entry (a field) is dropped: the handler stops waiting for this work.
+        WORK.with(|w| w.set(w.get().saturating_sub(1)));
+    }
+}
+
+/// Whether the process is exiting (the exit handler ran): nothing is released or completed from
+/// now on, so whoever waits for that (`flush`) stops waiting.
+pub(crate) fn exiting() -> bool {
+    GATE.closed()
 }
 
 /// Registers the exit handler, once, if the driver is loaded (so that it runs before the driver's
@@ -198,7 +216,7 @@ extern "C" fn close_and_wait() {
         return;
     }
     GATE.close();
-    let own = DEPTH.with(Cell::get);
+    let own = DEPTH.with(Cell::get) + WORK.with(Cell::get);
     let deadline = Instant::now() + EXIT_WAIT;
     while GATE.in_progress() > own && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(100));

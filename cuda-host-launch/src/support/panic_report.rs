@@ -22,9 +22,12 @@ pub enum PanicOrigin {
     /// the low-latency poller, or by the release of a launch whose context was lost). The panic was
     /// caught where it happened; the future still resolved.
     Waker,
-    /// A callback of [`spawn_after`](crate::spawn_after) panicked on the crate's poller thread. The
-    /// panic was caught there; the poller went on.
+    /// A callback of [`spawn_after`](crate::spawn_after) panicked on the cleanup queue's thread
+    /// (the reaper, or a drain in manual mode). The panic was caught there; the thread went on.
     Callback,
+    /// A start hook of [`ThreadSettings::on_start`](crate::ThreadSettings::on_start) panicked on
+    /// the crate thread it started. The panic was caught there; the thread went on.
+    StartHook,
 }
 
 impl fmt::Display for PanicOrigin {
@@ -34,6 +37,7 @@ impl fmt::Display for PanicOrigin {
             PanicOrigin::OwnerDrop => "dropping a host function's owners",
             PanicOrigin::Waker => "waking a future's task",
             PanicOrigin::Callback => "a stream-ordered callback (spawn_after)",
+            PanicOrigin::StartHook => "a crate thread's start hook",
         })
     }
 }
@@ -103,7 +107,16 @@ pub(crate) fn report(origin: PanicOrigin, payload: &(dyn Any + Send)) {
 /// and ignored).
 pub(crate) fn report_and_drop(origin: PanicOrigin, payload: Box<dyn Any + Send>) {
     report(origin, &*payload);
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(payload)));
+    drop_quietly(payload);
+}
+
+/// Drops a caught panic's payload, whose `Drop` is user code and may panic too: that panic is
+/// caught, and its own payload (which may panic again when dropped) is leaked rather than dropped,
+/// so no chain of panicking payloads can unwind out of the calling thread.
+pub(crate) fn drop_quietly(payload: Box<dyn Any + Send>) {
+    if let Err(nested) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(nested);
+    }
 }
 
 #[cfg(test)]

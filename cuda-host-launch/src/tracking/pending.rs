@@ -104,7 +104,7 @@ pub(crate) fn run_launch(id: TicketId, run: impl FnOnce(NonNull<RecordHeader>)) 
 }
 
 /// As [`run_launch`], but the record, once nobody else holds it, goes to `release` instead of the
-/// cleanup queue (the event poller releases a `release_after` record itself: one hop less).
+/// cleanup queue (the event poller sends a callback's record to the lane with its context).
 #[inline(always)]
 pub(crate) fn run_launch_then(
     id: TicketId,
@@ -126,13 +126,6 @@ pub(crate) fn run_launch_then(
         // Ownership passes to `release` (no one else holds the record any more).
         release(header);
     }
-}
-
-/// Whether the launch of ticket `id` still waits to be run (neither run nor reclaimed).
-pub(crate) fn still_pending(id: TicketId) -> bool {
-    tickets::ticket(id.index())
-        .and_then(|ticket| ticket.state.pending_generation())
-        .is_some_and(|generation| generation == id.generation())
 }
 
 /// Takes every pending (never run) launch into a context of the handle `handle` that is gone, and

@@ -5,7 +5,7 @@
 use std::any::Any;
 use std::cell::UnsafeCell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::task::{Context, Poll};
 
 use super::waker_slot::WakerSlot;
@@ -16,10 +16,13 @@ const PENDING: u8 = 0;
 const READY: u8 = 1;
 const PANICKED: u8 = 2;
 const LOST: u8 = 3;
+const FAULTED: u8 = 4;
 
 /// What a future and its record share.
 pub(crate) struct CompletionState<T> {
     state: AtomicU8,
+    /// The sticky error's code once `state` is FAULTED (written before it).
+    fault: AtomicU32,
     /// Written once, before `state` becomes READY (or PANICKED); read once, by the future, after.
     value: UnsafeCell<Option<Result<T, PanicPayload>>>,
     waker: WakerSlot,
@@ -35,6 +38,7 @@ impl<T> CompletionState<T> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(CompletionState {
             state: AtomicU8::new(PENDING),
+            fault: AtomicU32::new(0),
             value: UnsafeCell::new(None),
             waker: WakerSlot::new(),
         })
@@ -45,10 +49,35 @@ impl<T> CompletionState<T> {
     #[must_use = "a waker's panic must be reported and dropped off the driver's thread"]
     pub(crate) fn complete(&self, value: Result<T, PanicPayload>) -> Option<PanicPayload> {
         let state = if value.is_ok() { READY } else { PANICKED };
-        // SAFETY: the one writer, before publishing with the Release store below.
+        // SAFETY: the one writer, before publishing with the Release exchange below. A future
+        // resolved by a fault already reads no value: this one is dropped with the state.
         unsafe { *self.value.get() = Some(value) };
-        self.state.store(state, Ordering::Release);
+        if self
+            .state
+            .compare_exchange(PENDING, state, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return None;
+        }
         self.waker.wake()
+    }
+
+    /// Resolves to [`Error::DeviceFault`] if still pending, and wakes the task: the stream's
+    /// context has the sticky error `code`, so the work will never complete (the record, and what
+    /// it holds, stay for the context's reclaim). Returns the waker's panic, as
+    /// [`CompletionState::complete`].
+    #[must_use = "a waker's panic must be reported and dropped"]
+    pub(crate) fn fault(&self, code: u32) -> Option<PanicPayload> {
+        self.fault.store(code, Ordering::Relaxed);
+        if self
+            .state
+            .compare_exchange(PENDING, FAULTED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.waker.wake()
+        } else {
+            None
+        }
     }
 
     /// Resolves to `ContextLost` if still pending, and wakes the task. Returns the waker's panic,
@@ -79,6 +108,10 @@ impl<T> CompletionState<T> {
         match state {
             PENDING => Poll::Pending,
             LOST => Poll::Ready(Err(Error::ContextLost)),
+            FAULTED => {
+                let code = self.fault.load(Ordering::Relaxed);
+                Poll::Ready(Err(device_fault(code)))
+            }
             _ => {
                 // SAFETY: READY/PANICKED were published after the one write; only the future reads
                 // (and takes) the value, once.
@@ -100,4 +133,12 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
         .map(|s| (*s).to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "<non-string panic payload>".to_string())
+}
+
+/// The error of a future whose context failed with `code`.
+pub(crate) fn device_fault(code: u32) -> Error {
+    Error::DeviceFault {
+        code,
+        name: cuda_dl_sys::DriverError::from_code(cuda_dl_sys::types::CUresult(code)).name(),
+    }
 }

@@ -45,16 +45,17 @@ use cuda_dl_sys::types::{CUcontext, CUdeviceptr};
 use super::completion_state::CompletionState;
 use super::poller_barrier::RoundBarrier;
 use super::poller_pace::{Pace, PollerSettings, Round, Wait};
+use crate::reaper::lane;
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::crate_threads::{self, CrateThread};
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
-use crate::support::panic_report::{PanicOrigin, report_and_drop};
+use crate::support::panic_report::PanicOrigin;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
+use crate::support::relaxed_capture;
 use crate::support::sync::lock;
-use crate::support::{forked_child, relaxed_capture};
 
 /// How the poller waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
 /// to 100 µs (the low-latency mode: more CPU than the event poller's 250 µs, less lateness after a
@@ -194,7 +195,9 @@ pub(crate) fn register(
             operation: "creating a completion",
         });
     }
-    forked_child::check()?;
+    // The lane (the reaper, in reaper mode) is ready before the poller may send it a waker's
+    // panic (see `reaper::lane`).
+    crate::reaper::thread::prepare()?;
     let driver = cuda_dl_sys::driver()?;
     let write = driver.raw().cuStreamWriteValue64()?;
     let raw = stream.as_raw_stream();
@@ -425,14 +428,14 @@ fn poll_loop() {
                 let panicked = entry.shared.complete(Ok(()));
                 free_slot(&entry.page, entry.slot);
                 if let Some(panic) = panicked {
-                    // Our own thread, not a driver thread: the handler may run here.
-                    report_and_drop(PanicOrigin::Waker, panic);
+                    // The handler and the payload are user code: reported on the lane.
+                    lane::report_there(PanicOrigin::Waker, panic);
                 }
                 return false;
             }
             if lost.contains(&entry.context) {
                 if let Some(panic) = entry.shared.fail() {
-                    report_and_drop(PanicOrigin::Waker, panic);
+                    lane::report_there(PanicOrigin::Waker, panic);
                 }
                 return false;
             }

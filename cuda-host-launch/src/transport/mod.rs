@@ -107,10 +107,12 @@ pub(crate) unsafe fn reset_and_reclaim<E>(
     reset: impl FnOnce() -> Result<(), E>,
 ) -> Result<usize, E> {
     // The context being reset, by id where the driver gives one (the look after the reset may
-    // fail; the reset context is gone all the same).
+    // fail; the reset context is gone all the same). If the id look fails on a driver that has
+    // ids, the look after the reset decides alone: work of a context made again at the handle
+    // meanwhile (by another thread's retain) is never taken.
     let known = match key_of(driver, std::ptr::with_exposed_provenance_mut(handle)) {
         Ok(key) if key.id != 0 => Gone::Context(key.id),
-        _ => Gone::Handle,
+        _ => unknown_context(driver),
     };
     let look = || Liveness::of_primary(driver, device, handle);
     event::around_reset(handle, reset, &look, known)?;
@@ -118,6 +120,19 @@ pub(crate) unsafe fn reset_and_reclaim<E>(
     let count = unsafe { pending::reclaim_gone(handle, &look, known) };
     low_latency::fail_gone(handle, &look, known);
     Ok(count)
+}
+
+/// What a reclaim knows is gone when it could not learn the id of the context it reset or was told
+/// of: on a driver with context ids (CUDA 12.0), nothing (the look after the work was collected
+/// decides, and work of a context made again at the handle is left alone: a failed look must not
+/// take it); without ids, every context of the handle (the caller's promise), as nothing else
+/// can be told.
+fn unknown_context(driver: &cuda_dl_sys::Driver) -> Gone {
+    if driver.raw().cuCtxGetId().is_ok() {
+        Gone::Unknown
+    } else {
+        Gone::Handle
+    }
 }
 
 /// Releases, through the cleanup queue, the owners of every launch into `context` whose host
@@ -153,7 +168,7 @@ pub unsafe fn reclaim_pending(context: CUcontext) -> usize {
         Some(device) => {
             let look = || Liveness::of_primary(driver, device, handle);
             let known = match look() {
-                Liveness::Unknown => Gone::Handle,
+                Liveness::Unknown => unknown_context(driver),
                 _ => Gone::Unknown,
             };
             // SAFETY: the caller's promise: the handle's context before this call is gone.

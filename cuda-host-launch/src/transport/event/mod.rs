@@ -33,9 +33,10 @@
 //!   unseen here, but the event's query then answers `CUDA_ERROR_INVALID_VALUE` (measured on the
 //!   H200 for an event recorded only in a capture), and the poller treats it the same way.
 //! - **A sticky error** (a query that answers anything but success, not ready, or the capture
-//!   answers above) means the stream's work will never complete: the stream's entries stay pending
+//!   answers above) means the stream's work will never complete: its futures resolve at once to
+//!   [`Error::DeviceFault`] with the driver's code, and the stream's entries stay pending
 //!   until the context is reset or destroyed, when the reclaim releases them (owners dropped,
-//!   callbacks never run, futures resolved to [`Error::ContextLost`]). Not earlier: device work of
+//!   callbacks never run). Not earlier: device work of
 //!   other streams may still use what the owners hold until the context is torn down. The pool
 //!   gives its retain back as soon as none of its events is out (stranded ones are left to the
 //!   context), so the user's last release destroys the context and reclaims its work.
@@ -43,7 +44,7 @@
 mod poller;
 mod pools;
 
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use cuda_dl_sys::types::CUresult;
 
@@ -58,21 +59,35 @@ use crate::support::host_thread::refuse_inside_host_function;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
 use crate::tracking::pending;
+use crate::transport::completion_state::CompletionState;
 
 pub use poller::{poller_settings, set_poller_settings};
 
 /// What a stream-ordered record does when its event completes, which also says what it does on a
-/// stream that is capturing when it is enqueued.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// stream that is capturing when it is enqueued, and where its user code runs (never on the
+/// poller: see `reaper::lane`).
+#[derive(Clone)]
 pub(crate) enum Work {
-    /// Nothing runs: the record only holds owners, which its release drops. On a capturing
-    /// stream it is refused with [`Error::ReleaseDuringCapture`]: the work enqueued before the
-    /// capture began is not in the graph, and nothing tells when it completes.
+    /// Nothing runs: the record only holds owners, which its release drops on the cleanup
+    /// queue's thread. On a capturing stream it is refused with [`Error::ReleaseDuringCapture`]:
+    /// the work enqueued before the capture began is not in the graph, and nothing tells when it
+    /// completes.
     Release,
-    /// Users' code runs on the poller (a callback, a future's wake), in the stream's context. On a
-    /// capturing stream it is refused with [`Error::CaptureActive`]: the run cannot be ordered
-    /// after work that only exists in a graph.
+    /// A callback runs on the cleanup queue's thread, in the stream's context. On a capturing
+    /// stream it is refused with [`Error::CaptureActive`]: the run cannot be ordered after work
+    /// that only exists in a graph.
     Call,
+    /// A future's wake: the poller completes the future's state (and calls its waker, as every
+    /// reactor does); the record is released on the cleanup queue's thread. If the stream's
+    /// context fails, the poller resolves the future to [`Error::DeviceFault`] at once; the record
+    /// stays pending for the context's reclaim. Refused on a capturing stream as `Call`.
+    Wake(Arc<CompletionState<()>>),
+}
+
+impl Work {
+    fn calls(&self) -> bool {
+        matches!(self, Work::Call)
+    }
 }
 
 /// One recorded event and the record to complete when it completes.
@@ -139,7 +154,7 @@ pub(crate) unsafe fn enqueue(
     // What the poller calls for this entry, resolved now: a driver without them refuses the work
     // here, rather than leave it pending for good.
     driver.raw().cuEventQuery()?;
-    if work == Work::Call {
+    if work.calls() {
         driver.raw().cuCtxSetCurrent()?;
         driver.raw().cuCtxGetCurrent()?;
     }
@@ -147,7 +162,7 @@ pub(crate) unsafe fn enqueue(
     let stream_id = driver.raw().cuStreamGetId()?;
     if let Capture::Active { id, .. } = capture_of(driver, raw)? {
         return Err(match work {
-            Work::Call => capture_active(raw, id),
+            Work::Call | Work::Wake(_) => capture_active(raw, id),
             Work::Release => Error::ReleaseDuringCapture {
                 stream: raw.addr(),
                 capture_id: id,

@@ -28,14 +28,14 @@ use std::time::{Duration, Instant};
 use cuda_dl_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
-use crate::reaper::mode::{CleanupMode, cleanup_mode};
-use crate::reaper::release::{self, ReaperContext};
+use crate::reaper::lane;
 use crate::record::layout::{Op, RecordHeader};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::crate_threads::{self, CrateThread};
 use crate::support::error::Error;
 use crate::support::exit_gate;
 use crate::support::fast_hash::FastHash;
+use crate::support::panic_report::PanicOrigin;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
@@ -211,9 +211,10 @@ fn forget_gone_locked(
 enum Seen {
     Done,
     NotYet,
-    /// Never to complete in stream order: a capture held the event, or the context failed.
+    /// Never to complete in stream order: a capture held the event (this event only), or the
+    /// context failed with the sticky error `fault` (the whole stream).
     Stranded {
-        whole_stream: bool,
+        fault: Option<u32>,
     },
 }
 
@@ -230,13 +231,20 @@ fn query(driver: &cuda_dl_sys::Driver, event: usize) -> Seen {
         CUresult::CUDA_ERROR_NOT_READY => Seen::NotYet,
         // Recorded into a capture (live: CAPTURED_EVENT; ended: INVALID_VALUE): this event only.
         CUresult::CUDA_ERROR_CAPTURED_EVENT | CUresult::CUDA_ERROR_INVALID_VALUE => {
-            Seen::Stranded {
-                whole_stream: false,
-            }
+            Seen::Stranded { fault: None }
         }
         // A sticky error (or a lost context): nothing of the stream will complete.
-        _ => Seen::Stranded { whole_stream: true },
+        other => Seen::Stranded {
+            fault: Some(other.0),
+        },
     }
+}
+
+/// An entry that will never complete, and the sticky error that says so (none: a capture holds
+/// its event).
+struct Strand {
+    entry: Entry,
+    fault: Option<u32>,
 }
 
 /// Moves the completed entries of one stream's queue to `done` and the ones that never will to
@@ -245,23 +253,26 @@ fn scan(
     driver: &cuda_dl_sys::Driver,
     queue: &mut VecDeque<Entry>,
     done: &mut Vec<Entry>,
-    stranded: &mut Vec<Entry>,
+    stranded: &mut Vec<Strand>,
 ) {
     let Some(newest) = queue.back() else {
         return;
+    };
+    let whole = |queue: &mut VecDeque<Entry>, stranded: &mut Vec<Strand>, fault| {
+        stranded.extend(queue.drain(..).map(|entry| Strand { entry, fault }));
     };
     match query(driver, newest.event) {
         Seen::Done => {
             done.extend(queue.drain(..));
             return;
         }
-        Seen::Stranded { whole_stream: true } => {
-            stranded.extend(queue.drain(..));
+        Seen::Stranded { fault: Some(code) } => {
+            whole(queue, stranded, Some(code));
             return;
         }
-        Seen::Stranded {
-            whole_stream: false,
-        } => stranded.extend(queue.pop_back()),
+        Seen::Stranded { fault: None } => {
+            stranded.extend(queue.pop_back().map(|entry| Strand { entry, fault: None }))
+        }
         Seen::NotYet => {}
     }
     // The newest is not done: complete from the oldest while they are.
@@ -269,89 +280,100 @@ fn scan(
         match query(driver, oldest.event) {
             Seen::Done => done.extend(queue.pop_front()),
             Seen::NotYet => break,
-            Seen::Stranded { whole_stream } => {
-                if whole_stream {
-                    stranded.extend(queue.drain(..));
-                } else {
-                    stranded.extend(queue.pop_front());
-                }
+            Seen::Stranded { fault: Some(code) } => whole(queue, stranded, Some(code)),
+            Seen::Stranded { fault: None } => {
+                stranded.extend(queue.pop_front().map(|entry| Strand { entry, fault: None }))
             }
         }
     }
 }
 
-/// What the poller knows of its thread's current context, between entries.
-struct Current {
-    /// The handle made current for the last callback, if the thread's context is known.
-    callback: Option<usize>,
-    /// For the records it releases itself (owners dropped with no context current).
-    releasing: ReaperContext,
-}
-
-/// Completes one entry's record on this thread, as the trampoline would on the driver's: claims
-/// it through its ticket (a reclaim may have taken it), runs its payload, then releases the
-/// record: here (`here`: in reaper mode, the poller drops the owners itself, with no context
-/// current, one hop less than the reaper), else through the cleanup queue. Only a record that runs
-/// users' code ([`Work::Call`]) needs its stream's context current; a release's payload does
-/// nothing. Returns `false` if the entry must wait for a later round: its context could not be
-/// made current (a passing failure; its event, already given back, is not looked at again).
-fn complete(
-    driver: &cuda_dl_sys::Driver,
-    entry: &Entry,
-    current: &mut Current,
-    here: bool,
-) -> bool {
-    let calls = entry.work == Work::Call;
-    if calls && current.callback != Some(entry.context.handle) {
-        // Callbacks may call CUDA: in the stream's context. Made current before the claim, so
-        // that a failure leaves the launch to a later round (or to a reclaim, if its context is
-        // gone), never a callback run without its context.
-        // SAFETY: a primary context, retained by its pool while the entry waited; a reset since
-        // (its handle then dead: measured, the driver refuses it) leaves the thread's context as
-        // it was.
-        if unsafe { driver.cuCtxSetCurrent(entry.context.raw()) }.is_err() {
-            current.callback = None;
-            return !pending::still_pending(entry.ticket);
-        }
-        current.callback = Some(entry.context.handle);
-        current.releasing.forget();
-    }
-    // The two steps below run one after the other, never together.
-    let current = std::cell::RefCell::new(current);
-    pending::run_launch_then(
-        entry.ticket,
-        |header| {
-            let mut current = current.borrow_mut();
-            // SAFETY: `run_launch_then` hands the record claimed for this call, to run once on
-            // this thread; its payload is sound to run here (the enqueue's contract).
-            unsafe { RecordHeader::dispatch(header, Op::Run) };
-            if calls {
-                // A callback (or a waker) may have made another context current: read it back,
-                // so the next entry's is set again if it differs.
-                let mut now = ptr::null_mut();
-                // SAFETY: a valid out-pointer.
-                current.callback = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
-                    Ok(()) => Some(now.expose_provenance()),
-                    Err(_) => None,
-                };
-            }
-        },
-        |header| {
-            let mut current = current.borrow_mut();
-            if here {
-                // SAFETY: nobody else holds the record now, and it is in no queue. At exit it
-                // stays unreleased, as queued records do.
-                unsafe { release::release_here(header, &mut current.releasing) };
-                // The release clears the current context before owners' drops, which may make
-                // another current: not known any more.
-                current.callback = None;
-            } else {
+/// Completes one entry whose event completed, on this thread, as the trampoline would on the
+/// driver's: claims it through its ticket (a reclaim may have taken it), then hands what is user
+/// code to the lane (`reaper::lane`), never running it here: a release's owners are dropped
+/// there, a callback runs there (in the stream's context, which the entry's event keeps retained
+/// until then), and a future's record is released there after this thread completed the future.
+/// Returns whether it pushed anything to the lane.
+fn complete(entry: Entry) -> bool {
+    let Entry {
+        context,
+        event,
+        ticket,
+        work,
+        ..
+    } = entry;
+    let mut pushed = false;
+    match work {
+        Work::Release => pending::run_launch_then(
+            ticket,
+            |_| {},
+            |header| {
                 // SAFETY: nobody else holds the record now.
-                unsafe { release::push(header) };
+                unsafe { lane::push(header) };
+                pushed = true;
+            },
+        ),
+        Work::Wake(_) => pending::run_launch_then(
+            ticket,
+            // SAFETY: `run_launch_then` hands the record claimed for this call, to run once on
+            // this thread; a future's payload only completes its state and wakes its waker.
+            |header| unsafe {
+                RecordHeader::dispatch(header, Op::Run);
+            },
+            |header| {
+                // SAFETY: nobody else holds the record now.
+                unsafe { lane::push(header) };
+                pushed = true;
+            },
+        ),
+        Work::Call => {
+            let mut sent = false;
+            pending::run_launch_then(
+                ticket,
+                |_| {},
+                |header| {
+                    let give_back = move || give_back_event(context, event);
+                    // SAFETY: claimed for this call and held by nobody else; a callback's payload
+                    // is sound to run on the lane with its stream's context current (the
+                    // enqueue's contract).
+                    unsafe { lane::Call::send(header, context.handle, give_back) };
+                    sent = true;
+                },
+            );
+            if !sent {
+                // Reclaimed meanwhile: nothing runs, and the event is done with.
+                give_back_event(context, event);
             }
-        },
-    );
-    true
+            pushed = sent;
+        }
+    }
+    pushed
+}
+
+/// Gives a completed callback's event back to its pool (from the lane, once the callback ran: the
+/// pool keeps its context retained while the event is out).
+fn give_back_event(context: ContextKey, event: usize) {
+    if let Some(driver) = cuda_dl_sys::Driver::get() {
+        pools().give_back(
+            driver,
+            context,
+            ptr::with_exposed_provenance_mut::<std::ffi::c_void>(event) as CUevent,
+        );
+    }
+}
+
+/// Resolves the futures among `stranded` entries whose context failed: each to
+/// [`Error::DeviceFault`](crate::Error::DeviceFault) with the driver's code, at once. Their
+/// records stay pending (what they hold is kept until the context's reclaim), as do the
+/// callbacks' and releases' (a callback never runs after a fault: it is dropped unrun then).
+fn fault_futures(stranded: &[Strand]) {
+    for strand in stranded {
+        if let (Some(code), Work::Wake(shared)) = (strand.fault, &strand.entry.work)
+            && let Some(panic) = shared.fault(code)
+        {
+            lane::report_there(PanicOrigin::Waker, panic);
+        }
+    }
 }
 
 /// Parks for up to `pause`, unless entries are waiting already; an enqueue meanwhile ends the park
@@ -375,19 +397,13 @@ fn poll_loop() {
         return;
     };
     IS_POLLER.with(|p| p.set(true));
-    // Callbacks and wakers are users' code, and queries are "unsafe" calls in the capture sense.
+    // Queries (and wakers) are "unsafe" calls in the capture sense.
     let _ = enter_relaxed_mode();
     // Its timed parks (the interval) are short: keep them so.
     precise_sleeps();
     let mut pace = Pace::start();
     let mut done: Vec<Entry> = Vec::new();
-    let mut stranded: Vec<Entry> = Vec::new();
-    // Completed entries whose callback waits for its context (see `complete`), oldest first.
-    let mut waiting: Vec<Entry> = Vec::new();
-    let mut current = Current {
-        callback: None,
-        releasing: ReaperContext::default(),
-    };
+    let mut stranded: Vec<Strand> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     loop {
         let settings = poller_settings();
@@ -406,6 +422,9 @@ fn poll_loop() {
         // Pools given back this round: their contexts, once released, may be gone.
         let mut released = Vec::new();
         let mut exit = false;
+        // The newest request when this thread decided to exit (under the hand-over's lock, which
+        // a flush asks under): a flush that asks later finds no poller, or the next one.
+        let mut served_at_exit = serving;
         {
             let mut incoming = incoming();
             // It is looking now: an enqueue need not wake it.
@@ -418,7 +437,7 @@ fn poll_loop() {
                     .or_default()
                     .push_back(entry);
             }
-            if !queues.pending() && waiting.is_empty() {
+            if !queues.pending() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() >= settings.idle_exit {
                     // Under the hand-over's lock, then the pools': an enqueue that took an event
@@ -428,6 +447,7 @@ fn poll_loop() {
                     if !pools.any_out() {
                         released = pools.give_back_done(driver, true);
                         incoming.poller = None;
+                        served_at_exit = BARRIER.round_begins();
                         exit = true;
                     }
                 }
@@ -440,7 +460,7 @@ fn poll_loop() {
                 scan(driver, queue, &mut done, &mut stranded);
             }
         }
-        let nothing_pending = !queues.pending() && waiting.is_empty();
+        let nothing_pending = !queues.pending();
         if nothing_pending || exit {
             // Paused or gone: the emptied queues of streams that may never come back go.
             queues.by_stream.retain(|_, queue| !queue.is_empty());
@@ -449,16 +469,20 @@ fn poll_loop() {
             // Under the queues' lock: a reset cannot forget a pool between the query and this.
             let mut pools = pools();
             for entry in &done {
-                pools.give_back(
-                    driver,
-                    entry.context,
-                    ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event) as CUevent,
-                );
+                // A callback's event goes back once the callback ran (see `complete`).
+                if !entry.work.calls() {
+                    pools.give_back(
+                        driver,
+                        entry.context,
+                        ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event)
+                            as CUevent,
+                    );
+                }
             }
             if !stranded.is_empty() {
-                for entry in stranded.drain(..) {
+                for strand in &stranded {
                     // Its record stays pending (counted, reclaimed with its context).
-                    pools.strand(entry.context);
+                    pools.strand(strand.entry.context);
                 }
                 // A pool left with stranded events and none out holds its context for nothing:
                 // the user's last release must be able to destroy it (and reclaim its work).
@@ -467,20 +491,14 @@ fn poll_loop() {
         }
         drop(queues);
         let progress = !done.is_empty();
-        // In manual mode the user's drains release the records.
-        let here = cleanup_mode().is_ok_and(|mode| mode == CleanupMode::Reaper);
-        // The entries that waited first, then this round's; once one of a queue waits, the
-        // later ones of that queue wait behind it (stream order).
-        let mut blocked: Vec<(ContextKey, u64, u64)> = Vec::new();
-        let earlier = std::mem::take(&mut waiting);
-        for entry in earlier.into_iter().chain(done.drain(..)) {
-            let key = (entry.context, entry.stream, entry.thread);
-            if blocked.contains(&key) || !complete(driver, &entry, &mut current, here) {
-                if !blocked.contains(&key) {
-                    blocked.push(key);
-                }
-                waiting.push(entry);
-            }
+        fault_futures(&stranded);
+        stranded.clear();
+        let mut pushed = false;
+        for entry in done.drain(..) {
+            pushed |= complete(entry);
+        }
+        if pushed {
+            lane::ring();
         }
         // Inside the exit gate (no driver call after the teardown), with no lock held: a
         // reclaim takes the locks. Only the work of contexts that are gone is taken.
@@ -489,7 +507,7 @@ fn poll_loop() {
         }
         drop(work);
         if exit {
-            BARRIER.stopped();
+            BARRIER.round_done(served_at_exit);
             break;
         }
         BARRIER.round_done(serving);
