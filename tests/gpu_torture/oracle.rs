@@ -35,6 +35,9 @@ use cuda_workspace::testing::{PATIENCE, REAPER_NAME, ThreadSet, load_fake_driver
 /// The crate's event poller thread (runs `spawn_after` callbacks, releases what it completes).
 pub const EVENT_POLLER: &str = "cuda-hl-events";
 
+/// The low-latency poller thread's name.
+pub const LOW_LATENCY_POLLER: &str = "cuda-host-launch-poller";
+
 /// Host-mapped slots (4 MiB): one per lane, a fresh one for every stream made during the run
 /// (a slot is never reused: a destroyed stream's kernels may still write to it).
 pub const SLOTS: usize = 1 << 20;
@@ -530,9 +533,14 @@ impl Tracked {
                     "its host function ran on {name:?}, not on a driver thread"
                 ));
             }
-        } else if name.as_deref() != Some(EVENT_POLLER) {
+        } else if matches!(
+            name.as_deref(),
+            Some(EVENT_POLLER | LOW_LATENCY_POLLER) | None
+        ) {
+            // User code never runs on a thread that watches completions (nor a driver's): a
+            // callback runs on the cleanup queue's thread (the reaper, or a drainer).
             self.violation(&format!(
-                "its spawn_after callback ran on {name:?}, not on the event poller"
+                "its spawn_after callback ran on {name:?}, not on the cleanup queue's thread"
             ));
         }
         let slot = run.slots.get(self.slot);
@@ -576,7 +584,12 @@ impl Tracked {
             self.violation(&format!("its owners were dropped {} times", before + 1));
             return;
         }
-        let releasing = matches!(name.as_deref(), Some(REAPER_NAME | EVENT_POLLER));
+        if matches!(name.as_deref(), Some(EVENT_POLLER | LOW_LATENCY_POLLER)) {
+            self.violation(&format!(
+                "its owners were dropped on {name:?}, a thread that watches completions"
+            ));
+        }
+        let releasing = name.as_deref() == Some(REAPER_NAME);
         if releasing && self.kind.released_with_no_context() && self.accepted() {
             let mut current = std::ptr::null_mut();
             // SAFETY: a valid out-pointer.

@@ -401,16 +401,122 @@ pub struct Owner {
     /// Makes a context current in its `Drop` (what a binding's buffer does), so that the crate
     /// must clear it before the next owner.
     pub binds: Option<usize>,
+    /// What else its `Drop` does: user code that must stall no completion (see [`Antics`]).
+    pub antics: Antics,
+}
+
+/// What user code in an owner's `Drop` or a callback does beside its work: the classes of code
+/// that must never stall the watching of completions (the crate runs it on the cleanup queue's
+/// thread, never on a poller).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Antics {
+    /// Nothing more.
+    None,
+    /// Blocks for a while (a lock, a slow free).
+    Blocks,
+    /// Awaits a completion of its thread's default stream in the context (made current first):
+    /// only the poller can resolve it, which must not be the thread running this.
+    Awaits(usize),
+    /// Calls `flush`, which must return (never wait for its own thread).
+    Flushes,
+    /// Panics (the crate catches and reports it).
+    Panics,
+}
+
+/// The panic message of [`Antics::Panics`].
+pub const ANTICS_PANIC: &str = "torture: user code panicked on purpose";
+
+impl Antics {
+    /// Does it, on the calling thread, if that is the crate's reaper (where the crate runs user
+    /// code; on a user's thread, dropping owners of a failed enqueue, the antics would be the
+    /// user's own business and would disturb the harness's thread); a violation if something
+    /// that must return does not.
+    pub fn act(self, oracle: &Oracle, what: &dyn Fn() -> String) {
+        if std::thread::current().name() != Some(super::super::REAPER_NAME) {
+            return;
+        }
+        match self {
+            Antics::None => {}
+            Antics::Blocks => std::thread::sleep(std::time::Duration::from_micros(300)),
+            Antics::Awaits(context) => {
+                let Some(driver) = cuda_dl_sys::Driver::get() else {
+                    return;
+                };
+                // SAFETY: any handle: a dead one is refused (the fake never reuses one).
+                if unsafe { driver.cuCtxSetCurrent(std::ptr::with_exposed_provenance_mut(context)) }
+                    .is_err()
+                {
+                    return;
+                }
+                let Ok(future) = cuda_host_launch::CompletionMode::Event
+                    .completion(cuda_host_launch::RawStream::PER_THREAD)
+                else {
+                    return;
+                };
+                if !resolves_within(future, std::time::Duration::from_secs(20)) {
+                    oracle.violation(format!(
+                        "{}: user code awaiting a completion never saw it resolve",
+                        what()
+                    ));
+                }
+            }
+            Antics::Flushes => {
+                let began = std::time::Instant::now();
+                let result = cuda_host_launch::flush(std::time::Duration::from_secs(20));
+                if matches!(result, Err(Error::FlushTimedOut { .. })) {
+                    oracle.violation(format!(
+                        "{}: a flush in user code timed out after {:?}",
+                        what(),
+                        began.elapsed()
+                    ));
+                }
+            }
+            Antics::Panics => panic!("{ANTICS_PANIC}"),
+        }
+    }
+}
+
+/// Polls `future` on this thread (parking between polls) until it resolves or `limit` passes;
+/// whether it resolved.
+fn resolves_within<F: std::future::Future>(future: F, limit: std::time::Duration) -> bool {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut future = std::pin::pin!(future);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if future.as_mut().poll(&mut cx).is_ready() {
+            return true;
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::park_timeout((deadline - now).min(std::time::Duration::from_millis(5)));
+    }
 }
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        // The crate's releasing threads: the reaper, and the event poller (which releases the
-        // event work it completes). A `spawn_after` closure's captures go inside the callback,
-        // in the stream's context.
+        // The crate's releasing thread is the reaper; the threads that watch completions (the
+        // pollers) never drop owners (user code). A `spawn_after` closure's captures go inside
+        // the callback, in the stream's context.
         let name = std::thread::current().name().map(str::to_owned);
-        let releasing = name.as_deref() == Some(super::super::REAPER_NAME)
-            || name.as_deref() == Some("cuda-hl-events");
+        if matches!(
+            name.as_deref(),
+            Some("cuda-hl-events" | "cuda-host-launch-poller")
+        ) {
+            self.oracle.violation(format!(
+                "{}: its owners were dropped on {name:?}, a thread that watches completions",
+                describe(&self.tracked)
+            ));
+        }
+        let releasing = name.as_deref() == Some(super::super::REAPER_NAME);
         let in_callback = matches!(
             self.tracked.op,
             super::script::Op::Work {
@@ -445,6 +551,7 @@ impl Drop for Owner {
             }
         }
         self.oracle.owners_dropped(&self.tracked);
+        self.antics.act(&self.oracle, &|| describe(&self.tracked));
         if let (Some(context), Some(driver)) = (self.binds, cuda_dl_sys::Driver::get()) {
             // SAFETY: any handle: a dead one is refused by the driver (the fake never reuses one).
             let _ =
@@ -527,6 +634,15 @@ impl Watched {
                 }
             }
             Err(Error::HostFunctionPanicked { .. }) => {}
+            // A device fault is told only by a context that had one (`poison`).
+            Err(Error::DeviceFault { code, .. }) => {
+                if !fake().context_poisoned(at.context) {
+                    oracle.violation(format!(
+                        "{}: the future resolved to a device fault ({code}), its context never had one",
+                        describe(&self.tracked)
+                    ));
+                }
+            }
             Err(e) => oracle.violation(format!(
                 "{}: the future resolved to an unexpected error: {e}",
                 describe(&self.tracked)

@@ -25,7 +25,7 @@ use cuda_host_launch::{
 };
 
 use super::super::fake;
-use super::oracle::{CaptureRecord, Oracle, Owner, Position, Tracked, WakeFlag, Watched};
+use super::oracle::{Antics, CaptureRecord, Oracle, Owner, Position, Tracked, WakeFlag, Watched};
 use super::script::{CONTEXT_SLOTS, DEVICES, FAULT_CALLS, Op, STREAM_SLOTS, Special, WorkKind};
 
 /// What a stream slot holds.
@@ -70,8 +70,11 @@ unsafe impl Send for Capture {}
 struct Callback {
     tracked: Arc<Tracked>,
     oracle: Arc<Oracle>,
-    /// For `spawn_after`: the context that must be current (its handle), on the crate's poller.
+    /// For `spawn_after`: the context that must be current (its handle), on the cleanup queue's
+    /// thread.
     poller_context: Option<usize>,
+    /// What else a `spawn_after` callback does (user code on the lane: see [`Antics`]).
+    antics: Antics,
 }
 
 impl Callback {
@@ -79,9 +82,14 @@ impl Callback {
         self.oracle.callback_runs(&self.tracked);
         if let Some(context) = self.poller_context {
             let name = std::thread::current().name().map(str::to_owned);
-            if name.as_deref() != Some("cuda-hl-events") {
+            // User code never runs on a thread that watches completions: a callback runs on the
+            // cleanup queue's thread (the reaper, or a drainer).
+            if matches!(
+                name.as_deref(),
+                Some("cuda-hl-events" | "cuda-host-launch-poller") | None
+            ) {
                 self.oracle.violation(format!(
-                    "{}: a spawn_after callback ran on {name:?}, not on the event poller",
+                    "{}: a spawn_after callback ran on {name:?}, not on the cleanup queue's thread",
                     super::oracle::describe(&self.tracked)
                 ));
             }
@@ -98,6 +106,8 @@ impl Callback {
                     super::oracle::describe(&self.tracked)
                 ));
             }
+            self.antics
+                .act(&self.oracle, &|| super::oracle::describe(&self.tracked));
         }
     }
 }
@@ -434,6 +444,7 @@ impl World {
             tracked: Arc::clone(tracked),
             oracle: Arc::clone(&self.oracle),
             binds: me.rng.percent(20).then_some(context.addr()),
+            antics: antics(me, context),
         }
     }
 
@@ -459,6 +470,7 @@ impl World {
             tracked: Arc::clone(&tracked),
             oracle: Arc::clone(&self.oracle),
             poller_context: (kind == WorkKind::SpawnAfter).then_some(context.addr()),
+            antics: antics(me, context),
         });
         let result: Result<(), Error> = match kind {
             WorkKind::Raw => {
@@ -524,7 +536,12 @@ impl World {
                 cuda_host_launch::release_after(stream, owner)
             }
             WorkKind::SpawnAfter => {
-                let owner = self.owner(&tracked, me, context);
+                let mut owner = self.owner(&tracked, me, context);
+                // Dropped as the callback unwinds if the callback panics: a second panic there
+                // would abort the process (Rust's rule, not the crate's).
+                if owner.antics == Antics::Panics {
+                    owner.antics = Antics::None;
+                }
                 let callback = Arc::clone(&callback);
                 cuda_host_launch::spawn_after(stream, move || {
                     callback.run();
@@ -591,6 +608,7 @@ impl World {
             tracked: Arc::clone(&tracked),
             oracle: Arc::clone(&self.oracle),
             poller_context: None,
+            antics: Antics::None,
         });
         let added = cuda_host_launch::add_host_node(&graph, &[], move || {
             let _owner = &owner;
@@ -1012,4 +1030,18 @@ fn lock_r<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn lock_w<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     m.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What user code (an owner's `Drop`, a callback) does beside its work: mostly nothing; else
+/// each class of [`Antics`] about as often.
+fn antics(me: &mut ThreadState, context: CUcontext) -> Antics {
+    if !me.rng.percent(20) {
+        return Antics::None;
+    }
+    match me.rng.below(4) {
+        0 => Antics::Blocks,
+        1 => Antics::Awaits(context.addr()),
+        2 => Antics::Flushes,
+        _ => Antics::Panics,
+    }
 }
