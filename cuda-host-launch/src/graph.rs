@@ -115,7 +115,7 @@ impl Graph {
         // SAFETY: live graph; a null array asks for the count.
         unsafe { driver.cuGraphGetNodes(self.raw, ptr::null_mut(), &mut count)? };
         if count == 0 {
-            // The driver refuses an array with room for no node (measured on the H200).
+            // The real driver refuses an array with room for no node.
             return Ok(Vec::new());
         }
         let mut nodes = vec![ptr::null_mut(); count];

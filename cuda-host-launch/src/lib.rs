@@ -3,41 +3,69 @@
 //! A host function (`cuLaunchHostFunc`) runs on a thread of the CUDA driver once the work enqueued
 //! before it on its stream has completed. Whatever it uses must stay alive until then, and must be
 //! released afterwards, but **not on the driver's thread**: releasing a device buffer calls CUDA,
-//! which a host function must not do. This crate keeps that promise:
+//! which a host function must not do. This crate keeps that promise, and offers ways to act on
+//! stream order that need no host function at all.
 //!
-//! - [`launch_host_function`]`(stream, f, user_data, owners)`: the owners (any `Send + 'static`
-//!   values, a tuple for several) stay alive until `f` has returned, then are dropped exactly once
-//!   by the cleanup queue: never on the driver's thread, never before `f` ran, and on the caller's
-//!   thread if the launch fails.
-//! - [`host_launch`]`(stream, closure)`: the same for a closure, whose captures are its owners.
-//! - [`launch_host_function_with_bytes`]: a C host function with a private copy of its user data.
-//! - [`add_host_node`]: a graph host node running a closure, which the graph owns (through a CUDA
-//!   user object) until it and every executable graph made from it are destroyed.
-//! - [`completion`] / [`host_launch_async`]: futures of stream work, runtime-agnostic.
-//! - Feature `cudarc`: cudarc's `CudaStream` is a launch target like this crate's [`Stream`] (module
-//!   `cudarc_stream`).
+//! # Which call for what
 //!
-//! Their variants are methods of the value that chooses them:
+//! | you want | call | how |
+//! | --- | --- | --- |
+//! | code run in stream order, with **later work on the stream waiting for it** | [`host_launch`]`(stream, closure)`; [`launch_host_function`]`(stream, f, user_data, owners)` for a C function (its `owners` kept alive with it); [`launch_host_function_with_bytes`] for a C function with a private copy of its user data | a host function on the driver's thread: no CUDA calls inside; the captures or owners are dropped after it returned, by the cleanup queue |
+//! | values kept alive until the stream's **earlier work is done**, then dropped (a staging buffer, a device buffer the kernels used) | [`release_after`]`(stream, owners)` | one `cuEventRecord`; the stream does not wait; the crate's event poller drops them (CUDA 12.0, a primary context's stream) |
+//! | a closure run once the stream's earlier work is done, **which may call CUDA** (free memory, enqueue more work) | [`spawn_after`]`(stream, closure)` | as `release_after`; the closure runs on the event poller with the stream's context current |
+//! | a future of the stream's work so far, for async code | [`completion`]`(stream)`, or [`CompletionMode`]`::…`[`.completion(stream)`](CompletionMode::completion) | see "Completion modes" below; runtime-agnostic (a `std::task::Waker`) |
+//! | a future of a closure's result, in stream order | [`host_launch_async`] | always a host function (the result exists once it ran) |
+//! | host code in a **graph**: a node, or a launch on a capturing stream | [`add_host_node`] on a [`Graph`]; [`LaunchOptions::host_launch_repeatable`] / [`LaunchOptions::launch_host_function_repeatable`] | the owners live as long as the graph and every executable graph made from it |
+//! | the driver thread's sync mode (CUDA 13.1+) | [`LaunchOptions`] | the same launches as methods of the options |
+//! | a **barrier** before a check or an exit: every owner of completed work dropped, every callback returned | [`flush`]`(timeout)` after `stream.synchronize()` | waits for the cleanup queue and a round of each poller; pending work is not waited for |
+//! | who drops the owners | [`CleanupMode::Reaper`] (default: a thread of this crate) or [`CleanupMode::Manual`] (the next launch, [`drain`] or [`flush`]), through [`set_cleanup_mode`] or [`CLEANUP_MODE_ENV`] | [`cleanup_stats`] counts the releases |
+//! | the crate's threads (reaper, event poller, low-latency poller): names, CPUs, a start hook | [`set_thread_settings`]`(`[`ThreadSettings`]`)`, with an [`Affinity`] | by default they may run on every CPU of the process, not only the launching thread's |
+//! | the event poller's latency against its CPU time | [`set_poller_settings`]`(`[`PollerSettings`]`)`: [`PollerSettings::DEFAULT`], [`PollerSettings::LOW_LATENCY`] | [`poller_cpu_time`] says what the pollers used |
+//! | the owners of launches that will never run (a sticky error) | [`pending_launches`]; [`PrimaryContext::reset`] or the last [`PrimaryContext`] dropped; [`reclaim_pending`] after a `cuCtxDestroy` of your own | released once through the cleanup queue; futures resolve to [`Error::ContextLost`] |
 //!
-//! - [`LaunchOptions`]: the driver thread's sync mode (`cuLaunchHostFunc_v2`, CUDA 13.1+), for
-//!   [`LaunchOptions::launch_host_function`], [`LaunchOptions::host_launch`] and
-//!   [`LaunchOptions::add_host_node`] (and [`LaunchOptions::add_host_node_raw`] for raw graph
-//!   handles); and the repeatable launches, [`LaunchOptions::host_launch_repeatable`] and
-//!   [`LaunchOptions::launch_host_function_repeatable`]: host functions that may run many times,
-//!   so they also work on a capturing stream, where they become a graph host node owned by the
-//!   graph.
-//! - [`CompletionMode`]: with [`CompletionMode::LowLatency`]`.`[`completion`](CompletionMode::completion)
-//!   the stream writes a flag that a poller thread watches, without a host function.
-//! - [`pending_launches`], [`reclaim_pending`], [`PrimaryContext::reset`]: launches whose host
-//!   function will never run (a sticky error) have their owners released once the context is reset
-//!   or destroyed.
+//! **Host function or event?** A host function makes the stream wait until it has run: use it
+//! when later work on the stream depends on it, or inside a graph. When nothing on the stream waits
+//! for the host side, [`release_after`] and [`spawn_after`] cost a fraction of a host function to
+//! enqueue and do not pass through the context's one driver thread (`BENCHMARKS.md` in the
+//! workspace gives the figures).
 //!
-//! One heap allocation per launch (the launch record holds the function, its data and its owners);
-//! the driver's thread only runs the function and pushes the record onto a lock-free queue. A
-//! reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or [`flush`]) drops the
-//! owners. The workspace's `DESIGN.md` tells which thread drops what.
+//! A stream is this crate's [`Stream`] (made from a [`PrimaryContext`]), a [`RawStream`], anything
+//! else that implements [`AsRawStream`], or, with the feature `cudarc`, cudarc's `CudaStream`
+//! (module `cudarc_stream`).
+//!
+//! # Completion modes
+//!
+//! [`CompletionMode`] chooses how a [`Completion`] learns that the stream got there:
+//! - `Auto` (the default, [`completion`]): `Event` where it can (a primary context's stream,
+//!   CUDA 12.0+), else `HostFunction`.
+//! - `Event`: the stream records an event that the crate's event poller queries; no host function,
+//!   the cheapest enqueue, some CPU while futures wait (paced by [`PollerSettings`]).
+//! - `HostFunction`: a host function wakes the task; no CPU at all while the future waits, and
+//!   the wake-up waits for the driver's thread.
+//! - `LowLatency`: the stream writes a flag into host memory that a poller thread of its own
+//!   watches; the soonest wake-up, a busy core meanwhile (CUDA 12.0).
+//!
+//! `BENCHMARKS.md` ("Choosing a completion mode and the poller's pace") gives each mode's latency
+//! and CPU time. The event poller spins briefly after news, then looks at pauses that grow with
+//! the wait, between [`PollerSettings::interval`] and [`PollerSettings::max_interval`], and exits
+//! after [`PollerSettings::idle_exit`] with nothing pending; [`PollerSettings::LOW_LATENCY`] spins
+//! while anything is pending.
+//!
+//! # Cleanup and the crate's threads
+//!
+//! One heap allocation per launch (the launch record holds the function, its data and its owners,
+//! usually in a pooled slot); the driver's thread only runs the function and pushes the record onto
+//! a lock-free queue. A reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or
+//! [`flush`]) drops the owners, with no context current. The event poller drops what
+//! [`release_after`] kept and runs [`spawn_after`] callbacks; the low-latency poller wakes
+//! `LowLatency` futures. All three run in relaxed stream-capture mode, so a `Drop` that frees
+//! memory never breaks another thread's capture; the reaper and the event poller stop before the
+//! driver is torn down at exit ([`flush`] first where owners must be dropped).
+//! The workspace's `DESIGN.md` tells which thread drops what; `RELIABILITY.md` lists what is
+//! promised and the tests that check it.
 //!
 //! # Features
+//! - `cudarc`: cudarc's `CudaStream` (and `Arc<CudaStream>`) is a launch target.
 //! - `unpooled-records` (off by default): every launch record is a `Box` of its own instead of a
 //!   slot of the record pool. Slower; for memory checkers such as AddressSanitizer, which then see
 //!   each record's release as a `free`.
@@ -63,22 +91,39 @@
 //!   that graph: it then runs on the first call only, and later replays do nothing.)
 //!
 //! # Example
+//! Doc tests here have no GPU, so this one is compiled but not run (`examples/quickstart` in the
+//! workspace runs host launches and `flush` on a GPU, or on the fake driver without one).
 //! ```no_run
-//! use std::sync::Arc;
-//! use cuda_host_launch::{host_launch, Device, PrimaryContext, Stream};
+//! use std::sync::{Arc, Mutex};
+//! use std::time::Duration;
+//! use cuda_host_launch::{
+//!     host_launch, release_after, set_thread_settings, spawn_after, Affinity, Device,
+//!     PrimaryContext, Stream, ThreadSettings,
+//! };
 //!
 //! fn main() -> Result<(), cuda_host_launch::Error> {
+//!     // Optional, before the crate starts its threads: keep them off CPU 0.
+//!     set_thread_settings(ThreadSettings::new().affinity(Affinity::Cpus(vec![1, 2, 3])));
+//!
 //!     let context = PrimaryContext::retain(Device::get(0)?)?;
 //!     let stream = Stream::new(&context)?;
-//!     let results = Arc::new(std::sync::Mutex::new(Vec::new()));
+//!
+//!     // Later work on the stream waits for these: host functions, in stream order, on the
+//!     // driver's thread. `results` (an owner) is dropped later, by the cleanup queue.
+//!     let results = Arc::new(Mutex::new(Vec::new()));
 //!     for i in 0..3 {
 //!         let results = Arc::clone(&results);
-//!         // Runs on the driver's thread, in stream order; `results` (an owner) is dropped later,
-//!         // by the cleanup queue.
 //!         host_launch(&stream, move || results.lock().unwrap().push(i))?;
 //!     }
+//!
+//!     // Nothing on the stream waits for these: one event each, watched by the crate's poller.
+//!     let staging = vec![0u8; 1 << 20]; // stands for what the stream's earlier work reads
+//!     release_after(&stream, staging)?; // dropped once that work is done
+//!     spawn_after(&stream, || println!("the stream got here; CUDA calls are allowed"))?;
+//!
 //!     stream.synchronize()?;
-//!     cuda_host_launch::flush(std::time::Duration::from_secs(1))?;
+//!     // The barrier: every owner of the work above dropped, every callback returned.
+//!     cuda_host_launch::flush(Duration::from_secs(1))?;
 //!     assert_eq!(*results.lock().unwrap(), [0, 1, 2]);
 //!     Ok(())
 //! }

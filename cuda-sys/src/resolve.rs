@@ -87,7 +87,7 @@ pub(crate) enum Lookup {
 /// The ABI version to ask for and the export to look up, for a default-stream mode. The export is
 /// `None` where that ABI version has no variant in the mode: a per-thread lookup of a version
 /// without a per-thread twin, of a function that has per-thread variants in other ABI versions.
-/// `cuGetProcAddress` then answers `VERSION_NOT_SUFFICIENT` (the H200's 13.0 driver for
+/// `cuGetProcAddress` then answers `VERSION_NOT_SUFFICIENT` (a 13.0 driver does for
 /// `cuMemcpyAtoA` at 2.0), and the exports of older drivers are not looked up either: their
 /// legacy export would give the legacy default stream's semantics in per-thread mode.
 pub(crate) fn variant(info: &FunctionInfo, mode: DefaultStream) -> (u32, Option<&'static CStr>) {

@@ -34,7 +34,7 @@
 //! thread whose segment state is already gone (an exiting thread's last launches are boxed).
 //!
 //! Against the chunked free-list pool this replaced, the bump in address order made owner launches
-//! cheaper to enqueue and faster in throughput on the H200 (`benches/HISTORY.md`); sorting a
+//! cheaper to enqueue and faster in throughput (`benches/HISTORY.md`, item 28); sorting a
 //! free-list pool's slots by address did nothing: only a bump through fresh or wholly free memory
 //! makes one forward stream.
 //!

@@ -89,9 +89,9 @@ impl PrimaryContext {
     /// the reset context's launches is pending ([`pending_launches`](Self::pending_launches)).
     ///
     /// The reset destroys the context (its old handle is dead: `CUDA_ERROR_CONTEXT_IS_DESTROYED`,
-    /// measured on the H200). The calling thread's current context, if it was the old one, is
+    /// CUDA-FACTS.md). The calling thread's current context, if it was the old one, is
     /// cleared, and this value takes the re-activated context's handle, where the driver allows:
-    /// after a sticky error the H200's 13.0 driver refuses to re-create the primary context
+    /// after a sticky error a 13.0 driver refuses to re-create the primary context
     /// (`CUDA_ERROR_LAUNCH_FAILED`), so the process must be restarted to use the GPU again; the
     /// reclaim has happened either way.
     ///
@@ -150,8 +150,8 @@ impl PrimaryContext {
             let _ = unsafe { driver.cuCtxSetCurrent(ptr::null_mut()) };
         }
         // The reset kept our retain: re-activate and take the new handle, leaving the count as it
-        // was (retain + release). After a sticky error the driver may refuse (the H200's 13.0
-        // driver answers CUDA_ERROR_LAUNCH_FAILED here): the GPU is then unusable in this process,
+        // was (retain + release). After a sticky error the driver may refuse (a 13.0 driver
+        // answers CUDA_ERROR_LAUNCH_FAILED here): the GPU is then unusable in this process,
         // but the reclaim above has already released every pending owner.
         let mut new = ptr::null_mut();
         // SAFETY: a valid device and out-pointer.

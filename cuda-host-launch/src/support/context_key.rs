@@ -1,8 +1,8 @@
 //! A context as the crate names it: its handle **and** its `cuCtxGetId`.
 //!
 //! A handle alone does not name one context for the life of the process: a primary context keeps
-//! its handle when it is made again after its last release or a reset (measured on the H200: the
-//! same handle, `cuCtxGetId` 1 then 2), and a context made with `cuCtxCreate` may get a destroyed
+//! its handle when it is made again after its last release or a reset (the same handle,
+//! `cuCtxGetId` 1 then 2: CUDA-FACTS.md), and a context made with `cuCtxCreate` may get a destroyed
 //! one's handle. The id is never given to another context in the process. So every per-context
 //! record of the crate (a launch's ticket, an event pool, a low-latency page) carries both, and a
 //! reclaim takes only the work of contexts that are gone, found by this rule ([`Liveness`]):
@@ -83,7 +83,8 @@ impl Liveness {
     /// is inactive, else the id its handle names. `cuDevicePrimaryCtxGetState` waits while a last
     /// release or a reset of the context runs its pending work, so "none" means that work is over;
     /// `cuCtxGetId` answers at once, refusing the handle while the context is being destroyed
-    /// (both measured on the H200: the conformance suite's `..._during_a_last_release_...`), so
+    /// (both the real driver's behaviour, checked against it by the conformance suite's
+    /// `..._during_a_last_release_...`), so
     /// its refusal is only believed once the state, asked again, confirms it.
     ///
     /// The handle of a primary context stays the driver's for the process's life, so asking for
@@ -142,7 +143,7 @@ impl Liveness {
 pub(crate) enum Gone {
     /// Nothing: only the look decides.
     Unknown,
-    /// The context with this id (it reset it: measured before the reset).
+    /// The context with this id (it reset it: read before the reset).
     Context(u64),
     /// Every context the handle named before the call (the caller destroyed or reset it, and
     /// promises nothing of a later one at the handle has work pending).
