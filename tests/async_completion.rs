@@ -465,6 +465,35 @@ fn enqueued() -> (u64, u64) {
 }
 
 isolated_test! {
+    /// A device fault fails a `LowLatency` future without waiting for a reset: its flag never
+    /// comes, and the poller, looking for the context's sticky error every few milliseconds while
+    /// it waits, resolves the future to `DeviceFault` with the driver's code (before: it stayed
+    /// pending until the user reset the context). The reset later finds nothing more to fail.
+    fn a_low_latency_future_fails_on_a_device_fault_before_any_reset(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let future = CompletionMode::LowLatency.completion(&stream).unwrap();
+        fake().poison_context(context.raw()).expect("the fake could not poison the context");
+        let result = block_on(future);
+        assert!(
+            matches!(
+                result,
+                Err(Error::DeviceFault {
+                    code: 719,
+                    name: "CUDA_ERROR_LAUNCH_FAILED"
+                })
+            ),
+            "{result:?}"
+        );
+        hold.release();
+        drop(stream);
+        // SAFETY: the context's only stream is dropped, and nothing made in it is used after.
+        unsafe { context.reset() }.unwrap();
+    }
+
     /// `completion` (`Auto`) records an event on a stream of a primary context, enqueues a host
     /// function on a stream of a created context, and refuses a capturing stream as every mode
     /// does.

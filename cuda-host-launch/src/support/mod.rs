@@ -26,4 +26,6 @@ pub(crate) mod precise_sleeps;
 pub(crate) mod raw_stream;
 #[cfg(not(loom))]
 pub(crate) mod relaxed_capture;
+#[cfg(not(loom))]
+pub(crate) mod sticky_error;
 pub(crate) mod sync;

@@ -54,8 +54,8 @@ use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::PanicOrigin;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
-use crate::support::relaxed_capture;
 use crate::support::sync::lock;
+use crate::support::{relaxed_capture, sticky_error};
 
 /// How the poller waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
 /// to 100 µs (the low-latency mode: more CPU than the event poller's 250 µs, less lateness after a
@@ -378,6 +378,41 @@ pub(crate) fn fail_gone(handle: usize, look: &dyn Fn() -> Liveness, known: Gone)
     }
 }
 
+/// How often the poller looks for a sticky error in the contexts whose flags it waits for (a flag
+/// never comes after one): a fault fails their futures within about this long of surfacing.
+const FAULT_LOOK: Duration = Duration::from_millis(2);
+
+/// Fails the waiting futures of every context that has a sticky error ([`sticky_error::probe`];
+/// only primary contexts this crate knows, whose handles never dangle) with
+/// [`Error::DeviceFault`](crate::Error::DeviceFault). Their slots are not freed (no write will
+/// come, but none is reused before the context's pages go with its reclaim).
+fn fail_faulted(waiting: &mut Vec<Entry>) {
+    let Some(driver) = cuda_dl_sys::Driver::get() else {
+        return;
+    };
+    let mut contexts: Vec<ContextKey> = waiting.iter().map(|entry| entry.context).collect();
+    contexts.sort_unstable();
+    contexts.dedup();
+    let faulted: Vec<(ContextKey, u32)> = contexts
+        .into_iter()
+        .filter(|key| super::primary_release::device_of(key.handle).is_some())
+        // SAFETY: a primary context's handle, which the driver keeps for the process's life.
+        .filter_map(|key| unsafe { sticky_error::probe(driver, key) }.map(|code| (key, code)))
+        .collect();
+    if faulted.is_empty() {
+        return;
+    }
+    waiting.retain(|entry| {
+        let Some(&(_, code)) = faulted.iter().find(|(key, _)| *key == entry.context) else {
+            return true;
+        };
+        if let Some(panic) = entry.shared.fault(code) {
+            lane::report_there(PanicOrigin::Waker, panic);
+        }
+        false
+    });
+}
+
 fn poll_loop() {
     // Wakers are users' code: never in the default capture interaction (see `relaxed_capture`).
     // The driver is loaded (`register` used it before starting this thread).
@@ -387,6 +422,7 @@ fn poll_loop() {
     let mut pace = Pace::start();
     let mut waiting: Vec<Entry> = Vec::new();
     let mut idle_since: Option<Instant> = None;
+    let mut last_fault_look = Instant::now();
     IS_POLLER.with(|p| p.set(true));
     loop {
         let was_idle = waiting.is_empty();
@@ -441,6 +477,10 @@ fn poll_loop() {
             }
             true
         });
+        if !waiting.is_empty() && last_fault_look.elapsed() >= FAULT_LOOK {
+            last_fault_look = Instant::now();
+            fail_faulted(&mut waiting);
+        }
         BARRIER.round_done(serving);
         let round = Round {
             progress: waiting.len() < before,

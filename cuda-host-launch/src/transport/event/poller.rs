@@ -38,6 +38,7 @@ use crate::support::fast_hash::FastHash;
 use crate::support::panic_report::PanicOrigin;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
+use crate::support::sticky_error;
 use crate::support::sync::lock;
 use crate::tracking::pending;
 use crate::transport::poller_barrier::RoundBarrier;
@@ -369,6 +370,7 @@ fn give_back_event(context: ContextKey, event: usize) {
 fn fault_futures(stranded: &[Strand]) {
     for strand in stranded {
         if let (Some(code), Work::Wake(shared)) = (strand.fault, &strand.entry.work)
+            && sticky_error::is_sticky(CUresult(code))
             && let Some(panic) = shared.fault(code)
         {
             lane::report_there(PanicOrigin::Waker, panic);

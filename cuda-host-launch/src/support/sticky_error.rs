@@ -1,0 +1,65 @@
+//! A context's sticky error: the device faults after which the context runs no more work (a
+//! trapped kernel, an illegal address), so that a watcher can fail the futures that wait on it
+//! instead of letting them wait until the user resets the context.
+//!
+//! Which codes are sticky: those `cuda.h` documents as leaving "the process in an inconsistent
+//! state" where "any further CUDA work will return the same error" ([`is_sticky`]). Other errors
+//! of a query (a context destroyed, a handle refused, a capture) say something else, and are left
+//! to the mechanisms that handle them (the reclaim, the capture rules).
+//!
+//! How it is seen without waiting: after a trap, a query in the context answers the error as
+//! soon as the driver has noticed it, for every query alike (`cuStreamQuery` of an idle stream,
+//! `cuEventQuery` of a never-recorded event, ...), while `cuCtxGetId` and
+//! `cuDevicePrimaryCtxGetState` go on answering (`tools/probes/sticky_error_probes.cu`, run on an
+//! H100). [`probe`] asks the context's legacy stream.
+
+use cuda_dl_sys::types::CUresult;
+
+use super::context_key::ContextKey;
+
+/// Whether `code` is a sticky error: the context that answered it runs no more work.
+pub(crate) fn is_sticky(code: CUresult) -> bool {
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_CONTAINED
+            | CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUresult::CUDA_ERROR_INVALID_PC
+            | CUresult::CUDA_ERROR_LAUNCH_FAILED
+            | CUresult::CUDA_ERROR_TENSOR_MEMORY_LEAK
+    )
+}
+
+/// The sticky error of the context `key`, if it has one that has surfaced: pushes the context,
+/// queries its legacy stream (a busy stream answers "not ready", which is no error), pops it. A
+/// context the handle no longer names (another id: made again) answers nothing, nor does a look
+/// that fails for another reason.
+///
+/// # Safety
+/// `key.handle` must be a handle the driver keeps valid for the process's life whatever happens
+/// to its context: a primary context's. (A `cuCtxCreate` context's handle may dangle once the
+/// context is destroyed.)
+pub(crate) unsafe fn probe(driver: &cuda_dl_sys::Driver, key: ContextKey) -> Option<u32> {
+    let get_id = driver.raw().cuCtxGetId().ok()?;
+    let mut id = 0;
+    // SAFETY: a primary context's handle (the caller's promise); a valid out-pointer.
+    if unsafe { get_id(key.raw(), &mut id) } != CUresult::CUDA_SUCCESS || id != key.id {
+        return None;
+    }
+    // SAFETY: as above: the handle stays the driver's.
+    unsafe { driver.cuCtxPushCurrent(key.raw()) }.ok()?;
+    let query = driver.raw().cuStreamQuery();
+    // SAFETY: the legacy stream's handle, in the context just pushed.
+    let code = query.map(|query| unsafe { query(cuda_dl_sys::CU_STREAM_LEGACY) });
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: pushed just above; a valid out-pointer.
+    let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
+    match code {
+        Ok(code) if is_sticky(code) => Some(code.0),
+        _ => None,
+    }
+}
