@@ -111,15 +111,21 @@ isolated_test! {
         })
         .unwrap();
         release_after(&stream, drops.owner()).unwrap();
+        let low = cuda_host_launch::CompletionMode::LowLatency.completion(&stream).unwrap();
         drops.wait_dropped(2);
         flush(PATIENCE).unwrap();
         assert_eq!(threads_named("t-reaper"), 1);
         assert_eq!(threads_named("t-events"), 1);
         assert_eq!(threads_named(CrateThread::Reaper.default_name()), 0);
+        // Every crate thread, the low-latency poller's too, ran the hook once.
         let mut which: Vec<CrateThread> =
             started.lock().unwrap().iter().map(|(which, _)| *which).collect();
         which.sort_by_key(|w| format!("{w:?}"));
-        assert_eq!(which, [CrateThread::EventPoller, CrateThread::Reaper]);
+        assert_eq!(
+            which,
+            [CrateThread::EventPoller, CrateThread::LowLatencyPoller, CrateThread::Reaper]
+        );
+        drop(low);
     }
 
     /// By default a crate thread may run on every CPU of the process, though the thread that

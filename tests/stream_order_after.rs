@@ -1297,6 +1297,29 @@ isolated_test! {
         flush(PATIENCE).unwrap();
     }
 
+    /// `flush` inside a `release_after` owner's `Drop` returns `FlushOnReleasingThread` at once,
+    /// as inside any owner's `Drop` (the owner is dropped on the cleanup queue's thread, which the
+    /// flush would wait for); a `spawn_after` callback's flush says the same.
+    fn flush_inside_an_owners_drop_or_a_callback_refuses_at_once(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (tx, results) = std::sync::mpsc::channel();
+        let in_drop = tx.clone();
+        release_after(
+            &stream,
+            OnDrop::new(move || in_drop.send(format!("{:?}", flush(PATIENCE))).unwrap()),
+        )
+        .unwrap();
+        spawn_after(&stream, move || tx.send(format!("{:?}", flush(PATIENCE))).unwrap()).unwrap();
+        for _ in 0..2 {
+            let result = results.recv_timeout(PATIENCE).expect("the flush never returned");
+            assert_eq!(result, "Err(FlushOnReleasingThread)");
+        }
+        flush(PATIENCE).unwrap();
+    }
+
     /// `flush` waits for the round of the poller that runs now, not of one that is exiting: a
     /// poller (A) decided to exit (idle) and is held just after (in its reclaim's look at the
     /// context, a hook); a release then starts another poller (B), whose first round is slow (a
