@@ -100,7 +100,7 @@ isolated_test! {
         check(12000, ResolutionPath::ProcAddressV2, Function::cuStreamGetCaptureInfo);
     }
 
-    /// CUDA 13.0: `cuGetProcAddress_v2`; `cuLaunchHostFunc_v2` (13.1) is too new.
+    /// CUDA 13.0: `cuGetProcAddress_v2`; `cuLaunchHostFunc_v2` (13.2) is too new.
     fn cuda_13_0_resolves_through_cu_get_proc_address_v2(FAKE_CUDA_VERSION = "13000") {
         check(13000, ResolutionPath::ProcAddressV2, Function::cuLaunchHostFunc_v2);
     }

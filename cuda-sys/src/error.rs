@@ -235,6 +235,12 @@ pub enum MissingReason {
     /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`). Known from the table, the same on every
     /// driver: the driver is not asked, and an older driver's legacy export is never used.
     NoPerThreadVariant,
+    /// `cuGetProcAddress` returned a pointer that is not the library's export of this ABI variant
+    /// (`cuLaunchHostFunc_v2`), for an entry whose `cudaTypedefs.h` version is a placeholder
+    /// ([`FunctionInfo::placeholder_version`](crate::FunctionInfo::placeholder_version)): the
+    /// driver registers the variant at another version than the table asks for, so the pointer
+    /// is another ABI (an older one, with other parameters) and is never called.
+    OtherVariant,
 }
 
 impl MissingReason {
@@ -244,6 +250,11 @@ impl MissingReason {
             MissingReason::NoPerThreadVariant => {
                 "Call the function's newest variant, or this one through `Driver::legacy()` \
                  (legacy default-stream semantics)"
+            }
+            MissingReason::OtherVariant => {
+                "Call the function's older variant (without what this one adds) meanwhile, and \
+                 report the driver's version to cuda-dl-sys: its table asks for this variant at a \
+                 version this driver registers another one at"
             }
             _ => "Upgrade the NVIDIA driver, or do without this function",
         }
@@ -264,6 +275,10 @@ impl fmt::Display for MissingReason {
             MissingReason::NoPerThreadVariant => {
                 "this ABI version has no per-thread default-stream variant (the driver has one \
                  only for newer ABI versions of the function)"
+            }
+            MissingReason::OtherVariant => {
+                "cuGetProcAddress returned another ABI variant, not the library's export of this \
+                 one"
             }
         })
     }
@@ -529,7 +544,7 @@ mod tests {
         let e = CallError::unavailable(
             Function::cuLaunchHostFunc_v2,
             CallErrorKind::DriverTooOld,
-            13010,
+            13020,
             DriverVersion(12040),
         );
         assert_eq!(e.code(), None);
@@ -537,7 +552,7 @@ mod tests {
             Error::from(e),
             Error::DriverTooOld {
                 function: "cuLaunchHostFunc_v2",
-                required: 13010,
+                required: 13020,
                 found: DriverVersion(12040)
             }
         ));

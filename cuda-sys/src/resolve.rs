@@ -55,13 +55,14 @@ pub(crate) struct Loaded {
 /// The errors a slot caches once its entry resolved to one: the slot holds `1 + ` the error's
 /// index here; any value above [`SLOT_LAST_SENTINEL`] is the function's address. No function lives
 /// in the first page of the address space, so these never collide with one.
-const CACHED_ERRORS: [CallErrorKind; 6] = [
+const CACHED_ERRORS: [CallErrorKind; 7] = [
     CallErrorKind::DriverTooOld,
     CallErrorKind::SymbolMissing(MissingReason::NotFound),
     CallErrorKind::SymbolMissing(MissingReason::VersionNotSufficient),
     CallErrorKind::SymbolMissing(MissingReason::Rejected),
     CallErrorKind::SymbolMissing(MissingReason::NotExported),
     CallErrorKind::SymbolMissing(MissingReason::NoPerThreadVariant),
+    CallErrorKind::SymbolMissing(MissingReason::OtherVariant),
 ];
 const _: () = assert!(CACHED_ERRORS.len() <= SLOT_LAST_SENTINEL);
 
@@ -144,6 +145,14 @@ impl Loaded {
             return Err(unavailable(kind));
         }
         match self.lookup(info.symbol, version, export, mode) {
+            Lookup::Found(p)
+                if info.placeholder_version.is_some()
+                    && !export.is_some_and(|e| self.is_the_export(p, e)) =>
+            {
+                let kind = CallErrorKind::SymbolMissing(MissingReason::OtherVariant);
+                slot.store(sentinel(kind), Ordering::Release);
+                Err(unavailable(kind))
+            }
             Lookup::Found(p) => {
                 // Racing threads store the same address; the first store wins nothing over the rest.
                 slot.store(p.as_ptr(), Ordering::Release);
@@ -156,6 +165,13 @@ impl Loaded {
             }
             Lookup::Failed(code, _) => Err(CallError::lookup_failed(function, code)),
         }
+    }
+
+    /// Whether `found` (what `cuGetProcAddress` returned for an entry whose typedef's version is
+    /// a placeholder) is the library's export `export` of that variant. A library without that
+    /// export cannot be checked, and is believed.
+    fn is_the_export(&self, found: NonNull<c_void>, export: &CStr) -> bool {
+        library::address(&self.library, export).is_none_or(|e| e == found)
     }
 
     /// One lookup of `symbol` at `version` with `mode`'s flag; on drivers older than 11.3, of the
