@@ -450,10 +450,12 @@ impl Driver {
     }
 
     /// Looks a driver symbol up directly, uncached and ungated: through `cuGetProcAddress_v2` or
-    /// `cuGetProcAddress` with `version` and the flag for `mode`. On drivers older than 11.3, which
-    /// have no `cuGetProcAddress`, the export of that ABI version is looked up: the table's own
-    /// (`cuMemAlloc` at 3.2, `version` 3020, is the export `cuMemAlloc_v2`) where the table has
-    /// the symbol at that version, else the export named `symbol` itself (which must then be an
+    /// `cuGetProcAddress` with `version` and the flag for `mode`, which answer with the newest
+    /// variant at or below `version`. On drivers older than 11.3, which have no
+    /// `cuGetProcAddress`, the same variant's export is looked up where the table knows the
+    /// symbol: its newest variant at or below `version` (`cuMemAlloc` at any `version` from 3020
+    /// is 3.2's export `cuMemAlloc_v2`; per-thread, `cuStreamSynchronize` from 7000 is
+    /// `cuStreamSynchronize_ptsz`), else the export named `symbol` itself (which must then be an
     /// export's full name). `version` is numbered as the driver numbers versions
     /// (`1000 * major + 10 * minor`).
     ///
@@ -479,11 +481,13 @@ impl Driver {
     }
 }
 
-/// The export to look up for `symbol` at ABI `version` in `mode` on drivers older than 11.3: the
-/// table's choice for that variant (as its entries resolve, [`resolve::variant`]); `None` if the
-/// table has the symbol but no such variant in this mode (a per-thread request of a version
-/// without a per-thread twin must not find the legacy export of another ABI); `symbol` itself if
-/// the table does not know it.
+/// The export to look up for `symbol` at ABI `version` in `mode` on drivers older than 11.3: as
+/// `cuGetProcAddress` answers, the newest variant the table has at or below `version` (each as
+/// its entries resolve, [`resolve::variant`]: `cuMemAlloc` at 11.2 is 3.2's `cuMemAlloc_v2`,
+/// `cuStreamSynchronize` at 9.0 per-thread is 7.0's `cuStreamSynchronize_ptsz`); `None` if the
+/// table has the symbol but no variant at or below `version`, or that variant has none in this
+/// mode (a per-thread request of a version without a per-thread twin must not find the legacy
+/// export of another ABI); `symbol` itself if the table does not know it.
 fn export_of(symbol: &CString, version: u32, mode: DefaultStream) -> Option<&std::ffi::CStr> {
     let mut known = Function::ALL
         .iter()
@@ -493,12 +497,12 @@ fn export_of(symbol: &CString, version: u32, mode: DefaultStream) -> Option<&std
     if known.peek().is_none() {
         return Some(symbol.as_c_str());
     }
+    // Ties (two ABI versions whose per-thread twins share one version) go to the newer ABI.
     known
-        .find_map(|info: &FunctionInfo| {
-            let (v, export) = resolve::variant(info, mode);
-            (v == version).then_some(export)
-        })
-        .flatten()
+        .map(|info: &FunctionInfo| (resolve::variant(info, mode), info.version))
+        .filter(|&((v, _), _)| v <= version)
+        .max_by_key(|&((v, _), abi)| (v, abi))
+        .and_then(|((_, export), _)| export)
 }
 
 /// Opens the library (the first candidate that is a driver) and initialises it.
