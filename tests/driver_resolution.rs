@@ -202,7 +202,9 @@ isolated_test! {
         CUDA_DL_SYS_LIBRARY = fake_named_libcuda(),
     ) {
         let driver = cuda_dl_sys::driver().unwrap();
-        assert_eq!(driver.path(), fake_named_libcuda());
+        // The file itself, the link followed; the kind is judged by the name the loader found.
+        let file = fake_driver_path().canonicalize().unwrap();
+        assert_eq!(driver.path(), file);
         let err = expect_error(driver.raw().cuStreamQuery());
         let Error::SymbolMissing { library: Some(library), .. } = &err else {
             panic!("expected SymbolMissing naming the library, got {err:?}");
@@ -210,7 +212,7 @@ isolated_test! {
         assert_eq!(
             *library,
             DriverLibrary {
-                path: fake_named_libcuda(),
+                path: file.clone(),
                 kind: LibraryKind::NvidiaDriver,
                 origin: LibraryOrigin::Environment,
             }
@@ -220,7 +222,7 @@ isolated_test! {
             "the installed driver (CUDA 13.0, {}) does not provide cuStreamQuery (ABI version \
              2.0): cuGetProcAddress found no such symbol. Upgrade the NVIDIA driver, or do without \
              this function",
-            fake_named_libcuda().display()
+            file.display()
         );
         assert_eq!(text, expected);
     }
@@ -297,6 +299,7 @@ isolated_test! {
             fake().export_address("cuStreamGetCaptureInfo_v3").unwrap()
         );
     }
+
     /// The first outcome cached wins (issue 38): a thread's lookup of an entry starts while the
     /// slot is empty; before it gets its answer, another thread resolves the entry and caches the
     /// function; then the first lookup fails with a transient `CUDA_ERROR_NOT_FOUND`. The function

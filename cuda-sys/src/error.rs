@@ -93,6 +93,27 @@ pub enum Error {
         requested: String,
     },
 
+    /// The driver was asked for from inside its own first load, on the thread loading it: from
+    /// the library's `cuInit` or `cuDriverGetVersion`, or something they called (a hook of a test
+    /// double, an interposer). That load cannot wait for itself; it goes on, and the driver is
+    /// there once it returns.
+    #[error(
+        "the CUDA driver was asked for while this thread is loading it (from inside the library's \
+         cuInit or cuDriverGetVersion, or something they called): a load cannot wait for itself. \
+         Call the driver only after the first load has returned"
+    )]
+    LoadReentered,
+
+    /// This process was forked while a thread of its parent was loading the driver: that load
+    /// never finishes in this process, and the driver cannot be loaded here.
+    #[error(
+        "this process was forked while its parent was loading the CUDA driver; the load cannot \
+         finish in this process, and CUDA cannot be used here. Load the driver before forking \
+         (and use it only in the parent), or in the child only (the CUDA driver does not support \
+         a child of a process that initialised it), or start the child with exec"
+    )]
+    ForkedDuringLoad,
+
     /// An environment variable this crate reads holds a value it does not understand.
     #[error("{variable}={value:?} is not understood; set it to {expected}, or unset it")]
     InvalidEnvironment {

@@ -42,6 +42,9 @@ impl ResolutionPath {
 pub(crate) struct Loaded {
     /// Kept open for the life of the process: a `Loaded` is leaked at load, never dropped.
     pub(crate) library: libloading::Library,
+    /// The system loader's handle of `library` (`library::with_handle`): how another name of the
+    /// same file is recognised.
+    pub(crate) handle: usize,
     pub(crate) opened_as: OsString,
     pub(crate) path: PathBuf,
     pub(crate) version: DriverVersion,
@@ -408,6 +411,7 @@ mod tests {
         };
         super::Loaded {
             library: libloading::os::unix::Library::this().into(),
+            handle: 0,
             opened_as: "this process".into(),
             path: "this process".into(),
             version: crate::DriverVersion(13000),
