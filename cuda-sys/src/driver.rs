@@ -1,12 +1,12 @@
 //! The loaded driver: opened once per process, never unloaded, shared by every thread, with one
 //! table of functions per default-stream mode.
 
+use std::cell::Cell;
 use std::ffi::{CString, OsString, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
-use std::thread::ThreadId;
 
 use crate::error::{CallError, DriverError, Error, MissingReason};
 use crate::library::{self, Bootstrap, LibraryKind, LibraryOrigin, LoadAttempt};
@@ -135,33 +135,33 @@ impl Tables {
 
 static TABLES: OnceLock<Tables> = OnceLock::new();
 
-/// Who is loading the driver now, if anyone: held only to read or change it, never across the
-/// load itself, so that a load reached from inside the first one (a `cuInit` that calls back into
-/// this crate) finds the loader is its own thread and fails instead of waiting for itself.
-static LOADING: Mutex<Option<Loader>> = Mutex::new(None);
+/// The process whose thread is loading the driver now, if any: held only to read or change it,
+/// never across the load itself. A process forked during a load inherits its parent's id here,
+/// for a loader that does not exist in it.
+static LOADING: Mutex<Option<u32>> = Mutex::new(None);
 /// Signalled when a load ends (published or failed): threads that found another loading wait here.
 static LOAD_ENDED: Condvar = Condvar::new();
 
-/// The thread loading the driver, and its process: a process forked during the load inherits the
-/// record of a loader that does not exist in it.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Loader {
-    process: u32,
-    thread: ThreadId,
+thread_local! {
+    /// Whether this thread is the one loading: a load reached from inside its own load (a
+    /// `cuInit` that calls back into this crate) then fails instead of waiting for itself.
+    static LOADING_HERE: Cell<bool> = const { Cell::new(false) };
 }
 
-impl Loader {
-    fn current() -> Loader {
-        Loader {
-            process: std::process::id(),
-            thread: std::thread::current().id(),
-        }
-    }
+/// Whether this thread is loading the driver now.
+fn loading_here() -> bool {
+    // A const thread-local without a destructor is never destroyed: `try_with` always succeeds.
+    LOADING_HERE.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Marks this thread as the loader, or no longer.
+fn set_loading_here(on: bool) {
+    let _ = LOADING_HERE.try_with(|here| here.set(on));
 }
 
 /// `LOADING`, locked; a panic while holding it (none can: it guards plain stores) leaves a usable
 /// value, so a poisoned lock is used as it is.
-fn loading() -> MutexGuard<'static, Option<Loader>> {
+fn loading() -> MutexGuard<'static, Option<u32>> {
     LOADING
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -173,6 +173,7 @@ struct LoadTurn;
 
 impl Drop for LoadTurn {
     fn drop(&mut self) {
+        set_loading_here(false);
         *loading() = None;
         LOAD_ENDED.notify_all();
     }
@@ -343,7 +344,7 @@ impl Driver {
         if let Some(tables) = TABLES.get() {
             return Driver::compatible(tables, source, mode);
         }
-        let me = Loader::current();
+        let me = std::process::id();
         let mut state = loading();
         loop {
             if let Some(tables) = TABLES.get() {
@@ -353,12 +354,10 @@ impl Driver {
             match *state {
                 None => break,
                 // The loader is in the process this one was forked from: its load never ends here.
-                Some(loader) if loader.process != me.process => {
-                    return Err(Error::ForkedDuringLoad);
-                }
+                Some(process) if process != me => return Err(Error::ForkedDuringLoad),
                 // Reached from inside this thread's own load (from the library's cuInit, say):
                 // waiting would wait for ever.
-                Some(loader) if loader.thread == me.thread => return Err(Error::LoadReentered),
+                Some(_) if loading_here() => return Err(Error::LoadReentered),
                 Some(_) => {
                     state = LOAD_ENDED
                         .wait(state)
@@ -368,6 +367,7 @@ impl Driver {
         }
         *state = Some(me);
         drop(state);
+        set_loading_here(true);
         let turn = LoadTurn;
         // Leaked: the library is never unloaded, and both tables point at it for ever.
         let opened = open(source);
