@@ -159,6 +159,19 @@ isolated_test! {
         assert_eq!(Some(v1), fake().export_address("cuLaunchHostFunc"));
     }
 
+    /// Only entries whose typedef's version is a placeholder are checked against their export:
+    /// any other entry is taken as `cuGetProcAddress` answers (a profiler's wrapper, say, is not
+    /// the export either). Here a driver that registers `cuStreamDestroy`'s 4.0 ABI at 5.0
+    /// answers the 4.0 request with the 2.0 export, and the entry resolves to it.
+    fn an_entry_without_a_placeholder_is_taken_as_the_driver_answers(FAKE_CUDA_VERSION = "13000") {
+        let driver = load_fake_driver();
+        fake().register_variant_at("cuStreamDestroy", 4000, 5000);
+        assert_eq!(Function::cuStreamDestroy.info().placeholder_version, None);
+        let p = driver.resolve(Function::cuStreamDestroy).unwrap().addr().get();
+        assert_eq!(Some(p), fake().export_address("cuStreamDestroy"));
+        assert_ne!(Some(p), fake().export_address("cuStreamDestroy_v2"));
+    }
+
     /// The control: the same 13.3 driver registering v2 at 13.2 gives the export.
     fn a_placeholder_entry_answered_with_its_export_resolves(FAKE_CUDA_VERSION = "13030") {
         let driver = load_fake_driver();

@@ -467,8 +467,15 @@ mod tests {
             outcome(std::ptr::null_mut()),
             Err(CallErrorKind::SymbolMissing(MissingReason::NotFound))
         );
-        let last = std::ptr::without_provenance_mut(super::SLOT_LAST_SENTINEL + 1);
-        assert_eq!(outcome(last), Ok(last));
+        // Every value up to the last sentinel is an error, never an address.
+        for value in 0..=super::SLOT_LAST_SENTINEL {
+            assert!(
+                outcome(std::ptr::without_provenance_mut(value)).is_err(),
+                "{value}"
+            );
+        }
+        let first_address = std::ptr::without_provenance_mut(super::SLOT_LAST_SENTINEL + 1);
+        assert_eq!(outcome(first_address), Ok(first_address));
     }
 
     #[test]
