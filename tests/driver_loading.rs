@@ -3,6 +3,7 @@
 //! process of its own: the driver is loaded once per process.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 use cuda_dl_sys::types::CUresult;
 use cuda_dl_sys::{
@@ -279,5 +280,111 @@ isolated_test! {
 
         fake.clear_faults();
         cuda_dl_sys::driver().unwrap();
+    }
+
+    /// A load reached from inside the first load, on the thread loading (here from the fake's
+    /// `cuInit`, through a hook; issue 38), is refused at once with `LoadReentered` instead of
+    /// waiting for itself for ever. The first load goes on and succeeds; later calls get it.
+    fn a_load_from_inside_the_first_load_is_an_error_not_a_hang(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+    ) {
+        let inner: Arc<Mutex<Vec<Result<(), Error>>>> = Arc::default();
+        let seen = inner.clone();
+        fake().set_hook("cuInit", 1, move || {
+            let by_env = cuda_dl_sys::driver().map(|_| ());
+            // SAFETY: the fake driver implements the driver's C ABI with cuda.h's signatures.
+            let by_path = unsafe { Driver::load(LoadOptions::with_library_path(fake_driver_path())) };
+            seen.lock().unwrap().extend([by_env, by_path.map(|_| ())]);
+        });
+        let driver = cuda_dl_sys::driver().unwrap();
+        let inner = inner.lock().unwrap();
+        assert_eq!(inner.len(), 2, "the hook ran");
+        for result in inner.iter() {
+            match result {
+                Err(err @ Error::LoadReentered) => {
+                    assert!(err.to_string().contains("a load cannot wait for itself"), "{err}");
+                }
+                other => panic!("expected LoadReentered, got {other:?}"),
+            }
+        }
+        assert_eq!(fake().call_count("cuInit"), 1);
+        assert!(std::ptr::eq(cuda_dl_sys::driver().unwrap(), driver));
+    }
+
+    /// A process forked while its parent loads the driver (here from the fake's `cuInit`, on the
+    /// loading thread) cannot finish that load: in the child, `driver()` returns
+    /// `ForkedDuringLoad` at once instead of waiting for ever for a loader it does not have. The
+    /// parent's load goes on.
+    #[cfg(target_os = "linux")]
+    fn a_child_forked_during_the_first_load_gets_an_error_not_a_hang(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+    ) {
+        let status: Arc<Mutex<Option<i32>>> = Arc::default();
+        let seen = status.clone();
+        fake().set_hook("cuInit", 1, move || {
+            // SAFETY: the child calls only `driver()` (which, fixed, takes an unlocked mutex and
+            // returns) and `_exit`; the parent waits for it.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // A child that hangs (the fault this test is about) is killed after a minute,
+                // not left behind; one that works exits at once.
+                // SAFETY: alarm and _exit have no preconditions.
+                unsafe { libc::alarm(60) };
+                let code = match cuda_dl_sys::driver() {
+                    Err(Error::ForkedDuringLoad) => 0,
+                    Ok(_) => 1,
+                    Err(_) => 2,
+                };
+                // SAFETY: as above.
+                unsafe { libc::_exit(code) };
+            }
+            let mut wstatus = 0;
+            // SAFETY: `pid` is this process's child; `wstatus` a valid place.
+            let waited = unsafe { libc::waitpid(pid, &mut wstatus, 0) };
+            assert_eq!(waited, pid);
+            *seen.lock().unwrap() = Some(wstatus);
+        });
+        cuda_dl_sys::driver().unwrap();
+        let wstatus = status.lock().unwrap().expect("the hook forked");
+        assert!(
+            libc::WIFEXITED(wstatus) && libc::WEXITSTATUS(wstatus) == 0,
+            "the child did not get ForkedDuringLoad: wait status {wstatus:#x} (exit 1: it loaded, \
+             2: another error, SIGALRM: it hung)"
+        );
+    }
+
+    /// The same file under another name is the driver already loaded (issue 38): after the fake
+    /// was loaded through a `libcuda.so.1` link, its own path and the folder's `libcuda.so` give
+    /// the same `Driver`, as does adopting it, and `path()` is the file the links lead to. A copy
+    /// of the file is another file: still `AlreadyLoaded`.
+    #[cfg(target_os = "linux")]
+    fn the_same_file_under_another_name_is_the_driver_already_loaded() {
+        let real = fake_driver_path().canonicalize().unwrap();
+        let folder = std::env::temp_dir()
+            .join(format!("cuda-dl-sys-same-file-{}", std::process::id()));
+        let folder = fake_cuda::steer::libcuda_folder(&real, &folder).unwrap();
+        let load = |path: &Path| {
+            // SAFETY: each path is the fake driver (which implements the driver's C ABI with
+            // cuda.h's signatures), a link to it or a copy of it.
+            unsafe { Driver::load(LoadOptions::with_library_path(path)) }
+        };
+        let driver = load(&folder.join("libcuda.so.1")).unwrap();
+        for other in [real.clone(), folder.join("libcuda.so")] {
+            let again = load(&other).unwrap_or_else(|e| panic!("{}: {e}", other.display()));
+            assert!(std::ptr::eq(again, driver), "{}", other.display());
+        }
+        assert_eq!(driver.path(), real, "path() follows the link");
+        // SAFETY: the fake driver, opened under a link's name.
+        let library = unsafe { libloading::Library::new(folder.join("libcuda.so")) }.unwrap();
+        // SAFETY: as above.
+        let adopted = unsafe { Driver::adopt(library, "libcuda.so", DefaultStream::Legacy) };
+        assert!(std::ptr::eq(adopted.unwrap(), driver));
+
+        let copy = folder.join("libcuda.so.580.00");
+        std::fs::copy(&real, &copy).unwrap();
+        let err = expect_error(load(&copy));
+        assert!(matches!(err, Error::AlreadyLoaded { .. }), "{err}");
+        assert!(err.to_string().contains("libcuda.so.580.00"), "{err}");
+        let _ = std::fs::remove_dir_all(&folder);
     }
 }

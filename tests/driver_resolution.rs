@@ -202,7 +202,9 @@ isolated_test! {
         CUDA_DL_SYS_LIBRARY = fake_named_libcuda(),
     ) {
         let driver = cuda_dl_sys::driver().unwrap();
-        assert_eq!(driver.path(), fake_named_libcuda());
+        // The file itself, the link followed; the kind is judged by the name the loader found.
+        let file = fake_driver_path().canonicalize().unwrap();
+        assert_eq!(driver.path(), file);
         let err = expect_error(driver.raw().cuStreamQuery());
         let Error::SymbolMissing { library: Some(library), .. } = &err else {
             panic!("expected SymbolMissing naming the library, got {err:?}");
@@ -210,7 +212,7 @@ isolated_test! {
         assert_eq!(
             *library,
             DriverLibrary {
-                path: fake_named_libcuda(),
+                path: file.clone(),
                 kind: LibraryKind::NvidiaDriver,
                 origin: LibraryOrigin::Environment,
             }
@@ -220,7 +222,7 @@ isolated_test! {
             "the installed driver (CUDA 13.0, {}) does not provide cuStreamQuery (ABI version \
              2.0): cuGetProcAddress found no such symbol. Upgrade the NVIDIA driver, or do without \
              this function",
-            fake_named_libcuda().display()
+            file.display()
         );
         assert_eq!(text, expected);
     }
@@ -296,5 +298,40 @@ isolated_test! {
             driver.resolve(Function::cuStreamGetCaptureInfo).unwrap().addr().get(),
             fake().export_address("cuStreamGetCaptureInfo_v3").unwrap()
         );
+    }
+
+    /// The first outcome cached wins (issue 38): a thread's lookup of an entry starts while the
+    /// slot is empty; before it gets its answer, another thread resolves the entry and caches the
+    /// function; then the first lookup fails with a transient `CUDA_ERROR_NOT_FOUND`. The function
+    /// stays cached: both threads get it, and so does every later call. Made deterministic with
+    /// the fake's hook at the start of the first lookup.
+    fn a_failing_lookup_never_replaces_a_function_another_thread_cached(
+        FAKE_CUDA_VERSION = "11080",
+    ) {
+        // 11.8: cuGetProcAddress (v1), where NOT_FOUND is how a lookup says "no such symbol".
+        let driver = load_fake_driver();
+        let function = Function::cuStreamQuery;
+        let export = fake().export_address("cuStreamQuery").unwrap();
+        let other = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let seen = other.clone();
+        fake().set_hook("cuGetProcAddress", 1, move || {
+            // Another thread resolves the same entry first, and caches it.
+            let got = std::thread::spawn(move || {
+                driver.resolve(function).map(|p| p.addr().get()).map_err(|e| e.to_string())
+            })
+            .join()
+            .unwrap();
+            *seen.lock().unwrap() = Some(got);
+            // Then this lookup (its hook runs before its fault) fails.
+            fake().set_fault("cuGetProcAddress", 1, 500);
+        });
+        let first = driver.resolve(function).map(|p| p.addr().get());
+        assert_eq!(*other.lock().unwrap(), Some(Ok(export)), "the other thread resolved it");
+        assert_eq!(fake().call_count("cuGetProcAddress"), 2, "both threads looked it up");
+        assert_eq!(first.unwrap(), export, "the failed lookup returned the cached function");
+        for _ in 0..2 {
+            assert_eq!(driver.resolve(function).unwrap().addr().get(), export);
+        }
+        assert_eq!(fake().call_count("cuGetProcAddress"), 2, "later calls use the cache");
     }
 }

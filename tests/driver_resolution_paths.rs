@@ -7,7 +7,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_dl_sys::types::{CUcontext, CUdevice, CUstream};
-use cuda_dl_sys::{DriverVersion, Error, Function, ResolutionPath};
+use cuda_dl_sys::{DefaultStream, DriverVersion, Error, Function, MissingReason, ResolutionPath};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{fake, load_fake_driver};
@@ -100,7 +100,7 @@ isolated_test! {
         check(12000, ResolutionPath::ProcAddressV2, Function::cuStreamGetCaptureInfo);
     }
 
-    /// CUDA 13.0: `cuGetProcAddress_v2`; `cuLaunchHostFunc_v2` (13.1) is too new.
+    /// CUDA 13.0: `cuGetProcAddress_v2`; `cuLaunchHostFunc_v2` (13.2) is too new.
     fn cuda_13_0_resolves_through_cu_get_proc_address_v2(FAKE_CUDA_VERSION = "13000") {
         check(13000, ResolutionPath::ProcAddressV2, Function::cuLaunchHostFunc_v2);
     }
@@ -112,6 +112,66 @@ isolated_test! {
         assert_eq!(
             driver.resolve(Function::cuLaunchHostFunc_v2).unwrap().addr().get(),
             fake().export_address("cuLaunchHostFunc_v2").unwrap()
+        );
+    }
+}
+
+/// `get_proc_address(symbol, version, mode)` on the driver loaded, as an address.
+fn looked_up(symbol: &str, version: u32, mode: DefaultStream) -> Result<usize, Error> {
+    load_fake_driver()
+        .get_proc_address(symbol, version, mode)
+        .map(|p| p.addr().get())
+}
+
+/// The fake's export `name`.
+fn export(name: &str) -> usize {
+    fake()
+        .export_address(name)
+        .unwrap_or_else(|| panic!("the fake exports {name}"))
+}
+
+isolated_test! {
+    /// Before 11.3 there is no `cuGetProcAddress`: `get_proc_address` looks up the export of the
+    /// newest variant at or below the version asked for, as `cuGetProcAddress` answers on newer
+    /// drivers, not only of a variant at exactly that version (issue 38: `("cuMemAlloc", 11020)`
+    /// and `("cuStreamSynchronize", 9000, per-thread)` answered VersionNotSufficient on 11.2).
+    fn before_11_3_get_proc_address_finds_the_newest_variant_at_or_below_the_version(
+        FAKE_CUDA_VERSION = "11020",
+    ) {
+        use DefaultStream::{Legacy, PerThread};
+        assert_eq!(load_fake_driver().resolution_path(), ResolutionPath::Exports);
+        // Between variants, and at the driver's own version.
+        assert_eq!(looked_up("cuMemAlloc", 11020, Legacy).unwrap(), export("cuMemAlloc_v2"));
+        assert_eq!(looked_up("cuMemAlloc", 5000, Legacy).unwrap(), export("cuMemAlloc_v2"));
+        // Exactly at a variant's version, as before.
+        assert_eq!(looked_up("cuMemAlloc", 3020, Legacy).unwrap(), export("cuMemAlloc_v2"));
+        // Per-thread: the twin's own version (7.0) and any later one.
+        assert_eq!(
+            looked_up("cuStreamSynchronize", 9000, PerThread).unwrap(),
+            export("cuStreamSynchronize_ptsz")
+        );
+        assert_eq!(
+            looked_up("cuStreamSynchronize", 9000, Legacy).unwrap(),
+            export("cuStreamSynchronize")
+        );
+        // Of two variants, the newer at or below: cuStreamDestroy 2.0, cuStreamDestroy_v2 4.0.
+        assert_eq!(looked_up("cuStreamDestroy", 3000, Legacy).unwrap(), export("cuStreamDestroy"));
+        assert_eq!(looked_up("cuStreamDestroy", 9000, Legacy).unwrap(), export("cuStreamDestroy_v2"));
+        // Below every variant, or below the per-thread twins (7.0): none, as cuGetProcAddress says.
+        for (symbol, version, mode) in [
+            ("cuMemAlloc", 2000, Legacy),
+            ("cuStreamSynchronize", 6050, PerThread),
+            ("cuMemcpyAtoA", 2000, PerThread),
+        ] {
+            match looked_up(symbol, version, mode) {
+                Err(Error::SymbolMissing { reason: MissingReason::VersionNotSufficient, .. }) => {}
+                other => panic!("{symbol} at {version} {mode:?}: {other:?}"),
+            }
+        }
+        // cuMemcpyAtoA per-thread from 7.0 is 3.2's twin, `cuMemcpyAtoA_v2_ptds`.
+        assert_eq!(
+            looked_up("cuMemcpyAtoA", 9000, PerThread).unwrap(),
+            export("cuMemcpyAtoA_v2_ptds")
         );
     }
 }

@@ -1,5 +1,5 @@
 //! A function whose ABI version is newer than the driver is refused before anything is called; on a
-//! driver new enough it resolves and runs. `cuLaunchHostFunc_v2` (13.1) is the example. Over the
+//! driver new enough it resolves and runs. `cuLaunchHostFunc_v2` (13.2) is the example. Over the
 //! whole table, on drivers reporting 13.0, 12.0, 11.3 and 10.2, exactly the entries above the
 //! driver's version are refused, in both default-stream tables.
 
@@ -8,7 +8,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_dl_sys::types::{CUresult, CUstream};
-use cuda_dl_sys::{DefaultStream, DriverVersion, Error, Function};
+use cuda_dl_sys::{DefaultStream, DriverVersion, Error, Function, MissingReason};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{assert_gated_exactly_above, bump, required_version};
 use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};
@@ -21,24 +21,26 @@ fn assert_too_old(err: &Error, version: i32) {
             found,
         } => {
             assert_eq!(*function, "cuLaunchHostFunc_v2");
-            assert_eq!(*required, 13010);
+            assert_eq!(*required, 13020);
             assert_eq!(*found, DriverVersion(version));
         }
         other => panic!("expected DriverTooOld, got {other:?}"),
     }
-    // Versions read as people write them ("13.1"), never as the encoded number (13010).
+    // Versions read as people write them ("13.2"), never as the encoded number (13020).
     assert_eq!(
         err.to_string(),
         format!(
-            "cuLaunchHostFunc_v2 needs a driver that supports CUDA 13.1; the installed driver \
+            "cuLaunchHostFunc_v2 needs a driver that supports CUDA 13.2; the installed driver \
              supports CUDA {}. Upgrade the NVIDIA driver",
             DriverVersion(version)
         )
     );
 }
 
-/// On a 13.1+ driver the four-argument `cuLaunchHostFunc_v2` resolves (looked up at 13010) and
-/// runs its function; a bad `syncMode` is the driver's `CUDA_ERROR_INVALID_VALUE`.
+/// On a 13.2+ driver the four-argument `cuLaunchHostFunc_v2` resolves (looked up at 13020, the
+/// version the driver registers it at, not its typedef's placeholder 13010), to the library's
+/// export of that name, and runs its function; a bad `syncMode` is the driver's
+/// `CUDA_ERROR_INVALID_VALUE`.
 fn launch_host_func_v2_runs(version: i32) {
     let driver = load_fake_driver();
     assert_eq!(driver.version(), DriverVersion(version));
@@ -49,8 +51,12 @@ fn launch_host_func_v2_runs(version: i32) {
     // SAFETY: `stream` is a valid out-pointer; `count` outlives the synchronize below.
     unsafe {
         driver.cuStreamCreate(&mut stream, 0).unwrap();
-        driver.raw().cuLaunchHostFunc_v2().unwrap();
-        assert_eq!(fake().last_proc_address_version(), 13010);
+        let resolved = driver.raw().cuLaunchHostFunc_v2().unwrap();
+        assert_eq!(fake().last_proc_address_version(), 13020);
+        assert_eq!(
+            Some(resolved as usize),
+            fake().export_address("cuLaunchHostFunc_v2")
+        );
         driver
             .cuLaunchHostFunc_v2(stream, Some(bump), data, 0)
             .unwrap();
@@ -96,14 +102,86 @@ isolated_test! {
         assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 0);
     }
 
-    /// 13.1 is the first driver with `cuLaunchHostFunc_v2`.
-    fn the_four_argument_host_launch_works_from_13_1(FAKE_CUDA_VERSION = "13010") {
-        launch_host_func_v2_runs(13010);
+    /// 13.1 has no `cuLaunchHostFunc_v2` (its headers have none; asked for at the typedef's
+    /// placeholder 13010, a driver answers with the three-argument v1): refused as too old, with
+    /// nothing looked up or called.
+    fn the_four_argument_host_launch_is_too_new_for_13_1(FAKE_CUDA_VERSION = "13010") {
+        let driver = load_fake_driver();
+        let lookups = fake().proc_address_calls(2);
+        assert_too_old(&expect_error(driver.raw().cuLaunchHostFunc_v2()), 13010);
+        assert_too_old(&expect_error(driver.per_thread().raw().cuLaunchHostFunc_v2()), 13010);
+        assert_eq!(fake().proc_address_calls(2), lookups, "the gate looked the symbol up");
+    }
+
+    /// 13.2 is the first driver with `cuLaunchHostFunc_v2`.
+    fn the_four_argument_host_launch_works_from_13_2(FAKE_CUDA_VERSION = "13020") {
+        launch_host_func_v2_runs(13020);
     }
 
     /// ... and a newer one has it too.
-    fn the_four_argument_host_launch_works_on_13_2(FAKE_CUDA_VERSION = "13020") {
-        launch_host_func_v2_runs(13020);
+    fn the_four_argument_host_launch_works_on_13_5(FAKE_CUDA_VERSION = "13050") {
+        launch_host_func_v2_runs(13050);
+    }
+
+    /// An entry whose typedef's version is a placeholder is checked against the library's export:
+    /// a driver that registers `cuLaunchHostFunc_v2` at 13.3, so that the request at 13020 gets
+    /// the three-argument v1 (or its per-thread twin), has the entry refused as
+    /// `SymbolMissing(OtherVariant)`, every time, and neither function is called. The
+    /// three-argument entry still works; an entry without a placeholder is not checked.
+    fn a_placeholder_entry_answered_with_another_variant_is_refused_not_called(
+        FAKE_CUDA_VERSION = "13030",
+    ) {
+        let driver = load_fake_driver();
+        fake().register_variant_at("cuLaunchHostFunc", 13020, 13030);
+        for table in [driver.legacy(), driver.per_thread()] {
+            for _ in 0..2 {
+                match table.resolve(Function::cuLaunchHostFunc_v2) {
+                    Err(Error::SymbolMissing { function, required, reason, .. }) => {
+                        assert_eq!(function, "cuLaunchHostFunc_v2");
+                        assert_eq!(required, 13020);
+                        assert_eq!(reason, MissingReason::OtherVariant);
+                    }
+                    other => panic!("expected SymbolMissing(OtherVariant), got {other:?}"),
+                }
+            }
+            // SAFETY: never called: the entry is refused before any function is reached.
+            let result = unsafe {
+                table.cuLaunchHostFunc_v2(ptr::null_mut(), Some(bump), ptr::null_mut(), 1)
+            };
+            let err = Error::from(result.unwrap_err());
+            assert!(err.to_string().contains("another ABI variant"), "{err}");
+        }
+        assert_eq!(fake().last_proc_address_version(), 13020);
+        assert_eq!(fake().call_count("cuLaunchHostFunc"), 0, "v1 was called in v2's place");
+        assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 0);
+
+        let v1 = driver.resolve(Function::cuLaunchHostFunc).unwrap().addr().get();
+        assert_eq!(Some(v1), fake().export_address("cuLaunchHostFunc"));
+    }
+
+    /// Only entries whose typedef's version is a placeholder are checked against their export:
+    /// any other entry is taken as `cuGetProcAddress` answers (a profiler's wrapper, say, is not
+    /// the export either). Here a driver that registers `cuStreamDestroy`'s 4.0 ABI at 5.0
+    /// answers the 4.0 request with the 2.0 export, and the entry resolves to it.
+    fn an_entry_without_a_placeholder_is_taken_as_the_driver_answers(FAKE_CUDA_VERSION = "13000") {
+        let driver = load_fake_driver();
+        fake().register_variant_at("cuStreamDestroy", 4000, 5000);
+        assert_eq!(Function::cuStreamDestroy.info().placeholder_version, None);
+        let p = driver.resolve(Function::cuStreamDestroy).unwrap().addr().get();
+        assert_eq!(Some(p), fake().export_address("cuStreamDestroy"));
+        assert_ne!(Some(p), fake().export_address("cuStreamDestroy_v2"));
+    }
+
+    /// The control: the same 13.3 driver registering v2 at 13.2 gives the export.
+    fn a_placeholder_entry_answered_with_its_export_resolves(FAKE_CUDA_VERSION = "13030") {
+        let driver = load_fake_driver();
+        for (table, export) in [
+            (driver.legacy(), "cuLaunchHostFunc_v2"),
+            (driver.per_thread(), "cuLaunchHostFunc_v2_ptsz"),
+        ] {
+            let p = table.resolve(Function::cuLaunchHostFunc_v2).unwrap().addr().get();
+            assert_eq!(Some(p), fake().export_address(export));
+        }
     }
 }
 

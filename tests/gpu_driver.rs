@@ -116,6 +116,54 @@ fn launch_host_func_v2_is_gated_by_the_driver_version() {
     }
 }
 
+/// Issue 38: `cuLaunchHostFunc_v2` is requested at 13.2, the version the driver registers it at
+/// (its typedef's 13010 is a placeholder; asked there, a driver answers with the three-argument
+/// v1). On a driver before 13.2 (the runners' 13.0) both tables report it `DriverTooOld`,
+/// required 13.2, the message saying "CUDA 13.2"; on 13.2 or newer each resolves to the driver's
+/// own export of the variant (`cuLaunchHostFunc_v2`, `cuLaunchHostFunc_v2_ptsz`).
+#[test]
+#[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
+fn launch_host_func_v2_is_requested_at_13_2_and_reported_too_old_before() {
+    let d = driver().expect("driver");
+    let info = Function::cuLaunchHostFunc_v2.info();
+    assert_eq!(info.version, 13020);
+    assert_eq!(info.placeholder_version, Some(13010));
+    for (table, export) in [
+        (d.legacy(), "cuLaunchHostFunc_v2"),
+        (d.per_thread(), "cuLaunchHostFunc_v2_ptsz"),
+    ] {
+        match table.resolve(Function::cuLaunchHostFunc_v2) {
+            Err(
+                err @ Error::DriverTooOld {
+                    function,
+                    required,
+                    found,
+                },
+            ) => {
+                println!("{:?} table: {err}", table.default_stream());
+                assert_eq!(function, "cuLaunchHostFunc_v2");
+                assert_eq!(required, 13020);
+                assert_eq!(found, d.version());
+                assert!(d.version().0 < 13020, "{}", d.version());
+                assert!(err.to_string().contains("supports CUDA 13.2;"), "{err}");
+            }
+            Ok(p) => {
+                assert!(d.version().0 >= 13020, "{}", d.version());
+                // SAFETY: the driver this process already loaded; only an address is read.
+                let library = unsafe { libloading::Library::new(d.path()) }.expect("reopen");
+                // SAFETY: read as an address, never called.
+                let own =
+                    unsafe { library.get::<*mut std::ffi::c_void>(export.as_bytes()) }.map(|s| *s);
+                println!("{export}: resolved {p:?}, export {own:?}");
+                if let Ok(own) = own {
+                    assert_eq!(p.as_ptr(), own, "not the driver's {export}");
+                }
+            }
+            Err(other) => panic!("{:?} table: unexpected {other}", table.default_stream()),
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
 fn legacy_and_per_thread_stream_variants_resolve_to_different_pointers() {

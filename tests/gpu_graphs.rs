@@ -248,8 +248,8 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
         .map(|_| ());
     let version = gpu.driver.version().0;
     println!("driver {version}: sync-mode launch -> {launched:?}; node -> {node:?}");
-    if version < 13010 {
-        // Below 13.1 (options.rs): a sync mode needs cuLaunchHostFunc_v2, so both are refused
+    if version < 13020 {
+        // Below 13.2 (options.rs): a sync mode needs cuLaunchHostFunc_v2, so both are refused
         // with DriverTooOld, before anything is enqueued or added, owners dropped on return.
         for result in [launched, node] {
             match result {
@@ -259,7 +259,7 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
                     found,
                 })) => {
                     assert_eq!(function, "cuLaunchHostFunc_v2");
-                    assert_eq!(required, 13010);
+                    assert_eq!(required, 13020);
                     assert_eq!(found.0, version);
                 }
                 other => panic!("expected DriverTooOld, got {other:?}"),
@@ -303,7 +303,7 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
     assert_eq!(node_runs.load(Ordering::SeqCst), 1, "the node ran once");
     drop(exec);
     drop(graph);
-    // Every owner is dropped: the refused ones at once (below 13.1), the others once their
+    // Every owner is dropped: the refused ones at once (below 13.2), the others once their
     // launch ran and the graph and its executable were destroyed.
     drops.wait_dropped(2);
 }

@@ -1,6 +1,7 @@
-//! The sync-mode option (`LaunchOptions::with_sync_mode`) needs `cuLaunchHostFunc_v2` (CUDA 13.1).
-//! On a 13.0 driver every launch that asks for it returns `DriverTooOld`, with its owners dropped
-//! and no call made; on 13.1 and 13.2 launches go through `cuLaunchHostFunc_v2`, and
+//! The sync-mode option (`LaunchOptions::with_sync_mode`) needs `cuLaunchHostFunc_v2` (CUDA 13.2,
+//! the version the driver registers it at; its typedef's 13010 is a placeholder). On 13.0 and 13.1
+//! drivers every launch that asks for it returns `DriverTooOld`, with its owners dropped and no
+//! call made; on 13.2 and newer launches go through `cuLaunchHostFunc_v2`, and
 //! `add_host_node_with` through `cuGraphAddNode`. The driver version is read once per process, so
 //! each version has a process of its own.
 
@@ -28,7 +29,7 @@ fn counting(runs: &Arc<AtomicUsize>, drops: &Arc<Drops>) -> impl Fn() + Send + S
 }
 
 #[track_caller]
-fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>) {
+fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>, version: i32) {
     match result {
         Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld {
             function,
@@ -36,14 +37,16 @@ fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>) {
             found,
         })) => {
             assert_eq!(function, "cuLaunchHostFunc_v2");
-            assert_eq!(required, 13010);
-            assert_eq!(found, DriverVersion(13000));
+            assert_eq!(required, 13020);
+            assert_eq!(found, DriverVersion(version));
         }
-        other => panic!("expected DriverTooOld (cuLaunchHostFunc_v2, 13010, 13000), got {other:?}"),
+        other => {
+            panic!("expected DriverTooOld (cuLaunchHostFunc_v2, 13020, {version}), got {other:?}")
+        }
     }
 }
 
-/// With a sync mode, on a 13.1+ driver: launches (closure, raw, repeatable captured) call
+/// With a sync mode, on a 13.2+ driver: launches (closure, raw, repeatable captured) call
 /// `cuLaunchHostFunc_v2` and nothing else; graph nodes are added with `cuGraphAddNode`; all run.
 /// The driver gets the mode asked for: `SpinWait` as `CU_HOST_TASK_SPINWAIT` (1), `Blocking` as
 /// `CU_HOST_TASK_BLOCKING` (0), for launches and for host nodes. Without a sync mode,
@@ -130,70 +133,94 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
     assert_eq!(drops.live(), 0);
 }
 
+/// On a driver before 13.2 (reporting `version`) a sync mode is refused with `DriverTooOld {
+/// cuLaunchHostFunc_v2, 13020, version }`, by every launch that takes options and by
+/// `add_host_node_with`: the owners are dropped on the caller's thread, nothing is added to a
+/// graph or a capture, and neither `cuLaunchHostFunc_v2` nor any other enqueue is called.
+fn a_sync_mode_is_refused(version: i32) {
+    assert_eq!(load_fake_driver().version(), DriverVersion(version));
+    let context = fake_primary_context();
+    let stream = Stream::new(&context).unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let drops = Drops::new();
+    for mode in [HostTaskSyncMode::SpinWait, HostTaskSyncMode::Blocking] {
+        let options = LaunchOptions::with_sync_mode(mode);
+        assert_too_old(
+            options.host_launch(&stream, counting(&runs, &drops)),
+            version,
+        );
+        let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
+        // SAFETY: refused before anything could call `bump`.
+        assert_too_old(
+            unsafe { options.launch_host_function(&stream, Some(bump), data, drops.owner()) },
+            version,
+        );
+        let graph = Graph::new().unwrap();
+        assert_too_old(
+            options.add_host_node(&graph, &[], counting(&runs, &drops)),
+            version,
+        );
+        assert!(graph.nodes().unwrap().is_empty());
+
+        let driver = load_fake_driver();
+        let capturing = Stream::new_non_blocking(&context).unwrap();
+        // SAFETY: a live stream.
+        unsafe { driver.cuStreamBeginCapture(capturing.raw(), RELAXED) }.unwrap();
+        assert_too_old(
+            options.host_launch_repeatable(&capturing, counting(&runs, &drops)),
+            version,
+        );
+        let mut raw: CUgraph = ptr::null_mut();
+        // SAFETY: a live stream; a valid out-pointer.
+        unsafe { driver.cuStreamEndCapture(capturing.raw(), &mut raw) }
+            .expect("the capture is still valid");
+        // SAFETY: the graph the capture made, owned by nobody else.
+        let captured = unsafe { Graph::from_raw(raw) };
+        assert!(captured.nodes().unwrap().is_empty());
+    }
+    let me = ThreadInfo::current();
+    let records = drops.records();
+    assert_eq!(records.len(), 8, "owners outlived their errors");
+    assert!(records.iter().all(|r| r.thread.same_as(&me)), "{records:?}");
+    assert_eq!(drops.live(), 0);
+    assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 0);
+    assert_eq!(fake().call_count("cuLaunchHostFunc"), 0);
+    assert_eq!(fake().call_count("cuGraphAddNode"), 0);
+    assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
+    assert_eq!(fake().call_count("cuUserObjectCreate"), 0);
+    assert_eq!(fake().last_launch_sync_mode(), None);
+    assert_eq!(fake().last_host_node_sync_mode(), None);
+    stream.synchronize().unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
 isolated_test! {
-    /// On 13.0 a sync mode is refused with `DriverTooOld { cuLaunchHostFunc_v2, 13010, 13000 }`,
-    /// by every launch that takes options and by `add_host_node_with`: the owners are dropped on
-    /// the caller's thread, nothing is added to a graph or a capture, and neither
-    /// `cuLaunchHostFunc_v2` nor any other enqueue is called.
+    /// On 13.0 a sync mode is refused (see `a_sync_mode_is_refused`).
     fn a_sync_mode_on_a_13_0_driver_is_driver_too_old_with_owners_dropped_and_nothing_called(
         FAKE_CUDA_VERSION = "13000"
     ) {
-        let context = fake_primary_context();
-        let stream = Stream::new(&context).unwrap();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let drops = Drops::new();
-        for mode in [HostTaskSyncMode::SpinWait, HostTaskSyncMode::Blocking] {
-            let options = LaunchOptions::with_sync_mode(mode);
-            assert_too_old(options.host_launch(&stream, counting(&runs, &drops)));
-            let data = Arc::as_ptr(&runs).cast_mut().cast::<c_void>();
-            // SAFETY: refused before anything could call `bump`.
-            assert_too_old(unsafe {
-                options.launch_host_function(&stream, Some(bump), data, drops.owner())
-            });
-            let graph = Graph::new().unwrap();
-            assert_too_old(options.add_host_node(&graph, &[], counting(&runs, &drops)));
-            assert!(graph.nodes().unwrap().is_empty());
-
-            let driver = load_fake_driver();
-            let capturing = Stream::new_non_blocking(&context).unwrap();
-            // SAFETY: a live stream.
-            unsafe { driver.cuStreamBeginCapture(capturing.raw(), RELAXED) }.unwrap();
-            assert_too_old(options.host_launch_repeatable(&capturing, counting(&runs, &drops)));
-            let mut raw: CUgraph = ptr::null_mut();
-            // SAFETY: a live stream; a valid out-pointer.
-            unsafe { driver.cuStreamEndCapture(capturing.raw(), &mut raw) }
-                .expect("the capture is still valid");
-            // SAFETY: the graph the capture made, owned by nobody else.
-            let captured = unsafe { Graph::from_raw(raw) };
-            assert!(captured.nodes().unwrap().is_empty());
-        }
-        let me = ThreadInfo::current();
-        let records = drops.records();
-        assert_eq!(records.len(), 8, "owners outlived their errors");
-        assert!(records.iter().all(|r| r.thread.same_as(&me)), "{records:?}");
-        assert_eq!(drops.live(), 0);
-        assert_eq!(fake().call_count("cuLaunchHostFunc_v2"), 0);
-        assert_eq!(fake().call_count("cuLaunchHostFunc"), 0);
-        assert_eq!(fake().call_count("cuGraphAddNode"), 0);
-        assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
-        assert_eq!(fake().call_count("cuUserObjectCreate"), 0);
-        assert_eq!(fake().last_launch_sync_mode(), None);
-        assert_eq!(fake().last_host_node_sync_mode(), None);
-        stream.synchronize().unwrap();
-        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        a_sync_mode_is_refused(13000);
     }
 
-    /// 13.1 is the first driver with `cuLaunchHostFunc_v2`.
-    fn a_sync_mode_on_a_13_1_driver_launches_through_cu_launch_host_func_v2_with_the_mode_asked_for(
+    /// On 13.1 too: it has no `cuLaunchHostFunc_v2` (asked for at the typedef's placeholder
+    /// 13010, a driver answers with the three-argument v1, which would ignore the mode).
+    fn a_sync_mode_on_a_13_1_driver_is_driver_too_old_with_owners_dropped_and_nothing_called(
         FAKE_CUDA_VERSION = "13010"
     ) {
-        sync_mode_launches_use_the_v2_calls(13010);
+        a_sync_mode_is_refused(13010);
     }
 
-    /// ... and a newer driver has it too.
+    /// 13.2 is the first driver with `cuLaunchHostFunc_v2`.
     fn a_sync_mode_on_a_13_2_driver_launches_through_cu_launch_host_func_v2_with_the_mode_asked_for(
         FAKE_CUDA_VERSION = "13020"
     ) {
         sync_mode_launches_use_the_v2_calls(13020);
+    }
+
+    /// ... and a newer driver has it too.
+    fn a_sync_mode_on_a_13_5_driver_launches_through_cu_launch_host_func_v2_with_the_mode_asked_for(
+        FAKE_CUDA_VERSION = "13050"
+    ) {
+        sync_mode_launches_use_the_v2_calls(13050);
     }
 }

@@ -15,7 +15,7 @@
 //! pending launch, user object, graph, executable graph, event, stream, created context or hold).
 //! The features also appear exactly where the crate says (host functions from 10.0, user
 //! objects from 11.3, `cuGraphInstantiateWithFlags` from 11.4, stream memory operations from
-//! 11.7, `cuCtxCreate_v4` from 12.5, the sync mode from 13.1).
+//! 11.7, `cuCtxCreate_v4` from 12.5, the sync mode from 13.2).
 //!
 //! The driver reads its version and symbol list once per process: each version, each missing
 //! symbol and the stub run in a process of their own, every call in one process.
@@ -772,9 +772,9 @@ const NEEDS: &[(&str, i32)] = &[
     ("cuStreamGetId", 12000),
     ("cuCtxCreate", 12050),
     ("cuStreamGetDevice", 12080),
-    ("host_launch_with(sync mode)", 13010),
-    ("add_host_node_with(sync mode)", 13010),
-    ("host_launch_repeatable(sync mode, capturing)", 13010),
+    ("host_launch_with(sync mode)", 13020),
+    ("add_host_node_with(sync mode)", 13020),
+    ("host_launch_repeatable(sync mode, capturing)", 13020),
 ];
 
 /// After [`exercise`]: no launch pending, no user object, graph, executable graph, event or

@@ -35,7 +35,7 @@
 //! the crate deliberately leaks (see [`DELIBERATE_LEAK`]).
 //!
 //! Each driver version that changes the calls made (12.0+ `cuGetProcAddress_v2` with the 12.3
-//! capture query and the 13.1 sync mode; 12.2 with `cuStreamIsCapturing` and the 11.3 capture
+//! capture query and the 13.2 sync mode; 12.2 with `cuStreamIsCapturing` and the 11.3 capture
 //! query found through `cuGetProcAddress_v2`; 11.4 through `cuGetProcAddress`; 10.2 through the
 //! exports, with no user objects) runs the matrix in a process of its own. Each prints how many
 //! (function, position) cases it covered.
@@ -1604,7 +1604,7 @@ fn fault_matrix(version: i32) -> usize {
 }
 
 isolated_test! {
-    /// 13.2 (`cuGetProcAddress_v2`, the 12.3 capture query, the 13.1 sync mode).
+    /// 13.2 (`cuGetProcAddress_v2`, the 12.3 capture query, the 13.2 sync mode).
     fn every_call_failing_at_every_position_on_a_13_2_driver(
         FAKE_CUDA_VERSION = "13020",
         CUDA_DL_SYS_LIBRARY = fake_driver_path()

@@ -325,8 +325,8 @@ where
 
 impl LaunchOptions {
     /// [`add_host_node`] with these options: with a sync mode, the node is added through
-    /// `cuGraphAddNode` with the v2 host-node parameters (drivers 13.1 and newer, else
-    /// `DriverTooOld`).
+    /// `cuGraphAddNode` with the v2 host-node parameters (drivers 13.2 and newer, where their
+    /// `syncMode` field and `cuLaunchHostFunc_v2` appeared, else `DriverTooOld`).
     ///
     /// # Errors
     /// As [`add_host_node`].

@@ -1,11 +1,12 @@
 //! The loaded driver: opened once per process, never unloaded, shared by every thread, with one
 //! table of functions per default-stream mode.
 
+use std::cell::Cell;
 use std::ffi::{CString, OsString, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 
 use crate::error::{CallError, DriverError, Error, MissingReason};
 use crate::library::{self, Bootstrap, LibraryKind, LibraryOrigin, LoadAttempt};
@@ -133,7 +134,50 @@ impl Tables {
 }
 
 static TABLES: OnceLock<Tables> = OnceLock::new();
-static LOADING: Mutex<()> = Mutex::new(());
+
+/// The process whose thread is loading the driver now, if any: held only to read or change it,
+/// never across the load itself. A process forked during a load inherits its parent's id here,
+/// for a loader that does not exist in it.
+static LOADING: Mutex<Option<u32>> = Mutex::new(None);
+/// Signalled when a load ends (published or failed): threads that found another loading wait here.
+static LOAD_ENDED: Condvar = Condvar::new();
+
+thread_local! {
+    /// Whether this thread is the one loading: a load reached from inside its own load (a
+    /// `cuInit` that calls back into this crate) then fails instead of waiting for itself.
+    static LOADING_HERE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether this thread is loading the driver now.
+fn loading_here() -> bool {
+    // A const thread-local without a destructor is never destroyed: `try_with` always succeeds.
+    LOADING_HERE.try_with(Cell::get).unwrap_or(false)
+}
+
+/// Marks this thread as the loader, or no longer.
+fn set_loading_here(on: bool) {
+    let _ = LOADING_HERE.try_with(|here| here.set(on));
+}
+
+/// `LOADING`, locked; a panic while holding it (none can: it guards plain stores) leaves a usable
+/// value, so a poisoned lock is used as it is.
+fn loading() -> MutexGuard<'static, Option<u32>> {
+    LOADING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Ends this thread's load when dropped (also if the load unwinds): clears `LOADING` and wakes the
+/// threads waiting for it.
+struct LoadTurn;
+
+impl Drop for LoadTurn {
+    fn drop(&mut self) {
+        set_loading_here(false);
+        *loading() = None;
+        LOAD_ENDED.notify_all();
+    }
+}
 
 /// The process's driver, loaded on first use with the options the environment gives
 /// ([`LoadOptions::from_env`]); once loaded, the table of the first load's default-stream mode.
@@ -154,7 +198,11 @@ static LOADING: Mutex<()> = Mutex::new(());
 /// # Errors
 /// [`Error::LibraryNotFound`], [`Error::StubLibrary`], [`Error::Driver`] (from `cuInit`),
 /// [`Error::AlreadyLoaded`] or [`Error::InvalidEnvironment`]. A failed load is not remembered: a later
-/// call tries again.
+/// call tries again. [`Error::LoadReentered`] if called from inside the first load on the thread
+/// loading (from the library's `cuInit`), which then goes on; [`Error::ForkedDuringLoad`] in a
+/// process forked while its parent was loading. (A fork in the instant a thread reads or writes
+/// who is loading, a few instructions, not the load itself, can still leave the child's first
+/// load waiting for ever: fork before the first load or after it.)
 ///
 /// # Examples
 /// ```no_run
@@ -199,9 +247,14 @@ enum Source {
 
 impl Driver {
     /// Loads the driver with these options, or returns the one already loaded if it is the same
-    /// library (no path named, or the same path), as the table of `options.default_stream`.
+    /// library (no path named, or a path or name the system loader maps to the library already
+    /// loaded: `libcuda.so`, `libcuda.so.1` and `libcuda.so.580.xx` are one file), as the table
+    /// of `options.default_stream`.
     ///
-    /// Many threads may call this at once: one of them loads, the others wait for it.
+    /// Many threads may call this at once: one of them loads, the others wait for it. A call
+    /// from inside that load on the loading thread (from the library's `cuInit`) returns
+    /// [`Error::LoadReentered`] instead of waiting for itself; in a process forked while its
+    /// parent was loading, [`Error::ForkedDuringLoad`].
     ///
     /// # Safety
     /// If `options.library_path` names a file (and no driver is loaded yet):
@@ -222,7 +275,7 @@ impl Driver {
     /// as [`driver`] does, and [`Driver::load_default`] is its safe form.
     ///
     /// # Errors
-    /// As for [`driver`]; [`Error::AlreadyLoaded`] if another library was loaded first.
+    /// As for [`driver`]; [`Error::AlreadyLoaded`] if another file was loaded first.
     ///
     /// # Examples
     /// Loading a library by path is a promise about that library, so it takes `unsafe`:
@@ -289,18 +342,42 @@ impl Driver {
 
     fn load_from(source: Source, mode: DefaultStream) -> Result<&'static Driver, Error> {
         if let Some(tables) = TABLES.get() {
-            return Driver::compatible(tables, &source, mode);
+            return Driver::compatible(tables, source, mode);
         }
-        // A panic while holding this lock cannot leave anything half-done (the driver is published
-        // whole or not at all), so a poisoned lock is still usable.
-        let _guard = LOADING
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(tables) = TABLES.get() {
-            return Driver::compatible(tables, &source, mode);
+        let me = std::process::id();
+        let mut state = loading();
+        loop {
+            if let Some(tables) = TABLES.get() {
+                drop(state);
+                return Driver::compatible(tables, source, mode);
+            }
+            match *state {
+                None => break,
+                // The loader is in the process this one was forked from: its load never ends here.
+                Some(process) if process != me => return Err(Error::ForkedDuringLoad),
+                // Reached from inside this thread's own load (from the library's cuInit, say):
+                // waiting would wait for ever.
+                Some(_) if loading_here() => return Err(Error::LoadReentered),
+                Some(_) => {
+                    state = LOAD_ENDED
+                        .wait(state)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+            }
         }
+        *state = Some(me);
+        drop(state);
+        set_loading_here(true);
+        let turn = LoadTurn;
         // Leaked: the library is never unloaded, and both tables point at it for ever.
-        let loaded: &'static Loaded = Box::leak(Box::new(open(source)?));
+        let opened = open(source);
+        let loaded: &'static Loaded = match opened {
+            Ok(loaded) => Box::leak(Box::new(loaded)),
+            Err(e) => {
+                drop(turn);
+                return Err(e);
+            }
+        };
         let table = |mode| Driver {
             loaded,
             mode,
@@ -311,8 +388,11 @@ impl Driver {
             per_thread: table(DefaultStream::PerThread),
             default: mode,
         };
-        // We hold LOADING and saw TABLES empty, so this stores `tables`.
-        Ok(TABLES.get_or_init(move || tables).get(mode))
+        // This thread is the loader (LOADING names it) and saw TABLES empty, so this stores
+        // `tables`; the turn ends after, so that a waiter woken finds them.
+        let published = TABLES.get_or_init(move || tables).get(mode);
+        drop(turn);
+        Ok(published)
     }
 
     /// The driver if it is already loaded, without loading it: the process's default table.
@@ -320,21 +400,27 @@ impl Driver {
         TABLES.get().map(|tables| tables.get(tables.default))
     }
 
+    /// The table of `mode` if `source` is the library loaded, else [`Error::AlreadyLoaded`];
+    /// `source` is dropped (an adopted library's reference closed).
     fn compatible(
         tables: &'static Tables,
-        source: &Source,
+        source: Source,
         mode: DefaultStream,
     ) -> Result<&'static Driver, Error> {
         let loaded = tables.legacy.loaded;
         let (same, requested) = match source {
             Source::Search(None, _) => (true, String::new()),
             Source::Search(Some(p), _) => (
-                p.as_os_str() == loaded.opened_as || p == &loaded.path,
+                p.as_os_str() == loaded.opened_as
+                    || p == loaded.path
+                    || library::is_loaded_as(p.as_os_str(), loaded.handle),
                 p.display().to_string(),
             ),
             Source::Adopted(library, name) => {
-                let path = library::loaded_path(library, name);
-                (path == loaded.path, path.display().to_string())
+                let path = library::followed(library::loaded_path(&library, &name));
+                let (_, handle) = library::with_handle(library);
+                let same = path == loaded.path || (handle != 0 && handle == loaded.handle);
+                (same, path.display().to_string())
             }
         };
         if same {
@@ -450,10 +536,12 @@ impl Driver {
     }
 
     /// Looks a driver symbol up directly, uncached and ungated: through `cuGetProcAddress_v2` or
-    /// `cuGetProcAddress` with `version` and the flag for `mode`. On drivers older than 11.3, which
-    /// have no `cuGetProcAddress`, the export of that ABI version is looked up: the table's own
-    /// (`cuMemAlloc` at 3.2, `version` 3020, is the export `cuMemAlloc_v2`) where the table has
-    /// the symbol at that version, else the export named `symbol` itself (which must then be an
+    /// `cuGetProcAddress` with `version` and the flag for `mode`, which answer with the newest
+    /// variant at or below `version`. On drivers older than 11.3, which have no
+    /// `cuGetProcAddress`, the same variant's export is looked up where the table knows the
+    /// symbol: its newest variant at or below `version` (`cuMemAlloc` at any `version` from 3020
+    /// is 3.2's export `cuMemAlloc_v2`; per-thread, `cuStreamSynchronize` from 7000 is
+    /// `cuStreamSynchronize_ptsz`), else the export named `symbol` itself (which must then be an
     /// export's full name). `version` is numbered as the driver numbers versions
     /// (`1000 * major + 10 * minor`).
     ///
@@ -479,11 +567,13 @@ impl Driver {
     }
 }
 
-/// The export to look up for `symbol` at ABI `version` in `mode` on drivers older than 11.3: the
-/// table's choice for that variant (as its entries resolve, [`resolve::variant`]); `None` if the
-/// table has the symbol but no such variant in this mode (a per-thread request of a version
-/// without a per-thread twin must not find the legacy export of another ABI); `symbol` itself if
-/// the table does not know it.
+/// The export to look up for `symbol` at ABI `version` in `mode` on drivers older than 11.3: as
+/// `cuGetProcAddress` answers, the newest variant the table has at or below `version` (each as
+/// its entries resolve, [`resolve::variant`]: `cuMemAlloc` at 11.2 is 3.2's `cuMemAlloc_v2`,
+/// `cuStreamSynchronize` at 9.0 per-thread is 7.0's `cuStreamSynchronize_ptsz`); `None` if the
+/// table has the symbol but no variant at or below `version`, or that variant has none in this
+/// mode (a per-thread request of a version without a per-thread twin must not find the legacy
+/// export of another ABI); `symbol` itself if the table does not know it.
 fn export_of(symbol: &CString, version: u32, mode: DefaultStream) -> Option<&std::ffi::CStr> {
     let mut known = Function::ALL
         .iter()
@@ -493,12 +583,12 @@ fn export_of(symbol: &CString, version: u32, mode: DefaultStream) -> Option<&std
     if known.peek().is_none() {
         return Some(symbol.as_c_str());
     }
+    // Ties (two ABI versions whose per-thread twins share one version) go to the newer ABI.
     known
-        .find_map(|info: &FunctionInfo| {
-            let (v, export) = resolve::variant(info, mode);
-            (v == version).then_some(export)
-        })
-        .flatten()
+        .map(|info: &FunctionInfo| (resolve::variant(info, mode), info.version))
+        .filter(|&((v, _), _)| v <= version)
+        .max_by_key(|&((v, _), abi)| (v, abi))
+        .and_then(|((_, export), _)| export)
 }
 
 /// Opens the library (the first candidate that is a driver) and initialises it.
@@ -537,7 +627,10 @@ fn open(source: Source) -> Result<Loaded, Error> {
                 continue;
             }
         };
-        let path = library::mapped_path(bootstrap.cu_init as *const c_void, &candidate);
+        // The name the loader found (`libcuda.so.1`: what the library's kind is judged by), and
+        // the file it is (symlinks followed: what `Driver::path` reports).
+        let mapped = library::mapped_path(bootstrap.cu_init as *const c_void, &candidate);
+        let path = library::followed(mapped.clone());
         // SAFETY: cuInit(0) has no preconditions; 0 is the only valid flag value.
         let rc = unsafe { (bootstrap.cu_init)(0) };
         if rc == CUresult::CUDA_ERROR_STUB_LIBRARY {
@@ -561,9 +654,11 @@ fn open(source: Source) -> Result<Loaded, Error> {
             return Err(error.into());
         }
         let version = DriverVersion(version);
+        let (lib, handle) = library::with_handle(lib);
         return Ok(Loaded {
+            handle,
             resolution: ResolutionPath::for_driver(version, &bootstrap),
-            kind: LibraryKind::judge(&path, version, &bootstrap),
+            kind: LibraryKind::judge(&mapped, version, &bootstrap),
             origin,
             opened_as: candidate,
             path,

@@ -93,6 +93,27 @@ pub enum Error {
         requested: String,
     },
 
+    /// The driver was asked for from inside its own first load, on the thread loading it: from
+    /// the library's `cuInit` or `cuDriverGetVersion`, or something they called (a hook of a test
+    /// double, an interposer). That load cannot wait for itself; it goes on, and the driver is
+    /// there once it returns.
+    #[error(
+        "the CUDA driver was asked for while this thread is loading it (from inside the library's \
+         cuInit or cuDriverGetVersion, or something they called): a load cannot wait for itself. \
+         Call the driver only after the first load has returned"
+    )]
+    LoadReentered,
+
+    /// This process was forked while a thread of its parent was loading the driver: that load
+    /// never finishes in this process, and the driver cannot be loaded here.
+    #[error(
+        "this process was forked while its parent was loading the CUDA driver; the load cannot \
+         finish in this process, and CUDA cannot be used here. Load the driver before forking \
+         (and use it only in the parent), or in the child only (the CUDA driver does not support \
+         a child of a process that initialised it), or start the child with exec"
+    )]
+    ForkedDuringLoad,
+
     /// An environment variable this crate reads holds a value it does not understand.
     #[error("{variable}={value:?} is not understood; set it to {expected}, or unset it")]
     InvalidEnvironment {
@@ -235,6 +256,12 @@ pub enum MissingReason {
     /// `CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT`). Known from the table, the same on every
     /// driver: the driver is not asked, and an older driver's legacy export is never used.
     NoPerThreadVariant,
+    /// `cuGetProcAddress` returned a pointer that is not the library's export of this ABI variant
+    /// (`cuLaunchHostFunc_v2`), for an entry whose `cudaTypedefs.h` version is a placeholder
+    /// ([`FunctionInfo::placeholder_version`](crate::FunctionInfo::placeholder_version)): the
+    /// driver registers the variant at another version than the table asks for, so the pointer
+    /// is another ABI (an older one, with other parameters) and is never called.
+    OtherVariant,
 }
 
 impl MissingReason {
@@ -244,6 +271,11 @@ impl MissingReason {
             MissingReason::NoPerThreadVariant => {
                 "Call the function's newest variant, or this one through `Driver::legacy()` \
                  (legacy default-stream semantics)"
+            }
+            MissingReason::OtherVariant => {
+                "Call the function's older variant (without what this one adds) meanwhile, and \
+                 report the driver's version to cuda-dl-sys: its table asks for this variant at a \
+                 version this driver registers another one at"
             }
             _ => "Upgrade the NVIDIA driver, or do without this function",
         }
@@ -264,6 +296,10 @@ impl fmt::Display for MissingReason {
             MissingReason::NoPerThreadVariant => {
                 "this ABI version has no per-thread default-stream variant (the driver has one \
                  only for newer ABI versions of the function)"
+            }
+            MissingReason::OtherVariant => {
+                "cuGetProcAddress returned another ABI variant, not the library's export of this \
+                 one"
             }
         })
     }
@@ -529,7 +565,7 @@ mod tests {
         let e = CallError::unavailable(
             Function::cuLaunchHostFunc_v2,
             CallErrorKind::DriverTooOld,
-            13010,
+            13020,
             DriverVersion(12040),
         );
         assert_eq!(e.code(), None);
@@ -537,7 +573,7 @@ mod tests {
             Error::from(e),
             Error::DriverTooOld {
                 function: "cuLaunchHostFunc_v2",
-                required: 13010,
+                required: 13020,
                 found: DriverVersion(12040)
             }
         ));

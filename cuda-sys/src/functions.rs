@@ -226,6 +226,7 @@ macro_rules! driver_function_table {
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
             $version:literal, $version_text:literal, $symbol:literal, $export:literal,
             $per_thread:literal, $per_thread_version:literal, $pfn:ident,
+            $(placeholder $placeholder:literal,)?
             [$($family:ident),* $(,)?];
     )*) => {
         $(

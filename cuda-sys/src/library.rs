@@ -1,6 +1,6 @@
 //! Finding and opening the driver library, and the few exports read before the table exists.
 
-use std::ffi::{CStr, OsString, c_char, c_int, c_uint, c_void};
+use std::ffi::{CStr, OsStr, OsString, c_char, c_int, c_uint, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 
@@ -40,7 +40,8 @@ pub enum LibraryOrigin {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum LibraryKind {
-    /// Its file name is the driver's (`libcuda.so*`; `nvcuda.dll` on Windows) and it exports the
+    /// Its file name (as the loader found it: `libcuda.so.1`, before links are followed) is the
+    /// driver's (`libcuda.so*`; `nvcuda.dll` on Windows) and it exports the
     /// lookups its version promises (`cuGetProcAddress` from 11.3, `cuGetProcAddress_v2` from 12.0).
     NvidiaDriver,
     /// Its file name is not the driver's.
@@ -245,6 +246,58 @@ pub(crate) fn address(library: &libloading::Library, name: &CStr) -> Option<NonN
     // only returned, never called here.
     let p = unsafe { library.get::<*mut c_void>(name).ok().map(|s| *s) }?;
     NonNull::new(p)
+}
+
+/// `library` and the system loader's handle of it: one handle per loaded object (`dlopen` of
+/// another name of the same file, or of the same file again, gives the same handle); 0 where the
+/// platform's handle is not compared ([`is_loaded_as`]).
+#[cfg(unix)]
+pub(crate) fn with_handle(library: libloading::Library) -> (libloading::Library, usize) {
+    let raw = libloading::os::unix::Library::from(library).into_raw();
+    // SAFETY: `raw` is the handle `into_raw` just took out of a library; it becomes that library
+    // again, which closes it once (when dropped), as before.
+    let library = unsafe { libloading::os::unix::Library::from_raw(raw) };
+    (library.into(), raw.addr())
+}
+
+/// `library` and 0: handles are not compared on this platform.
+#[cfg(not(unix))]
+pub(crate) fn with_handle(library: libloading::Library) -> (libloading::Library, usize) {
+    (library, 0)
+}
+
+/// Whether the system loader's `dlopen` of `name` (a path, or a name it searches for) gives the
+/// object whose handle is `handle`, already loaded: `libcuda.so` or `libcuda.so.580.xx` for the
+/// `libcuda.so.1` loaded (glibc matches a name, a soname or the file's device and inode). Loads
+/// nothing (`RTLD_NOLOAD`).
+#[cfg(unix)]
+pub(crate) fn is_loaded_as(name: &OsStr, handle: usize) -> bool {
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    if handle == 0 {
+        return false;
+    }
+    // SAFETY: with RTLD_NOLOAD, dlopen never loads: it gives a new reference to an object already
+    // loaded, or fails; no initialiser runs.
+    let Ok(found) = (unsafe { Library::open(Some(name), RTLD_LAZY | libc::RTLD_NOLOAD) }) else {
+        return false;
+    };
+    let raw = found.into_raw();
+    // SAFETY: `raw` is the handle `into_raw` just took out of `found`; dropping the library made
+    // of it again closes that one reference (the object stays loaded: the driver holds its own).
+    drop(unsafe { Library::from_raw(raw) });
+    raw.addr() == handle
+}
+
+/// Never: handles are not compared on this platform (names are, by the caller).
+#[cfg(not(unix))]
+pub(crate) fn is_loaded_as(_name: &OsStr, _handle: usize) -> bool {
+    false
+}
+
+/// The file `path` names, with symlinks followed (`/usr/lib/x86_64-linux-gnu/libcuda.so.1` is a
+/// link to `libcuda.so.580.xx`), or `path` itself where that fails.
+pub(crate) fn followed(path: PathBuf) -> PathBuf {
+    std::fs::canonicalize(&path).unwrap_or(path)
 }
 
 /// The file the loader mapped for `library` (found through its `cuInit`), or `name`.

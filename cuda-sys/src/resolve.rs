@@ -42,6 +42,9 @@ impl ResolutionPath {
 pub(crate) struct Loaded {
     /// Kept open for the life of the process: a `Loaded` is leaked at load, never dropped.
     pub(crate) library: libloading::Library,
+    /// The system loader's handle of `library` (`library::with_handle`): how another name of the
+    /// same file is recognised.
+    pub(crate) handle: usize,
     pub(crate) opened_as: OsString,
     pub(crate) path: PathBuf,
     pub(crate) version: DriverVersion,
@@ -55,13 +58,14 @@ pub(crate) struct Loaded {
 /// The errors a slot caches once its entry resolved to one: the slot holds `1 + ` the error's
 /// index here; any value above [`SLOT_LAST_SENTINEL`] is the function's address. No function lives
 /// in the first page of the address space, so these never collide with one.
-const CACHED_ERRORS: [CallErrorKind; 6] = [
+const CACHED_ERRORS: [CallErrorKind; 7] = [
     CallErrorKind::DriverTooOld,
     CallErrorKind::SymbolMissing(MissingReason::NotFound),
     CallErrorKind::SymbolMissing(MissingReason::VersionNotSufficient),
     CallErrorKind::SymbolMissing(MissingReason::Rejected),
     CallErrorKind::SymbolMissing(MissingReason::NotExported),
     CallErrorKind::SymbolMissing(MissingReason::NoPerThreadVariant),
+    CallErrorKind::SymbolMissing(MissingReason::OtherVariant),
 ];
 const _: () = assert!(CACHED_ERRORS.len() <= SLOT_LAST_SENTINEL);
 
@@ -74,6 +78,30 @@ fn sentinel(kind: CallErrorKind) -> *mut c_void {
 
 /// Slot values up to this one are sentinels (`0` = not yet resolved).
 pub(crate) const SLOT_LAST_SENTINEL: usize = 15;
+
+/// Stores `value` (an address or a sentinel, never null) in `slot` if it is still unresolved, and
+/// returns what the slot holds then: `value`, or the outcome another thread cached first.
+fn cache(slot: &AtomicPtr<c_void>, value: *mut c_void) -> *mut c_void {
+    // AcqRel: publishes `value` to later readers; Acquire on failure, as the fast path's load,
+    // to read another thread's address.
+    match slot.compare_exchange(ptr::null_mut(), value, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => value,
+        Err(current) => current,
+    }
+}
+
+/// What a resolved slot's value means: the function's address, or the kind of error cached.
+fn outcome(value: *mut c_void) -> Result<*mut c_void, CallErrorKind> {
+    if value.addr() > SLOT_LAST_SENTINEL {
+        return Ok(value);
+    }
+    let kind = value
+        .addr()
+        .checked_sub(1)
+        .and_then(|i| CACHED_ERRORS.get(i).copied());
+    // Unset (never passed here: `cache` stores no null) reads as nothing found.
+    Err(kind.unwrap_or(CallErrorKind::SymbolMissing(MissingReason::NotFound)))
+}
 
 /// What one lookup found.
 pub(crate) enum Lookup {
@@ -108,6 +136,11 @@ fn has_per_thread_variants(info: &FunctionInfo) -> bool {
 impl Loaded {
     /// Resolves `function` into `slot` (or returns why it cannot be), caching the outcome. The
     /// caller's fast path has already seen the slot hold no address.
+    ///
+    /// The first outcome cached wins: threads resolving the same entry at once each look it up,
+    /// but only one stores (a compare-exchange from "not yet resolved"), and every one returns
+    /// what the slot holds then. So a lookup that fails after another thread's succeeded (a
+    /// transient `CUDA_ERROR_NOT_FOUND`, say) never replaces the cached function.
     #[cold]
     #[inline(never)]
     pub(crate) fn resolve_slot(
@@ -120,42 +153,41 @@ impl Loaded {
         let (version, export) = variant(info, mode);
         let unavailable = |kind| CallError::unavailable(function, kind, version, self.version);
         let cached = slot.load(Ordering::Acquire);
-        if cached.addr() > SLOT_LAST_SENTINEL {
+        if !cached.is_null() {
             // Another thread resolved it since the caller looked.
-            return Ok(cached);
+            return outcome(cached).map_err(unavailable);
         }
-        let cached_kind = cached
-            .addr()
-            .checked_sub(1)
-            .and_then(|i| CACHED_ERRORS.get(i).copied());
-        if let Some(kind) = cached_kind {
-            return Err(unavailable(kind));
-        }
-        if version > self.version.0 as u32 {
-            slot.store(sentinel(CallErrorKind::DriverTooOld), Ordering::Release);
-            return Err(unavailable(CallErrorKind::DriverTooOld));
-        }
-        if export.is_none() {
+        let value = if version > self.version.0 as u32 {
+            sentinel(CallErrorKind::DriverTooOld)
+        } else if let Some(export) = export {
+            match self.lookup(info.symbol, version, Some(export), mode) {
+                Lookup::Found(p) if info.placeholder_version.is_some() => {
+                    if self.is_the_export(p, export) {
+                        p.as_ptr()
+                    } else {
+                        sentinel(CallErrorKind::SymbolMissing(MissingReason::OtherVariant))
+                    }
+                }
+                Lookup::Found(p) => p.as_ptr(),
+                Lookup::Missing(reason) => sentinel(CallErrorKind::SymbolMissing(reason)),
+                Lookup::Failed(code, _) => return Err(CallError::lookup_failed(function, code)),
+            }
+        } else {
             // No variant at this ABI version in this mode (see `variant`), and no newer driver
             // will change that: not asked of the driver, whose lookup paths answer it differently
             // (`VERSION_NOT_SUFFICIENT`, or not found through `cuGetProcAddress` before 12.0).
-            let kind = CallErrorKind::SymbolMissing(MissingReason::NoPerThreadVariant);
-            slot.store(sentinel(kind), Ordering::Release);
-            return Err(unavailable(kind));
-        }
-        match self.lookup(info.symbol, version, export, mode) {
-            Lookup::Found(p) => {
-                // Racing threads store the same address; the first store wins nothing over the rest.
-                slot.store(p.as_ptr(), Ordering::Release);
-                Ok(p.as_ptr())
-            }
-            Lookup::Missing(reason) => {
-                let kind = CallErrorKind::SymbolMissing(reason);
-                slot.store(sentinel(kind), Ordering::Release);
-                Err(unavailable(kind))
-            }
-            Lookup::Failed(code, _) => Err(CallError::lookup_failed(function, code)),
-        }
+            sentinel(CallErrorKind::SymbolMissing(
+                MissingReason::NoPerThreadVariant,
+            ))
+        };
+        outcome(cache(slot, value)).map_err(unavailable)
+    }
+
+    /// Whether `found` (what `cuGetProcAddress` returned for an entry whose typedef's version is
+    /// a placeholder) is the library's export `export` of that variant. A library without that
+    /// export cannot be checked, and is believed.
+    fn is_the_export(&self, found: NonNull<c_void>, export: &CStr) -> bool {
+        library::address(&self.library, export).is_none_or(|e| e == found)
     }
 
     /// One lookup of `symbol` at `version` with `mode`'s flag; on drivers older than 11.3, of the
@@ -379,6 +411,7 @@ mod tests {
         };
         super::Loaded {
             library: libloading::os::unix::Library::this().into(),
+            handle: 0,
             opened_as: "this process".into(),
             path: "this process".into(),
             version: crate::DriverVersion(13000),
@@ -407,6 +440,42 @@ mod tests {
         assert_eq!(resolved.ok().map(|p| p.addr()), Some(FOUND));
         assert_eq!(slot.load(Ordering::SeqCst).addr(), FOUND);
         assert_eq!(LOOKUPS.load(Ordering::SeqCst), before + 1);
+    }
+
+    #[test]
+    fn the_first_outcome_cached_wins_over_a_later_one() {
+        use super::{CACHED_ERRORS, cache, outcome, sentinel};
+        use crate::error::{CallErrorKind, MissingReason};
+        use std::sync::atomic::{AtomicPtr, Ordering};
+        let address = std::ptr::without_provenance_mut(0x40_0000);
+        let not_found = sentinel(CallErrorKind::SymbolMissing(MissingReason::NotFound));
+        // A function cached first: a later failure returns it, and leaves it.
+        let slot = AtomicPtr::new(std::ptr::null_mut());
+        assert_eq!(cache(&slot, address), address);
+        assert_eq!(cache(&slot, not_found), address);
+        assert_eq!(slot.load(Ordering::SeqCst), address);
+        assert_eq!(outcome(slot.load(Ordering::SeqCst)), Ok(address));
+        // An error cached first stays too (the same for every thread).
+        let slot = AtomicPtr::new(std::ptr::null_mut());
+        assert_eq!(cache(&slot, not_found), not_found);
+        assert_eq!(cache(&slot, address), not_found);
+        // Every sentinel reads back as its error; the empty slot as nothing found.
+        for &kind in &CACHED_ERRORS {
+            assert_eq!(outcome(sentinel(kind)), Err(kind));
+        }
+        assert_eq!(
+            outcome(std::ptr::null_mut()),
+            Err(CallErrorKind::SymbolMissing(MissingReason::NotFound))
+        );
+        // Every value up to the last sentinel is an error, never an address.
+        for value in 0..=super::SLOT_LAST_SENTINEL {
+            assert!(
+                outcome(std::ptr::without_provenance_mut(value)).is_err(),
+                "{value}"
+            );
+        }
+        let first_address = std::ptr::without_provenance_mut(super::SLOT_LAST_SENTINEL + 1);
+        assert_eq!(outcome(first_address), Ok(first_address));
     }
 
     #[test]

@@ -4,10 +4,11 @@
 //!
 //! `generated/functions.rs` (written by `tools/codegen` from `cudaTypedefs.h`, never by hand) holds one
 //! line per function: its name, its exact C parameters, the ABI version that signature binds, the
-//! symbol `cuGetProcAddress` takes, the library exports for old drivers, and the `PFN_` typedef it
-//! was matched to. It is read twice, by two macros of the same name: here into the data
-//! ([`Function`], its [`FunctionInfo`], [`FUNCTION_COUNT`]), and in `functions.rs`, at the top of
-//! the crate, into the methods that call each function.
+//! symbol `cuGetProcAddress` takes, the library exports for old drivers, the `PFN_` typedef it
+//! was matched to, and, where the header marks that typedef's version a placeholder, that number.
+//! It is read twice, by two macros of the same name: here into the data ([`Function`], its
+//! [`FunctionInfo`], [`FUNCTION_COUNT`]), and in `functions.rs`, at the top of the crate, into the
+//! methods that call each function.
 
 use std::ffi::CStr;
 use std::fmt;
@@ -31,6 +32,16 @@ pub struct FunctionInfo {
     /// if any: what is asked of `cuGetProcAddress` (and gated) when the driver is loaded for
     /// per-thread default-stream semantics.
     pub per_thread_version: Option<u32>,
+    /// The version in the name of the entry's `PFN_` typedef where `cudaTypedefs.h` marks that
+    /// number as a placeholder (`PFN_cuLaunchHostFunc_v13010`: "Update 13010 to a proper version
+    /// number"), else `None`. [`version`](Self::version) is then the version the driver registers
+    /// the variant at (13020, CUDA 13.2, for `cuLaunchHostFunc_v2`: the generator's
+    /// `tools/codegen/registered_versions.rs` lists each with where its number comes from), and
+    /// the pointer `cuGetProcAddress` returns for the entry is checked against the library's
+    /// export of this variant ([`export`](Self::export), or the per-thread one) before it is used:
+    /// another pointer is refused as
+    /// [`MissingReason::OtherVariant`](crate::MissingReason::OtherVariant).
+    pub placeholder_version: Option<u32>,
 }
 
 impl Function {
@@ -75,6 +86,7 @@ macro_rules! driver_function_table {
         $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) =
             $version:literal, $version_text:literal, $symbol:literal, $export:literal,
             $per_thread:literal, $per_thread_version:literal, $pfn:ident,
+            $(placeholder $placeholder:literal,)?
             [$($family:ident),* $(,)?];
     )*) => {
         /// Every function of the table, in `cuda.h`'s order.
@@ -110,6 +122,7 @@ macro_rules! driver_function_table {
                 export: cstr(concat!($export, "\0")),
                 per_thread_export: optional_cstr(concat!($per_thread, "\0")),
                 per_thread_version: optional_version($per_thread_version),
+                placeholder_version: optional_version(0 $(+ $placeholder)?),
             },
         )*];
 

@@ -23,6 +23,9 @@ pub struct Entry {
     pub per_thread_version: Option<u32>,
     pub params: Vec<(String, String)>,
     pub pfn: String,
+    /// The version in `pfn`'s name where `cudaTypedefs.h` marks it a placeholder: `version` is
+    /// then the one the driver registers the variant at (`registered_versions`).
+    pub placeholder: Option<u32>,
     /// The header's Doxygen comment of the declaration (empty for an older ABI variant, which
     /// `cuda.h` does not document).
     pub doc: String,
@@ -183,6 +186,7 @@ pub fn build(
                     .map(|(n, t)| (n.clone(), print_type(t)))
                     .collect(),
                 pfn: pfn.typedef.clone(),
+                placeholder: None,
                 doc: f.doc.clone(),
                 kind: EntryKind::Declared,
                 signature: internal.canonical_signature(f.params.iter().map(|(_, t)| t), &f.output),
@@ -198,6 +202,9 @@ pub fn build(
     }
     let (typedefs_left_out, internal_typedefs) =
         add_variants(&mut entries, &mut keys, normal, internal, all_versions);
+    for e in &mut entries {
+        use_registered_versions(e);
+    }
     // Each entry's family: the entries of its symbol and signature, newest first, one per version
     // (a declaration before the export name or variant of the same version).
     let families: Vec<Vec<String>> = entries
@@ -347,6 +354,7 @@ fn add_variants(
                 })
                 .collect(),
             pfn: pfn.typedef.clone(),
+            placeholder: None,
             doc: String::new(),
             kind: EntryKind::Variant,
             signature,
@@ -356,6 +364,30 @@ fn add_variants(
     internal_used.sort();
     internal_used.dedup();
     (left_out, internal_used)
+}
+
+/// An entry made from a typedef whose version `cudaTypedefs.h` marks as a placeholder is requested
+/// and gated at the version the driver registers it at (`registered_versions::REGISTERED`), its
+/// per-thread variant likewise; it keeps the placeholder in `placeholder`.
+fn use_registered_versions(e: &mut Entry) {
+    let Some(registered) = super::registered_versions::registered(&e.pfn) else {
+        return;
+    };
+    e.placeholder = Some(e.version);
+    e.version = registered;
+    if let Some(version) = e.per_thread_version {
+        let twin = ["_ptsz", "_ptds"].iter().find_map(|suffix| {
+            super::registered_versions::registered(&format!("PFN_{}_v{version}{suffix}", e.symbol))
+        });
+        match twin {
+            Some(v) => e.per_thread_version = Some(v),
+            None => panic!(
+                "{}: its typedef {} has a registered version, its per-thread twin (v{version}) \
+                 none; list both in tools/codegen/registered_versions.rs",
+                e.name, e.pfn
+            ),
+        }
+    }
 }
 
 /// The `PFN_` typedefs for `name`, or for `name` less a `_v<digits>` suffix (`cuLaunchHostFunc_v2` is
@@ -433,12 +465,32 @@ impl Table {
             "// One entry per driver function: `#[summary = \"what it does\"]`, the header's documentation\n\
              // as Markdown (`///`), then `name(params) = ABI version, the same as people write it,\n\
              // cuGetProcAddress symbol, library export, per-thread export (\"\" if none), its ABI version\n\
-             // (0 if none), PFN typedef, [the entries of its symbol with its signature, newest first];`.\n\
+             // (0 if none), PFN typedef, `placeholder <its version>,` where cudaTypedefs.h marks the\n\
+             // typedef's version a placeholder (the ABI version is then the one the driver registers),\n\
+             // [the entries of its symbol with its signature, newest first];`.\n\
              // See cuda-sys/src/table.rs and functions.rs.\n",
         );
         s.push_str("driver_function_table! {\n");
         for e in &self.entries {
-            let (summary, body) = self.docs(e, &link);
+            let (summary, mut body) = self.docs(e, &link);
+            if let Some(placeholder) = e.placeholder {
+                body.push(String::new());
+                body.push(format!(
+                    "ABI version {}: `cudaTypedefs.h` names its typedef `{}` with a placeholder \
+                     version ({placeholder}, \"Update {placeholder} to a proper version number\"); \
+                     the driver registers this variant at {}: {}. It is requested and gated \
+                     there, and the pointer `cuGetProcAddress` returns is checked against the \
+                     library's export `{}` (`MissingReason::OtherVariant` if it is another).",
+                    version_text(e.version),
+                    e.pfn,
+                    version_text(e.version),
+                    super::registered_versions::REGISTERED
+                        .iter()
+                        .find(|r| r.typedef == e.pfn)
+                        .map_or("", |r| r.source),
+                    e.export,
+                ));
+            }
             let _ = writeln!(s, "    #[summary = {summary:?}]");
             for line in body {
                 let line = line.trim_end();
@@ -449,9 +501,13 @@ impl Table {
                 }
             }
             let params: Vec<String> = e.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+            let placeholder = e
+                .placeholder
+                .map(|v| format!("placeholder {v}, "))
+                .unwrap_or_default();
             let _ = writeln!(
                 s,
-                "    {}({}) = {}, {:?}, {:?}, {:?}, {:?}, {}, {}, [{}];",
+                "    {}({}) = {}, {:?}, {:?}, {:?}, {:?}, {}, {}, {placeholder}[{}];",
                 e.name,
                 params.join(", "),
                 e.version,
@@ -672,6 +728,30 @@ impl Table {
                         "`{p}` ({})",
                         version_text(e.per_thread_version.unwrap_or(0))
                     ))
+                    .unwrap_or_default()
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n## Placeholder versions\n\nTypedefs whose version `cudaTypedefs.h` marks \
+             \"Update <N> to a proper version number\": their entries are requested and gated at \
+             the version the driver registers them at (`tools/codegen/registered_versions.rs`), \
+             and checked against the library's export at resolution.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| name | typedef | placeholder | requested at | per-thread |\n| --- | --- | --- | --- | --- |"
+        );
+        for e in self.entries.iter().filter(|e| e.placeholder.is_some()) {
+            let _ = writeln!(
+                s,
+                "| `{}` | `{}` | {} | {} | {} |",
+                e.name,
+                e.pfn,
+                e.placeholder.unwrap_or(0),
+                e.version,
+                e.per_thread_version
+                    .map(|v| v.to_string())
                     .unwrap_or_default()
             );
         }

@@ -25,11 +25,18 @@ impl HostTaskSyncMode {
 /// Options of a launch or a graph host node.
 ///
 /// `sync_mode: Some(..)` needs `cuLaunchHostFunc_v2` (and, for graph nodes, the `syncMode` field
-/// of the v2 host-node parameters): drivers of CUDA 13.1 and newer. The pinned header's
-/// `cudaTypedefs.h` binds it at ABI version 13010 (`PFN_cuLaunchHostFunc_v13010`). On an older
-/// driver the launch returns `DriverTooOld { function: "cuLaunchHostFunc_v2", required: 13010,
-/// found }` rather than silently ignoring the option: a caller who asked for spin-waiting wants to
-/// know it did not happen. `sync_mode: None` (the default) uses `cuLaunchHostFunc`, on any driver.
+/// of the v2 host-node parameters, also new in 13.2): drivers of CUDA 13.2 and newer. The pinned
+/// header's `cudaTypedefs.h` names its typedef `PFN_cuLaunchHostFunc_v13010`, a number it marks
+/// "Update 13010 to a proper version number": the function first ships in CUDA 13.2 (the 13.1
+/// headers have none) and the driver registers it at 13020, where NVIDIA's cuda-bindings 13.5
+/// asks for it; asked at 13010, a driver answers with the three-argument `cuLaunchHostFunc`,
+/// which would drop the mode. So cuda-dl-sys's table requests and gates it at 13020 (its
+/// generator's `tools/codegen/registered_versions.rs`), and refuses a pointer that is not the
+/// driver's `cuLaunchHostFunc_v2` export (`SymbolMissing` with `MissingReason::OtherVariant`).
+/// On an older driver the launch returns `DriverTooOld { function: "cuLaunchHostFunc_v2",
+/// required: 13020, found }` rather than silently ignoring the option: a caller who asked for
+/// spin-waiting wants to know it did not happen. `sync_mode: None` (the default) uses
+/// `cuLaunchHostFunc`, on any driver.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct LaunchOptions {
     /// The driver thread's sync mode; `None` leaves the driver's default.

@@ -4,7 +4,9 @@
 // One entry per driver function: `#[summary = "what it does"]`, the header's documentation
 // as Markdown (`///`), then `name(params) = ABI version, the same as people write it,
 // cuGetProcAddress symbol, library export, per-thread export ("" if none), its ABI version
-// (0 if none), PFN typedef, [the entries of its symbol with its signature, newest first];`.
+// (0 if none), PFN typedef, `placeholder <its version>,` where cudaTypedefs.h marks the
+// typedef's version a placeholder (the ABI version is then the one the driver registers),
+// [the entries of its symbol with its signature, newest first];`.
 // See cuda-sys/src/table.rs and functions.rs.
 driver_function_table! {
     #[summary = "Gets the string description of an error code."]
@@ -14172,7 +14174,9 @@ driver_function_table! {
     /// [`cuMemAllocManaged`](crate::functions::cuMemAllocManaged),
     /// [`cuStreamAttachMemAsync`](crate::functions::cuStreamAttachMemAsync),
     /// [`cuStreamAddCallback`](crate::functions::cuStreamAddCallback)
-    cuLaunchHostFunc_v2(hStream: CUstream, fn_: CUhostFn, userData: *mut ::std::os::raw::c_void, syncMode: ::std::os::raw::c_uint) = 13010, "13.1", "cuLaunchHostFunc", "cuLaunchHostFunc_v2", "cuLaunchHostFunc_v2_ptsz", 13010, PFN_cuLaunchHostFunc_v13010, [cuLaunchHostFunc_v2];
+    ///
+    /// ABI version 13.2: `cudaTypedefs.h` names its typedef `PFN_cuLaunchHostFunc_v13010` with a placeholder version (13010, "Update 13010 to a proper version number"); the driver registers this variant at 13.2: cuLaunchHostFunc_v2 first ships in CUDA 13.2, the 13.1.80 headers have none, and NVIDIA's cuda-bindings 13.5 requests it from cuGetProcAddress at 13020. It is requested and gated there, and the pointer `cuGetProcAddress` returns is checked against the library's export `cuLaunchHostFunc_v2` (`MissingReason::OtherVariant` if it is another).
+    cuLaunchHostFunc_v2(hStream: CUstream, fn_: CUhostFn, userData: *mut ::std::os::raw::c_void, syncMode: ::std::os::raw::c_uint) = 13020, "13.2", "cuLaunchHostFunc", "cuLaunchHostFunc_v2", "cuLaunchHostFunc_v2_ptsz", 13020, PFN_cuLaunchHostFunc_v13010, placeholder 13010, [cuLaunchHostFunc_v2];
     #[summary = "Sets the block-dimensions for the function."]
     /// **Deprecated.**
     ///

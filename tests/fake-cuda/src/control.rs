@@ -253,6 +253,23 @@ pub unsafe extern "C" fn fake_cuda_set_missing(list: *const c_char) {
     config().set_missing(unsafe { text(list) }.unwrap_or(""));
 }
 
+/// Makes `cuGetProcAddress*` register the variant of `symbol` (a base symbol) that the fake lists at
+/// ABI `version` at `registered` instead: a driver that registers a variant at another version
+/// than the headers' typedef says (`cuLaunchHostFunc` 13020 at 13030: asked for at 13020, a 13.3
+/// driver then answers with the 10.0 variant). `registered` = `version` undoes it; so does
+/// [`fake_cuda_reset_steering`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_cuda_register_variant_at(
+    symbol: *const c_char,
+    version: i32,
+    registered: i32,
+) {
+    // SAFETY: the caller passes a NUL-terminated name.
+    if let Some(symbol) = unsafe { text(symbol) } {
+        crate::proc_address::register_at(symbol, version, registered);
+    }
+}
+
 /// Changes the number of devices.
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_cuda_set_device_count(count: i32) {

@@ -4,14 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex};
 
 use cuda_dl_sys::types::{CUdriverProcAddressQueryResult, CUresult, cuuint64_t};
 
 use crate::calls::call;
 use crate::config::config;
 use crate::errors::{INVALID_VALUE, NOT_FOUND, SUCCESS};
+use crate::state::relock;
 
 /// `CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM`.
 const PER_THREAD_DEFAULT_STREAM: cuuint64_t = 2;
@@ -172,7 +173,9 @@ variants! {
     "cuStreamWriteValue64" => [(11070, crate::stream::cuStreamWriteValue64_v2, crate::stream::cuStreamWriteValue64_v2_ptsz)],
     "cuLaunchHostFunc" => [
         (10000, crate::stream::cuLaunchHostFunc, crate::stream::cuLaunchHostFunc_ptsz),
-        (13010, crate::stream::cuLaunchHostFunc_v2, crate::stream::cuLaunchHostFunc_v2_ptsz),
+        // Registered at 13.2, though cudaTypedefs.h names it PFN_cuLaunchHostFunc_v13010 (a
+        // placeholder): the version NVIDIA's cuda-bindings 13.5 asks for.
+        (13020, crate::stream::cuLaunchHostFunc_v2, crate::stream::cuLaunchHostFunc_v2_ptsz),
     ],
     "cuGraphCreate" => [(10000, crate::graph::cuGraphCreate)],
     "cuGraphAddKernelNode" => [
@@ -208,6 +211,35 @@ variants! {
 
 static TABLE: LazyLock<BTreeMap<&'static str, Vec<Variant>>> = LazyLock::new(build);
 
+/// Variants registered at another version than [`TABLE`]'s: `(symbol, table version)` →
+/// registered version (see [`register_at`]).
+static REGISTERED_AT: LazyLock<Mutex<BTreeMap<(String, i32), i32>>> =
+    LazyLock::new(Default::default);
+
+/// Makes `cuGetProcAddress*` register the variant of `symbol` that [`TABLE`] lists at `version`
+/// at `registered` instead (as a driver that registers it at another ABI version than the
+/// headers' typedef says); `registered` = `version` undoes it.
+pub(crate) fn register_at(symbol: &str, version: i32, registered: i32) {
+    relock(&REGISTERED_AT).insert((symbol.to_owned(), version), registered);
+}
+
+/// Every variant at its [`TABLE`] version again.
+pub(crate) fn reset_registrations() {
+    relock(&REGISTERED_AT).clear();
+}
+
+/// The version the fake registers `symbol`'s variant `v` at.
+fn registered(symbol: &str, v: &Variant) -> i32 {
+    let overrides = relock(&REGISTERED_AT);
+    if overrides.is_empty() {
+        return v.version;
+    }
+    overrides
+        .get(&(symbol.to_owned(), v.version))
+        .copied()
+        .unwrap_or(v.version)
+}
+
 /// What a lookup found.
 enum Found {
     Pointer(usize),
@@ -234,14 +266,14 @@ fn find(symbol: &CStr, version: c_int, flags: cuuint64_t) -> Found {
     // on the same driver; symbols without any per-thread variant answer with their legacy ones).
     let has_twins = variants.iter().any(|v| v.per_thread.is_some());
     let effective = |v: &Variant| match (per_thread, v.per_thread) {
-        (true, Some(_)) => Some(v.version.max(PER_THREAD_FIRST_VERSION)),
+        (true, Some(_)) => Some(registered(symbol, v).max(PER_THREAD_FIRST_VERSION)),
         (true, None) if has_twins => None,
-        _ => Some(v.version),
+        _ => Some(registered(symbol, v)),
     };
     let newest = variants
         .iter()
         .filter(|v| effective(v).is_some_and(|e| e <= version))
-        .max_by_key(|v| v.version);
+        .max_by_key(|v| registered(symbol, v));
     match newest {
         None => Found::VersionNotSufficient,
         Some(v) if per_thread => Found::Pointer(v.per_thread.unwrap_or(v.legacy)),

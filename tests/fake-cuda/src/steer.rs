@@ -388,6 +388,19 @@ impl FakeCuda {
         unsafe { f(name.as_ptr(), nth, code) }
     }
 
+    /// Makes `cuGetProcAddress*` register the variant of `symbol` (a base symbol) that the fake
+    /// lists at ABI `version` at `registered` instead: a driver that registers a variant at
+    /// another version than the headers' typedef says. `register_variant_at("cuLaunchHostFunc",
+    /// 13020, 13030)` on a 13.3 driver answers a request at 13020 with the three-argument 10.0
+    /// variant. `registered` = `version` undoes it, as does
+    /// [`reset_steering`](Self::reset_steering).
+    pub fn register_variant_at(&self, symbol: &str, version: i32, registered: i32) {
+        let set = control!(self, fake_cuda_register_variant_at: unsafe extern "C" fn(*const c_char, i32, i32));
+        let symbol = c_name(symbol);
+        // SAFETY: `symbol` is NUL-terminated.
+        unsafe { set(symbol.as_ptr(), version, registered) }
+    }
+
     /// Makes the `nth` call of `name` from now (1-based; 0: every call) first run `hook`, on the
     /// calling thread, before the call does anything else (an injected fault included). `name`
     /// is a base symbol or an export name, as for [`set_fault`](Self::set_fault). Replaces an
