@@ -254,7 +254,11 @@ isolated_test! {
     let results = (block_on(host), block_on(low), block_on(value), block_on(auto));
     println!("after a trap and the reset ({reclaimed} launches reclaimed): {results:?}");
     assert!(matches!(results.0, Err(Error::ContextLost)));
-    assert!(matches!(results.1, Err(Error::ContextLost)));
+    // The low-latency poller looks for the fault while the flag is late: usually before the reset.
+    assert!(matches!(
+        results.1,
+        Err(Error::ContextLost | Error::DeviceFault { code: 719, .. })
+    ));
     assert!(matches!(results.2, Err(Error::ContextLost)));
     // The default mode goes by event: the poller sees the fault itself, usually before the reset.
     assert!(matches!(

@@ -11,12 +11,12 @@
 //! | you want | call | how |
 //! | --- | --- | --- |
 //! | code run in stream order, with **later work on the stream waiting for it** | [`host_launch`]`(stream, closure)`; [`launch_host_function`]`(stream, f, user_data, owners)` for a C function (its `owners` kept alive with it); [`launch_host_function_with_bytes`] for a C function with a private copy of its user data | a host function on the driver's thread: no CUDA calls inside; the captures or owners are dropped after it returned, by the cleanup queue |
-//! | values kept alive until the stream's **earlier work is done**, then dropped (a staging buffer, a device buffer the kernels used) | [`release_after`]`(stream, owners)` | one `cuEventRecord`; the stream does not wait; the crate's event poller drops them (CUDA 12.0, a primary context's stream) |
-//! | a closure run once the stream's earlier work is done, **which may call CUDA** (free memory, enqueue more work) | [`spawn_after`]`(stream, closure)` | as `release_after`; the closure runs on the event poller with the stream's context current |
+//! | values kept alive until the stream's **earlier work is done**, then dropped (a staging buffer, a device buffer the kernels used) | [`release_after`]`(stream, owners)` | one `cuEventRecord`; the stream does not wait; the crate's event poller sees it done and the reaper drops them (CUDA 12.0, a primary context's stream) |
+//! | a closure run once the stream's earlier work is done, **which may call CUDA** (free memory, enqueue more work) | [`spawn_after`]`(stream, closure)` | as `release_after`; the closure runs on the reaper with the stream's context current |
 //! | a future of the stream's work so far, for async code | [`completion`]`(stream)`, or [`CompletionMode`]`::…`[`.completion(stream)`](CompletionMode::completion) | see "Completion modes" below; runtime-agnostic (a `std::task::Waker`) |
 //! | a future of a closure's result, in stream order | [`host_launch_async`] | always a host function (the result exists once it ran) |
 //! | host code in a **graph**: a node, or a launch on a capturing stream | [`add_host_node`] on a [`Graph`]; [`LaunchOptions::host_launch_repeatable`] / [`LaunchOptions::launch_host_function_repeatable`] | the owners live as long as the graph and every executable graph made from it |
-//! | the driver thread's sync mode (CUDA 13.1+) | [`LaunchOptions`] | the same launches as methods of the options |
+//! | the driver thread's sync mode (CUDA 13.2+) | [`LaunchOptions`] | the same launches as methods of the options |
 //! | a **barrier** before a check or an exit: every owner of completed work dropped, every callback returned | [`flush`]`(timeout)` after `stream.synchronize()` | waits for the cleanup queue and a round of each poller; pending work is not waited for |
 //! | who drops the owners | [`CleanupMode::Reaper`] (default: a thread of this crate) or [`CleanupMode::Manual`] (the next launch, [`drain`] or [`flush`]), through [`set_cleanup_mode`] or [`CLEANUP_MODE_ENV`] | [`cleanup_stats`] counts the releases |
 //! | the crate's threads (reaper, event poller, low-latency poller): names, CPUs, a start hook | [`set_thread_settings`]`(`[`ThreadSettings`]`)`, with an [`Affinity`] | by default they may run on every CPU of the process, not only the launching thread's |
@@ -56,9 +56,10 @@
 //! One heap allocation per launch (the launch record holds the function, its data and its owners,
 //! usually in a pooled slot); the driver's thread only runs the function and pushes the record onto
 //! a lock-free queue. A reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or
-//! [`flush`]) drops the owners, with no context current. The event poller drops what
-//! [`release_after`] kept and runs [`spawn_after`] callbacks; the low-latency poller wakes
-//! `LowLatency` futures. All three run in relaxed stream-capture mode, so a `Drop` that frees
+//! [`flush`]) drops the owners, with no context current, and runs [`spawn_after`] callbacks: all
+//! user code the crate holds runs there. The event poller and the low-latency poller only watch
+//! for completions and wake futures (a device fault fails the futures of its context at once).
+//! All three run in relaxed stream-capture mode, so a `Drop` that frees
 //! memory never breaks another thread's capture; the reaper and the event poller stop before the
 //! driver is torn down at exit ([`flush`] first where owners must be dropped).
 //! The workspace's `DESIGN.md` tells which thread drops what; `RELIABILITY.md` lists what is
