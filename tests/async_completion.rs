@@ -465,33 +465,48 @@ fn enqueued() -> (u64, u64) {
 }
 
 isolated_test! {
-    /// A device fault fails a `LowLatency` future without waiting for a reset: its flag never
-    /// comes, and the poller, looking for the context's sticky error every few milliseconds while
-    /// it waits, resolves the future to `DeviceFault` with the driver's code (before: it stayed
-    /// pending until the user reset the context). The reset later finds nothing more to fail.
-    fn a_low_latency_future_fails_on_a_device_fault_before_any_reset(
+    /// A device fault fails the futures that wait on no event without waiting for a reset: a
+    /// `LowLatency` future (its flag never comes), a `HostFunction` one and `host_launch_async`'s
+    /// (the driver never runs their host functions). The low-latency poller looks for the
+    /// context's sticky error every few milliseconds while they wait and resolves them to
+    /// `DeviceFault` with the driver's code (before: they stayed pending until the user reset the
+    /// context). The closure's owner is kept until the reset, which drops it once.
+    fn futures_without_an_event_fail_on_a_device_fault_before_any_reset(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
-        let future = CompletionMode::LowLatency.completion(&stream).unwrap();
+        let low = CompletionMode::LowLatency.completion(&stream).unwrap();
+        let host = CompletionMode::HostFunction.completion(&stream).unwrap();
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let owner = Counted(Arc::clone(&dropped));
+        let value = host_launch_async(&stream, move || {
+            let _keep = &owner;
+            7
+        })
+        .unwrap();
         fake().poison_context(context.raw()).expect("the fake could not poison the context");
-        let result = block_on(future);
-        assert!(
+        let faulted = |error: Option<&Error>| {
             matches!(
-                result,
-                Err(Error::DeviceFault {
+                error,
+                Some(Error::DeviceFault {
                     code: 719,
                     name: "CUDA_ERROR_LAUNCH_FAILED"
                 })
-            ),
-            "{result:?}"
-        );
+            )
+        };
+        let results = (block_on(low), block_on(host), block_on(value));
+        assert!(faulted(results.0.as_ref().err()), "{results:?}");
+        assert!(faulted(results.1.as_ref().err()), "{results:?}");
+        assert!(faulted(results.2.as_ref().err()), "{results:?}");
+        assert_eq!(dropped.load(Ordering::SeqCst), 0, "the closure's owner before the reset");
         hold.release();
         drop(stream);
         // SAFETY: the context's only stream is dropped, and nothing made in it is used after.
         unsafe { context.reset() }.unwrap();
+        flush(Duration::from_secs(5)).unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the closure's owner after the reset");
     }
 
     /// `completion` (`Auto`) records an event on a stream of a primary context, enqueues a host

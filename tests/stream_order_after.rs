@@ -1407,6 +1407,56 @@ isolated_test! {
         panic!("the owner's Drop never exited the process");
     }
 
+    /// `exit` from a waker that the event poller calls: the exit handler does not wait for the
+    /// poller's own round (the exiting thread), but does wait for the reaper's owner `Drop` in
+    /// progress, whose driver call then comes before the driver's teardown. (Mutation testing:
+    /// with the poller's driver work not counted as its own, the exit waited its full second;
+    /// with it never uncounted, the exit stopped waiting for the reaper, whose call came after
+    /// the teardown.)
+    fn exit_from_a_waker_waits_for_the_reaper_not_for_itself(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        // SAFETY: plain `extern "C"` handlers; registered before the crate's, so they run after
+        // it (and after the fake driver's teardown, registered at its load).
+        assert_eq!(unsafe { libc::atexit(exit_was_not_held_up) }, 0);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::atexit(the_reapers_call_came_before_the_teardown) }, 0);
+        EXIT_EPOCH.get_or_init(Instant::now);
+        let context = fake_primary_context();
+        let first = Stream::new(&context).unwrap();
+        let second = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(second.raw()).expect("the fake could not hold the stream");
+        let (in_drop_tx, in_drop) = std::sync::mpsc::channel();
+        release_after(
+            &first,
+            OnDrop::new(move || {
+                in_drop_tx.send(()).unwrap();
+                std::thread::sleep(Duration::from_millis(200));
+                let mut current = std::ptr::null_mut();
+                // SAFETY: a valid out-pointer (a driver call: after the teardown, counted).
+                let _ = unsafe { cuda_dl_sys::driver().unwrap().cuCtxGetCurrent(&mut current) };
+                REAPERS_DROP_DONE.store(true, Ordering::SeqCst);
+            }),
+        )
+        .unwrap();
+        in_drop.recv_timeout(PATIENCE).expect("the owner was never dropped");
+        struct ExitOnWake;
+        impl std::task::Wake for ExitOnWake {
+            fn wake(self: Arc<Self>) {
+                exit_now();
+            }
+        }
+        let mut future = Box::pin(CompletionMode::Event.completion(&second).unwrap());
+        let waker = std::task::Waker::from(Arc::new(ExitOnWake));
+        let polled = future
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker));
+        assert!(polled.is_pending());
+        hold.release();
+        std::thread::sleep(PATIENCE);
+        panic!("the waker never exited the process");
+    }
+
     /// The same from a `spawn_after` callback, which runs on the reaper too.
     fn exit_from_a_callback_is_not_held_up(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         // SAFETY: a plain `extern "C"` handler; registered before the crate's, so it runs after.
@@ -1434,6 +1484,32 @@ isolated_test! {
         drops.wait_dropped(1);
         std::mem::forget(stream);
         std::mem::forget(context);
+    }
+}
+
+/// Set when the reaper's slow owner `Drop` of `exit_from_a_waker_waits_for_the_reaper_not_for_itself`
+/// is done.
+static REAPERS_DROP_DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The exit check of `exit_from_a_waker_waits_for_the_reaper_not_for_itself`, after the driver's
+/// teardown: lets the reaper's `Drop` finish (a second at most), then fails the process (exit
+/// status 3) if its driver call came after the teardown (the crate's handler did not wait for it).
+extern "C" fn the_reapers_call_came_before_the_teardown() {
+    if std::env::var_os(cuda_workspace::testing::ISOLATED_TEST_ENV).is_none() {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while !REAPERS_DROP_DONE.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if fake().calls_after_teardown() != 0 {
+        eprintln!(
+            "{} driver calls after the teardown:\n{}",
+            fake().calls_after_teardown(),
+            fake().after_teardown_report()
+        );
+        // SAFETY: ends the process at once, as the failing verdict.
+        unsafe { libc::_exit(3) };
     }
 }
 

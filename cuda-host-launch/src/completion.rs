@@ -51,12 +51,13 @@ use std::task::{Context, Poll};
 
 use crate::reaper::owned_record::OwnedRecord;
 use crate::record::layout::{PanicPayload, Payload};
+use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
-use crate::transport::completion_state::CompletionState;
+use crate::transport::completion_state::{CompletionState, WatchedFuture};
 use crate::transport::event::{self, Work};
-use crate::transport::host_function::{Runs, enqueue};
+use crate::transport::host_function::{Runs, enqueue_in};
 use crate::transport::low_latency;
 use crate::transport::options::LaunchOptions;
 
@@ -179,15 +180,30 @@ fn completion_record(shared: &Arc<CompletionState<()>>) -> OwnedRecord {
 fn by_host_function(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>>, Error> {
     let shared = CompletionState::new();
     // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-    unsafe {
-        enqueue(
+    let launched = unsafe {
+        enqueue_in(
             stream,
             completion_record(&shared),
             Runs::Once,
             &LaunchOptions::default(),
         )?
     };
+    watch_for_faults(launched, &shared);
     Ok(shared)
+}
+
+/// Has a future that waits on a host function watched for a fault of its context (the driver
+/// never runs the host function after one): see `low_latency::watch_for_faults`. A watcher that
+/// cannot be started leaves the future unwatched: it then resolves at the context's reset, as
+/// before; the launch itself succeeded.
+fn watch_for_faults<T: Send + 'static>(
+    launched: Option<ContextKey>,
+    shared: &Arc<CompletionState<T>>,
+) {
+    if let Some(key) = launched {
+        let future = Box::new(WatchedFuture(Arc::downgrade(shared)));
+        let _ = low_latency::watch_for_faults(key, future);
+    }
 }
 
 /// `CompletionMode::Event`'s enqueue.
@@ -295,7 +311,8 @@ where
     });
     // SAFETY: the payload's run calls a `Send` closure once, catching panics, then stores the
     // result and wakes by reference.
-    unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default())? };
+    let launched = unsafe { enqueue_in(&stream, record, Runs::Once, &LaunchOptions::default())? };
+    watch_for_faults(launched, &shared);
     Ok(HostLaunchFuture { shared })
 }
 

@@ -4,11 +4,12 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
 use super::waker_slot::WakerSlot;
+use crate::reaper::lane;
 use crate::record::layout::PanicPayload;
 use crate::support::error::Error;
 
@@ -140,5 +141,41 @@ pub(crate) fn device_fault(code: u32) -> Error {
     Error::DeviceFault {
         code,
         name: cuda_dl_sys::DriverError::from_code(cuda_dl_sys::types::CUresult(code)).name(),
+    }
+}
+
+/// A future that a fault watch holds, whatever its value type: a weak reference to its state, so
+/// that the watch keeps nothing alive.
+pub(crate) trait Faultable: Send {
+    /// See [`CompletionState::fault`] (nothing if the future is gone).
+    fn fault(&self, code: u32) -> Option<PanicPayload>;
+    /// Whether it still waits (not resolved, not dropped).
+    fn waits(&self) -> bool;
+}
+
+/// The [`Faultable`] of a `CompletionState<T>`.
+pub(crate) struct WatchedFuture<T>(pub(crate) Weak<CompletionState<T>>);
+
+impl<T: Send + 'static> WatchedFuture<T> {
+    /// Runs `f` on the state if it still lives. If the future and its record went meanwhile, the
+    /// reference taken here is the last: the state (its value and waker, user code) is dropped on
+    /// the lane, never on the watching thread.
+    fn with<R>(&self, f: impl FnOnce(&CompletionState<T>) -> R) -> Option<R> {
+        let state = self.0.upgrade()?;
+        let result = f(&state);
+        if let Some(last) = Arc::into_inner(state) {
+            lane::drop_there(last);
+        }
+        Some(result)
+    }
+}
+
+impl<T: Send + 'static> Faultable for WatchedFuture<T> {
+    fn fault(&self, code: u32) -> Option<PanicPayload> {
+        self.with(|state| state.fault(code)).flatten()
+    }
+
+    fn waits(&self) -> bool {
+        self.with(CompletionState::is_pending).unwrap_or(false)
     }
 }

@@ -18,6 +18,7 @@ use crate::record::layout::{Op, RecordHeader, SharedPayload};
 use crate::record::payload::PanicCarrier;
 use crate::record::ticket_id::TicketId;
 use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
+use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
 use crate::support::host_thread::{HostFunctionScope, refuse_inside_host_function};
 use crate::support::raw_stream::{AsRawStream, context_key_of};
@@ -43,6 +44,21 @@ pub(crate) unsafe fn enqueue(
     runs: Runs,
     options: &LaunchOptions,
 ) -> Result<(), Error> {
+    // SAFETY: the caller's promise.
+    unsafe { enqueue_in(stream, record, runs, options) }.map(|_| ())
+}
+
+/// As [`enqueue`]; returns the context of a launch that went to the driver as a host function
+/// (`None`: captured into a graph), for a future to be watched for faults there.
+///
+/// # Safety
+/// As [`enqueue`].
+pub(crate) unsafe fn enqueue_in(
+    stream: &impl AsRawStream,
+    record: OwnedRecord,
+    runs: Runs,
+    options: &LaunchOptions,
+) -> Result<Option<ContextKey>, Error> {
     let target = stream;
     let stream = stream.as_raw_stream();
     // On an error `record` is dropped here, which defers its owners to the cleanup queue.
@@ -51,6 +67,7 @@ pub(crate) unsafe fn enqueue(
     let driver = cuda_dl_sys::driver()?;
     let call = LaunchCall::resolve(driver, options)?;
     let capture = capture_of(driver, stream)?;
+    let mut launched = None;
     match (capture, runs) {
         (Capture::None, _) => {
             let context = context_key_of(driver, target)?;
@@ -70,6 +87,7 @@ pub(crate) unsafe fn enqueue(
             }
             // The driver has it: hand it over (or, if its host function already ran, queue it).
             tracked.hand_over();
+            launched = Some(context);
         }
         (Capture::Active { id, .. }, Runs::Once) => return Err(capture_active(stream, id)),
         (Capture::Active { graph, .. }, Runs::Repeatable) => {
@@ -95,7 +113,7 @@ pub(crate) unsafe fn enqueue(
     if mode == CleanupMode::Manual {
         release::drain();
     }
-    Ok(())
+    Ok(launched)
 }
 
 /// The host function the driver calls for every run-once launch of this crate: `userData` is the

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use cuda_dl_sys::types::{CUcontext, CUdeviceptr};
 
-use super::completion_state::CompletionState;
+use super::completion_state::{CompletionState, Faultable};
 use super::poller_barrier::RoundBarrier;
 use super::poller_pace::{Pace, PollerSettings, Round, Wait};
 use crate::reaper::lane;
@@ -133,6 +133,9 @@ struct Registry {
     watched: Vec<ContextKey>,
     /// Whether a poller thread is running, and its handle to wake it.
     poller: Option<std::thread::Thread>,
+    /// Futures that wait on a host function, watched for a fault of their context since the
+    /// poller last looked ([`watch_for_faults`]).
+    faultable: Vec<(ContextKey, Box<dyn Faultable>)>,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
@@ -141,7 +144,28 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     lost: Vec::new(),
     watched: Vec::new(),
     poller: None,
+    faultable: Vec::new(),
 });
+
+/// Watches `future`, which waits on a host function in the context `key`, for a fault of that
+/// context: the driver never runs a host function after one, so without this the future would wait
+/// until the context's reset. The poller looks every [`FAULT_LOOK`] while any such future waits
+/// (parking in between: no spinning for these), and fails them with
+/// [`Error::DeviceFault`](crate::Error::DeviceFault). Only primary contexts this crate knows (their
+/// handles never dangle); others are not watched.
+pub(crate) fn watch_for_faults(key: ContextKey, future: Box<dyn Faultable>) -> Result<(), Error> {
+    if super::primary_release::device_of(key.handle).is_none() {
+        return Ok(());
+    }
+    let mut reg = registry();
+    reg.faultable.push((key, future));
+    if reg.poller.is_none() {
+        let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)
+            .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+        reg.poller = Some(thread.thread().clone());
+    }
+    Ok(())
+}
 
 /// The next value a flag write writes: never 0 (a slot's value while it waits), never repeated.
 static NEXT_VALUE: AtomicU64 = AtomicU64::new(1);
@@ -382,15 +406,22 @@ pub(crate) fn fail_gone(handle: usize, look: &dyn Fn() -> Liveness, known: Gone)
 /// never comes after one): a fault fails their futures within about this long of surfacing.
 const FAULT_LOOK: Duration = Duration::from_millis(2);
 
-/// Fails the waiting futures of every context that has a sticky error ([`sticky_error::probe`];
-/// only primary contexts this crate knows, whose handles never dangle) with
-/// [`Error::DeviceFault`](crate::Error::DeviceFault). Their slots are not freed (no write will
-/// come, but none is reused before the context's pages go with its reclaim).
-fn fail_faulted(waiting: &mut Vec<Entry>) {
+/// Fails the waiting futures (flags, and host-function futures watched for faults) of every
+/// context that has a sticky error ([`sticky_error::probe`]; only primary contexts this crate
+/// knows, whose handles never dangle) with [`Error::DeviceFault`](crate::Error::DeviceFault).
+/// Their flag slots are not freed (no write will come, but none is reused before the context's
+/// pages go with its reclaim); a host-function future's record stays pending for the reclaim.
+fn fail_faulted(waiting: &mut Vec<Entry>, faultable: &mut Vec<(ContextKey, Box<dyn Faultable>)>) {
+    // Futures that resolved (their host function ran) or were dropped need no look.
+    faultable.retain(|(_, future)| future.waits());
     let Some(driver) = cuda_dl_sys::Driver::get() else {
         return;
     };
-    let mut contexts: Vec<ContextKey> = waiting.iter().map(|entry| entry.context).collect();
+    let mut contexts: Vec<ContextKey> = waiting
+        .iter()
+        .map(|entry| entry.context)
+        .chain(faultable.iter().map(|(key, _)| *key))
+        .collect();
     contexts.sort_unstable();
     contexts.dedup();
     let faulted: Vec<(ContextKey, u32)> = contexts
@@ -411,6 +442,15 @@ fn fail_faulted(waiting: &mut Vec<Entry>) {
         }
         false
     });
+    faultable.retain(|(key, future)| {
+        let Some(&(_, code)) = faulted.iter().find(|(faulted, _)| faulted == key) else {
+            return true;
+        };
+        if let Some(panic) = future.fault(code) {
+            lane::report_there(PanicOrigin::Waker, panic);
+        }
+        false
+    });
 }
 
 fn poll_loop() {
@@ -421,6 +461,7 @@ fn poll_loop() {
     precise_sleeps();
     let mut pace = Pace::start();
     let mut waiting: Vec<Entry> = Vec::new();
+    let mut faultable: Vec<(ContextKey, Box<dyn Faultable>)> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     let mut last_fault_look = Instant::now();
     IS_POLLER.with(|p| p.set(true));
@@ -445,7 +486,8 @@ fn poll_loop() {
                 }
             }
             waiting.append(&mut reg.incoming);
-            if waiting.is_empty() {
+            faultable.append(&mut reg.faultable);
+            if waiting.is_empty() && faultable.is_empty() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() >= PACE.idle_exit {
                     reg.poller = None;
@@ -477,9 +519,10 @@ fn poll_loop() {
             }
             true
         });
-        if !waiting.is_empty() && last_fault_look.elapsed() >= FAULT_LOOK {
+        if !(waiting.is_empty() && faultable.is_empty()) && last_fault_look.elapsed() >= FAULT_LOOK
+        {
             last_fault_look = Instant::now();
-            fail_faulted(&mut waiting);
+            fail_faulted(&mut waiting, &mut faultable);
         }
         BARRIER.round_done(serving);
         let round = Round {
@@ -492,6 +535,8 @@ fn poll_loop() {
         match pace.after_round(Instant::now(), round, &PACE) {
             Some(Wait::Spin) => std::hint::spin_loop(),
             Some(Wait::Park(pause)) => std::thread::park_timeout(pause),
+            // No flag waits: host-function futures only need a look every FAULT_LOOK.
+            None if !faultable.is_empty() => std::thread::park_timeout(FAULT_LOOK),
             None => std::thread::park_timeout(PACE.idle_exit),
         }
     }
