@@ -1297,6 +1297,51 @@ isolated_test! {
         flush(PATIENCE).unwrap();
     }
 
+    /// A callback waiting for the lane (the reaper is busy in an earlier owner's `Drop`) keeps its
+    /// pool, and so the pool's retain of the context, though the poller has nothing left to query
+    /// and its idle time to exit is long over: the callback then runs in a live context. (Mutation
+    /// testing: with a pool's callbacks not counted, the idle poller gave the pool back with the
+    /// callback still queued.)
+    fn a_callback_waiting_for_the_lane_keeps_its_pools_retain(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_millis(1),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let (in_drop_tx, in_drop) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel::<()>();
+        release_after(
+            &stream,
+            OnDrop::new(move || {
+                in_drop_tx.send(()).unwrap();
+                let _ = go_rx.recv_timeout(PATIENCE);
+            }),
+        )
+        .unwrap();
+        in_drop.recv_timeout(PATIENCE).expect("the owner was never dropped");
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&ran);
+        spawn_after(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        stream.synchronize().unwrap();
+        // A hundred idle exits' worth: the callback is queued behind the blocked Drop.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(ran.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            fake().live_objects("primary_retains"),
+            2,
+            "the user's retain and the pool's, while its callback waits"
+        );
+        go.send(()).unwrap();
+        wait_for("the callback", || ran.load(Ordering::SeqCst) == 1);
+        flush(PATIENCE).unwrap();
+    }
+
     /// `flush` inside a `release_after` owner's `Drop` returns `FlushOnReleasingThread` at once,
     /// as inside any owner's `Drop` (the owner is dropped on the cleanup queue's thread, which the
     /// flush would wait for); a `spawn_after` callback's flush says the same.

@@ -103,8 +103,8 @@ const SET_CURRENT_TRIES: usize = 3;
 /// A record to run on the lane, then release: what a watcher claimed for a callback, with the
 /// context to make current while it runs. Its `Drop` (the lane's release of this carrier) does
 /// both, putting the thread's current context back afterwards; `after` runs last (the event
-/// transport gives the entry's event back there, so that its pool keeps the context retained
-/// until the callback ran).
+/// transport takes the callback off its pool's count there, so that the pool keeps the context
+/// retained until the callback ran).
 pub(crate) struct Call<A: FnOnce() + Send + 'static> {
     header: NonNull<RecordHeader>,
     context: usize,

@@ -21,7 +21,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use std::ptr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -292,17 +293,23 @@ fn scan(
 /// Completes one entry whose event completed, on this thread, as the trampoline would on the
 /// driver's: claims it through its ticket (a reclaim may have taken it), then hands what is user
 /// code to the lane (`reaper::lane`), never running it here: a release's owners are dropped
-/// there, a callback runs there (in the stream's context, which the entry's event keeps retained
-/// until then), and a future's record is released there after this thread completed the future.
+/// there, a callback runs there (in the stream's context, which its pool keeps retained until
+/// then: `call` is its count there), and a future's record is released there after this thread
+/// completed the future.
 /// Returns whether it pushed anything to the lane.
-fn complete(entry: Entry) -> bool {
+fn complete(entry: Entry, call: Option<Arc<AtomicUsize>>) -> bool {
     let Entry {
         context,
-        event,
         ticket,
         work,
         ..
     } = entry;
+    // The lane takes a callback off its pool's count once it ran (or here, if it never will).
+    let ran = move || {
+        if let Some(call) = call {
+            call.fetch_sub(1, Ordering::AcqRel);
+        }
+    };
     let mut pushed = false;
     match work {
         Work::Release => pending::run_launch_then(
@@ -328,39 +335,27 @@ fn complete(entry: Entry) -> bool {
             },
         ),
         Work::Call => {
-            let mut sent = false;
+            let mut ran = Some(ran);
             pending::run_launch_then(
                 ticket,
                 |_| {},
                 |header| {
-                    let give_back = move || give_back_event(context, event);
-                    // SAFETY: claimed for this call and held by nobody else; a callback's payload
-                    // is sound to run on the lane with its stream's context current (the
-                    // enqueue's contract).
-                    unsafe { lane::Call::send(header, context.handle, give_back) };
-                    sent = true;
+                    if let Some(ran) = ran.take() {
+                        // SAFETY: claimed for this call and held by nobody else; a callback's
+                        // payload is sound to run on the lane with its stream's context current
+                        // (the enqueue's contract).
+                        unsafe { lane::Call::send(header, context.handle, ran) };
+                        pushed = true;
+                    }
                 },
             );
-            if !sent {
-                // Reclaimed meanwhile: nothing runs, and the event is done with.
-                give_back_event(context, event);
+            if let Some(ran) = ran {
+                // Reclaimed meanwhile: nothing runs.
+                ran();
             }
-            pushed = sent;
         }
     }
     pushed
-}
-
-/// Gives a completed callback's event back to its pool (from the lane, once the callback ran: the
-/// pool keeps its context retained while the event is out).
-fn give_back_event(context: ContextKey, event: usize) {
-    if let Some(driver) = cuda_dl_sys::Driver::get() {
-        pools().give_back(
-            driver,
-            context,
-            ptr::with_exposed_provenance_mut::<std::ffi::c_void>(event) as CUevent,
-        );
-    }
 }
 
 /// Resolves the futures among `stranded` entries whose context failed: each to
@@ -406,6 +401,8 @@ fn poll_loop() {
     let mut pace = Pace::start();
     let mut done: Vec<Entry> = Vec::new();
     let mut stranded: Vec<Strand> = Vec::new();
+    // For each of `done`: a callback's count in its pool (see `Pools::call_out`).
+    let mut calls: Vec<Option<Arc<AtomicUsize>>> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     loop {
         let settings = poller_settings();
@@ -470,16 +467,21 @@ fn poll_loop() {
         if !done.is_empty() || !stranded.is_empty() {
             // Under the queues' lock: a reset cannot forget a pool between the query and this.
             let mut pools = pools();
+            calls.clear();
             for entry in &done {
-                // A callback's event goes back once the callback ran (see `complete`).
-                if !entry.work.calls() {
-                    pools.give_back(
-                        driver,
-                        entry.context,
-                        ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event)
-                            as CUevent,
-                    );
-                }
+                pools.give_back(
+                    driver,
+                    entry.context,
+                    ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event) as CUevent,
+                );
+                // A callback keeps its pool's context retained until it ran on the lane.
+                calls.push(
+                    entry
+                        .work
+                        .calls()
+                        .then(|| pools.call_out(entry.context))
+                        .flatten(),
+                );
             }
             if !stranded.is_empty() {
                 for strand in &stranded {
@@ -496,8 +498,8 @@ fn poll_loop() {
         fault_futures(&stranded);
         stranded.clear();
         let mut pushed = false;
-        for entry in done.drain(..) {
-            pushed |= complete(entry);
+        for (entry, call) in done.drain(..).zip(calls.drain(..)) {
+            pushed |= complete(entry, call);
         }
         if pushed {
             lane::ring();

@@ -18,6 +18,8 @@
 
 use std::collections::HashMap;
 use std::ptr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_dl_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
@@ -44,6 +46,10 @@ pub(super) struct Pool {
     /// of a stream whose context failed: never queried, reused or destroyed by the pool again
     /// (the context's destruction takes them; their records wait for it).
     pub(super) stranded: usize,
+    /// Callbacks whose event completed and went back, still to run on the lane: the pool keeps
+    /// its context retained until they ran. Counted up here (under the pools' lock), down by the
+    /// lane with no lock ([`Pools::call_out`]).
+    calls: Arc<AtomicUsize>,
 }
 
 /// The pools, by context (handle and id).
@@ -114,6 +120,15 @@ impl Pools {
         }
     }
 
+    /// A callback of `context` whose event completed (and goes back) is on its way to the lane:
+    /// returns the count the lane takes it off once the callback ran, so that the pool keeps its
+    /// context retained meanwhile. `None` if the context has no pool (forgotten by a reset).
+    pub(super) fn call_out(&mut self, context: ContextKey) -> Option<Arc<AtomicUsize>> {
+        let pool = self.by_context.get(&context)?;
+        pool.calls.fetch_add(1, Ordering::AcqRel);
+        Some(Arc::clone(&pool.calls))
+    }
+
     /// An event that must never be touched again (see [`Pool::stranded`]).
     pub(super) fn strand(&mut self, context: ContextKey) {
         if let Some(pool) = self.by_context.get_mut(&context) {
@@ -124,7 +139,7 @@ impl Pools {
 
     /// Whether any pool has events out.
     pub(super) fn any_out(&self) -> bool {
-        self.by_context.values().any(|pool| pool.out > 0)
+        self.by_context.values().any(Pool::busy)
     }
 
     /// Gives back every pool with no event out (its free events destroyed, its stranded ones left
@@ -140,7 +155,7 @@ impl Pools {
         let done: Vec<ContextKey> = self
             .by_context
             .iter()
-            .filter(|(_, pool)| pool.out == 0 && (all || pool.stranded > 0))
+            .filter(|(_, pool)| !pool.busy() && (all || pool.stranded > 0))
             .map(|(key, _)| *key)
             .collect();
         let mut released = Vec::with_capacity(done.len());
@@ -160,7 +175,7 @@ impl Pools {
         driver: &cuda_dl_sys::Driver,
         context: ContextKey,
     ) -> Option<(CUdevice, usize)> {
-        if self.by_context.get(&context)?.out > 0 {
+        if self.by_context.get(&context)?.busy() {
             return None;
         }
         let pool = self.by_context.remove(&context)?;
@@ -192,6 +207,11 @@ impl Pools {
 }
 
 impl Pool {
+    /// Whether it holds its context for something: events out, or callbacks still to run.
+    fn busy(&self) -> bool {
+        self.out > 0 || self.calls.load(Ordering::Acquire) > 0
+    }
+
     fn new(driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<Pool, Error> {
         let mut device: CUdevice = 0;
         pushed(driver, context, || {
@@ -227,6 +247,7 @@ impl Pool {
             free: Vec::new(),
             out: 0,
             stranded: 0,
+            calls: Arc::default(),
         })
     }
 
