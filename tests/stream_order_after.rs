@@ -435,6 +435,23 @@ isolated_test! {
         assert_eq!(*order.lock().unwrap(), [0, 1]);
         assert!(fake().call_count("cuCtxSetCurrent") >= before + 2, "the failure was seen, then a retry");
         flush(PATIENCE).unwrap();
+        // A failed look at what is current before runs the callback all the same. (Found by the
+        // torture harness, seed 37184: the callback was dropped unrun, its context alive.)
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let counter = Arc::clone(&ran);
+        spawn_after(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        let looks = fake().call_count("cuCtxGetCurrent");
+        fake().set_fault("cuCtxGetCurrent", 1, 201);
+        hold.release();
+        wait_for("the callback after the failed cuCtxGetCurrent", || {
+            ran.load(Ordering::SeqCst) == 3
+        });
+        assert!(fake().call_count("cuCtxGetCurrent") > looks, "the look was made");
+        fake().clear_faults();
+        flush(PATIENCE).unwrap();
         // A lasting failure on device 1's context: the callback is dropped unrun (its captures
         // with it), and the poller is not held by it.
         let other = PrimaryContext::retain(device(1)).unwrap();

@@ -141,10 +141,13 @@ impl<A: FnOnce() + Send + 'static> Drop for Call<A> {
         let context = std::ptr::with_exposed_provenance_mut(self.context);
         // SAFETY: a valid out-pointer; then the handle of a primary context that its event pool
         // retains until `after` ran (a context reset since is refused by the driver, or leaves a
-        // context whose calls fail: its handle stays the primary context's).
+        // context whose calls fail: its handle stays the primary context's). What was current is
+        // put back afterwards; if that look fails, none is (the reaper keeps none current anyway).
         let entered = driver.is_some_and(|driver| unsafe {
-            driver.cuCtxGetCurrent(&mut before).is_ok()
-                && (0..SET_CURRENT_TRIES).any(|_| driver.cuCtxSetCurrent(context).is_ok())
+            if driver.cuCtxGetCurrent(&mut before).is_err() {
+                before = std::ptr::null_mut();
+            }
+            (0..SET_CURRENT_TRIES).any(|_| driver.cuCtxSetCurrent(context).is_ok())
         });
         if entered {
             // SAFETY: the record is ours alone and claimed to run once (`send`'s contract); its

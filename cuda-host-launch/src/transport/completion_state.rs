@@ -69,25 +69,24 @@ impl<T> CompletionState<T> {
     /// [`CompletionState::complete`].
     #[must_use = "a waker's panic must be reported and dropped"]
     pub(crate) fn fault(&self, code: u32) -> Option<PanicPayload> {
+        // Before the state that publishes it (a resolved future never reads it again).
         self.fault.store(code, Ordering::Relaxed);
-        if self
-            .state
-            .compare_exchange(PENDING, FAULTED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.waker.wake()
-        } else {
-            None
-        }
+        self.end_if_pending(FAULTED)
     }
 
     /// Resolves to `ContextLost` if still pending, and wakes the task. Returns the waker's panic,
     /// as [`CompletionState::complete`].
     #[must_use = "a waker's panic must be reported and dropped"]
     pub(crate) fn fail(&self) -> Option<PanicPayload> {
+        self.end_if_pending(LOST)
+    }
+
+    /// Moves a pending future to `state` (an error with no value) and wakes its task; nothing if
+    /// it resolved already. Returns the waker's panic.
+    fn end_if_pending(&self, state: u8) -> Option<PanicPayload> {
         if self
             .state
-            .compare_exchange(PENDING, LOST, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(PENDING, state, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
         {
             self.waker.wake()
