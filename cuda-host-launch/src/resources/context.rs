@@ -89,9 +89,9 @@ impl PrimaryContext {
     /// the reset context's launches is pending ([`pending_launches`](Self::pending_launches)).
     ///
     /// The reset destroys the context (its old handle is dead: `CUDA_ERROR_CONTEXT_IS_DESTROYED`,
-    /// CUDA-FACTS.md). The calling thread's current context, if it was the old one, is
-    /// cleared, and this value takes the re-activated context's handle, where the driver allows:
-    /// after a sticky error a 13.0 driver refuses to re-create the primary context
+    /// `tools/probes/reset_and_register.out`). The calling thread's current context, if it was the
+    /// old one, is cleared, and this value takes the re-activated context's handle, where the
+    /// driver allows: after a sticky error a 13.0 driver refuses to re-create the primary context
     /// (`CUDA_ERROR_LAUNCH_FAILED`), so the process must be restarted to use the GPU again; the
     /// reclaim has happened either way.
     ///

@@ -2,8 +2,8 @@
 //!
 //! A handle alone does not name one context for the life of the process: a primary context keeps
 //! its handle when it is made again after its last release or a reset (the same handle,
-//! `cuCtxGetId` 1 then 2: CUDA-FACTS.md), and a context made with `cuCtxCreate` may get a destroyed
-//! one's handle. The id is never given to another context in the process. So every per-context
+//! `cuCtxGetId` 1 then 2: the conformance suite's `contexts` cases), and a `cuCtxCreate` context
+//! may get a destroyed one's handle. The id is never given to another context in the process. So every per-context
 //! record of the crate (a launch's ticket, an event pool, a low-latency page) carries both, and a
 //! reclaim takes only the work of contexts that are gone, found by this rule ([`Liveness`]):
 //!
