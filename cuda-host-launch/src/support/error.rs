@@ -116,8 +116,10 @@ pub enum Error {
     /// `flush` was called on one of the crate's own threads outside a release: in a start hook
     /// ([`ThreadSettings::on_start`](crate::ThreadSettings::on_start)) or in a waker the crate's
     /// poller called. The thread would wait for itself, so it returns at once.
+    #[cfg(not(loom))]
     #[error(
-        "flush was called on the crate's own thread {thread:?} (in its start hook, or in a waker          it called): it would wait for itself. Call flush from another thread"
+        "flush was called on the crate's own thread {thread:?} (in its start hook, or in a waker \
+         it called): it would wait for itself. Call flush from another thread"
     )]
     FlushOnCrateThread {
         /// The crate thread that called it.
@@ -127,7 +129,8 @@ pub enum Error {
     /// `flush` was called after the process began to exit (the crate's exit handler ran): nothing
     /// is released or completed any more, so there is nothing to wait for.
     #[error(
-        "flush was called after the process began to exit: the crate's threads have stopped and          release nothing more; flush before calling exit"
+        "flush was called after the process began to exit: the crate's threads have stopped and \
+         release nothing more; flush before calling exit"
     )]
     ProcessExiting,
 
@@ -167,7 +170,9 @@ pub enum Error {
     /// context is reset or its last retain is released (see
     /// [`PrimaryContext::reset`](crate::PrimaryContext::reset)).
     #[error(
-        "the stream's context failed with {name} ({code}): the work this future waited for will          never complete. Reset the device's primary context (PrimaryContext::reset) or release it          to free what the work held"
+        "the stream's context failed with {name} ({code}): the work this future waited for will \
+         never complete. Reset the device's primary context (PrimaryContext::reset) or release it \
+         to free what the work held"
     )]
     DeviceFault {
         /// The driver's error code (`CUresult`), as the driver answered it.
