@@ -85,6 +85,17 @@ impl<N: Linked> CleanupQueue<N> {
         was_empty
     }
 
+    /// Puts back a record taken but not released because the process is exiting: it stays in
+    /// the queue, reachable as everything alive at `exit` is, and is never released (the exit
+    /// gate lets no release start). Neither counted again nor a wake-up.
+    ///
+    /// # Safety
+    /// `node` must be a live record that nobody else owns, in no queue.
+    pub(crate) unsafe fn keep(&self, node: NonNull<N>) {
+        // SAFETY: the caller's promise.
+        unsafe { self.stack.push(node) };
+    }
+
     /// Takes every record queued so far, oldest first.
     #[inline]
     pub(crate) fn take_all(&self) -> Batch<N> {

@@ -153,6 +153,11 @@ pub(crate) fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -
     // Once the process is exiting, nothing more is released (see `support::exit_gate`).
     // The release also marks this thread as releasing (`flush` refuses to wait for itself).
     let Some(releasing) = exit_gate::begin_releasing() else {
+        // Taken too late: back into the queue, unreleased, as the process ends.
+        for header in batch {
+            // SAFETY: taken from the queue by this call, released by nobody.
+            unsafe { QUEUE.keep(header) };
+        }
         return 0;
     };
     let headers = &mut scratch.headers;
@@ -161,7 +166,13 @@ pub(crate) fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -
     let count = headers.len() as u64;
     for (released, &header) in headers.iter().enumerate() {
         if releasing.exit_began() {
-            // The rest stay here, unreleased, as the process ends.
+            // The rest go back into the queue, unreleased, as the process ends (a drain's scratch
+            // is dropped on return: kept there, they would be reachable from nothing).
+            for &rest in &headers[released..] {
+                // SAFETY: taken from the queue by this call, not released.
+                unsafe { QUEUE.keep(rest) };
+            }
+            headers.clear();
             return released as u64;
         }
         release_one(header, scratch.context.as_mut());
