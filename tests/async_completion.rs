@@ -465,6 +465,36 @@ fn enqueued() -> (u64, u64) {
 }
 
 isolated_test! {
+    /// A host-function future that resolved is no longer watched for faults: once it did, the
+    /// low-latency poller (which watched it) has nothing left and exits when idle. (Mutation
+    /// testing: with every watched future taken for waiting, the poller looked every 2 ms for good.)
+    fn a_resolved_host_function_future_leaves_the_fault_watch(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::{CrateThread, ThreadSettings, set_thread_settings};
+        // A name of its own (the default ones of the reaper and this poller share their first 15
+        // bytes, all a thread's name keeps).
+        set_thread_settings(ThreadSettings::new().name(|which| match which {
+            CrateThread::LowLatencyPoller => "t-lowlat".to_string(),
+            other => other.default_name().to_string(),
+        }));
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        block_on(CompletionMode::HostFunction.completion(&stream).unwrap()).unwrap();
+        block_on(host_launch_async(&stream, || 7).unwrap()).unwrap();
+        // (A thread takes its name as it starts: looked for, not asserted at once.)
+        cuda_workspace::testing::wait_until(
+            "the low-latency poller to watch the futures",
+            cuda_workspace::testing::PATIENCE,
+            || cuda_workspace::testing::threads_named("t-lowlat") == 1,
+        );
+        cuda_workspace::testing::wait_until(
+            "the low-latency poller to exit, idle",
+            cuda_workspace::testing::PATIENCE,
+            || cuda_workspace::testing::threads_named("t-lowlat") == 0,
+        );
+    }
+
     /// A device fault fails the futures that wait on no event without waiting for a reset: a
     /// `LowLatency` future (its flag never comes), a `HostFunction` one and `host_launch_async`'s
     /// (the driver never runs their host functions). The low-latency poller looks for the
