@@ -465,6 +465,28 @@ fn enqueued() -> (u64, u64) {
 }
 
 isolated_test! {
+    /// A host-function future alone (no flag waits beside it) is watched for faults too: it
+    /// resolves to `DeviceFault` before any reset. (Mutation testing: with the fault look made only
+    /// while flags and host-function futures both waited, it waited for the reset.)
+    fn a_host_function_future_alone_fails_on_a_device_fault(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let host = CompletionMode::HostFunction.completion(&stream).unwrap();
+        fake().poison_context(context.raw()).expect("the fake could not poison the context");
+        let result = block_on(host);
+        assert!(
+            matches!(result, Err(Error::DeviceFault { code: 719, .. })),
+            "{result:?}"
+        );
+        hold.release();
+        drop(stream);
+        // SAFETY: the context's only stream is dropped, and nothing made in it is used after.
+        unsafe { context.reset() }.unwrap();
+    }
+
     /// A host-function future that resolved is no longer watched for faults: once it did, the
     /// low-latency poller (which watched it) has nothing left and exits when idle. (Mutation
     /// testing: with every watched future taken for waiting, the poller looked every 2 ms for good.)
