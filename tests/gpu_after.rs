@@ -16,7 +16,6 @@ use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{CountedOwner, DropCounts, REAPER_NAME};
 
 const PATIENCE: Duration = Duration::from_secs(60);
-const POLLER: &str = "cuda-hl-events";
 
 /// Waits until `done` holds, or fails after [`PATIENCE`].
 #[track_caller]
@@ -307,19 +306,22 @@ isolated_test! {
     /// Another binding resets the primary context (`cuDevicePrimaryCtxReset`, as
     /// `cudaDeviceReset` does) while the event pool keeps free events of it, then makes events of
     /// its own in the context made again (the driver may give them the destroyed events' handles).
-    /// When the poller goes idle and gives the old pool back, the other binding's events survive:
-    /// the pool destroys nothing of a context that is gone. The poller is kept from giving the
-    /// pool back before the reset by a long idle exit, then woken by a release in the new context
-    /// (no `flush`, which would forget the old pool first).
+    /// When the crate lets the old pool go, the other binding's events survive: the pool
+    /// destroys nothing of a context that is gone. The poller is kept from giving the pool back
+    /// before the reset by a long idle exit (the configuration is fixed for the process); a
+    /// release in the new context, then a `flush`, which forgets the pool of the context that
+    /// is gone. (The fake's twin, `stream_order_after`, covers the idle poller's give-back.)
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
     fn a_reset_by_another_binding_leaves_the_events_made_after_it_alone() {
         use cuda_dl_sys::types::CUevent;
-        use cuda_host_launch::{PollerSettings, set_poller_settings};
-        let long = PollerSettings {
-            idle_exit: Duration::from_secs(3600),
-            ..PollerSettings::DEFAULT
-        };
-        set_poller_settings(long);
+        use cuda_host_launch::{Config, PollerSettings};
+        Config::new()
+            .event_poller(PollerSettings {
+                idle_exit: Duration::from_secs(3600),
+                ..PollerSettings::DEFAULT
+            })
+            .install()
+            .unwrap();
         let gpu = Gpu::open();
         let stream = Stream::new(&gpu.context).unwrap();
         let counts = DropCounts::new(1);
@@ -352,18 +354,12 @@ isolated_test! {
         gpu.context.set_current().unwrap();
         let after = make(256);
         let reused = after.iter().filter(|e| before.contains(e)).count();
-        set_poller_settings(PollerSettings {
-            idle_exit: Duration::from_millis(5),
-            ..long
-        });
         let stream = Stream::new(&gpu.context).unwrap();
         let woken = DropCounts::new(1);
         release_after(&stream, woken.owner(0)).unwrap();
         wait_for("the release in the new context", || woken.never() == 0);
         drop(stream);
-        wait_for("the poller to exit", || {
-            cuda_workspace::testing::threads_named(POLLER) == 0
-        });
+        flush(PATIENCE).unwrap();
         for (i, &event) in after.iter().enumerate() {
             // SAFETY: an event made above in the live context, not yet destroyed.
             let query = unsafe { gpu.driver.cuEventQuery(event) };

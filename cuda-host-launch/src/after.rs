@@ -25,9 +25,6 @@ use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::event::{self, Work};
 
-pub use crate::transport::event::{poller_settings, set_poller_settings};
-pub use crate::transport::poller_pace::PollerSettings;
-
 /// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
 /// them on the cleanup queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual),
 /// whoever drains): never a driver thread, never the event poller (so an owner whose `Drop`
@@ -49,7 +46,7 @@ pub use crate::transport::poller_pace::PollerSettings;
 /// - The driver's errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and
 ///   creating events), [`Error::InsideHostFunction`] inside a host function. On these the owners
 ///   are dropped before returning, on the calling thread.
-/// - [`Error::ReaperSpawn`] if the poller thread could not be started: the release was accepted
+/// - [`Error::ThreadSpawn`] if the poller thread could not be started: the release was accepted
 ///   all the same (do not repeat it) and completes once a later call starts the poller.
 ///
 /// # Examples

@@ -187,13 +187,14 @@ impl Oracle {
                 // record belongs to a user object the crate let go: the driver's destructor
                 // releases it a little later.
                 let text = error.to_string();
-                let pending_allowed =
-                    matches!(error, Error::CaptureActive { .. } | Error::ReaperSpawn(_))
-                        || tracked.capture.is_some()
-                        || text.contains("Capture")
-                        || text.contains("cuGraphRetainUserObject")
-                        || text.contains("cuGraphAddHostNode")
-                        || text.contains("cuGraphAddNode");
+                let pending_allowed = matches!(
+                    error,
+                    Error::CaptureActive { .. } | Error::ThreadSpawn { .. }
+                ) || tracked.capture.is_some()
+                    || text.contains("Capture")
+                    || text.contains("cuGraphRetainUserObject")
+                    || text.contains("cuGraphAddHostNode")
+                    || text.contains("cuGraphAddNode");
                 if !pending_allowed
                     && tracked.owned.load(Ordering::Acquire)
                     && tracked.dropped.load(Ordering::Acquire) == 0
@@ -507,10 +508,7 @@ impl Drop for Owner {
         // pollers) never drop owners (user code). A `spawn_after` closure's captures go inside
         // the callback, in the stream's context.
         let name = std::thread::current().name().map(str::to_owned);
-        if matches!(
-            name.as_deref(),
-            Some("cuda-hl-events" | "cuda-host-launch-poller")
-        ) {
+        if matches!(name.as_deref(), Some("cuda-hl-events" | "cuda-hl-flags")) {
             self.oracle.violation(format!(
                 "{}: its owners were dropped on {name:?}, a thread that watches completions",
                 describe(&self.tracked)

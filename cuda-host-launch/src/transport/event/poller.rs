@@ -22,7 +22,7 @@ use std::collections::{HashMap, VecDeque};
 
 use std::ptr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -31,8 +31,9 @@ use cuda_dl_sys::types::{CUevent, CUresult};
 use super::{Entry, Incoming, Work, incoming, pools};
 use crate::reaper::lane;
 use crate::record::layout::{Op, RecordHeader};
+use crate::support::config::config;
 use crate::support::context_key::{ContextKey, Gone, Liveness};
-use crate::support::crate_threads::{self, CrateThread};
+use crate::support::crate_threads;
 use crate::support::error::Error;
 use crate::support::exit_gate;
 use crate::support::fast_hash::FastHash;
@@ -41,43 +42,15 @@ use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sticky_error;
 use crate::support::sync::lock;
+use crate::support::thread_settings::CrateThread;
 use crate::tracking::pending;
 use crate::transport::poller_barrier::RoundBarrier;
-use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait, nanos};
+use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait};
 
-// The settings in force, each as nanoseconds (`u64::MAX`: `Duration::MAX`), from the defaults.
-static SPIN_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.spin.as_nanos() as u64);
-static INTERVAL_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.interval.as_nanos() as u64);
-static MAX_INTERVAL_NS: AtomicU64 =
-    AtomicU64::new(PollerSettings::DEFAULT.max_interval.as_nanos() as u64);
-static IDLE_EXIT_NS: AtomicU64 =
-    AtomicU64::new(PollerSettings::DEFAULT.idle_exit.as_nanos() as u64);
-static QUERY_GAP_NS: AtomicU64 =
-    AtomicU64::new(PollerSettings::DEFAULT.query_gap.as_nanos() as u64);
-
-/// Sets how the event poller waits, from its next round on.
-pub fn set_poller_settings(settings: PollerSettings) {
-    SPIN_NS.store(nanos(settings.spin), Ordering::Relaxed);
-    INTERVAL_NS.store(nanos(settings.interval), Ordering::Relaxed);
-    MAX_INTERVAL_NS.store(nanos(settings.max_interval), Ordering::Relaxed);
-    IDLE_EXIT_NS.store(nanos(settings.idle_exit), Ordering::Relaxed);
-    QUERY_GAP_NS.store(nanos(settings.query_gap), Ordering::Relaxed);
-}
-
-/// How the event poller waits now.
-pub fn poller_settings() -> PollerSettings {
-    let spin = SPIN_NS.load(Ordering::Relaxed);
-    PollerSettings {
-        spin: if spin == u64::MAX {
-            Duration::MAX
-        } else {
-            Duration::from_nanos(spin)
-        },
-        interval: Duration::from_nanos(INTERVAL_NS.load(Ordering::Relaxed)),
-        max_interval: Duration::from_nanos(MAX_INTERVAL_NS.load(Ordering::Relaxed)),
-        idle_exit: Duration::from_nanos(IDLE_EXIT_NS.load(Ordering::Relaxed)),
-        query_gap: Duration::from_nanos(QUERY_GAP_NS.load(Ordering::Relaxed)),
-    }
+/// How the event poller paces itself: the configuration's (the defaults if it cannot be read:
+/// the poller runs only after a launch that read it).
+fn poller_settings() -> PollerSettings {
+    config().map_or(PollerSettings::DEFAULT, |c| c.event_poller_settings())
 }
 
 /// The entries waiting, by context, stream id and enqueuing thread, oldest first. An emptied
@@ -139,8 +112,7 @@ pub(super) fn wake_or_start(incoming: &mut Incoming) -> Result<(), Error> {
         }
         return Ok(());
     }
-    let thread = crate_threads::spawn(CrateThread::EventPoller, poll_loop)
-        .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+    let thread = crate_threads::spawn(CrateThread::EventPoller, poll_loop)?;
     incoming.poller = Some(thread.thread().clone());
     Ok(())
 }
