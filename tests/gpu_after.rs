@@ -233,8 +233,8 @@ isolated_test! {
     /// A trapping kernel with releases, callbacks and futures of every completion mode pending
     /// behind it. Every future (`Event`, `Auto`, `LowLatency`, `HostFunction`) resolves to
     /// `DeviceFault` with the driver's code within 10 ms of the fault surfacing (the stream's
-    /// synchronize answering it), before any reset; nothing else completes: owners are kept,
-    /// callbacks never run. The reset reclaims everything (owners dropped once). Prints when each
+    /// synchronize answering it), before any reset; callbacks are dropped unrun (counted), never
+    /// run; owners are kept until the reset, which reclaims them (dropped once). Prints when each
     /// future resolved.
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
     fn after_a_trap_event_futures_fail_at_once_and_releases_wait_for_the_reset() {
@@ -245,6 +245,7 @@ isolated_test! {
         let stream = Stream::new(&gpu.context).unwrap();
         let counts = DropCounts::new(N);
         let ran = Arc::new(AtomicUsize::new(0));
+        let unrun = cuda_host_launch::cleanup_stats().callbacks_dropped_unrun;
         gpu.kernels.trap(stream.raw());
         for i in 0..N {
             release_after(&stream, counts.owner(i)).expect("the driver still records events");
@@ -288,16 +289,19 @@ isolated_test! {
             );
             assert!(at.is_some_and(|at| at <= Duration::from_millis(10)), "{name}: after {at:?}");
         }
+        // The callbacks are dropped unrun, before any reset (counted); the owners stay.
+        wait_for("the callbacks dropped unrun", || {
+            cuda_host_launch::cleanup_stats().callbacks_dropped_unrun - unrun == N as u64
+        });
         flush(PATIENCE).unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         assert_eq!(counts.never(), N, "nothing released before the reset");
-        // The releases and callbacks, the two event futures' and the host-function future's
-        // records.
-        assert_eq!(gpu.context.pending_launches(), 2 * N + 3);
+        // The releases, the two event futures' and the host-function future's records.
+        assert_eq!(gpu.context.pending_launches(), N + 3);
         drop(stream);
         // SAFETY: every stream of the context is dropped; nothing made in it is used afterwards.
         let reclaimed = unsafe { gpu.context.reset() }.expect("cuDevicePrimaryCtxReset");
-        cuda_workspace::testing::assert_reset_released(&gpu.context, reclaimed, 2 * N + 3);
+        cuda_workspace::testing::assert_reset_released(&gpu.context, reclaimed, N + 3);
         flush(PATIENCE).unwrap();
         assert_eq!((counts.never(), counts.more_than_once()), (0, 0));
         assert_eq!(ran.load(Ordering::SeqCst), 0, "callbacks never run after a sticky error");

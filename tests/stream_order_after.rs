@@ -472,6 +472,7 @@ isolated_test! {
         let owner = drops.owner();
         let ran = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&ran);
+        let unrun = cuda_host_launch::cleanup_stats().callbacks_dropped_unrun;
         fake().set_fault("cuCtxSetCurrent", 0, 201);
         spawn_after(&stream, move || {
             let _keep = &owner;
@@ -482,6 +483,7 @@ isolated_test! {
         fake().clear_faults();
         assert_eq!(ran.load(Ordering::SeqCst), 0, "run without its context current");
         assert!(records[0].thread.is_reaper(), "{records:?}");
+        assert_eq!(cuda_host_launch::cleanup_stats().callbacks_dropped_unrun, unrun + 1);
         drop(stream);
         drop(other);
         wait_for("the poller to exit", || cuda_workspace::testing::threads_named(POLLER) == 0);
@@ -679,9 +681,10 @@ isolated_test! {
     }
 
     /// A sticky error: the events never complete. The future resolves at once to `DeviceFault`
-    /// with the driver's code (before: it stayed pending until the user reset the context); the
-    /// owners stay pending until the reset (earlier work may still use them), then are dropped
-    /// once.
+    /// with the driver's code (before: it stayed pending until the user reset the context); a
+    /// callback is dropped unrun at once, on the lane, its captures with it, and counted
+    /// (before: kept until the reset); the owners stay pending until the reset (earlier work may
+    /// still use them), then are dropped once.
     fn after_a_sticky_error_futures_fail_and_releases_wait_for_the_reset(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -690,6 +693,17 @@ isolated_test! {
         let drops = Drops::new();
         let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         release_after(&stream, drops.owner()).unwrap();
+        let unrun = cuda_host_launch::cleanup_stats().callbacks_dropped_unrun;
+        let captures = Drops::new();
+        let ran = Arc::new(AtomicUsize::new(0));
+        spawn_after(&stream, {
+            let (ran, capture) = (Arc::clone(&ran), captures.owner());
+            move || {
+                let _keep = &capture;
+                ran.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
         let future = CompletionMode::Event.completion(&stream).unwrap();
         assert_eq!(fake().poison_context(context.raw()), Ok(()));
         hold.release();
@@ -704,8 +718,13 @@ isolated_test! {
             ),
             "{result:?}"
         );
+        let dropped = captures.wait_dropped(1);
+        assert!(dropped.iter().all(|d| d.thread.is_reaper()), "{dropped:?}");
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "a callback never runs after a sticky error");
+        assert_eq!(cuda_host_launch::cleanup_stats().callbacks_dropped_unrun, unrun + 1);
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 0);
+        // The release's and the future's records.
         assert_eq!(context.pending_launches(), 2);
         drop(stream);
         // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.

@@ -81,8 +81,10 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) ->
 /// dropped as it returns, in that context, as part of its run. A value that must be dropped with
 /// no context current, as owners are, goes to [`release_after`] instead. If the context cannot
 /// be made current (it was reset since), `f` is dropped unrun. After a sticky error in the
-/// context `f` never runs; it is dropped when the context is reset or released for the last
-/// time.
+/// context (a trapped kernel) `f` never runs: the poller's query that answers the error drops it
+/// unrun, on the cleanup queue's thread, at once. Either way
+/// [`CleanupStats::callbacks_dropped_unrun`](crate::CleanupStats::callbacks_dropped_unrun) counts
+/// it.
 ///
 /// # Errors
 /// - [`Error::CaptureActive`] on a capturing stream (`f` cannot be ordered after work that only

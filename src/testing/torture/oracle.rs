@@ -329,6 +329,10 @@ impl Oracle {
                     }
                 }
             }
+            // A `spawn_after` callback whose context failed with a sticky error is dropped unrun
+            // at once (the stream never gets there); a release's owners and a host function's
+            // stay until the reset.
+            None if is_spawn_after(tracked) && !ran && fake().context_poisoned(at.context) => {}
             None => {
                 if !at.reached() {
                     self.violation(format!(
@@ -515,16 +519,7 @@ impl Drop for Owner {
             ));
         }
         let releasing = name.as_deref() == Some(super::super::REAPER_NAME);
-        let in_callback = matches!(
-            self.tracked.op,
-            super::script::Op::Work {
-                kind: super::script::WorkKind::SpawnAfter,
-                ..
-            } | super::script::Op::Special {
-                kind: super::script::WorkKind::SpawnAfter,
-                ..
-            }
-        );
+        let in_callback = is_spawn_after(&self.tracked);
         let released = self.tracked.capture.is_none()
             && !in_callback
             && (self.tracked.ran.load(Ordering::Acquire) > 0 || !self.tracked.has_callback)
@@ -647,4 +642,18 @@ impl Watched {
             )),
         }
     }
+}
+
+/// Whether `tracked` is a `spawn_after` callback.
+fn is_spawn_after(tracked: &Tracked) -> bool {
+    matches!(
+        tracked.op,
+        super::script::Op::Work {
+            kind: super::script::WorkKind::SpawnAfter,
+            ..
+        } | super::script::Op::Special {
+            kind: super::script::WorkKind::SpawnAfter,
+            ..
+        }
+    )
 }

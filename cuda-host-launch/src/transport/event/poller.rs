@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use cuda_dl_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
-use crate::reaper::lane;
+use crate::reaper::{lane, release};
 use crate::record::layout::{Op, RecordHeader};
 use crate::support::config::config;
 use crate::support::context_key::{ContextKey, Gone, Liveness};
@@ -330,19 +330,41 @@ fn complete(entry: Entry, call: Option<Arc<AtomicUsize>>) -> bool {
     pushed
 }
 
-/// Resolves the futures among `stranded` entries whose context failed: each to
-/// [`Error::DeviceFault`](crate::Error::DeviceFault) with the driver's code, at once. Their
-/// records stay pending (what they hold is kept until the context's reclaim), as do the
-/// callbacks' and releases' (a callback never runs after a fault: it is dropped unrun then).
-fn fault_futures(stranded: &[Strand]) {
+/// Ends what waits among `stranded` entries whose context failed with a sticky error, at once:
+/// a future resolves to [`Error::DeviceFault`](crate::Error::DeviceFault) with the driver's code
+/// (its record stays pending until the context's reclaim); a callback, which would never run, is
+/// claimed and dropped unrun on the lane, its captures with it, and counted
+/// ([`CleanupStats::callbacks_dropped_unrun`](crate::CleanupStats::callbacks_dropped_unrun)). A
+/// release's owners stay pending until the reset or the last release: what they hold may still
+/// be in use by the device as far as the host can tell. Returns whether it pushed to the lane.
+fn end_faulted(stranded: &[Strand]) -> bool {
+    let mut pushed = false;
     for strand in stranded {
-        if let (Some(code), Work::Wake(shared)) = (strand.fault, &strand.entry.work)
-            && sticky_error::is_sticky(CUresult(code))
-            && let Some(panic) = shared.fault(code)
-        {
-            lane::report_there(PanicOrigin::Waker, panic);
+        let Some(code) = strand.fault else { continue };
+        if !sticky_error::is_sticky(CUresult(code)) {
+            continue;
+        }
+        match &strand.entry.work {
+            Work::Wake(shared) => {
+                if let Some(panic) = shared.fault(code) {
+                    lane::report_there(PanicOrigin::Waker, panic);
+                }
+            }
+            Work::Call => pending::run_launch_then(
+                strand.entry.ticket,
+                |_| {},
+                |header| {
+                    release::count_callback_dropped_unrun();
+                    // SAFETY: claimed for this call, nobody else holds the record now; its
+                    // release drops the callback unrun.
+                    unsafe { lane::push(header) };
+                    pushed = true;
+                },
+            ),
+            Work::Release => {}
         }
     }
+    pushed
 }
 
 /// Parks for up to `pause`, unless entries are waiting already; an enqueue meanwhile ends the park
@@ -467,9 +489,8 @@ fn poll_loop() {
         }
         drop(queues);
         let progress = !done.is_empty();
-        fault_futures(&stranded);
+        let mut pushed = end_faulted(&stranded);
         stranded.clear();
-        let mut pushed = false;
         for (entry, call) in done.drain(..).zip(calls.drain(..)) {
             pushed |= complete(entry, call);
         }
