@@ -1,6 +1,6 @@
 //! Stream-ordered work without a host function: [`release_after`] (drop owners once the stream's
 //! earlier work has completed) and [`spawn_after`] (run a closure then, on a thread of this
-//! crate, where CUDA calls are allowed). Both record an event on the stream, which a poller thread
+//! crate, where CUDA calls are allowed). Both record an event on the stream, which the watcher thread
 //! of this crate queries; the stream never waits for them.
 //!
 //! **Which to choose.** A host function ([`host_launch`](crate::host_launch),
@@ -24,10 +24,11 @@ use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::event::{self, Work};
+use crate::transport::watcher;
 
 /// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
 /// them on the cleanup queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual),
-/// whoever drains): never a driver thread, never the event poller (so an owner whose `Drop`
+/// whoever drains): never a driver thread, never the watcher (so an owner whose `Drop`
 /// blocks, or awaits a future of this crate, delays no completion), never the caller's unless
 /// the call fails. One `cuEventRecord`; no host function; the stream does not wait.
 ///
@@ -46,8 +47,8 @@ use crate::transport::event::{self, Work};
 /// - The driver's errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and
 ///   creating events), [`Error::InsideHostFunction`] inside a host function. On these the owners
 ///   are dropped before returning, on the calling thread.
-/// - [`Error::ThreadSpawn`] if the poller thread could not be started: the release was accepted
-///   all the same (do not repeat it) and completes once a later call starts the poller.
+/// - [`Error::ThreadSpawn`] if the watcher thread could not be started: the release was accepted
+///   all the same (do not repeat it) and completes once a later call starts the watcher.
 ///
 /// # Examples
 /// ```no_run
@@ -61,14 +62,15 @@ use crate::transport::event::{self, Work};
 pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) -> Result<(), Error> {
     let record = OwnedRecord::new(DeferredDrop(owners));
     // SAFETY: the payload's run does nothing; its owners are dropped with the record.
-    unsafe { event::enqueue(&stream, record, Work::Release) }
+    let ring = unsafe { event::enqueue(&stream, record, Work::Release) }?;
+    watcher::answer(ring)
 }
 
 /// Runs `f` once all work enqueued on `stream` before this call has completed, on the cleanup
 /// queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual), whoever
 /// drains); the stream does not wait for it. Because that is not a driver thread, **`f` may call
 /// CUDA**: free memory, enqueue more work, launch more releases or callbacks, and await a
-/// completion of this crate (the event poller, which resolves those, runs no user code).
+/// completion of this crate (the watcher, which resolves those, runs no user code).
 ///
 /// The callbacks of all streams run one after another on that one thread, with the owners of
 /// released work, in the order their streams got there: a long callback delays the others and
@@ -81,7 +83,7 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) ->
 /// dropped as it returns, in that context, as part of its run. A value that must be dropped with
 /// no context current, as owners are, goes to [`release_after`] instead. If the context cannot
 /// be made current (it was reset since), `f` is dropped unrun. After a sticky error in the
-/// context (a trapped kernel) `f` never runs: the poller's query that answers the error drops it
+/// context (a trapped kernel) `f` never runs: the watcher's query that answers the error drops it
 /// unrun, on the cleanup queue's thread, at once. Either way
 /// [`CleanupStats::callbacks_dropped_unrun`](crate::CleanupStats::callbacks_dropped_unrun) counts
 /// it.
@@ -109,7 +111,8 @@ where
     let record = OwnedRecord::new(Callback(Some(f)));
     // SAFETY: the payload's run calls a `Send` closure once on the cleanup queue's thread (a
     // thread of this crate, or one that drains: never a driver thread), catching panics.
-    unsafe { event::enqueue(&stream, record, Work::Call) }
+    let ring = unsafe { event::enqueue(&stream, record, Work::Call) }?;
+    watcher::answer(ring)
 }
 
 /// A [`spawn_after`] callback: called once, its panic reported where it ran.
