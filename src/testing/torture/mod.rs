@@ -187,6 +187,10 @@ pub fn run_child(script: &Script) -> Outcome {
     for (name, _) in std::env::vars_os().filter(|(name, _)| super::driver_variable(name)) {
         command.env_remove(name);
     }
+    // The fake's trace of unknown event calls (their thread and stack), to find which call.
+    if let Some(trace) = std::env::var_os("FAKE_CUDA_TRACE_UNKNOWN_EVENTS") {
+        command.env("FAKE_CUDA_TRACE_UNKNOWN_EVENTS", trace);
+    }
     command
         .env(SCRIPT_ENV, &file)
         .env("CUDA_DL_SYS_LIBRARY", fake_driver_path())

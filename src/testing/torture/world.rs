@@ -848,7 +848,12 @@ impl World {
             futures.retain(|w| !w.done);
             let released = self.oracle.live() == 0;
             let no_retains = (0..DEVICES).all(|d| !primary_active(driver, CUdevice::from(d)));
-            if (released && futures.is_empty() && no_retains) || Instant::now() >= deadline {
+            // The crate reclaims a context's pending launches just after it lets go of its last
+            // retain (the watcher's pool give-back, then its reclaim): not at the same instant.
+            let none_pending = settings.faults || cuda_host_launch::pending_launches(None) == 0;
+            if (released && futures.is_empty() && no_retains && none_pending)
+                || Instant::now() >= deadline
+            {
                 break;
             }
             std::thread::sleep(Duration::from_millis(2));

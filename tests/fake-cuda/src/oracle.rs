@@ -94,9 +94,18 @@ pub(crate) type ProgressMap = BTreeMap<u64, Progress>;
 /// another event made since, so a library must never pass one.
 static UNKNOWN_EVENT_CALLS: AtomicU64 = AtomicU64::new(0);
 
-/// An event call named an unknown event: counted, and the call's answer.
+/// An event call named an unknown event: counted, and the call's answer. With
+/// `FAKE_CUDA_TRACE_UNKNOWN_EVENTS` set, the calling thread and its stack are printed (to find
+/// which call of a library made it).
 pub(crate) fn unknown_event() -> cuda_dl_sys::types::CUresult {
     UNKNOWN_EVENT_CALLS.fetch_add(1, Ordering::Relaxed);
+    if std::env::var_os("FAKE_CUDA_TRACE_UNKNOWN_EVENTS").is_some() {
+        eprintln!(
+            "fake-cuda: an unknown event named on thread {:?}:\n{}",
+            std::thread::current().name(),
+            std::backtrace::Backtrace::force_capture()
+        );
+    }
     crate::errors::INVALID_HANDLE
 }
 
