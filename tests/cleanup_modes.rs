@@ -232,7 +232,7 @@ isolated_test! {
     }
 
     /// An unknown `CUDA_HOST_LAUNCH_CLEANUP` fails the first launch (and `add_host_node`) with
-    /// `InvalidEnvironment`, its owners dropped on the caller's thread; choosing a mode in code
+    /// `InvalidEnvironment`, its owners handed back (dropped here); choosing a mode in code
     /// makes launches work.
     fn an_invalid_cleanup_mode_in_the_environment_fails_the_first_launch(
         CUDA_HOST_LAUNCH_CLEANUP = "sometimes"
@@ -249,14 +249,16 @@ isolated_test! {
         check(cleanup_mode().map(|_| ()));
         let drops = Drops::new();
         let owner = drops.owner();
+        // Each refusal hands its owner back; taken for an `Error` (as `?` would), it is dropped
+        // here.
         check(host_launch(&stream, move || {
             let _keep = &owner;
-        }));
+        }).map_err(Into::into));
         let graph = Graph::new().unwrap();
         let owner = drops.owner();
         check(add_host_node(&graph, &[], move || {
             let _keep = &owner;
-        }).map(|_| ()));
+        }).map(|_| ()).map_err(Into::into));
         assert_dropped_here(&drops, 2);
         assert!(graph.nodes().unwrap().is_empty());
         assert_eq!(threads_named(REAPER_NAME), 0);
