@@ -638,6 +638,9 @@ isolated_test! {
             matches!(refused.error(), Error::ReleaseDuringCapture { .. }),
             "{refused:?}"
         );
+        // The earlier work is held (its completion is looked at once the capture ended): what it
+        // may use must be alive.
+        assert_eq!(drops.dropped(), 0, "dropped while the earlier work still runs");
         assert!(refused.is_handed_back(), "{refused:?}");
         let ran = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&ran);
