@@ -169,3 +169,96 @@ impl<T: Send + 'static> std::error::Error for LaunchError<T> {
         std::error::Error::source(&self.error)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::support::host_thread::HostFunctionScope;
+
+    /// Counts its drops; deliberately not `Debug`.
+    struct Counted(Arc<AtomicUsize>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// `Debug` and `Display` need nothing of the value (so `.unwrap()` works on any owners) and
+    /// say whether it is handed back; the parts come back whole.
+    #[test]
+    fn debug_and_display_need_no_debug_value_and_the_parts_come_back() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        let handed = LaunchError::new(Error::NullFunction, Some(Counted(Arc::clone(&drops))));
+        let kept = LaunchError::<Counted>::new(Error::NullFunction, None);
+        assert!(format!("{handed:?}").contains("handed back"));
+        assert!(format!("{kept:?}").contains("kept by the crate"));
+        assert!(
+            handed
+                .to_string()
+                .starts_with(&Error::NullFunction.to_string())
+        );
+        assert!(handed.to_string().contains("into_inner"));
+        assert!(handed.is_handed_back() && !kept.is_handed_back());
+        assert!(matches!(handed.error(), Error::NullFunction));
+        let (error, value) = handed.into_parts();
+        assert!(matches!(error, Error::NullFunction));
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            0,
+            "into_parts dropped the value"
+        );
+        drop(value);
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        assert!(kept.into_inner().is_none());
+    }
+
+    /// Dropped (or turned into an `Error`) on an ordinary thread, the value goes at once; inside a
+    /// host function it goes through the cleanup queue, never on the driver's thread.
+    #[test]
+    fn a_dropped_error_drops_its_value_off_the_drivers_thread() {
+        let drops = Arc::new(AtomicUsize::new(0));
+        drop(LaunchError::new(
+            Error::NullFunction,
+            Some(Counted(Arc::clone(&drops))),
+        ));
+        assert_eq!(drops.load(Ordering::SeqCst), 1);
+        let error: Error =
+            LaunchError::new(Error::NullFunction, Some(Counted(Arc::clone(&drops)))).into();
+        assert!(matches!(error, Error::NullFunction));
+        assert_eq!(drops.load(Ordering::SeqCst), 2);
+        std::thread::spawn({
+            let drops = Arc::clone(&drops);
+            move || {
+                let _inside = HostFunctionScope::enter();
+                drop(LaunchError::new(
+                    Error::NullFunction,
+                    Some(Counted(Arc::clone(&drops))),
+                ));
+                let _: Error =
+                    LaunchError::new(Error::NullFunction, Some(Counted(Arc::clone(&drops)))).into();
+                assert_eq!(
+                    drops.load(Ordering::SeqCst),
+                    2,
+                    "dropped inside a host function"
+                );
+            }
+        })
+        .join()
+        .unwrap();
+        // Released by a drain here (or by a reaper, if another test started one).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while drops.load(Ordering::SeqCst) < 4 && std::time::Instant::now() < deadline {
+            crate::reaper::release::drain();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            4,
+            "the deferred drops were not queued"
+        );
+    }
+}
