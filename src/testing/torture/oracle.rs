@@ -203,9 +203,11 @@ impl Oracle {
                     || text.contains("cuGraphAddHostNode")
                     || text.contains("cuGraphAddNode")
                     || (tracked.capture.is_some() && text.contains("cuLaunchHostFunc"));
+                // (A failed look at the stream after the record counts as a capture.)
                 let keep_allowed =
                     matches!(error, Error::CaptureActive { .. } | Error::ReaperSpawn(_))
-                        || text.contains("Capture")
+                        || text.contains("cuStreamGetCaptureInfo")
+                        || text.contains("cuStreamIsCapturing")
                         || graph_owned;
                 let owned = tracked.owned.load(Ordering::Acquire);
                 // (A reclaim of a context that died meanwhile may release what the crate kept.)
