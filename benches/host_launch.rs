@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use cuda_dl_sys::types::{CUevent, CUevent_flags, CUresult, CUstream};
 use cuda_host_launch::{
     PollerSettings, Stream, flush, host_launch, launch_host_function, pending_launches,
-    release_after, set_poller_settings, spawn_after,
+    release_after, spawn_after,
 };
 use cuda_workspace::gpu::{Gpu, MappedU32s, heap_in_use};
 
@@ -82,13 +82,10 @@ enum Method {
     /// The event transport's floor: `cuEventRecord` from a ring, a thread querying in order
     /// (`event_ring.rs`).
     RawEventRing,
-    /// `release_after` with the poller kept off the launching thread's way: no spinning, a look
-    /// every 200 µs (how much of the enqueue is meeting a spinning poller).
-    ReleaseAfterQuietPoller,
 }
 
 /// The methods every table runs.
-const METHODS: [Method; 13] = [
+const METHODS: [Method; 12] = [
     Method::Raw,
     Method::Owner,
     Method::Closure,
@@ -101,7 +98,6 @@ const METHODS: [Method; 13] = [
     Method::ReleaseAfter,
     Method::SpawnAfter,
     Method::RawEventRing,
-    Method::ReleaseAfterQuietPoller,
 ];
 
 impl Method {
@@ -119,7 +115,6 @@ impl Method {
             Method::ReleaseAfter => "release_after + owner (event, no host fn)",
             Method::SpawnAfter => "spawn_after closure (event, runs on the poller)",
             Method::RawEventRing => "  part: event floor: cuEventRecord ring + a poller",
-            Method::ReleaseAfterQuietPoller => "  part: release_after, poller looks every 200 µs",
         }
     }
     fn key(self) -> &'static str {
@@ -136,7 +131,6 @@ impl Method {
             Method::ReleaseAfter => "release_after",
             Method::SpawnAfter => "spawn_after",
             Method::RawEventRing => "raw_event_ring",
-            Method::ReleaseAfterQuietPoller => "release_after_quiet_poller",
         }
     }
 }
@@ -457,9 +451,7 @@ impl Bench {
                 let code = unsafe { launch(stream.raw(), Some(busy), ns as *mut c_void) };
                 assert_eq!(code, CUresult::CUDA_SUCCESS);
             }
-            Method::ReleaseAfter | Method::ReleaseAfterQuietPoller => {
-                release_after(stream, [value; 2]).unwrap()
-            }
+            Method::ReleaseAfter => release_after(stream, [value; 2]).unwrap(),
             Method::RawEventRing => self.ring.record(stream.raw()),
             Method::SpawnAfter => spawn_after(stream, move || {
                 std::hint::black_box(value);
@@ -496,14 +488,8 @@ impl Bench {
     fn enqueue_and_throughput(&self, method: Method, streams: &[Stream], n: usize) -> Run {
         let driver = DRIVER_TID.load(std::sync::atomic::Ordering::Relaxed);
         let (launcher_before, driver_before) = (blocking_waits(0), blocking_waits(driver));
-        match method {
-            Method::RawEventRing => self.ring.start(streams.len() == 1),
-            Method::ReleaseAfterQuietPoller => set_poller_settings(PollerSettings {
-                spin: Duration::ZERO,
-                interval: Duration::from_micros(200),
-                ..default_poller()
-            }),
-            _ => {}
+        if method == Method::RawEventRing {
+            self.ring.start(streams.len() == 1);
         }
         let started = Instant::now();
         for i in 0..n {
@@ -514,10 +500,7 @@ impl Bench {
         for s in streams {
             s.synchronize().unwrap();
         }
-        if matches!(
-            method,
-            Method::ReleaseAfter | Method::SpawnAfter | Method::ReleaseAfterQuietPoller
-        ) {
+        if matches!(method, Method::ReleaseAfter | Method::SpawnAfter) {
             // End to end: until the poller has completed every one (the stream got there first).
             while pending_launches(None) > 0 {
                 std::thread::yield_now();
@@ -527,10 +510,8 @@ impl Bench {
             self.ring.wait_all();
         }
         let total = started.elapsed();
-        match method {
-            Method::RawEventRing => self.ring.stop(),
-            Method::ReleaseAfterQuietPoller => set_poller_settings(default_poller()),
-            _ => {}
+        if method == Method::RawEventRing {
+            self.ring.stop();
         }
         let driver_after = blocking_waits(driver);
         flush(Duration::from_secs(30)).unwrap();
@@ -988,6 +969,72 @@ fn gated_call_cost(bench: &Bench) -> (f64, f64) {
     (median(&mut through_table), median(&mut through_pointer))
 }
 
+/// The crate's configuration for this process: the event poller as [`default_poller`] says, and,
+/// where threads are pinned, the crate's event poller on a CPU of its own, as the event floor's
+/// poller (a start hook). Before the crate's first use; the environment's overrides apply (the
+/// variant children and the spinning poller's child set them).
+fn install_config(plan: Option<&Pinning>) {
+    let mut threads = cuda_host_launch::ThreadSettings::new();
+    if let Some(pin) = plan {
+        let cpu = pin.poller;
+        threads = threads.on_start(move |thread| {
+            if thread == cuda_host_launch::CrateThread::EventPoller {
+                pin_current_thread(cpu);
+            }
+        });
+    }
+    cuda_host_launch::Config::new()
+        .event_poller(default_poller())
+        .threads(threads)
+        .install()
+        .unwrap();
+}
+
+/// In a child process whose event poller spins (`CUDA_HOST_LAUNCH_POLLER=low-latency`): the
+/// `spawn_after` and `release_after` latencies, one line of samples each.
+fn spinning_latency_child() {
+    let bench = Bench::open();
+    let one = [Stream::new(&bench.gpu.context).unwrap()];
+    let pinned = pin_threads(&bench, &[&one[0]], choose_pinning().as_ref());
+    eprintln!("{pinned}");
+    assert_eq!(
+        cuda_host_launch::config().unwrap().event_poller_settings(),
+        PollerSettings::LOW_LATENCY
+    );
+    for method in [Method::SpawnAfter, Method::ReleaseAfter] {
+        let samples = latency(&bench, method, &one[0], LATENCY_SAMPLES);
+        let line: Vec<String> = samples.iter().map(|x| x.to_string()).collect();
+        println!("{}", line.join(" "));
+    }
+}
+
+/// The spinning poller's `spawn_after` and `release_after` latencies, from a child process.
+fn spinning_latency() -> (Vec<f64>, Vec<f64>) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--spinning-latency-child")
+        .env(cuda_host_launch::POLLER_ENV, "low-latency")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines().rev().take(2).map(|line| {
+        line.split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect::<Vec<f64>>()
+    });
+    let (release, spawn) = (lines.next(), lines.next());
+    match (spawn, release) {
+        (Some(spawn), Some(release))
+            if spawn.len() == LATENCY_SAMPLES && release.len() == LATENCY_SAMPLES =>
+        {
+            (spawn, release)
+        }
+        _ => panic!(
+            "the spinning poller's child: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
 /// One variant's figures for the floor, owner and closure methods on 1 and on 4 streams, measured
 /// in this (child) process with whatever settings its environment gives. Prints, per stream set:
 /// floor ns, owner and closure enqueue ratios, floor per second, owner and closure throughput
@@ -1150,11 +1197,19 @@ fn main() {
         return;
     }
     if std::env::args().any(|a| a == "--variant-child") {
+        // As before the configuration was one: no start hook in the variants' children.
+        install_config(None);
         variant_child();
         return;
     }
+    if std::env::args().any(|a| a == "--spinning-latency-child") {
+        install_config(choose_pinning().as_ref());
+        spinning_latency_child();
+        return;
+    }
+    let planned = choose_pinning();
+    install_config(planned.as_ref());
     let bench = Bench::open();
-    set_poller_settings(default_poller());
     let device = cuda_host_launch::Device::get(0).unwrap().name().unwrap();
     let version = bench.gpu.driver.version();
     let one = vec![Stream::new(&bench.gpu.context).unwrap()];
@@ -1162,19 +1217,6 @@ fn main() {
         .map(|_| Stream::new(&bench.gpu.context).unwrap())
         .collect();
     let all_cpus = allowed_cpus();
-    let planned = choose_pinning();
-    if let Some(pin) = &planned {
-        // The crate's event poller on a CPU of its own, as the event floor's poller (through the
-        // crate's own thread settings: a start hook).
-        let cpu = pin.poller;
-        cuda_host_launch::set_thread_settings(cuda_host_launch::ThreadSettings::new().on_start(
-            move |thread| {
-                if thread == cuda_host_launch::CrateThread::EventPoller {
-                    pin_current_thread(cpu);
-                }
-            },
-        ));
-    }
     let pinned = pin_threads(&bench, &[&one[0], &four[3]], planned.as_ref());
     DRIVER_TID.store(
         driver_thread_of(&bench, &one[0]),
@@ -1373,10 +1415,8 @@ fn main() {
     let closure_latency = latency(&bench, Method::Closure, &one[0], LATENCY_SAMPLES);
     let spawn_latency = latency(&bench, Method::SpawnAfter, &one[0], LATENCY_SAMPLES);
     let release_latency = latency(&bench, Method::ReleaseAfter, &one[0], LATENCY_SAMPLES);
-    set_poller_settings(PollerSettings::LOW_LATENCY);
-    let spawn_spinning = latency(&bench, Method::SpawnAfter, &one[0], LATENCY_SAMPLES);
-    let release_spinning = latency(&bench, Method::ReleaseAfter, &one[0], LATENCY_SAMPLES);
-    set_poller_settings(default_poller());
+    // The crate's configuration is the process's: the spinning poller's rows in a child process.
+    let (spawn_spinning, release_spinning) = spinning_latency();
     let _ = writeln!(
         table,
         "latency, kernel's write seen by a host spinner -> host function or callback starts, owner dropped ({LATENCY_SAMPLES} samples, µs):"

@@ -537,13 +537,7 @@ isolated_test! {
     fn a_resolved_host_function_future_leaves_the_fault_watch(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        use cuda_host_launch::{CrateThread, ThreadSettings, set_thread_settings};
-        // A name of its own (the default ones of the reaper and this poller share their first 15
-        // bytes, all a thread's name keeps).
-        set_thread_settings(ThreadSettings::new().name(|which| match which {
-            CrateThread::LowLatencyPoller => "t-lowlat".to_string(),
-            other => other.default_name().to_string(),
-        }));
+
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         block_on(CompletionMode::HostFunction.completion(&stream).unwrap()).unwrap();
@@ -552,12 +546,12 @@ isolated_test! {
         cuda_workspace::testing::wait_until(
             "the low-latency poller to watch the futures",
             cuda_workspace::testing::PATIENCE,
-            || cuda_workspace::testing::threads_named("t-lowlat") == 1,
+            || cuda_workspace::testing::threads_named(cuda_host_launch::CrateThread::LowLatencyPoller.default_name()) == 1,
         );
         cuda_workspace::testing::wait_until(
             "the low-latency poller to exit, idle",
             cuda_workspace::testing::PATIENCE,
-            || cuda_workspace::testing::threads_named("t-lowlat") == 0,
+            || cuda_workspace::testing::threads_named(cuda_host_launch::CrateThread::LowLatencyPoller.default_name()) == 0,
         );
     }
 

@@ -1,7 +1,7 @@
 //! Who releases the owners of host functions that have run: the reaper thread (the default), or, in
 //! manual mode, whoever calls the next launch, `drain` or `flush`, on their own thread. The mode is
-//! chosen once per process (`CUDA_HOST_LAUNCH_CLEANUP`, or `set_cleanup_mode` before the first
-//! launch), and a flush that an owner's blocking `Drop` holds up times out. Whoever releases, a
+//! chosen once per process (`Config::cleanup_mode`, installed before the first launch, which
+//! `CUDA_HOST_LAUNCH_CLEANUP` overrides), and a flush that an owner's blocking `Drop` holds up times out. Whoever releases, a
 //! batch is released oldest first. Each test has a process of its own.
 
 use std::sync::mpsc;
@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cuda_host_launch::{
-    CLEANUP_MODE_ENV, CleanupMode, Error, Graph, Stream, add_host_node, cleanup_mode,
-    cleanup_stats, drain, flush, host_launch, release_after, set_cleanup_mode,
+    CLEANUP_MODE_ENV, CleanupMode, Config, Error, Graph, Stream, add_host_node, cleanup_stats,
+    config, drain, flush, host_launch, release_after,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
@@ -145,7 +145,7 @@ isolated_test! {
     fn manual_mode_from_the_environment_has_no_reaper_and_releases_on_the_callers_thread(
         CUDA_HOST_LAUNCH_CLEANUP = "manual"
     ) {
-        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Manual);
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Manual);
         manual_mode_releases_on_the_callers_thread();
         // Graph host nodes too: the owners go when the graph does, at the next drain.
         let graph = Graph::new().unwrap();
@@ -170,7 +170,7 @@ isolated_test! {
     /// `CUDA_HOST_LAUNCH_CLEANUP=reaper`, in any case and with spaces around, is reaper mode, and
     /// the reaper drops the owners. (Mutation testing: nothing checked this value's spelling.)
     fn reaper_mode_from_the_environment_by_name(CUDA_HOST_LAUNCH_CLEANUP = " Reaper ") {
-        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Reaper);
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let drops = Drops::new();
@@ -198,20 +198,34 @@ isolated_test! {
 
     /// An empty (or blank) `CUDA_HOST_LAUNCH_CLEANUP` is the default, reaper mode.
     fn an_empty_cleanup_mode_in_the_environment_is_reaper_mode(CUDA_HOST_LAUNCH_CLEANUP = "  ") {
-        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Reaper);
     }
 
-    /// `set_cleanup_mode(Manual)` before the first launch works like the environment variable.
+    /// `Config::cleanup_mode(Manual)`, installed before the first launch, works like the
+    /// environment variable.
     fn manual_mode_can_be_chosen_in_code_before_the_first_launch() {
-        set_cleanup_mode(CleanupMode::Manual).unwrap();
-        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Manual);
+        Config::new()
+            .cleanup_mode(CleanupMode::Manual)
+            .install()
+            .unwrap();
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Manual);
         manual_mode_releases_on_the_callers_thread();
     }
 
-    /// Once the reaper has started (the first launch in reaper mode), manual mode can no longer
-    /// be chosen: `ReaperAlreadyRunning`; reaper mode stays, and the reaper keeps working.
-    fn manual_mode_cannot_be_chosen_once_the_reaper_runs() {
-        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+    /// The environment overrides what the program installed.
+    fn the_environment_overrides_the_installed_cleanup_mode(CUDA_HOST_LAUNCH_CLEANUP = "Manual") {
+        Config::new()
+            .cleanup_mode(CleanupMode::Reaper)
+            .install()
+            .unwrap();
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Manual);
+        manual_mode_releases_on_the_callers_thread();
+    }
+
+    /// The first launch fixes the configuration (the defaults, reaper mode): a later install is
+    /// refused with `AlreadyConfigured` and changes nothing; the reaper keeps working. A second
+    /// install after a first one is refused the same way.
+    fn the_first_launch_fixes_the_configuration() {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let drops = Drops::new();
@@ -220,33 +234,51 @@ isolated_test! {
         drops.wait_dropped(1);
         assert_eq!(threads_named(REAPER_NAME), 1);
         assert!(matches!(
-            set_cleanup_mode(CleanupMode::Manual),
-            Err(Error::ReaperAlreadyRunning)
+            Config::new().cleanup_mode(CleanupMode::Manual).install(),
+            Err(Error::AlreadyConfigured)
         ));
-        set_cleanup_mode(CleanupMode::Reaper).unwrap();
-        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        assert!(matches!(
+            Config::new().install(),
+            Err(Error::AlreadyConfigured)
+        ));
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Reaper);
         run_with(&stream, drops.owner());
         let records = drops.wait_dropped(2);
         assert!(records.iter().all(|r| r.thread.is_reaper()), "{records:?}");
         assert_eq!(threads_named(REAPER_NAME), 1);
     }
 
+    /// An install fixes the configuration too: a second one is refused.
+    fn a_second_install_is_refused() {
+        Config::new()
+            .cleanup_mode(CleanupMode::Manual)
+            .install()
+            .unwrap();
+        assert!(matches!(
+            Config::new().cleanup_mode(CleanupMode::Reaper).install(),
+            Err(Error::AlreadyConfigured)
+        ));
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Manual);
+    }
+
     /// An unknown `CUDA_HOST_LAUNCH_CLEANUP` fails the first launch (and `add_host_node`) with
-    /// `InvalidEnvironment`, its owners handed back (dropped here); choosing a mode in code
-    /// makes launches work.
+    /// `InvalidEnvironment`, its owners handed back (dropped here), and `install` as well
+    /// (the environment overrides the program): nothing runs with a setting nobody asked for.
     fn an_invalid_cleanup_mode_in_the_environment_fails_the_first_launch(
         CUDA_HOST_LAUNCH_CLEANUP = "sometimes"
     ) {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let check = |result: Result<(), Error>| match result {
-            Err(Error::InvalidEnvironment { variable, value }) => {
+            Err(Error::InvalidEnvironment {
+                variable, value, ..
+            }) => {
                 assert_eq!(variable, CLEANUP_MODE_ENV);
                 assert_eq!(value, "sometimes");
             }
             other => panic!("expected InvalidEnvironment, got {other:?}"),
         };
-        check(cleanup_mode().map(|_| ()));
+        check(config().map(|_| ()));
         let drops = Drops::new();
         let owner = drops.owner();
         // Each refusal hands its owner back; taken for an `Error` (as `?` would), it is dropped
@@ -261,12 +293,9 @@ isolated_test! {
         }).map(|_| ()).map_err(Into::into));
         assert_dropped_here(&drops, 2);
         assert!(graph.nodes().unwrap().is_empty());
+        check(Config::new().cleanup_mode(CleanupMode::Reaper).install());
+        check(config().map(|_| ()));
         assert_eq!(threads_named(REAPER_NAME), 0);
-
-        set_cleanup_mode(CleanupMode::Reaper).unwrap();
-        run_with(&stream, drops.owner());
-        drops.wait_dropped(3);
-        assert_eq!(threads_named(REAPER_NAME), 1);
     }
 
     /// While an owner's `Drop` blocks the reaper, `flush` times out with `FlushTimedOut` counting
@@ -339,7 +368,7 @@ isolated_test! {
                 let _ = self.1.recv_timeout(PATIENCE);
             }
         }
-        assert_eq!(cleanup_mode().unwrap(), CleanupMode::Reaper);
+        assert_eq!(config().unwrap().cleanup(), CleanupMode::Reaper);
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let (entered, in_drop) = mpsc::channel();

@@ -286,10 +286,13 @@ isolated_test! {
     fn an_event_a_capture_may_hold_is_stranded_and_its_pool_lets_the_context_go(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
-            idle_exit: Duration::from_secs(3600),
-            ..cuda_host_launch::PollerSettings::DEFAULT
-        });
+        cuda_host_launch::Config::new()
+            .event_poller(cuda_host_launch::PollerSettings {
+                idle_exit: Duration::from_secs(3600),
+                ..cuda_host_launch::PollerSettings::DEFAULT
+            })
+            .install()
+            .unwrap();
         load_fake_driver();
         let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
         let stream = Stream::new(&context).unwrap();

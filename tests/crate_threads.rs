@@ -1,4 +1,6 @@
-//! How the crate starts its own threads (`set_thread_settings`): their names, the start hook, and
+//! The crate's one configuration (`Config`): installed once, before the first use, with the
+//! environment's overrides; and how the crate starts its own threads (`Config::threads`): their
+//! names, the start hook, and
 //! where they may run (`Affinity`). A crate thread starts from a user's thread and would inherit
 //! its affinity; by default it widens it to the process's CPUs. Each case has a process of its own
 //! (the settings and the threads are process-wide), on the fake driver; the affinity cases need
@@ -8,8 +10,8 @@
 use std::sync::{Arc, Mutex};
 
 use cuda_host_launch::{
-    Affinity, CrateThread, Stream, ThreadSettings, flush, host_launch, release_after,
-    set_thread_settings, thread_settings,
+    Affinity, Config, CrateThread, Error, POLLER_ENV, PollerSettings, REAPER_LINGER_ENV,
+    REAPER_POLL_ENV, Stream, ThreadSettings, config, flush, host_launch, release_after,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
@@ -58,6 +60,14 @@ fn noting(settings: ThreadSettings, started: &Started) -> ThreadSettings {
     })
 }
 
+/// Installs a configuration with these thread settings (before the crate's first use).
+fn install_threads(settings: ThreadSettings) {
+    Config::new()
+        .threads(settings)
+        .install()
+        .expect("installed before the crate's first use");
+}
+
 /// Starts the event poller from this thread (a release) and returns the CPUs its start hook saw.
 fn event_poller_cpus(started: &Started) -> Vec<usize> {
     let stream = Stream::new(&fake_primary_context()).unwrap();
@@ -85,13 +95,13 @@ fn two_cpus_and_pin_to_the_first() -> Vec<usize> {
 }
 
 isolated_test! {
-    /// Threads started after `set_thread_settings` take its names and run its start hook once
-    /// each, first thing; `thread_settings` reads the settings back.
+    /// Threads started after an installed `Config::threads` take its names and run its start
+    /// hook once each, first thing; `config` reads the settings back.
     fn crate_threads_take_the_names_and_the_start_hook_set(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let started: Started = Arc::default();
-        set_thread_settings(noting(
+        install_threads(noting(
             ThreadSettings::new().name(|which| match which {
                 CrateThread::Reaper => "t-reaper".to_string(),
                 CrateThread::EventPoller => "t-events".to_string(),
@@ -99,7 +109,7 @@ isolated_test! {
             }),
             &started,
         ));
-        let now = thread_settings();
+        let now = config().unwrap().thread_settings().clone();
         assert!(now.name.is_some() && now.start.is_some(), "{now:?}");
         let stream = Stream::new(&fake_primary_context()).unwrap();
         let drops = Drops::new();
@@ -136,8 +146,8 @@ isolated_test! {
     ) {
         let cpus = two_cpus_and_pin_to_the_first();
         let started: Started = Arc::default();
-        set_thread_settings(noting(ThreadSettings::new(), &started));
-        assert_eq!(thread_settings().affinity, Affinity::Process);
+        install_threads(noting(ThreadSettings::new(), &started));
+        assert_eq!(config().unwrap().thread_settings().affinity, Affinity::Process);
         assert_eq!(event_poller_cpus(&started), cpus);
     }
 
@@ -147,7 +157,7 @@ isolated_test! {
     ) {
         let cpus = two_cpus_and_pin_to_the_first();
         let started: Started = Arc::default();
-        set_thread_settings(noting(
+        install_threads(noting(
             ThreadSettings::new().affinity(Affinity::Inherit),
             &started,
         ));
@@ -163,7 +173,7 @@ isolated_test! {
         let cpus = two_cpus_and_pin_to_the_first();
         let started: Started = Arc::default();
         let outside = (0..).find(|c| !cpus.contains(c)).unwrap();
-        set_thread_settings(noting(
+        install_threads(noting(
             ThreadSettings::new().affinity(Affinity::Cpus(vec![cpus[1], outside])),
             &started,
         ));
@@ -180,7 +190,7 @@ isolated_test! {
     ) {
         let seen: Arc<Mutex<Vec<(CrateThread, String, std::time::Duration)>>> = Arc::default();
         let sink = Arc::clone(&seen);
-        set_thread_settings(ThreadSettings::new().on_start(move |which| {
+        install_threads(ThreadSettings::new().on_start(move |which| {
             let began = std::time::Instant::now();
             let result = flush(std::time::Duration::from_secs(3));
             sink.lock().unwrap().push((which, format!("{result:?}"), began.elapsed()));
@@ -221,7 +231,7 @@ isolated_test! {
         let reports: Arc<Mutex<Vec<cuda_host_launch::PanicOrigin>>> = Arc::default();
         let sink = Arc::clone(&reports);
         cuda_host_launch::set_panic_handler(move |report| sink.lock().unwrap().push(report.origin));
-        set_thread_settings(ThreadSettings::new().on_start(|_| {
+        install_threads(ThreadSettings::new().on_start(|_| {
             std::panic::panic_any(PanicsOnDrop);
         }));
         let stream = Stream::new(&fake_primary_context()).unwrap();
@@ -235,5 +245,98 @@ isolated_test! {
                 && reports.len() >= 2,
             "{reports:?}"
         );
+    }
+
+    /// The defaults, fixed by the first read, are what `Config::new` says; the default names are
+    /// distinct within the 15 bytes Linux shows of a thread's name.
+    fn the_defaults_are_in_force_when_nothing_was_installed() {
+        let config = config().unwrap();
+        assert_eq!(config.event_poller_settings(), PollerSettings::DEFAULT);
+        assert_eq!(
+            config.reaper_waits(),
+            (std::time::Duration::from_micros(50), std::time::Duration::from_millis(2))
+        );
+        assert_eq!(config.cleanup(), cuda_host_launch::CleanupMode::Reaper);
+        let shown: Vec<&str> = [CrateThread::Reaper, CrateThread::EventPoller, CrateThread::LowLatencyPoller]
+            .iter()
+            .map(|t| &t.default_name()[..t.default_name().len().min(15)])
+            .collect();
+        assert!(shown.iter().all(|name| name.len() <= 15), "{shown:?}");
+        assert_eq!(
+            shown.iter().collect::<std::collections::HashSet<_>>().len(),
+            3,
+            "{shown:?}"
+        );
+        assert!(matches!(Config::new().install(), Err(Error::AlreadyConfigured)));
+    }
+
+    /// The environment's overrides: the event poller's pace and the reaper's, over what the
+    /// program installed.
+    fn the_environment_overrides_the_paces(
+        CUDA_HOST_LAUNCH_POLLER = " Low-Latency ",
+        CUDA_HOST_LAUNCH_REAPER_POLL_US = "7",
+        CUDA_HOST_LAUNCH_REAPER_LINGER_US = "900",
+    ) {
+        Config::new()
+            .event_poller(PollerSettings::DEFAULT)
+            .reaper_pace(std::time::Duration::from_micros(1), std::time::Duration::from_micros(2))
+            .install()
+            .unwrap();
+        let config = config().unwrap();
+        assert_eq!(config.event_poller_settings(), PollerSettings::LOW_LATENCY);
+        assert_eq!(
+            config.reaper_waits(),
+            (std::time::Duration::from_micros(7), std::time::Duration::from_micros(900))
+        );
+    }
+
+    /// What the program installs is in force where the environment says nothing.
+    fn an_installed_configuration_is_in_force() {
+        let quiet = PollerSettings {
+            spin: std::time::Duration::ZERO,
+            ..PollerSettings::DEFAULT
+        };
+        Config::new()
+            .event_poller(quiet)
+            .reaper_pace(std::time::Duration::ZERO, std::time::Duration::from_micros(3))
+            .install()
+            .unwrap();
+        let config = config().unwrap();
+        assert_eq!(config.event_poller_settings(), quiet);
+        assert_eq!(
+            config.reaper_waits(),
+            (std::time::Duration::ZERO, std::time::Duration::from_micros(3))
+        );
+        // And the crate runs with it: a release completes, the reaper parking after each batch.
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+    }
+
+    /// An override that is not understood is an error that names the variable, its value and
+    /// what it may hold, from `install` and from `config` (never a silent default).
+    fn an_override_not_understood_is_an_error(CUDA_HOST_LAUNCH_REAPER_LINGER_US = "2ms") {
+        for result in [Config::new().install(), config().map(|_| ())] {
+            match result {
+                Err(Error::InvalidEnvironment { variable, value, expected }) => {
+                    assert_eq!((variable, value.as_str()), (REAPER_LINGER_ENV, "2ms"));
+                    assert!(expected.contains("microseconds"), "{expected}");
+                }
+                other => panic!("expected InvalidEnvironment, got {other:?}"),
+            }
+        }
+    }
+
+    /// The same for the event poller's override.
+    fn an_unknown_poller_override_is_an_error(CUDA_HOST_LAUNCH_POLLER = "fast") {
+        match config() {
+            Err(Error::InvalidEnvironment { variable, value, .. }) => {
+                assert_eq!((variable, value.as_str()), (POLLER_ENV, "fast"));
+            }
+            other => panic!("expected InvalidEnvironment, got {other:?}"),
+        }
+        let _ = REAPER_POLL_ENV;
     }
 }

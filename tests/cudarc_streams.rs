@@ -80,7 +80,7 @@ isolated_test! {
         assert_eq!(ran.load(Ordering::SeqCst), 1);
         assert_eq!(
             *dropped_by.lock().unwrap(),
-            ["cuda-host-launch-reaper"],
+            ["cuda-hl-reaper"],
             "dropped once, by the reaper"
         );
         assert_eq!(pending_launches(Some(cu_context)), 0);
@@ -161,7 +161,7 @@ isolated_test! {
         }
         assert_eq!(ran.load(Ordering::SeqCst), 1, "a run-once launch ran once");
         assert_eq!(ran_after_drop.load(Ordering::SeqCst), 0);
-        assert_eq!(*dropped_by.lock().unwrap(), ["cuda-host-launch-reaper"]);
+        assert_eq!(*dropped_by.lock().unwrap(), ["cuda-hl-reaper"]);
         drop(graph);
         context.check_err().unwrap();
     }

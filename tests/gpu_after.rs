@@ -16,7 +16,6 @@ use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{CountedOwner, DropCounts, REAPER_NAME};
 
 const PATIENCE: Duration = Duration::from_secs(60);
-const POLLER: &str = "cuda-hl-events";
 
 /// Waits until `done` holds, or fails after [`PATIENCE`].
 #[track_caller]
@@ -234,8 +233,8 @@ isolated_test! {
     /// A trapping kernel with releases, callbacks and futures of every completion mode pending
     /// behind it. Every future (`Event`, `Auto`, `LowLatency`, `HostFunction`) resolves to
     /// `DeviceFault` with the driver's code within 10 ms of the fault surfacing (the stream's
-    /// synchronize answering it), before any reset; nothing else completes: owners are kept,
-    /// callbacks never run. The reset reclaims everything (owners dropped once). Prints when each
+    /// synchronize answering it), before any reset; callbacks are dropped unrun (counted), never
+    /// run; owners are kept until the reset, which reclaims them (dropped once). Prints when each
     /// future resolved.
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
     fn after_a_trap_event_futures_fail_at_once_and_releases_wait_for_the_reset() {
@@ -246,6 +245,7 @@ isolated_test! {
         let stream = Stream::new(&gpu.context).unwrap();
         let counts = DropCounts::new(N);
         let ran = Arc::new(AtomicUsize::new(0));
+        let unrun = cuda_host_launch::cleanup_stats().callbacks_dropped_unrun;
         gpu.kernels.trap(stream.raw());
         for i in 0..N {
             release_after(&stream, counts.owner(i)).expect("the driver still records events");
@@ -289,16 +289,19 @@ isolated_test! {
             );
             assert!(at.is_some_and(|at| at <= Duration::from_millis(10)), "{name}: after {at:?}");
         }
+        // The callbacks are dropped unrun, before any reset (counted); the owners stay.
+        wait_for("the callbacks dropped unrun", || {
+            cuda_host_launch::cleanup_stats().callbacks_dropped_unrun - unrun == N as u64
+        });
         flush(PATIENCE).unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 0);
         assert_eq!(counts.never(), N, "nothing released before the reset");
-        // The releases and callbacks, the two event futures' and the host-function future's
-        // records.
-        assert_eq!(gpu.context.pending_launches(), 2 * N + 3);
+        // The releases, the two event futures' and the host-function future's records.
+        assert_eq!(gpu.context.pending_launches(), N + 3);
         drop(stream);
         // SAFETY: every stream of the context is dropped; nothing made in it is used afterwards.
         let reclaimed = unsafe { gpu.context.reset() }.expect("cuDevicePrimaryCtxReset");
-        cuda_workspace::testing::assert_reset_released(&gpu.context, reclaimed, 2 * N + 3);
+        cuda_workspace::testing::assert_reset_released(&gpu.context, reclaimed, N + 3);
         flush(PATIENCE).unwrap();
         assert_eq!((counts.never(), counts.more_than_once()), (0, 0));
         assert_eq!(ran.load(Ordering::SeqCst), 0, "callbacks never run after a sticky error");
@@ -307,19 +310,22 @@ isolated_test! {
     /// Another binding resets the primary context (`cuDevicePrimaryCtxReset`, as
     /// `cudaDeviceReset` does) while the event pool keeps free events of it, then makes events of
     /// its own in the context made again (the driver may give them the destroyed events' handles).
-    /// When the poller goes idle and gives the old pool back, the other binding's events survive:
-    /// the pool destroys nothing of a context that is gone. The poller is kept from giving the
-    /// pool back before the reset by a long idle exit, then woken by a release in the new context
-    /// (no `flush`, which would forget the old pool first).
+    /// When the crate lets the old pool go, the other binding's events survive: the pool
+    /// destroys nothing of a context that is gone. The poller is kept from giving the pool back
+    /// before the reset by a long idle exit (the configuration is fixed for the process); a
+    /// release in the new context, then a `flush`, which forgets the pool of the context that
+    /// is gone. (The fake's twin, `stream_order_after`, covers the idle poller's give-back.)
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
     fn a_reset_by_another_binding_leaves_the_events_made_after_it_alone() {
         use cuda_dl_sys::types::CUevent;
-        use cuda_host_launch::{PollerSettings, set_poller_settings};
-        let long = PollerSettings {
-            idle_exit: Duration::from_secs(3600),
-            ..PollerSettings::DEFAULT
-        };
-        set_poller_settings(long);
+        use cuda_host_launch::{Config, PollerSettings};
+        Config::new()
+            .event_poller(PollerSettings {
+                idle_exit: Duration::from_secs(3600),
+                ..PollerSettings::DEFAULT
+            })
+            .install()
+            .unwrap();
         let gpu = Gpu::open();
         let stream = Stream::new(&gpu.context).unwrap();
         let counts = DropCounts::new(1);
@@ -352,18 +358,12 @@ isolated_test! {
         gpu.context.set_current().unwrap();
         let after = make(256);
         let reused = after.iter().filter(|e| before.contains(e)).count();
-        set_poller_settings(PollerSettings {
-            idle_exit: Duration::from_millis(5),
-            ..long
-        });
         let stream = Stream::new(&gpu.context).unwrap();
         let woken = DropCounts::new(1);
         release_after(&stream, woken.owner(0)).unwrap();
         wait_for("the release in the new context", || woken.never() == 0);
         drop(stream);
-        wait_for("the poller to exit", || {
-            cuda_workspace::testing::threads_named(POLLER) == 0
-        });
+        flush(PATIENCE).unwrap();
         for (i, &event) in after.iter().enumerate() {
             // SAFETY: an event made above in the live context, not yet destroyed.
             let query = unsafe { gpu.driver.cuEventQuery(event) };

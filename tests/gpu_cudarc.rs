@@ -61,7 +61,7 @@ fn a_cudarc_buffer_owned_by_a_host_launch_after_a_cudarc_kernel_is_freed_by_the_
     let names = dropped_by.lock().unwrap().clone();
     assert_eq!(names.len(), 100, "each buffer dropped once");
     assert!(
-        names.iter().all(|n| n == "cuda-host-launch-reaper"),
+        names.iter().all(|n| n == "cuda-hl-reaper"),
         "every buffer freed by the reaper: {names:?}"
     );
     assert_eq!(pending_launches(Some(context.cu_ctx() as CUcontext)), 0);

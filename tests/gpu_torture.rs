@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cuda_dl_sys::types::CUstreamCaptureMode;
-use cuda_host_launch::{PollerSettings, RawStream, set_poller_settings};
+use cuda_host_launch::{Config, PollerSettings, RawStream};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{PATIENCE, fake_driver_path};
 
@@ -112,6 +112,23 @@ isolated_test! {
 fn torture(open: fn(u64) -> &'static Run, seed: u64, seconds: u64) {
     let replay = format!("GPU_TORTURE_SEED={seed} GPU_TORTURE_SECONDS={seconds}");
     println!("gpu torture: seed {seed}, {seconds} s (replay with {replay})");
+    // The event poller's pace is the process's (the crate's configuration is set once): spinning
+    // for 30 % of the seeds (`CUDA_HOST_LAUNCH_POLLER` overrides it).
+    let spinning = Rng::new(seed).percent(30);
+    Config::new()
+        .event_poller(if spinning {
+            PollerSettings::LOW_LATENCY
+        } else {
+            PollerSettings::DEFAULT
+        })
+        .install()
+        .expect("the configuration installed before the crate's first use");
+    let spinning =
+        cuda_host_launch::config().unwrap().event_poller_settings() == PollerSettings::LOW_LATENCY;
+    println!(
+        "gpu torture: the event poller {}",
+        if spinning { "spinning" } else { "by default" }
+    );
     let run = open(seed);
     // The test's own threads never invalidate a capture themselves: what would is the crate's.
     capturer::set_interaction_mode(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
@@ -154,16 +171,7 @@ fn run_round(seed: u64, round: u32, until: Instant) {
     run.clear_logs();
     let mut rng = Rng::new(seed ^ u64::from(round).wrapping_mul(0xA076_1D64_78BD_642F));
     let workers = 4 + rng.below(5) as usize;
-    let spinning = rng.percent(30);
-    set_poller_settings(if spinning {
-        PollerSettings::LOW_LATENCY
-    } else {
-        PollerSettings::DEFAULT
-    });
-    println!(
-        "round {round}: {workers} workers, the event poller {}",
-        if spinning { "spinning" } else { "by default" }
-    );
+    println!("round {round}: {workers} workers");
     run.bind_thread();
     let mut shared: Vec<Mutex<Lane>> = (0..2)
         .filter_map(|i| Lane::new_crate(format!("shared.s{i} (crate)"), true))
@@ -205,7 +213,6 @@ fn run_round(seed: u64, round: u32, until: Instant) {
     }
     settle(&mut open);
     drop(shared);
-    set_poller_settings(PollerSettings::DEFAULT);
 }
 
 /// Starts a named thread.

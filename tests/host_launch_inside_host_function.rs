@@ -217,7 +217,7 @@ isolated_test! {
                 let mut current = ptr::null_mut();
                 // SAFETY: a valid out-pointer.
                 unsafe { cuda_dl_sys::driver().unwrap().cuCtxGetCurrent(&mut current) }.unwrap();
-                let reaper = std::thread::current().name() == Some("cuda-host-launch-reaper");
+                let reaper = std::thread::current().name() == Some("cuda-hl-reaper");
                 self.0.lock().unwrap().push((current.addr(), reaper));
             }
         }

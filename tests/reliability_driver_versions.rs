@@ -37,11 +37,10 @@ use cuda_dl_sys::types::{CUdevice_attribute, CUgraph, CUstreamCaptureMode};
 use cuda_dl_sys::{Driver, Function};
 use cuda_host_launch::{
     AsRawStream, CleanupMode, CompletionMode, Device, Error, Event, Graph, HostTaskSyncMode,
-    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, cleanup_mode, cleanup_stats,
-    completion, defer_drop, drain, flush, host_launch, host_launch_async, in_host_function,
+    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, cleanup_stats, completion,
+    defer_drop, drain, flush, host_launch, host_launch_async, in_host_function,
     launch_host_function, launch_host_function_with_bytes, pending_launches, poller_cpu_time,
-    reclaim_pending, release_after, reset_panic_handler, set_cleanup_mode, set_panic_handler,
-    spawn_after,
+    reclaim_pending, release_after, reset_panic_handler, set_panic_handler, spawn_after,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
@@ -417,9 +416,16 @@ unsafe extern "C" fn ignore(_: *mut c_void) {}
 /// Calls every public call of `cuda-host-launch` and a sample of `cuda-dl-sys`, recording each.
 fn exercise(t: &mut Tally) {
     // The cleanup API needs no driver.
-    t.call("cleanup_mode", cleanup_mode);
-    t.call("set_cleanup_mode(Reaper)", || {
-        set_cleanup_mode(CleanupMode::Reaper)
+    t.call("config", || cuda_host_launch::config().map(|c| c.cleanup()));
+    // Refused (the read above fixed the configuration), and typed: no driver needed either way.
+    t.call("Config::install", || {
+        match cuda_host_launch::Config::new()
+            .cleanup_mode(CleanupMode::Reaper)
+            .install()
+        {
+            Err(cuda_host_launch::Error::AlreadyConfigured) => Ok(()),
+            other => other,
+        }
     });
     t.call("in_host_function", || {
         assert!(!in_host_function());
@@ -1021,8 +1027,8 @@ isolated_test! {
         assert_eq!(
             ok,
             [
-                "cleanup_mode",
-                "set_cleanup_mode(Reaper)",
+                "config",
+                "Config::install",
                 "in_host_function",
                 "flush",
                 "flush (end)"

@@ -1615,10 +1615,13 @@ fn fault_matrix(version: i32) -> usize {
     };
     // The event poller keeps its pool for the whole run (a pool made or given back during a case
     // would count as events made or destroyed by it), made now.
-    cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
-        idle_exit: Duration::from_secs(3600),
-        ..cuda_host_launch::PollerSettings::DEFAULT
-    });
+    cuda_host_launch::Config::new()
+        .event_poller(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        })
+        .install()
+        .unwrap();
     env.events = warm_event_pool(env.stream());
     // Only this thread's calls are counted and faulted: the reaper's own (the context it makes
     // current for each launch's owners) come at moments of their own.

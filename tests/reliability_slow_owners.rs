@@ -332,7 +332,7 @@ isolated_test! {
         assert_eq!(handler_panics.load(Ordering::SeqCst), (expected[0] + expected[1]) / 3);
         assert_eq!(
             reporters.into_iter().collect::<Vec<_>>(),
-            ["cuda-host-launch-reaper"],
+            ["cuda-hl-reaper"],
             "reported by another thread than the reaper"
         );
 

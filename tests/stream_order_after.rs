@@ -28,26 +28,23 @@ fn wait_for(what: &str, done: impl FnMut() -> bool) {
     cuda_workspace::testing::wait_until(what, PATIENCE, done);
 }
 
-/// Device 0's event pool, made by a completed release while the poller's idle exit is an hour
-/// (so the poller keeps it), then device 0's primary context reset by another binding (nothing
+/// Device 0's event pool, made by a completed release while the poller keeps it (the caller sees
+/// to that: a long idle exit, or other work pending), then device 0's primary context reset by another binding (nothing
 /// of the crate's in flight). Returns the user's retain and the fake's count of calls on unknown
 /// events before the reset.
 fn a_pool_then_a_reset_by_another_binding() -> (Arc<PrimaryContext>, u64) {
-    use cuda_host_launch::{Device, PollerSettings, set_poller_settings};
-    set_poller_settings(PollerSettings {
-        idle_exit: Duration::from_secs(3600),
-        ..PollerSettings::DEFAULT
-    });
+    use cuda_host_launch::Device;
     let device = Device::get(0).unwrap();
     let context = PrimaryContext::retain(device).unwrap();
     let stream = Stream::new(&context).unwrap();
+    let before = fake().live_objects("primary_retains");
     let drops = Drops::new();
     release_after(&stream, drops.owner()).unwrap();
     drops.wait_dropped(1);
     drop(stream);
     assert_eq!(
         fake().live_objects("primary_retains"),
-        2,
+        before + 1,
         "the user's and the pool's"
     );
     let unknown = fake().unknown_event_calls();
@@ -55,6 +52,15 @@ fn a_pool_then_a_reset_by_another_binding() -> (Arc<PrimaryContext>, u64) {
     // SAFETY: nothing made in the context is used after the reset (its stream is dropped).
     unsafe { driver.cuDevicePrimaryCtxReset_v2(device.raw()) }.unwrap();
     (context, unknown)
+}
+
+/// Installs a configuration with these event poller settings (before the crate's first use: each
+/// test has a process of its own).
+fn install_poller(settings: cuda_host_launch::PollerSettings) {
+    cuda_host_launch::Config::new()
+        .event_poller(settings)
+        .install()
+        .expect("installed before the crate's first use");
 }
 
 fn begin_capture(stream: CUstream, mode: CUstreamCaptureMode) {
@@ -126,27 +132,32 @@ isolated_test! {
     /// and destroys none of them: on the real driver their handles may name other bindings'
     /// events by then. (Found by the torture harness's unknown-event oracle, seed 13066: the idle
     /// poller destroyed the 32 dead events.) The poller is kept from giving the pool back before
-    /// the reset by a long idle exit, then woken by work on another device.
+    /// the reset by a release pending on another device (a held stream), then goes idle once
+    /// that completes, and exits 5 ms later.
     fn a_reset_by_another_binding_leaves_the_pools_dead_events_alone(
         CUDA_DL_SYS_LIBRARY = fake_driver_path(),
         FAKE_CUDA_DEVICES = "2"
     ) {
-        use cuda_host_launch::{Device, PollerSettings, set_poller_settings};
-        let (_context, unknown) = a_pool_then_a_reset_by_another_binding();
-        set_poller_settings(PollerSettings {
+        use cuda_host_launch::{Device, PollerSettings};
+        install_poller(PollerSettings {
             idle_exit: Duration::from_millis(5),
             ..PollerSettings::DEFAULT
         });
         let other = PrimaryContext::retain(Device::get(1).unwrap()).unwrap();
         let stream = Stream::new(&other).unwrap();
+        // The users' retains: device 1's now, device 0's once the pool is made.
+        let users = fake().live_objects("primary_retains") + 1;
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         let woken = Drops::new();
         release_after(&stream, woken.owner()).unwrap();
+        let (_context, unknown) = a_pool_then_a_reset_by_another_binding();
+        hold.release();
         // No flush until the poller has given the pools back (a flush forgets the pools of
         // contexts that are gone).
         wait_for("the release on device 1", || woken.dropped() == 1);
         drop(stream);
         wait_for("the poller to give back the pools", || {
-            fake().live_objects("primary_retains") == 1
+            fake().live_objects("primary_retains") == users
         });
         assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
     }
@@ -159,6 +170,10 @@ isolated_test! {
     fn a_flush_forgets_the_pool_of_a_context_another_binding_reset(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
+        install_poller(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
         let (_context, unknown) = a_pool_then_a_reset_by_another_binding();
         flush(PATIENCE).unwrap();
         assert_eq!(fake().live_objects("primary_retains"), 1, "the pool's retain kept");
@@ -170,8 +185,8 @@ isolated_test! {
     /// the context) back. (Mutation testing: with the refused event kept out, the poller never
     /// went idle and the context stayed retained, and every test passed.)
     fn a_refused_record_gives_its_event_back(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
-        use cuda_host_launch::{PollerSettings, set_poller_settings};
-        set_poller_settings(PollerSettings {
+        use cuda_host_launch::PollerSettings;
+        install_poller(PollerSettings {
             idle_exit: Duration::from_millis(5),
             ..PollerSettings::DEFAULT
         });
@@ -198,8 +213,8 @@ isolated_test! {
     fn an_idle_poller_keeps_the_pool_of_an_event_being_recorded(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        use cuda_host_launch::{PollerSettings, set_poller_settings};
-        set_poller_settings(PollerSettings {
+        use cuda_host_launch::PollerSettings;
+        install_poller(PollerSettings {
             idle_exit: Duration::from_millis(5),
             ..PollerSettings::DEFAULT
         });
@@ -238,8 +253,8 @@ isolated_test! {
         CUDA_DL_SYS_LIBRARY = fake_driver_path(),
         FAKE_CUDA_DEVICES = "2"
     ) {
-        use cuda_host_launch::{Device, PollerSettings, set_poller_settings};
-        set_poller_settings(PollerSettings {
+        use cuda_host_launch::{Device, PollerSettings};
+        install_poller(PollerSettings {
             idle_exit: Duration::from_secs(3600),
             ..PollerSettings::DEFAULT
         });
@@ -345,10 +360,9 @@ isolated_test! {
         );
     }
 
-    /// `poller_settings` reads back what `set_poller_settings` set, `Duration::MAX` spin included.
+    /// `config` reads back the event poller settings installed.
     fn the_poller_settings_read_back_as_set(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
-        use cuda_host_launch::{PollerSettings, poller_settings, set_poller_settings};
-        assert_eq!(poller_settings(), PollerSettings::DEFAULT);
+        use cuda_host_launch::PollerSettings;
         let odd = PollerSettings {
             spin: Duration::from_micros(7),
             interval: Duration::from_micros(11),
@@ -356,10 +370,8 @@ isolated_test! {
             idle_exit: Duration::from_millis(17),
             query_gap: Duration::from_nanos(19),
         };
-        for settings in [odd, PollerSettings::LOW_LATENCY, PollerSettings::DEFAULT] {
-            set_poller_settings(settings);
-            assert_eq!(poller_settings(), settings);
-        }
+        install_poller(odd);
+        assert_eq!(cuda_host_launch::config().unwrap().event_poller_settings(), odd);
     }
 
     /// A release whose event a capture took (begun and ended during its record: the poller's
@@ -465,6 +477,7 @@ isolated_test! {
         let owner = drops.owner();
         let ran = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&ran);
+        let unrun = cuda_host_launch::cleanup_stats().callbacks_dropped_unrun;
         fake().set_fault("cuCtxSetCurrent", 0, 201);
         spawn_after(&stream, move || {
             let _keep = &owner;
@@ -475,6 +488,7 @@ isolated_test! {
         fake().clear_faults();
         assert_eq!(ran.load(Ordering::SeqCst), 0, "run without its context current");
         assert!(records[0].thread.is_reaper(), "{records:?}");
+        assert_eq!(cuda_host_launch::cleanup_stats().callbacks_dropped_unrun, unrun + 1);
         drop(stream);
         drop(other);
         wait_for("the poller to exit", || cuda_workspace::testing::threads_named(POLLER) == 0);
@@ -694,9 +708,10 @@ isolated_test! {
     }
 
     /// A sticky error: the events never complete. The future resolves at once to `DeviceFault`
-    /// with the driver's code (before: it stayed pending until the user reset the context); the
-    /// owners stay pending until the reset (earlier work may still use them), then are dropped
-    /// once.
+    /// with the driver's code (before: it stayed pending until the user reset the context); a
+    /// callback is dropped unrun at once, on the lane, its captures with it, and counted
+    /// (before: kept until the reset); the owners stay pending until the reset (earlier work may
+    /// still use them), then are dropped once.
     fn after_a_sticky_error_futures_fail_and_releases_wait_for_the_reset(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -705,6 +720,17 @@ isolated_test! {
         let drops = Drops::new();
         let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         release_after(&stream, drops.owner()).unwrap();
+        let unrun = cuda_host_launch::cleanup_stats().callbacks_dropped_unrun;
+        let captures = Drops::new();
+        let ran = Arc::new(AtomicUsize::new(0));
+        spawn_after(&stream, {
+            let (ran, capture) = (Arc::clone(&ran), captures.owner());
+            move || {
+                let _keep = &capture;
+                ran.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .unwrap();
         let future = CompletionMode::Event.completion(&stream).unwrap();
         assert_eq!(fake().poison_context(context.raw()), Ok(()));
         hold.release();
@@ -719,8 +745,13 @@ isolated_test! {
             ),
             "{result:?}"
         );
+        let dropped = captures.wait_dropped(1);
+        assert!(dropped.iter().all(|d| d.thread.is_reaper()), "{dropped:?}");
+        assert_eq!(ran.load(Ordering::SeqCst), 0, "a callback never runs after a sticky error");
+        assert_eq!(cuda_host_launch::cleanup_stats().callbacks_dropped_unrun, unrun + 1);
         flush(PATIENCE).unwrap();
         assert_eq!(drops.dropped(), 0);
+        // The release's and the future's records.
         assert_eq!(context.pending_launches(), 2);
         drop(stream);
         // SAFETY: the context's only stream is dropped; nothing made in it is used afterwards.
@@ -821,7 +852,7 @@ isolated_test! {
     /// take less than that pause (hundreds of ms; 34 ms was the worst seen under load).
     fn work_enqueued_during_a_long_pause_is_seen_soon(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         const GROW: Duration = Duration::from_millis(4_800);
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+        install_poller(cuda_host_launch::PollerSettings {
             max_interval: Duration::from_secs(1),
             ..cuda_host_launch::PollerSettings::DEFAULT
         });
@@ -896,7 +927,7 @@ isolated_test! {
     fn event_completions_resolve_and_the_idle_poller_gives_its_events_back(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+        install_poller(cuda_host_launch::PollerSettings {
             idle_exit: Duration::from_millis(20),
             ..cuda_host_launch::PollerSettings::DEFAULT
         });
@@ -949,7 +980,7 @@ isolated_test! {
     fn an_enqueue_wakes_the_poller_parked_with_nothing_pending(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+        install_poller(cuda_host_launch::PollerSettings {
             idle_exit: Duration::from_secs(3_600),
             ..cuda_host_launch::PollerSettings::DEFAULT
         });
@@ -1096,7 +1127,7 @@ isolated_test! {
         unsafe { libc::atexit(calls_after_teardown_at_exit) };
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings::LOW_LATENCY);
+        install_poller(cuda_host_launch::PollerSettings::LOW_LATENCY);
         // Held until the process exits: the guard is given up, the hold kept.
         let _hold = fake()
             .hold_stream(stream.raw())
@@ -1123,15 +1154,16 @@ isolated_test! {
         unsafe { libc::atexit(release_the_poller_after_the_teardown) };
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
-        cuda_host_launch::set_thread_settings(cuda_host_launch::ThreadSettings::new().on_start(
-            |which| {
+        cuda_host_launch::Config::new()
+            .threads(cuda_host_launch::ThreadSettings::new().on_start(|which| {
                 if which == cuda_host_launch::CrateThread::EventPoller {
                     while !POLLER_MAY_START.load(Ordering::SeqCst) {
                         std::thread::sleep(Duration::from_millis(1));
                     }
                 }
-            },
-        ));
+            }))
+            .install()
+            .unwrap();
         // Held until the process exits: the poller has an event to query.
         let _hold = fake()
             .hold_stream(stream.raw())
@@ -1359,7 +1391,7 @@ isolated_test! {
     fn a_callback_waiting_for_the_lane_keeps_its_pools_retain(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+        install_poller(cuda_host_launch::PollerSettings {
             idle_exit: Duration::from_millis(1),
             ..cuda_host_launch::PollerSettings::DEFAULT
         });
@@ -1430,7 +1462,7 @@ isolated_test! {
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         use std::sync::atomic::AtomicBool;
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings {
+        install_poller(cuda_host_launch::PollerSettings {
             idle_exit: Duration::from_millis(20),
             ..cuda_host_launch::PollerSettings::DEFAULT
         });

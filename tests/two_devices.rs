@@ -707,7 +707,7 @@ struct ContextCheck {
 
 impl Drop for ContextCheck {
     fn drop(&mut self) {
-        let reaper = std::thread::current().name() == Some("cuda-host-launch-reaper");
+        let reaper = std::thread::current().name() == Some("cuda-hl-reaper");
         self.seen
             .lock()
             .unwrap()

@@ -27,9 +27,6 @@ use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::event::{self, Work};
 
-pub use crate::transport::event::{poller_settings, set_poller_settings};
-pub use crate::transport::poller_pace::PollerSettings;
-
 /// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
 /// them on the cleanup queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual),
 /// whoever drains): never a driver thread, never the event poller (so an owner whose `Drop`
@@ -54,7 +51,7 @@ pub use crate::transport::poller_pace::PollerSettings;
 ///   kept ([`LaunchError::into_inner`] is `None`). The capture may hold the event, so it is never
 ///   queried, and the owners stay pending (counted by
 ///   [`pending_launches`](crate::pending_launches)) until the context is reset. Never early.
-/// - [`Error::ReaperSpawn`] if the poller thread could not be started: kept; the release was
+/// - [`Error::ThreadSpawn`] if the poller thread could not be started: kept; the release was
 ///   accepted all the same (do not repeat it) and completes once a later call starts the poller.
 ///
 /// # Examples
@@ -95,8 +92,10 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(
 /// dropped as it returns, in that context, as part of its run. A value that must be dropped with
 /// no context current, as owners are, goes to [`release_after`] instead. If the context cannot
 /// be made current (it was reset since), `f` is dropped unrun. After a sticky error in the
-/// context `f` never runs; it is dropped when the context is reset or released for the last
-/// time.
+/// context (a trapped kernel) `f` never runs: the poller's query that answers the error drops it
+/// unrun, on the cleanup queue's thread, at once. Either way
+/// [`CleanupStats::callbacks_dropped_unrun`](crate::CleanupStats::callbacks_dropped_unrun) counts
+/// it.
 ///
 /// # Errors
 /// - [`Error::CaptureActive`] on a capturing stream (`f` cannot be ordered after work that only

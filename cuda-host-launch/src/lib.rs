@@ -18,9 +18,7 @@
 //! | host code in a **graph**: a node, or a launch on a capturing stream | [`add_host_node`] on a [`Graph`]; [`LaunchOptions::host_launch_repeatable`] / [`LaunchOptions::launch_host_function_repeatable`] | the owners live as long as the graph and every executable graph made from it |
 //! | the driver thread's sync mode (CUDA 13.2+) | [`LaunchOptions`] | the same launches as methods of the options |
 //! | a **barrier** before a check or an exit: every owner of completed work dropped, every callback returned | [`flush`]`(timeout)` after `stream.synchronize()` | waits for the cleanup queue and a round of each poller; pending work is not waited for |
-//! | who drops the owners | [`CleanupMode::Reaper`] (default: a thread of this crate) or [`CleanupMode::Manual`] (the next launch, [`drain`] or [`flush`]), through [`set_cleanup_mode`] or [`CLEANUP_MODE_ENV`] | [`cleanup_stats`] counts the releases |
-//! | the crate's threads (reaper, event poller, low-latency poller): names, CPUs, a start hook | [`set_thread_settings`]`(`[`ThreadSettings`]`)`, with an [`Affinity`] | by default they may run on every CPU of the process, not only the launching thread's |
-//! | the event poller's latency against its CPU time | [`set_poller_settings`]`(`[`PollerSettings`]`)`: [`PollerSettings::DEFAULT`], [`PollerSettings::LOW_LATENCY`] | [`poller_cpu_time`] says what the pollers used |
+//! | **configure** the crate: who drops the owners ([`CleanupMode`]), its threads' names, CPUs and start hook ([`ThreadSettings`], [`Affinity`]), the event poller's latency against its CPU time ([`PollerSettings`]), the reaper's pace | [`Config`]`::new()…`[`.install()`](Config::install), once, before the first launch; environment variables override it ([`CLEANUP_MODE_ENV`], [`POLLER_ENV`], [`REAPER_POLL_ENV`], [`REAPER_LINGER_ENV`]) | a second install, or one after the first use, is refused ([`Error::AlreadyConfigured`]); [`config`] reads what is in force; [`cleanup_stats`] counts the releases, [`poller_cpu_time`] what the pollers used |
 //! | the owners of launches that will never run (a sticky error) | [`pending_launches`]; [`PrimaryContext::reset`] or the last [`PrimaryContext`] dropped; [`reclaim_pending`] after a `cuCtxDestroy` of your own | released once through the cleanup queue; futures resolve to [`Error::ContextLost`] |
 //!
 //! **On an error, what you handed over comes back.** Work enqueued on the stream before a call may
@@ -60,7 +58,7 @@
 //! and CPU time. The event poller spins briefly after news, then looks at pauses that grow with
 //! the wait, between [`PollerSettings::interval`] and [`PollerSettings::max_interval`], and exits
 //! after [`PollerSettings::idle_exit`] with nothing pending; [`PollerSettings::LOW_LATENCY`] spins
-//! while anything is pending.
+//! while anything is pending ([`Config::event_poller`]).
 //!
 //! # Cleanup and the crate's threads
 //!
@@ -109,13 +107,15 @@
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
 //! use cuda_host_launch::{
-//!     host_launch, release_after, set_thread_settings, spawn_after, Affinity, Device,
-//!     PrimaryContext, Stream, ThreadSettings,
+//!     host_launch, release_after, spawn_after, Affinity, Config, Device, PrimaryContext, Stream,
+//!     ThreadSettings,
 //! };
 //!
 //! fn main() -> Result<(), cuda_host_launch::Error> {
-//!     // Optional, before the crate starts its threads: keep them off CPU 0.
-//!     set_thread_settings(ThreadSettings::new().affinity(Affinity::Cpus(vec![1, 2, 3])));
+//!     // Optional, once, before the first launch: keep the crate's threads off CPU 0.
+//!     Config::new()
+//!         .threads(ThreadSettings::new().affinity(Affinity::Cpus(vec![1, 2, 3])))
+//!         .install()?;
 //!
 //!     let context = PrimaryContext::retain(Device::get(0)?)?;
 //!     let stream = Stream::new(&context)?;
@@ -182,7 +182,7 @@ mod transport;
 mod loom_models;
 
 #[cfg(not(loom))]
-pub use after::{PollerSettings, poller_settings, release_after, set_poller_settings, spawn_after};
+pub use after::{release_after, spawn_after};
 #[cfg(not(loom))]
 pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
 #[cfg(not(loom))]
@@ -196,16 +196,13 @@ pub use launch_error::LaunchError;
 #[cfg(not(loom))]
 pub use reaper::defer_drop::defer_drop;
 #[cfg(not(loom))]
-pub use reaper::mode::{CLEANUP_MODE_ENV, CleanupMode, cleanup_mode, set_cleanup_mode};
-#[cfg(not(loom))]
 pub use reaper::release::{CleanupStats, cleanup_stats, drain};
-#[cfg(not(loom))]
-pub use reaper::thread::{REAPER_LINGER_ENV, REAPER_POLL_ENV};
 #[cfg(not(loom))]
 pub use resources::{Device, Event, PrimaryContext, Stream};
 #[cfg(not(loom))]
-pub use support::crate_threads::{
-    Affinity, CrateThread, StartHook, ThreadSettings, set_thread_settings, thread_settings,
+pub use support::config::{
+    CLEANUP_MODE_ENV, CleanupMode, Config, POLLER_ENV, PollerSettings, REAPER_LINGER_ENV,
+    REAPER_POLL_ENV, config,
 };
 #[cfg(not(loom))]
 pub use support::error::Error;
@@ -215,6 +212,8 @@ pub use support::host_thread::{HostFunctionScope, in_host_function};
 pub use support::panic_report::{PanicOrigin, PanicReport, reset_panic_handler, set_panic_handler};
 #[cfg(not(loom))]
 pub use support::raw_stream::{AsRawStream, RawStream, StreamIds};
+#[cfg(not(loom))]
+pub use support::thread_settings::{Affinity, CrateThread, StartHook, ThreadSettings};
 #[cfg(not(loom))]
 pub use tracking::pending::{launch_ticket_bytes, pending_launches};
 #[cfg(not(loom))]

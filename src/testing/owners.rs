@@ -15,7 +15,7 @@ use cuda_host_launch::{Device, PrimaryContext};
 use super::{load_fake_driver, os_thread};
 
 /// The name `cuda-host-launch` gives its reaper thread.
-pub const REAPER_NAME: &str = "cuda-host-launch-reaper";
+pub const REAPER_NAME: &str = "cuda-hl-reaper";
 
 /// How long the helpers here wait for owners before they give up.
 pub const PATIENCE: Duration = Duration::from_secs(10);

@@ -36,7 +36,7 @@ use cuda_workspace::testing::{PATIENCE, REAPER_NAME, ThreadSet, load_fake_driver
 pub const EVENT_POLLER: &str = "cuda-hl-events";
 
 /// The low-latency poller thread's name.
-pub const LOW_LATENCY_POLLER: &str = "cuda-host-launch-poller";
+pub const LOW_LATENCY_POLLER: &str = "cuda-hl-flags";
 
 /// Host-mapped slots (4 MiB): one per lane, a fresh one for every stream made during the run
 /// (a slot is never reused: a destroyed stream's kernels may still write to it).

@@ -105,9 +105,10 @@ fn loom_no_lost_wake_up_while_lingering() {
     });
 }
 
-/// The reaper starting while a record is pushed: launches made in manual mode, then
-/// `set_cleanup_mode(Reaper)`, and the next launch starts the reaper (`reaper/thread.rs`: spawn,
-/// then `set_reaper`) while an earlier launch's host function finishes on the driver's thread.
+/// The reaper starting while a record is pushed (`reaper/thread.rs`: spawn, then `set_reaper`)
+/// while an earlier record's host function finishes on the driver's thread. The cleanup mode is
+/// fixed for the process now (`Config`), so no launch precedes the reaper's start in reaper mode;
+/// the queue keeps this contract all the same, so that its correctness does not rest on that.
 /// (Pushes from launches made after the reaper started are ordered after `set_reaper` by the
 /// launch itself, so they always see it.)
 #[test]

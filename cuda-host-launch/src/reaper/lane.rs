@@ -153,6 +153,8 @@ impl<A: FnOnce() + Send + 'static> Drop for Call<A> {
             // SAFETY: the record is ours alone and claimed to run once (`send`'s contract); its
             // payload catches its own panics.
             unsafe { RecordHeader::dispatch(self.header, crate::record::layout::Op::Run) };
+        } else {
+            release::count_callback_dropped_unrun();
         }
         // A callback whose context cannot be made current (after a reset, say) is dropped
         // unrun, with its captures.

@@ -7,6 +7,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 use std::sync::Condvar;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::queue::CleanupQueue;
@@ -250,12 +251,17 @@ pub(crate) fn flush_queue(deadline: Option<Instant>, timeout: Duration) -> Resul
 
 /// Counters of the cleanup queue, for tests and benchmarks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CleanupStats {
     /// Records queued for release: host functions of this crate that have run, graphs whose owners
     /// the driver let go, deferred drops.
     pub queued: u64,
     /// Records released from the queue (their owners dropped).
     pub released: u64,
+    /// [`spawn_after`](crate::spawn_after) callbacks dropped without running, their captures with
+    /// them: their context failed (a sticky error such as a trapped kernel: the stream never gets
+    /// there), or could not be made current when their turn came (reset meanwhile).
+    pub callbacks_dropped_unrun: u64,
 }
 
 /// A snapshot of the cleanup queue's counters.
@@ -263,5 +269,14 @@ pub fn cleanup_stats() -> CleanupStats {
     CleanupStats {
         queued: QUEUE.queued(),
         released: QUEUE.released(),
+        callbacks_dropped_unrun: CALLBACKS_DROPPED_UNRUN.load(Ordering::Relaxed),
     }
+}
+
+/// See [`CleanupStats::callbacks_dropped_unrun`].
+static CALLBACKS_DROPPED_UNRUN: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a callback dropped without running.
+pub(crate) fn count_callback_dropped_unrun() {
+    CALLBACKS_DROPPED_UNRUN.fetch_add(1, Ordering::Relaxed);
 }

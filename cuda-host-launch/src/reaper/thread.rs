@@ -4,25 +4,17 @@
 use std::time::{Duration, Instant};
 
 use super::lane;
-use super::mode::{CleanupMode, REAPER_START, cleanup_mode};
+use super::mode::{REAPER_START, cleanup_mode};
 use super::release::{QUEUE, ReaperContext, Scratch, release_batch};
 use crate::record::pool;
-use crate::support::crate_threads::{self, CrateThread};
+use crate::support::config::{CleanupMode, config};
+use crate::support::crate_threads;
 use crate::support::error::Error;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::RelaxedCaptureMode;
 use crate::support::sync::lock;
+use crate::support::thread_settings::CrateThread;
 use crate::support::{exit_gate, forked_child};
-
-/// How often (µs) the reaper looks at the queue while it lingers after a batch (default 50; `0`
-/// parks at once after every batch).
-pub const REAPER_POLL_ENV: &str = "CUDA_HOST_LAUNCH_REAPER_POLL_US";
-
-/// How long (µs) the reaper lingers, polling, after its last batch before it parks (default 2000).
-pub const REAPER_LINGER_ENV: &str = "CUDA_HOST_LAUNCH_REAPER_LINGER_US";
-
-const DEFAULT_POLL: Duration = Duration::from_micros(50);
-const DEFAULT_LINGER: Duration = Duration::from_micros(2000);
 
 /// Makes sure whoever must drain is ready before a record can reach the queue: the driver loaded
 /// and the exit handler registered, and in reaper mode, the reaper thread started (so the first
@@ -49,8 +41,7 @@ fn start_reaper() -> Result<(), Error> {
     if QUEUE.has_reaper() {
         return Ok(());
     }
-    let handle = crate_threads::spawn(CrateThread::Reaper, reaper_loop)
-        .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+    let handle = crate_threads::spawn(CrateThread::Reaper, reaper_loop)?;
     // Wakes the reaper once after publishing it: a push that ran before woke no one.
     QUEUE.set_reaper(handle.thread().clone());
     // The handle is dropped: the reaper is detached and runs until the process exits.
@@ -62,14 +53,14 @@ fn start_reaper() -> Result<(), Error> {
 /// Waking a parked thread costs the waker a futex system call, and the waker is a driver thread,
 /// whose time every host function of its context shares. So after a batch the reaper does not park
 /// at once: it lingers, looking at the queue every `poll` (sleeping in between, on its own core),
-/// for `linger`. While it lingers, a push's `unpark` is one atomic swap, no system call, and
+/// for `linger` (the configuration's `reaper_pace`). While it lingers, a push's `unpark` is one atomic swap, no system call, and
 /// batches grow to everything pushed within a poll interval. Once idle for `linger`, it parks; the
 /// next push that finds the queue empty wakes it.
 fn reaper_loop() {
     precise_sleeps();
     let mut relaxed = RelaxedCaptureMode::pending();
-    let poll = env_micros(REAPER_POLL_ENV).unwrap_or(DEFAULT_POLL);
-    let linger = env_micros(REAPER_LINGER_ENV).unwrap_or(DEFAULT_LINGER);
+    // The configuration is in force: `prepare` read it before the reaper was started.
+    let (poll, linger) = config().map_or((Duration::ZERO, Duration::ZERO), |c| c.reaper_waits());
     let mut idle_since: Option<Instant> = None;
     // Owners are dropped with no context current on this thread (see `ReaperContext`).
     let mut scratch = Scratch::default();
@@ -98,14 +89,4 @@ fn reaper_loop() {
         relaxed.enter_once_loaded();
         release_batch(QUEUE.take_all(), &mut scratch);
     }
-}
-
-/// A duration in microseconds from the environment; `None` if unset or not a number.
-fn env_micros(variable: &str) -> Option<Duration> {
-    std::env::var(variable)
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-        .map(Duration::from_micros)
 }

@@ -1,153 +1,56 @@
 //! The crate's own threads (the reaper, the event poller, the low-latency poller): how they are
-//! started, named and placed on CPUs ([`ThreadSettings`], [`set_thread_settings`]).
+//! started, named and placed on CPUs ([`ThreadSettings`], part of the crate's one
+//! [`Config`](crate::Config)).
 //!
 //! A thread inherits the CPU affinity of the thread that starts it. The crate starts its threads
 //! from the user's threads (the first launch, the first event enqueue), so a user who pins a
 //! launching thread to one core would get the poller and the reaper on that same core, where they
-//! take turns with the launcher (measured on the H200: +230 ns per event enqueue with the default
-//! poller, about +1.2 µs spinning). By default ([`Affinity::Process`]) a crate thread therefore
+//! take turns with the launcher (`BENCHMARKS.md` gives the cost). By default ([`Affinity::Process`]) a crate thread therefore
 //! widens its affinity to every CPU the process may use; a user can pin it, or keep what it
 //! inherits, and run code of their own on it first (a priority, a name of their own, a tracing
 //! span), as thread-pool builders allow.
 
-use std::sync::{Arc, RwLock};
-
+use crate::support::config::config;
+use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
-
-/// Which of the crate's threads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum CrateThread {
-    /// The cleanup queue's reaper, the crate's lane for user code: drops owners, runs
-    /// `spawn_after` callbacks, reports caught panics.
-    Reaper,
-    /// The event poller: queries events and wakes event futures; it hands everything else to the
-    /// reaper (it runs no owner's `Drop` and no callback).
-    EventPoller,
-    /// The low-latency completions' poller: wakes their futures.
-    LowLatencyPoller,
-}
-
-impl CrateThread {
-    /// Its name unless [`ThreadSettings::name`] says otherwise.
-    pub const fn default_name(self) -> &'static str {
-        match self {
-            CrateThread::Reaper => "cuda-host-launch-reaper",
-            CrateThread::EventPoller => "cuda-hl-events",
-            CrateThread::LowLatencyPoller => "cuda-host-launch-poller",
-        }
-    }
-}
-
-/// Where a crate thread may run.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Affinity {
-    /// Every CPU the process may use (its cpuset), whatever the starting thread was pinned to (the
-    /// default; on systems other than Linux, as `Inherit`).
-    #[default]
-    Process,
-    /// What the thread that starts it has (the operating system's default).
-    Inherit,
-    /// These CPUs (indices as the operating system numbers them); CPUs the process may not use
-    /// are left out, and if none is left the thread keeps what it inherited.
-    Cpus(Vec<usize>),
-}
-
-/// Code run on a crate thread as it starts, before it does anything else.
-pub type StartHook = Arc<dyn Fn(CrateThread) + Send + Sync>;
-
-/// How the crate starts its threads ([`set_thread_settings`]); threads started before a change
-/// keep what they had.
-#[derive(Clone, Default)]
-#[non_exhaustive]
-pub struct ThreadSettings {
-    /// Where each thread may run.
-    pub affinity: Affinity,
-    /// Each thread's name ([`CrateThread::default_name`] when `None`). On Linux a thread's name
-    /// is cut to 15 bytes where the operating system shows it.
-    pub name: Option<Arc<dyn Fn(CrateThread) -> String + Send + Sync>>,
-    /// Run on each thread as it starts (after its name and affinity are set).
-    pub start: Option<StartHook>,
-}
-
-impl ThreadSettings {
-    /// The defaults: [`Affinity::Process`], the default names, no start hook.
-    pub fn new() -> ThreadSettings {
-        ThreadSettings::default()
-    }
-
-    /// With this affinity.
-    pub fn affinity(mut self, affinity: Affinity) -> ThreadSettings {
-        self.affinity = affinity;
-        self
-    }
-
-    /// With names from `name`.
-    pub fn name(mut self, name: impl Fn(CrateThread) -> String + Send + Sync + 'static) -> Self {
-        self.name = Some(Arc::new(name));
-        self
-    }
-
-    /// With `start` run on each thread as it starts.
-    pub fn on_start(mut self, start: impl Fn(CrateThread) + Send + Sync + 'static) -> Self {
-        self.start = Some(Arc::new(start));
-        self
-    }
-}
-
-impl std::fmt::Debug for ThreadSettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadSettings")
-            .field("affinity", &self.affinity)
-            .field("name", &self.name.as_ref().map(|_| "custom"))
-            .field("start", &self.start.as_ref().map(|_| "set"))
-            .finish()
-    }
-}
-
-static SETTINGS: RwLock<Option<ThreadSettings>> = RwLock::new(None);
-
-/// Sets how the crate starts its threads from now on (threads already running keep theirs).
-pub fn set_thread_settings(settings: ThreadSettings) {
-    *SETTINGS.write().unwrap_or_else(|p| p.into_inner()) = Some(settings);
-}
-
-/// How the crate starts its threads now.
-pub fn thread_settings() -> ThreadSettings {
-    SETTINGS
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone()
-        .unwrap_or_default()
-}
+use crate::support::thread_settings::{Affinity, CrateThread};
 
 /// Starts the crate thread `which` running `body`, as the settings say.
+///
+/// # Errors
+/// The configuration's error ([`Error::InvalidEnvironment`]), or the operating system's refusal
+/// to start a thread ([`Error::ThreadSpawn`]).
 pub(crate) fn spawn(
     which: CrateThread,
     body: impl FnOnce() + Send + 'static,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
+) -> Result<std::thread::JoinHandle<()>, Error> {
+    let settings = config()?.thread_settings().clone();
     // Before the thread exists: its first driver call comes after the exit handler is in place.
     crate::support::exit_gate::arm();
-    let settings = thread_settings();
     let name = settings
         .name
         .as_ref()
         .map_or_else(|| which.default_name().to_string(), |name| name(which));
-    std::thread::Builder::new().name(name).spawn(move || {
-        CURRENT.with(|current| current.set(Some(which)));
-        place(&settings.affinity);
-        if let Some(start) = &settings.start {
-            // A panicking hook must not stop the crate's thread: it is the user's code, and so is
-            // its payload's `Drop` (which may panic again: `drop_quietly`).
-            if let Err(panic) =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start(which)))
-            {
-                report_and_drop(PanicOrigin::StartHook, panic);
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            CURRENT.with(|current| current.set(Some(which)));
+            place(&settings.affinity);
+            if let Some(start) = &settings.start {
+                // A panicking hook must not stop the crate's thread: it is the user's code, and so is
+                // its payload's `Drop` (which may panic again: `drop_quietly`).
+                if let Err(panic) =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start(which)))
+                {
+                    report_and_drop(PanicOrigin::StartHook, panic);
+                }
             }
-        }
-        body();
-    })
+            body();
+        })
+        .map_err(|e| Error::ThreadSpawn {
+            thread: which,
+            reason: e.to_string(),
+        })
 }
 
 thread_local! {

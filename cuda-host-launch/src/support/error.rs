@@ -137,27 +137,38 @@ pub enum Error {
     )]
     ProcessExiting,
 
-    /// The reaper thread could not be started.
+    /// One of the crate's threads could not be started (the operating system refused a thread).
+    /// The launch or release that needed it was not made.
+    #[cfg(not(loom))]
     #[error(
-        "the cleanup reaper thread could not be started ({0}); free thread resources or choose \
-         CleanupMode::Manual (CUDA_HOST_LAUNCH_CLEANUP=manual)"
+        "the crate's thread {thread:?} could not be started ({reason}); free thread resources \
+         (for the reaper, CleanupMode::Manual needs no thread)"
     )]
-    ReaperSpawn(String),
+    ThreadSpawn {
+        /// Which thread.
+        thread: crate::CrateThread,
+        /// The operating system's answer.
+        reason: String,
+    },
 
-    /// `set_cleanup_mode(Manual)` after the reaper started.
+    /// [`Config::install`](crate::Config::install) after a configuration was already in force.
     #[error(
-        "the cleanup reaper is already running: choose CleanupMode::Manual before the first launch \
-         (or set CUDA_HOST_LAUNCH_CLEANUP=manual)"
+        "the crate's configuration is already in force (installed before, or fixed by the crate's \
+         first use: a launch, a future, a flush, or `config()`): install the Config once, before \
+         any other call of this crate"
     )]
-    ReaperAlreadyRunning,
+    AlreadyConfigured,
 
-    /// An environment variable this crate reads holds a value it does not understand.
-    #[error("{variable}={value:?} is not understood; set it to `reaper` or `manual`, or unset it")]
+    /// An environment variable that overrides the configuration holds a value this crate does not
+    /// understand (see [`Config`](crate::Config)).
+    #[error("{variable}={value:?} is not understood; set it to {expected}, or unset it")]
     InvalidEnvironment {
         /// The variable.
         variable: &'static str,
         /// Its value.
         value: String,
+        /// What it may hold.
+        expected: &'static str,
     },
 
     /// The future's context was lost (a sticky error, then a reset or destroy): its host function or

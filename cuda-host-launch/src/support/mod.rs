@@ -5,6 +5,8 @@
 #[cfg(not(loom))]
 pub(crate) mod capture;
 #[cfg(not(loom))]
+pub(crate) mod config;
+#[cfg(not(loom))]
 pub(crate) mod context_key;
 #[cfg(not(loom))]
 pub(crate) mod crate_threads;
@@ -29,3 +31,5 @@ pub(crate) mod relaxed_capture;
 #[cfg(not(loom))]
 pub(crate) mod sticky_error;
 pub(crate) mod sync;
+#[cfg(not(loom))]
+pub(crate) mod thread_settings;

@@ -11,13 +11,13 @@ use cuda_dl_sys::types::CUresult;
 
 use super::options::{LaunchCall, LaunchOptions};
 use super::user_object::GraphOwnedRecord;
-use crate::reaper::mode::CleanupMode;
 use crate::reaper::owned_record::{OwnedRecord, Refusal};
 use crate::reaper::{self, release};
 use crate::record::layout::{Op, RecordHeader, SharedPayload};
 use crate::record::payload::PanicCarrier;
 use crate::record::ticket_id::TicketId;
 use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
+use crate::support::config::CleanupMode;
 use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
 use crate::support::host_thread::{HostFunctionScope, refuse_inside_host_function};

@@ -48,13 +48,14 @@ use super::poller_pace::{Pace, PollerSettings, Round, Wait};
 use crate::reaper::lane;
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
-use crate::support::crate_threads::{self, CrateThread};
+use crate::support::crate_threads;
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::PanicOrigin;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
+use crate::support::thread_settings::CrateThread;
 use crate::support::{relaxed_capture, sticky_error};
 
 /// How the poller waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
@@ -160,8 +161,7 @@ pub(crate) fn watch_for_faults(key: ContextKey, future: Box<dyn Faultable>) -> R
     let mut reg = registry();
     reg.faultable.push((key, future));
     if reg.poller.is_none() {
-        let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)
-            .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+        let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)?;
         reg.poller = Some(thread.thread().clone());
     }
     Ok(())
@@ -263,8 +263,7 @@ pub(crate) fn register(
     match &reg.poller {
         Some(thread) => thread.unpark(),
         None => {
-            let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)
-                .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+            let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)?;
             reg.poller = Some(thread.thread().clone());
         }
     }

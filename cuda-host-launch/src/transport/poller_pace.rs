@@ -11,65 +11,14 @@
 //! wait costs few rounds: about 55 in the first 4 ms with the defaults, then one per
 //! `max_interval` (4,000 a second).
 //!
-//! The default `max_interval` (250 µs) was chosen on the H200: after 20 ms kernels, 1 ms made the
-//! default completion about 470 µs late at the median (a host function: about 230 µs), 250 µs
-//! about 160 µs, 100 µs about 70 µs; its poller's CPU time was 3.7 %, 5.5 % and 7 % of the wait.
+//! `BENCHMARKS.md` gives the figures behind the defaults (latency against CPU time).
 //! With nothing pending a poller parks until new work wakes it, and exits after
 //! [`PollerSettings::idle_exit`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// How a poller waits (see the module's docs). For the event poller, [`set_poller_settings`]
-/// changes them for the whole process.
-///
-/// [`set_poller_settings`]: crate::set_poller_settings
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PollerSettings {
-    /// How long the poller spins (looks without pause) after news, while work is pending.
-    /// `Duration::MAX`: spin for as long as anything is pending ([`PollerSettings::LOW_LATENCY`]).
-    pub spin: Duration,
-    /// The shortest pause between two rounds once it stopped spinning.
-    pub interval: Duration,
-    /// The longest pause between two rounds while work is pending: how late, at most, the poller
-    /// sees a completion after a long wait. Pauses never exceed one second, whatever this and
-    /// `interval` say.
-    pub max_interval: Duration,
-    /// How long the poller stays with nothing pending before its thread exits.
-    pub idle_exit: Duration,
-    /// While it spins, the least time from one round's start to the next's: every query takes the
-    /// driver's lock, which every `cuEventRecord` of the process also takes, so a poller querying
-    /// without pause slows the enqueues it waits for (measured on the H200: +450–500 ns per
-    /// enqueue, a third of the throughput). Between rounds it spins without querying. `ZERO`:
-    /// query without pause ([`PollerSettings::LOW_LATENCY`]).
-    pub query_gap: Duration,
-}
-
-impl PollerSettings {
-    /// The event poller's defaults: spin 20 µs after news (a round every 5 µs at most), then
-    /// pauses from 20 µs to 250 µs; exit after 100 ms idle.
-    pub const DEFAULT: PollerSettings = PollerSettings {
-        spin: Duration::from_micros(20),
-        interval: Duration::from_micros(20),
-        max_interval: Duration::from_micros(250),
-        idle_exit: Duration::from_millis(100),
-        query_gap: Duration::from_micros(5),
-    };
-
-    /// Spin while anything is pending, querying without pause: the lowest latency, a busy core
-    /// meanwhile, and enqueues slowed by the queries.
-    pub const LOW_LATENCY: PollerSettings = PollerSettings {
-        spin: Duration::MAX,
-        query_gap: Duration::ZERO,
-        ..PollerSettings::DEFAULT
-    };
-}
-
-impl Default for PollerSettings {
-    fn default() -> Self {
-        PollerSettings::DEFAULT
-    }
-}
+pub(crate) use crate::support::config::PollerSettings;
 
 /// What a poller does after a round in which work stayed pending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

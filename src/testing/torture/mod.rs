@@ -61,7 +61,10 @@ pub fn run_here(script: &Script) -> Vec<String> {
         });
     }
     if settings.spinning_poller {
-        cuda_host_launch::set_poller_settings(cuda_host_launch::PollerSettings::LOW_LATENCY);
+        cuda_host_launch::Config::new()
+            .event_poller(cuda_host_launch::PollerSettings::LOW_LATENCY)
+            .install()
+            .expect("the torture run installs its configuration before the crate's first use");
     }
     let keeper = {
         let world = Arc::clone(&world);

@@ -204,11 +204,12 @@ impl Oracle {
                     || text.contains("cuGraphAddNode")
                     || (tracked.capture.is_some() && text.contains("cuLaunchHostFunc"));
                 // (A failed look at the stream after the record counts as a capture.)
-                let keep_allowed =
-                    matches!(error, Error::CaptureActive { .. } | Error::ReaperSpawn(_))
-                        || text.contains("cuStreamGetCaptureInfo")
-                        || text.contains("cuStreamIsCapturing")
-                        || graph_owned;
+                let keep_allowed = matches!(
+                    error,
+                    Error::CaptureActive { .. } | Error::ThreadSpawn { .. }
+                ) || text.contains("cuStreamGetCaptureInfo")
+                    || text.contains("cuStreamIsCapturing")
+                    || graph_owned;
                 let owned = tracked.owned.load(Ordering::Acquire);
                 // (A reclaim of a context that died meanwhile may release what the crate kept.)
                 if owned
@@ -357,6 +358,10 @@ impl Oracle {
                     }
                 }
             }
+            // A `spawn_after` callback whose context failed with a sticky error is dropped unrun
+            // at once (the stream never gets there); a release's owners and a host function's
+            // stay until the reset.
+            None if is_spawn_after(tracked) && !ran && fake().context_poisoned(at.context) => {}
             None => {
                 if !at.reached() {
                     self.violation(format!(
@@ -536,26 +541,14 @@ impl Drop for Owner {
         // pollers) never drop owners (user code). A `spawn_after` closure's captures go inside
         // the callback, in the stream's context.
         let name = std::thread::current().name().map(str::to_owned);
-        if matches!(
-            name.as_deref(),
-            Some("cuda-hl-events" | "cuda-host-launch-poller")
-        ) {
+        if matches!(name.as_deref(), Some("cuda-hl-events" | "cuda-hl-flags")) {
             self.oracle.violation(format!(
                 "{}: its owners were dropped on {name:?}, a thread that watches completions",
                 describe(&self.tracked)
             ));
         }
         let releasing = name.as_deref() == Some(super::super::REAPER_NAME);
-        let in_callback = matches!(
-            self.tracked.op,
-            super::script::Op::Work {
-                kind: super::script::WorkKind::SpawnAfter,
-                ..
-            } | super::script::Op::Special {
-                kind: super::script::WorkKind::SpawnAfter,
-                ..
-            }
-        );
+        let in_callback = is_spawn_after(&self.tracked);
         let released = self.tracked.capture.is_none()
             && !in_callback
             && (self.tracked.ran.load(Ordering::Acquire) > 0 || !self.tracked.has_callback)
@@ -678,4 +671,18 @@ impl Watched {
             )),
         }
     }
+}
+
+/// Whether `tracked` is a `spawn_after` callback.
+fn is_spawn_after(tracked: &Tracked) -> bool {
+    matches!(
+        tracked.op,
+        super::script::Op::Work {
+            kind: super::script::WorkKind::SpawnAfter,
+            ..
+        } | super::script::Op::Special {
+            kind: super::script::WorkKind::SpawnAfter,
+            ..
+        }
+    )
 }

@@ -86,7 +86,7 @@ impl Callback {
             // cleanup queue's thread (the reaper, or a drainer).
             if matches!(
                 name.as_deref(),
-                Some("cuda-hl-events" | "cuda-host-launch-poller") | None
+                Some("cuda-hl-events" | "cuda-hl-flags") | None
             ) {
                 self.oracle.violation(format!(
                     "{}: a spawn_after callback ran on {name:?}, not on the cleanup queue's thread",

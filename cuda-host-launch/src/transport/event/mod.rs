@@ -48,11 +48,11 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use cuda_dl_sys::types::CUresult;
 
-use crate::reaper::mode::CleanupMode;
 use crate::reaper::owned_record::{OwnedRecord, Refusal};
 use crate::reaper::{self, release};
 use crate::record::ticket_id::TicketId;
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
+use crate::support::config::CleanupMode;
 use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
 use crate::support::host_thread::refuse_inside_host_function;
@@ -60,8 +60,6 @@ use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
 use crate::tracking::pending;
 use crate::transport::completion_state::CompletionState;
-
-pub use poller::{poller_settings, set_poller_settings};
 
 /// What a stream-ordered record does when its event completes, which also says what it does on a
 /// stream that is capturing when it is enqueued, and where its user code runs (never on the

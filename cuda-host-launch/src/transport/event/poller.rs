@@ -22,17 +22,18 @@ use std::collections::{HashMap, VecDeque};
 
 use std::ptr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cuda_dl_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
-use crate::reaper::lane;
+use crate::reaper::{lane, release};
 use crate::record::layout::{Op, RecordHeader};
+use crate::support::config::config;
 use crate::support::context_key::{ContextKey, Gone, Liveness};
-use crate::support::crate_threads::{self, CrateThread};
+use crate::support::crate_threads;
 use crate::support::error::Error;
 use crate::support::exit_gate;
 use crate::support::fast_hash::FastHash;
@@ -41,43 +42,15 @@ use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sticky_error;
 use crate::support::sync::lock;
+use crate::support::thread_settings::CrateThread;
 use crate::tracking::pending;
 use crate::transport::poller_barrier::RoundBarrier;
-use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait, nanos};
+use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait};
 
-// The settings in force, each as nanoseconds (`u64::MAX`: `Duration::MAX`), from the defaults.
-static SPIN_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.spin.as_nanos() as u64);
-static INTERVAL_NS: AtomicU64 = AtomicU64::new(PollerSettings::DEFAULT.interval.as_nanos() as u64);
-static MAX_INTERVAL_NS: AtomicU64 =
-    AtomicU64::new(PollerSettings::DEFAULT.max_interval.as_nanos() as u64);
-static IDLE_EXIT_NS: AtomicU64 =
-    AtomicU64::new(PollerSettings::DEFAULT.idle_exit.as_nanos() as u64);
-static QUERY_GAP_NS: AtomicU64 =
-    AtomicU64::new(PollerSettings::DEFAULT.query_gap.as_nanos() as u64);
-
-/// Sets how the event poller waits, from its next round on.
-pub fn set_poller_settings(settings: PollerSettings) {
-    SPIN_NS.store(nanos(settings.spin), Ordering::Relaxed);
-    INTERVAL_NS.store(nanos(settings.interval), Ordering::Relaxed);
-    MAX_INTERVAL_NS.store(nanos(settings.max_interval), Ordering::Relaxed);
-    IDLE_EXIT_NS.store(nanos(settings.idle_exit), Ordering::Relaxed);
-    QUERY_GAP_NS.store(nanos(settings.query_gap), Ordering::Relaxed);
-}
-
-/// How the event poller waits now.
-pub fn poller_settings() -> PollerSettings {
-    let spin = SPIN_NS.load(Ordering::Relaxed);
-    PollerSettings {
-        spin: if spin == u64::MAX {
-            Duration::MAX
-        } else {
-            Duration::from_nanos(spin)
-        },
-        interval: Duration::from_nanos(INTERVAL_NS.load(Ordering::Relaxed)),
-        max_interval: Duration::from_nanos(MAX_INTERVAL_NS.load(Ordering::Relaxed)),
-        idle_exit: Duration::from_nanos(IDLE_EXIT_NS.load(Ordering::Relaxed)),
-        query_gap: Duration::from_nanos(QUERY_GAP_NS.load(Ordering::Relaxed)),
-    }
+/// How the event poller paces itself: the configuration's (the defaults if it cannot be read:
+/// the poller runs only after a launch that read it).
+fn poller_settings() -> PollerSettings {
+    config().map_or(PollerSettings::DEFAULT, |c| c.event_poller_settings())
 }
 
 /// The entries waiting, by context, stream id and enqueuing thread, oldest first. An emptied
@@ -139,8 +112,7 @@ pub(super) fn wake_or_start(incoming: &mut Incoming) -> Result<(), Error> {
         }
         return Ok(());
     }
-    let thread = crate_threads::spawn(CrateThread::EventPoller, poll_loop)
-        .map_err(|e| Error::ReaperSpawn(e.to_string()))?;
+    let thread = crate_threads::spawn(CrateThread::EventPoller, poll_loop)?;
     incoming.poller = Some(thread.thread().clone());
     Ok(())
 }
@@ -358,19 +330,41 @@ fn complete(entry: Entry, call: Option<Arc<AtomicUsize>>) -> bool {
     pushed
 }
 
-/// Resolves the futures among `stranded` entries whose context failed: each to
-/// [`Error::DeviceFault`](crate::Error::DeviceFault) with the driver's code, at once. Their
-/// records stay pending (what they hold is kept until the context's reclaim), as do the
-/// callbacks' and releases' (a callback never runs after a fault: it is dropped unrun then).
-fn fault_futures(stranded: &[Strand]) {
+/// Ends what waits among `stranded` entries whose context failed with a sticky error, at once:
+/// a future resolves to [`Error::DeviceFault`](crate::Error::DeviceFault) with the driver's code
+/// (its record stays pending until the context's reclaim); a callback, which would never run, is
+/// claimed and dropped unrun on the lane, its captures with it, and counted
+/// ([`CleanupStats::callbacks_dropped_unrun`](crate::CleanupStats::callbacks_dropped_unrun)). A
+/// release's owners stay pending until the reset or the last release: what they hold may still
+/// be in use by the device as far as the host can tell. Returns whether it pushed to the lane.
+fn end_faulted(stranded: &[Strand]) -> bool {
+    let mut pushed = false;
     for strand in stranded {
-        if let (Some(code), Work::Wake(shared)) = (strand.fault, &strand.entry.work)
-            && sticky_error::is_sticky(CUresult(code))
-            && let Some(panic) = shared.fault(code)
-        {
-            lane::report_there(PanicOrigin::Waker, panic);
+        let Some(code) = strand.fault else { continue };
+        if !sticky_error::is_sticky(CUresult(code)) {
+            continue;
+        }
+        match &strand.entry.work {
+            Work::Wake(shared) => {
+                if let Some(panic) = shared.fault(code) {
+                    lane::report_there(PanicOrigin::Waker, panic);
+                }
+            }
+            Work::Call => pending::run_launch_then(
+                strand.entry.ticket,
+                |_| {},
+                |header| {
+                    release::count_callback_dropped_unrun();
+                    // SAFETY: claimed for this call, nobody else holds the record now; its
+                    // release drops the callback unrun.
+                    unsafe { lane::push(header) };
+                    pushed = true;
+                },
+            ),
+            Work::Release => {}
         }
     }
+    pushed
 }
 
 /// Parks for up to `pause`, unless entries are waiting already; an enqueue meanwhile ends the park
@@ -495,9 +489,8 @@ fn poll_loop() {
         }
         drop(queues);
         let progress = !done.is_empty();
-        fault_futures(&stranded);
+        let mut pushed = end_faulted(&stranded);
         stranded.clear();
-        let mut pushed = false;
         for (entry, call) in done.drain(..).zip(calls.drain(..)) {
             pushed |= complete(entry, call);
         }
