@@ -203,6 +203,7 @@ mod tests {
         );
         assert!(handed.to_string().contains("into_inner"));
         assert!(handed.is_handed_back() && !kept.is_handed_back());
+        assert!(handed.value().is_some() && kept.value().is_none());
         assert!(matches!(handed.error(), Error::NullFunction));
         let (error, value) = handed.into_parts();
         assert!(matches!(error, Error::NullFunction));
