@@ -34,7 +34,9 @@ use crate::support::error::Error;
 /// the cleanup queue inside a host function (where a `Drop` that calls CUDA must not run). `?` in a
 /// function that returns `Result<_, `[`Error`]`>` converts it (`From`), dropping the values the
 /// same way: the caller's choice, after which earlier work on the stream must no longer use them.
-/// `Debug` and `Display` do not need `T: Debug`, so `.unwrap()` works whatever the owners are.
+/// `Debug` and `Display` do not need `T: Debug`, so `.unwrap()` works whatever the owners are; and
+/// it is `Send` and `Sync` for any `T: Send` (nothing reaches the value through a shared
+/// reference), so `?` into `Box<dyn Error + Send + Sync>` or `anyhow` works too.
 ///
 /// # Examples
 /// Synchronize before dropping what a refused release handed back:
@@ -78,11 +80,6 @@ impl<T: Send + 'static> LaunchError<T> {
         &self.error
     }
 
-    /// The values handed back, if they are (see [`LaunchError`]).
-    pub fn value(&self) -> Option<&T> {
-        self.value.as_ref()
-    }
-
     /// Whether the values are handed back (`false`: the crate keeps them, and releases them once
     /// nothing can use them).
     pub fn is_handed_back(&self) -> bool {
@@ -113,6 +110,14 @@ impl<T: Send + 'static> LaunchError<T> {
         error
     }
 }
+
+// SAFETY: no `&LaunchError` reaches the value (the methods taking `&self`, `Debug` and `Display`
+// read the error and whether a value is held, never the value itself); it is reached only by
+// moving the error (`into_inner`, `into_parts`, `into_error`, `Drop`), which needs ownership, and
+// `T: Send` lets that owner be on any thread. So sharing a `&LaunchError<T>` between threads shares
+// no `&T`, whatever `T` is: the error can go into `Box<dyn Error + Send + Sync>` (and `anyhow`)
+// with owners that are not `Sync`.
+unsafe impl<T: Send + 'static> Sync for LaunchError<T> {}
 
 impl<T: Send + 'static> Drop for LaunchError<T> {
     fn drop(&mut self) {
@@ -203,7 +208,13 @@ mod tests {
         );
         assert!(handed.to_string().contains("into_inner"));
         assert!(handed.is_handed_back() && !kept.is_handed_back());
-        assert!(handed.value().is_some() && kept.value().is_none());
+        // Send and Sync whatever the value (a `Cell` is not `Sync`): `?` into an error type that
+        // needs both (`Box<dyn Error + Send + Sync>`, `anyhow`) works with any owners.
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(LaunchError::new(
+            Error::NullFunction,
+            Some(std::cell::Cell::new(0u8)),
+        ));
+        assert!(boxed.to_string().contains("into_inner"));
         assert!(matches!(handed.error(), Error::NullFunction));
         let (error, value) = handed.into_parts();
         assert!(matches!(error, Error::NullFunction));
