@@ -978,7 +978,7 @@ fn install_config(plan: Option<&Pinning>) {
     if let Some(pin) = plan {
         let cpu = pin.poller;
         threads = threads.on_start(move |thread| {
-            if thread == cuda_host_launch::CrateThread::EventPoller {
+            if thread == cuda_host_launch::CrateThread::Watcher {
                 pin_current_thread(cpu);
             }
         });

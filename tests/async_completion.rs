@@ -546,12 +546,12 @@ isolated_test! {
         cuda_workspace::testing::wait_until(
             "the low-latency poller to watch the futures",
             cuda_workspace::testing::PATIENCE,
-            || cuda_workspace::testing::threads_named(cuda_host_launch::CrateThread::LowLatencyPoller.default_name()) == 1,
+            || cuda_workspace::testing::threads_named(cuda_host_launch::CrateThread::Watcher.default_name()) == 1,
         );
         cuda_workspace::testing::wait_until(
             "the low-latency poller to exit, idle",
             cuda_workspace::testing::PATIENCE,
-            || cuda_workspace::testing::threads_named(cuda_host_launch::CrateThread::LowLatencyPoller.default_name()) == 0,
+            || cuda_workspace::testing::threads_named(cuda_host_launch::CrateThread::Watcher.default_name()) == 0,
         );
     }
 

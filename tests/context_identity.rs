@@ -242,7 +242,7 @@ isolated_test! {
         // entries for good.)
         let queries = fake().call_count("cuEventQuery");
         wait_until("the idle poller to exit", PATIENCE, || {
-            cuda_workspace::testing::threads_named("cuda-hl-events") == 0
+            cuda_workspace::testing::threads_named("cuda-hl-watch") == 0
         });
         assert_eq!(fake().call_count("cuEventQuery"), queries, "queries after the reclaim");
     }

@@ -76,7 +76,7 @@ fn event_poller_cpus(started: &Started) -> Vec<usize> {
     drops.wait_dropped(1);
     let seen = started.lock().unwrap().clone();
     seen.into_iter()
-        .find(|(which, _)| *which == CrateThread::EventPoller)
+        .find(|(which, _)| *which == CrateThread::Watcher)
         .expect("the event poller's start hook ran")
         .1
 }
@@ -104,7 +104,7 @@ isolated_test! {
         install_threads(noting(
             ThreadSettings::new().name(|which| match which {
                 CrateThread::Reaper => "t-reaper".to_string(),
-                CrateThread::EventPoller => "t-events".to_string(),
+                CrateThread::Watcher => "t-watch".to_string(),
                 _ => "t-other".to_string(),
             }),
             &started,
@@ -125,15 +125,16 @@ isolated_test! {
         drops.wait_dropped(2);
         flush(PATIENCE).unwrap();
         assert_eq!(threads_named("t-reaper"), 1);
-        assert_eq!(threads_named("t-events"), 1);
+        assert_eq!(threads_named("t-watch"), 1);
         assert_eq!(threads_named(CrateThread::Reaper.default_name()), 0);
-        // Every crate thread, the low-latency poller's too, ran the hook once.
+        // Every crate thread ran the hook once (the watcher once, though it watches both the
+        // release's event and the low-latency future's flag).
         let mut which: Vec<CrateThread> =
             started.lock().unwrap().iter().map(|(which, _)| *which).collect();
         which.sort_by_key(|w| format!("{w:?}"));
         assert_eq!(
             which,
-            [CrateThread::EventPoller, CrateThread::LowLatencyPoller, CrateThread::Reaper]
+            [CrateThread::Reaper, CrateThread::Watcher]
         );
         drop(low);
     }
@@ -257,14 +258,14 @@ isolated_test! {
             (std::time::Duration::from_micros(50), std::time::Duration::from_millis(2))
         );
         assert_eq!(config.cleanup(), cuda_host_launch::CleanupMode::Reaper);
-        let shown: Vec<&str> = [CrateThread::Reaper, CrateThread::EventPoller, CrateThread::LowLatencyPoller]
+        let shown: Vec<&str> = [CrateThread::Reaper, CrateThread::Watcher]
             .iter()
             .map(|t| &t.default_name()[..t.default_name().len().min(15)])
             .collect();
         assert!(shown.iter().all(|name| name.len() <= 15), "{shown:?}");
         assert_eq!(
             shown.iter().collect::<std::collections::HashSet<_>>().len(),
-            3,
+            2,
             "{shown:?}"
         );
         assert!(matches!(Config::new().install(), Err(Error::AlreadyConfigured)));

@@ -33,7 +33,7 @@ struct ReaperOwner(#[allow(dead_code, reason = "dropped for its count")] Counted
 impl Drop for ReaperOwner {
     fn drop(&mut self) {
         let name = std::thread::current().name().map(str::to_owned);
-        if name.as_deref() != Some(REAPER_NAME) && name.as_deref() != Some("cuda-hl-events") {
+        if name.as_deref() != Some(REAPER_NAME) && name.as_deref() != Some("cuda-hl-watch") {
             OFF_CRATE_THREADS.fetch_add(1, Ordering::Relaxed);
         }
     }

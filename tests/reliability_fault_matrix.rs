@@ -1297,7 +1297,7 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
     for record in run.probe.drops.records() {
         // Event work is released by the event poller itself: a `spawn_after` closure's captures
         // go when it returns, a `release_after`'s owners once the event completed.
-        let poller = op.by_event(env.events) && record.thread.os_name == "cuda-hl-events";
+        let poller = op.by_event(env.events) && record.thread.os_name == "cuda-hl-watch";
         assert!(
             record.thread.same_as(&me) || record.thread.is_reaper() || poller,
             "{label}: owners dropped on {:?}, neither the caller's thread nor the reaper",

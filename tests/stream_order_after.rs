@@ -20,7 +20,7 @@ use cuda_workspace::testing::{
 
 const PATIENCE: Duration = Duration::from_secs(10);
 /// The event poller thread's name (its OS name, 15 bytes at most, is the same).
-const POLLER: &str = "cuda-hl-events";
+const POLLER: &str = "cuda-hl-watch";
 
 /// Waits until `done` holds, or fails after [`PATIENCE`].
 #[track_caller]
@@ -230,7 +230,7 @@ isolated_test! {
             move || {
                 let deadline = Instant::now() + Duration::from_millis(500);
                 while Instant::now() < deadline {
-                    if cuda_workspace::testing::threads_named("cuda-hl-events") == 0 {
+                    if cuda_workspace::testing::threads_named("cuda-hl-watch") == 0 {
                         exited.store(1, Ordering::SeqCst);
                         break;
                     }
@@ -1156,7 +1156,7 @@ isolated_test! {
         let stream = Stream::new(&context).unwrap();
         cuda_host_launch::Config::new()
             .threads(cuda_host_launch::ThreadSettings::new().on_start(|which| {
-                if which == cuda_host_launch::CrateThread::EventPoller {
+                if which == cuda_host_launch::CrateThread::Watcher {
                     while !POLLER_MAY_START.load(Ordering::SeqCst) {
                         std::thread::sleep(Duration::from_millis(1));
                     }

@@ -1,6 +1,6 @@
 //! Stream-ordered work without a host function: [`release_after`] (drop owners once the stream's
 //! earlier work has completed) and [`spawn_after`] (run a closure then, on a thread of this
-//! crate, where CUDA calls are allowed). Both record an event on the stream, which a poller thread
+//! crate, where CUDA calls are allowed). Both record an event on the stream, which the watcher thread
 //! of this crate queries; the stream never waits for them.
 //!
 //! **Which to choose.** A host function ([`host_launch`](crate::host_launch),
@@ -26,10 +26,11 @@ use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::event::{self, Work};
+use crate::transport::watcher;
 
 /// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
 /// them on the cleanup queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual),
-/// whoever drains): never a driver thread, never the event poller (so an owner whose `Drop`
+/// whoever drains): never a driver thread, never the watcher (so an owner whose `Drop`
 /// blocks, or awaits a future of this crate, delays no completion), never the caller's. One
 /// `cuEventRecord`; no host function; the stream does not wait.
 ///
@@ -51,8 +52,8 @@ use crate::transport::event::{self, Work};
 ///   kept ([`LaunchError::into_inner`] is `None`). The capture may hold the event, so it is never
 ///   queried, and the owners stay pending (counted by
 ///   [`pending_launches`](crate::pending_launches)) until the context is reset. Never early.
-/// - [`Error::ThreadSpawn`] if the poller thread could not be started: kept; the release was
-///   accepted all the same (do not repeat it) and completes once a later call starts the poller.
+/// - [`Error::ThreadSpawn`] if the watcher thread could not be started: kept; the release was
+///   accepted all the same (do not repeat it) and completes once a later call starts the watcher.
 ///
 /// # Examples
 /// ```no_run
@@ -69,17 +70,19 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(
 ) -> Result<(), LaunchError<O>> {
     let record = OwnedRecord::new(DeferredDrop(owners));
     // SAFETY: the payload's run does nothing; its owners are dropped with the record.
-    unsafe { event::enqueue(&stream, record, Work::Release) }.map_err(|refusal| {
+    let ring = unsafe { event::enqueue(&stream, record, Work::Release) }.map_err(|refusal| {
         // SAFETY: the record was made just above with a `DeferredDrop<O>`.
         unsafe { LaunchError::unpack(refusal, |p: DeferredDrop<O>| Some(p.0)) }
-    })
+    })?;
+    // A watcher that cannot be started leaves the release accepted: kept.
+    watcher::answer(ring).map_err(|e| LaunchError::new(e, None))
 }
 
 /// Runs `f` once all work enqueued on `stream` before this call has completed, on the cleanup
 /// queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual), whoever
 /// drains); the stream does not wait for it. Because that is not a driver thread, **`f` may call
 /// CUDA**: free memory, enqueue more work, launch more releases or callbacks, and await a
-/// completion of this crate (the event poller, which resolves those, runs no user code).
+/// completion of this crate (the watcher, which resolves those, runs no user code).
 ///
 /// The callbacks of all streams run one after another on that one thread, with the owners of
 /// released work, in the order their streams got there: a long callback delays the others and
@@ -92,7 +95,7 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(
 /// dropped as it returns, in that context, as part of its run. A value that must be dropped with
 /// no context current, as owners are, goes to [`release_after`] instead. If the context cannot
 /// be made current (it was reset since), `f` is dropped unrun. After a sticky error in the
-/// context (a trapped kernel) `f` never runs: the poller's query that answers the error drops it
+/// context (a trapped kernel) `f` never runs: the watcher's query that answers the error drops it
 /// unrun, on the cleanup queue's thread, at once. Either way
 /// [`CleanupStats::callbacks_dropped_unrun`](crate::CleanupStats::callbacks_dropped_unrun) counts
 /// it.
@@ -121,11 +124,13 @@ where
     let record = OwnedRecord::new(Callback(Some(f)));
     // SAFETY: the payload's run calls a `Send` closure once on the cleanup queue's thread (a
     // thread of this crate, or one that drains: never a driver thread), catching panics.
-    unsafe { event::enqueue(&stream, record, Work::Call) }.map_err(|refusal| {
+    let ring = unsafe { event::enqueue(&stream, record, Work::Call) }.map_err(|refusal| {
         // SAFETY: the record was made just above with a `Callback<F>` (a refused one never ran,
         // so it still holds `f`).
         unsafe { LaunchError::unpack(refusal, |p: Callback<F>| p.0) }
-    })
+    })?;
+    // A watcher that cannot be started leaves the callback accepted: kept.
+    watcher::answer(ring).map_err(|e| LaunchError::new(e, None))
 }
 
 /// A [`spawn_after`] callback: called once, its panic reported where it ran.

@@ -5,9 +5,9 @@
 //! Four ways to learn that the stream got there ([`CompletionMode`]):
 //! - `Auto` (the default, and [`completion`]): `Event` where it can, else `HostFunction` (a
 //!   stream of a context made with `cuCtxCreate`, or a driver before 12.0).
-//! - `Event`: no host function. The stream records an event, which the event poller of this crate
+//! - `Event`: no host function. The stream records an event, which the watcher of this crate
 //!   (thread `cuda-hl-events`, which also wakes the task) queries (see
-//!   [`spawn_after`](crate::spawn_after)); the poller spins briefly after news, then looks at
+//!   [`spawn_after`](crate::spawn_after)); the watcher spins briefly after news, then looks at
 //!   pauses that grow with the wait (1/16 of it, 20 µs to 250 µs: see
 //!   [`PollerSettings`](crate::PollerSettings)). While it has events in a context the crate
 //!   retains that primary context (until about 100 ms after the last completion), so a raw
@@ -18,16 +18,15 @@
 //!   `wake_by_ref` on the driver's thread. The wake waits for the driver's thread to wake up (tens
 //!   of microseconds), and that thread is shared with every other host function of the context.
 //! - `LowLatency`: no host function. The stream writes a flag into host memory
-//!   (`cuStreamWriteValue64`) and a poller thread of this crate wakes the task (see
+//!   (`cuStreamWriteValue64`) and the watcher thread of this crate wakes the task (see
 //!   `transport/low_latency.rs`): a few microseconds, at the cost of a core that spins for 200 µs
 //!   after each completion while futures wait.
 //!
 //! **Which to choose.** `Auto`, unless one of these matters more than the default's latency and
 //! enqueue cost, which `BENCHMARKS.md` gives measured: `HostFunction` costs no CPU at all while a
-//! future waits, where the event poller costs CPU for as long as any future waits (on the H200:
-//! about 40 % of a core while 100 µs kernels were awaited back to back, about 4.5 % during 20 ms
-//! waits), and its wake-up does not depend on how long the wait was (tens of microseconds; the
-//! event poller sees a completion up to 1/16 of its wait late, at most 250 µs). `LowLatency` wakes
+//! future waits, where the watcher costs CPU for as long as any future waits, and its wake-up
+//! does not depend on how long the wait was (the watcher sees a completion up to 1/16 of its wait
+//! late, at most `max_interval`). `LowLatency` wakes
 //! soonest and keeps a core busy meanwhile. [`host_launch_async`] always wakes from its own host function: the result
 //! exists only once that function has run, on the driver's thread, so another transport would only
 //! add a step.
@@ -41,7 +40,7 @@
 //!
 //! A waker that panics when woken does not unwind into the driver (nor stop the low-latency
 //! poller): the panic is caught where the wake happened and reported through the panic handler
-//! ([`PanicOrigin::Waker`]) by the thread that releases the launch's record (or by the poller); the
+//! ([`PanicOrigin::Waker`]) by the thread that releases the launch's record (or by the watcher); the
 //! future is resolved all the same.
 
 use std::future::Future;
@@ -61,6 +60,7 @@ use crate::transport::event::{self, Work};
 use crate::transport::host_function::{Runs, enqueue_in};
 use crate::transport::low_latency;
 use crate::transport::options::LaunchOptions;
+use crate::transport::watcher;
 
 /// How a completion learns that the stream reached it (see the module's docs for which to choose).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -74,7 +74,7 @@ pub enum CompletionMode {
     /// A flag written by the stream into host memory and a polling thread: lower latency, no
     /// host function, some CPU while futures wait. Needs CUDA 12.0 (`cuCtxGetId`).
     LowLatency,
-    /// An event recorded on the stream, which the event poller of this crate queries (see
+    /// An event recorded on the stream, which the watcher of this crate queries (see
     /// [`spawn_after`](crate::spawn_after)): no host function, the cheapest enqueue. Needs CUDA
     /// 12.0 and a stream of a primary context.
     Event,
@@ -147,7 +147,7 @@ impl CompletionMode {
     /// ```no_run
     /// use cuda_host_launch::{CompletionMode, RawStream};
     /// # async fn example() -> Result<(), cuda_host_launch::Error> {
-    /// // Woken by a poller thread a few microseconds after the stream gets there.
+    /// // Woken by the watcher thread a few microseconds after the stream gets there.
     /// CompletionMode::LowLatency.completion(RawStream::LEGACY)?.await?;
     /// # Ok(()) }
     /// ```
@@ -161,7 +161,8 @@ impl CompletionMode {
             CompletionMode::HostFunction => by_host_function(&stream)?,
             CompletionMode::LowLatency => {
                 let shared = CompletionState::new();
-                low_latency::register(&stream, Arc::clone(&shared))?;
+                let ring = low_latency::register(&stream, Arc::clone(&shared))?;
+                watcher::answer(ring)?;
                 shared
             }
         };
@@ -202,7 +203,7 @@ fn watch_for_faults<T: Send + 'static>(
 ) {
     if let Some(key) = launched {
         let future = Box::new(WatchedFuture(Arc::downgrade(shared)));
-        let _ = low_latency::watch_for_faults(key, future);
+        let _ = watcher::answer(low_latency::watch_for_faults(key, future));
     }
 }
 
@@ -212,8 +213,9 @@ fn by_event(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>>, Error
     let work = Work::Wake(Arc::clone(&shared));
     // SAFETY: the payload's run only stores a flag and wakes a waker by reference. A refused
     // record holds only the shared state: released here (no one waits on it).
-    unsafe { event::enqueue(stream, completion_record(&shared), work) }
+    let ring = unsafe { event::enqueue(stream, completion_record(&shared), work) }
         .map_err(|refusal| refusal.error)?;
+    watcher::answer(ring)?;
     Ok(shared)
 }
 

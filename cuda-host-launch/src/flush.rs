@@ -16,10 +16,10 @@ use crate::transport;
 /// - host functions ([`host_launch`](crate::host_launch), ...): the owners of every host function
 ///   that has run, and of every graph whose user object the driver has destroyed;
 /// - events ([`release_after`](crate::release_after), [`spawn_after`](crate::spawn_after),
-///   event completions): the event poller finishes a round begun after this call (every entry
+///   event completions): the watcher finishes a round begun after this call (every entry
 ///   whose event had completed by then: callbacks run, futures woken, owners queued), then their
 ///   owners are dropped;
-/// - low-latency completions: their poller finishes a round, waking every future whose flag was
+/// - low-latency completions: the watcher finishes a round, waking every future whose flag was
 ///   written.
 ///
 /// It also releases the work of contexts that are gone without this crate seeing it (another
@@ -43,7 +43,7 @@ use crate::transport;
 /// on the reaper or on a thread that drains), it returns [`Error::FlushOnReleasingThread`] at once:
 /// the records it would wait for include the one that thread is releasing. A
 /// [`spawn_after`](crate::spawn_after) callback runs there too (it is released with its record).
-/// Called on another thread of the crate (a start hook, a waker the poller calls), it returns
+/// Called on another thread of the crate (a start hook, a waker the watcher calls), it returns
 /// [`Error::FlushOnCrateThread`] at once, for the same reason.
 ///
 /// # Errors
@@ -69,7 +69,7 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
     let deadline = Instant::now().checked_add(timeout);
     // Work of contexts that are gone will never complete: released now, it reaches the queue.
     transport::sweep_gone();
-    // What the pollers complete reaches the queue before the queue is waited for.
+    // What the watcher completes reaches the queue before the queue is waited for.
     let pollers = transport::wait_for_pollers(deadline);
     let queue = release::flush_queue(deadline, timeout);
     if exit_gate::exiting() {
@@ -78,7 +78,7 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
     }
     match (pollers, queue) {
         (true, result) => result,
-        // A poller did not finish its round in time: the flush did not see everything.
+        // The watcher did not finish its round in time: the flush did not see everything.
         (false, Ok(())) => Err(Error::FlushTimedOut {
             waiting: 1,
             timeout,

@@ -11,14 +11,14 @@
 //! | you want | call | how |
 //! | --- | --- | --- |
 //! | code run in stream order, with **later work on the stream waiting for it** | [`host_launch`]`(stream, closure)`; [`launch_host_function`]`(stream, f, user_data, owners)` for a C function (its `owners` kept alive with it); [`launch_host_function_with_bytes`] for a C function with a private copy of its user data | a host function on the driver's thread: no CUDA calls inside; the captures or owners are dropped after it returned, by the cleanup queue |
-//! | values kept alive until the stream's **earlier work is done**, then dropped (a staging buffer, a device buffer the kernels used) | [`release_after`]`(stream, owners)` | one `cuEventRecord`; the stream does not wait; the crate's event poller sees it done and the reaper drops them (CUDA 12.0, a primary context's stream) |
+//! | values kept alive until the stream's **earlier work is done**, then dropped (a staging buffer, a device buffer the kernels used) | [`release_after`]`(stream, owners)` | one `cuEventRecord`; the stream does not wait; the crate's watcher sees it done and the reaper drops them (CUDA 12.0, a primary context's stream) |
 //! | a closure run once the stream's earlier work is done, **which may call CUDA** (free memory, enqueue more work) | [`spawn_after`]`(stream, closure)` | as `release_after`; the closure runs on the reaper with the stream's context current |
 //! | a future of the stream's work so far, for async code | [`completion`]`(stream)`, or [`CompletionMode`]`::…`[`.completion(stream)`](CompletionMode::completion) | see "Completion modes" below; runtime-agnostic (a `std::task::Waker`) |
 //! | a future of a closure's result, in stream order | [`host_launch_async`] | always a host function (the result exists once it ran) |
 //! | host code in a **graph**: a node, or a launch on a capturing stream | [`add_host_node`] on a [`Graph`]; [`LaunchOptions::host_launch_repeatable`] / [`LaunchOptions::launch_host_function_repeatable`] | the owners live as long as the graph and every executable graph made from it |
 //! | the driver thread's sync mode (CUDA 13.2+) | [`LaunchOptions`] | the same launches as methods of the options |
-//! | a **barrier** before a check or an exit: every owner of completed work dropped, every callback returned | [`flush`]`(timeout)` after `stream.synchronize()` | waits for the cleanup queue and a round of each poller; pending work is not waited for |
-//! | **configure** the crate: who drops the owners ([`CleanupMode`]), its threads' names, CPUs and start hook ([`ThreadSettings`], [`Affinity`]), the event poller's latency against its CPU time ([`PollerSettings`]), the reaper's pace | [`Config`]`::new()…`[`.install()`](Config::install), once, before the first launch; environment variables override it ([`CLEANUP_MODE_ENV`], [`POLLER_ENV`], [`REAPER_POLL_ENV`], [`REAPER_LINGER_ENV`]) | a second install, or one after the first use, is refused ([`Error::AlreadyConfigured`]); [`config`] reads what is in force; [`cleanup_stats`] counts the releases, [`poller_cpu_time`] what the pollers used |
+//! | a **barrier** before a check or an exit: every owner of completed work dropped, every callback returned | [`flush`]`(timeout)` after `stream.synchronize()` | waits for a round of the watcher, then the cleanup queue; pending work is not waited for |
+//! | **configure** the crate: who drops the owners ([`CleanupMode`]), its threads' names, CPUs and start hook ([`ThreadSettings`], [`Affinity`]), the watcher's latency against its CPU time for events ([`PollerSettings`]), the reaper's pace | [`Config`]`::new()…`[`.install()`](Config::install), once, before the first launch; environment variables override it ([`CLEANUP_MODE_ENV`], [`POLLER_ENV`], [`REAPER_POLL_ENV`], [`REAPER_LINGER_ENV`]) | a second install, or one after the first use, is refused ([`Error::AlreadyConfigured`]); [`config`] reads what is in force; [`cleanup_stats`] counts the releases, [`poller_cpu_time`] what the watcher used |
 //! | the owners of launches that will never run (a sticky error) | [`pending_launches`]; [`PrimaryContext::reset`] or the last [`PrimaryContext`] dropped; [`reclaim_pending`] after a `cuCtxDestroy` of your own | released once through the cleanup queue; futures resolve to [`Error::ContextLost`] |
 //!
 //! **On an error, what you handed over comes back.** Work enqueued on the stream before a call may
@@ -47,15 +47,15 @@
 //! [`CompletionMode`] chooses how a [`Completion`] learns that the stream got there:
 //! - `Auto` (the default, [`completion`]): `Event` where it can (a primary context's stream,
 //!   CUDA 12.0+), else `HostFunction`.
-//! - `Event`: the stream records an event that the crate's event poller queries; no host function,
+//! - `Event`: the stream records an event that the crate's watcher queries; no host function,
 //!   the cheapest enqueue, some CPU while futures wait (paced by [`PollerSettings`]).
 //! - `HostFunction`: a host function wakes the task; no CPU at all while the future waits, and
 //!   the wake-up waits for the driver's thread.
-//! - `LowLatency`: the stream writes a flag into host memory that a poller thread of its own
+//! - `LowLatency`: the stream writes a flag into host memory that the same watcher
 //!   watches; the soonest wake-up, a busy core meanwhile (CUDA 12.0).
 //!
 //! `BENCHMARKS.md` ("Choosing a completion mode and the poller's pace") gives each mode's latency
-//! and CPU time. The event poller spins briefly after news, then looks at pauses that grow with
+//! and CPU time. The watcher spins briefly after news, then looks at pauses that grow with
 //! the wait, between [`PollerSettings::interval`] and [`PollerSettings::max_interval`], and exits
 //! after [`PollerSettings::idle_exit`] with nothing pending; [`PollerSettings::LOW_LATENCY`] spins
 //! while anything is pending ([`Config::event_poller`]).
@@ -66,10 +66,10 @@
 //! usually in a pooled slot); the driver's thread only runs the function and pushes the record onto
 //! a lock-free queue. A reaper thread (or, in [`CleanupMode::Manual`], the next launch, [`drain`] or
 //! [`flush`]) drops the owners, with no context current, and runs [`spawn_after`] callbacks: all
-//! user code the crate holds runs there. The event poller and the low-latency poller only watch
-//! for completions and wake futures (a device fault fails the futures of its context at once).
-//! All three run in relaxed stream-capture mode, so a `Drop` that frees
-//! memory never breaks another thread's capture; the reaper and the event poller stop before the
+//! user code the crate holds runs there. The watcher (one thread, for events and flags) only
+//! watches for completions and wakes futures (a device fault fails the futures of its context at
+//! once, and drops its callbacks unrun). Both run in relaxed stream-capture mode, so a `Drop` that frees
+//! memory never breaks another thread's capture; the reaper and the watcher stop before the
 //! driver is torn down at exit ([`flush`] first where owners must be dropped).
 //! The workspace's `DESIGN.md` tells which thread drops what; `RELIABILITY.md` lists what is
 //! promised and the tests that check it.
@@ -128,7 +128,7 @@
 //!         host_launch(&stream, move || results.lock().unwrap().push(i))?;
 //!     }
 //!
-//!     // Nothing on the stream waits for these: one event each, watched by the crate's poller.
+//!     // Nothing on the stream waits for these: one event each, watched by the crate's watcher.
 //!     let staging = vec![0u8; 1 << 20]; // stands for what the stream's earlier work reads
 //!     release_after(&stream, staging)?; // dropped once that work is done
 //!     spawn_after(&stream, || println!("the stream got here; CUDA calls are allowed"))?;

@@ -32,11 +32,9 @@ use cuda_host_launch::{
 use cuda_workspace::gpu::{Gpu, Kernels, MappedU32s};
 use cuda_workspace::testing::{PATIENCE, REAPER_NAME, ThreadSet, load_fake_driver, thread_id};
 
-/// The crate's event poller thread (runs `spawn_after` callbacks, releases what it completes).
-pub const EVENT_POLLER: &str = "cuda-hl-events";
-
-/// The low-latency poller thread's name.
-pub const LOW_LATENCY_POLLER: &str = "cuda-hl-flags";
+/// The crate's watcher thread (queries events and flags, wakes futures; runs no owner's `Drop`
+/// and no callback).
+pub const WATCHER: &str = "cuda-hl-watch";
 
 /// Host-mapped slots (4 MiB): one per lane, a fresh one for every stream made during the run
 /// (a slot is never reused: a destroyed stream's kernels may still write to it).
@@ -533,10 +531,7 @@ impl Tracked {
                     "its host function ran on {name:?}, not on a driver thread"
                 ));
             }
-        } else if matches!(
-            name.as_deref(),
-            Some(EVENT_POLLER | LOW_LATENCY_POLLER) | None
-        ) {
+        } else if matches!(name.as_deref(), Some(WATCHER) | None) {
             // User code never runs on a thread that watches completions (nor a driver's): a
             // callback runs on the cleanup queue's thread (the reaper, or a drainer).
             self.violation(&format!(
@@ -584,7 +579,7 @@ impl Tracked {
             self.violation(&format!("its owners were dropped {} times", before + 1));
             return;
         }
-        if matches!(name.as_deref(), Some(EVENT_POLLER | LOW_LATENCY_POLLER)) {
+        if matches!(name.as_deref(), Some(WATCHER)) {
             self.violation(&format!(
                 "its owners were dropped on {name:?}, a thread that watches completions"
             ));

@@ -1,4 +1,4 @@
-//! The user lane: where the crate's watching threads (the event and low-latency pollers) send the
+//! The user lane: where the crate's watching threads (the watcher) send the
 //! user code they meet, so that none of it runs on a thread that watches completions.
 //!
 //! User code here is an owner's `Drop`, a [`spawn_after`](crate::spawn_after) callback, a caught

@@ -83,7 +83,7 @@ impl PrimaryContext {
     /// be used again.
     ///
     /// Once the driver's reset has returned, any reclaim of this crate may take the reset
-    /// context's work, not only this call's: the event poller giving back its own retain of the
+    /// context's work, not only this call's: the watcher giving back its own retain of the
     /// context at that moment releases some of it itself (each launch is released once, by
     /// whichever comes first), and the count here leaves those out. When this returns, none of
     /// the reset context's launches is pending ([`pending_launches`](Self::pending_launches)).
@@ -113,9 +113,9 @@ impl PrimaryContext {
     /// of this crate that race the reset are released exactly once whatever happens (a reclaim
     /// never takes a launch whose launch call has not returned), but a launch the driver accepted
     /// just before the reset may then never be released, if the reset discards it. The
-    /// event poller queries nothing while the reset runs, but a [`spawn_after`](crate::spawn_after)
-    /// callback whose stream got there just before may still be running on it, and finds the
-    /// context gone if it calls CUDA.
+    /// watcher queries nothing while the reset runs, but a [`spawn_after`](crate::spawn_after)
+    /// callback whose stream got there just before may still be running on the reaper, and finds
+    /// the context gone if it calls CUDA.
     ///
     /// # Errors
     /// [`Error::Cuda`] if the reset fails (nothing is reclaimed then).
@@ -130,7 +130,7 @@ impl PrimaryContext {
             // SAFETY: a valid device handle. An error names the variant called.
             Ok(unsafe { reset.call((device,)) }?)
         };
-        // The event poller queries nothing while the reset runs, and never an event of the old
+        // The watcher queries nothing while the reset runs, and never an event of the old
         // context after it (the reset destroys them): their entries stay pending, for the
         // reclaim. A failed reset forgets and reclaims nothing.
         // SAFETY: `run_reset` resets the device's primary context `old`, after which the driver

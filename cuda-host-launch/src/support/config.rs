@@ -27,7 +27,7 @@ use crate::support::thread_settings::ThreadSettings;
 /// The environment variable that overrides the cleanup mode: `reaper` or `manual`.
 pub const CLEANUP_MODE_ENV: &str = "CUDA_HOST_LAUNCH_CLEANUP";
 
-/// The environment variable that overrides the event poller's pace: `default`
+/// The environment variable that overrides the watcher's pace: `default`
 /// ([`PollerSettings::DEFAULT`]) or `low-latency` ([`PollerSettings::LOW_LATENCY`]).
 pub const POLLER_ENV: &str = "CUDA_HOST_LAUNCH_POLLER";
 
@@ -91,7 +91,7 @@ pub struct PollerSettings {
 }
 
 impl PollerSettings {
-    /// The event poller's defaults: spin 20 µs after news (a round every 5 µs at most), then
+    /// The watcher's defaults: spin 20 µs after news (a round every 5 µs at most), then
     /// pauses from 20 µs to 250 µs; exit after 100 ms idle.
     pub const DEFAULT: PollerSettings = PollerSettings {
         spin: Duration::from_micros(20),
@@ -168,14 +168,14 @@ impl Config {
         self
     }
 
-    /// How the crate's threads (the reaper, the event poller, the low-latency poller) are named,
+    /// How the crate's threads (the reaper, the watcher, the watcher) are named,
     /// where they may run, and what each runs as it starts.
     pub fn threads(mut self, threads: ThreadSettings) -> Config {
         self.threads = threads;
         self
     }
 
-    /// How the event poller paces itself ([`POLLER_ENV`] overrides it).
+    /// How the watcher paces itself ([`POLLER_ENV`] overrides it).
     pub fn event_poller(mut self, settings: PollerSettings) -> Config {
         self.event_poller = settings;
         self
@@ -225,7 +225,7 @@ impl Config {
         &self.threads
     }
 
-    /// How the event poller paces itself.
+    /// How the watcher paces itself.
     pub fn event_poller_settings(&self) -> PollerSettings {
         self.event_poller
     }

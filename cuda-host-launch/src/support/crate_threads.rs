@@ -1,4 +1,4 @@
-//! The crate's own threads (the reaper, the event poller, the low-latency poller): how they are
+//! The crate's own threads (the reaper, the watcher, the watcher): how they are
 //! started, named and placed on CPUs ([`ThreadSettings`], part of the crate's one
 //! [`Config`](crate::Config)).
 //!

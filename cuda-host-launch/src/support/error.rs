@@ -96,8 +96,8 @@ pub enum Error {
     /// `flush` gave up before every owner was dropped.
     #[error(
         "flush timed out after {timeout:?}: {waiting} releases or callbacks of completed work are \
-         not done yet. Is an owner's Drop or a callback blocking (the reaper, or the crate's \
-         event poller)?"
+         not done yet. Is an owner's Drop or a callback blocking the reaper, or a waker the \
+         crate's watcher?"
     )]
     FlushTimedOut {
         /// Records still waiting to be released.

@@ -13,7 +13,7 @@
 //! handler registered during `exit` runs after the handlers before it, the driver's teardown
 //! among them, while the thread already calls the driver. The handler closes the gate: from then
 //! on no release starts (the reaper, a `drain`, a `flush`: each stops before its next record; nor
-//! a round of the event poller), and it waits, at most [`EXIT_WAIT`], for the releases in
+//! a round of the watcher), and it waits, at most [`EXIT_WAIT`], for the releases in
 //! progress to finish. The records not
 //! released stay so, as the process ends: their owners' `Drop` does not run, as for any value alive
 //! at `exit`. A release that outlasts the wait (an owner's `Drop` that blocks) goes on while the
@@ -138,7 +138,7 @@ impl Drop for Releasing {
 }
 
 /// Driver work of one of this crate's own threads that runs users' code but releases no record
-/// (the event poller's queries and callbacks): the exit handler waits for it as for a release,
+/// (the watcher's queries and callbacks): the exit handler waits for it as for a release,
 /// and it does not start once the process is exiting. Unlike [`begin_releasing`] it does not mark
 /// the thread as releasing (a callback may `flush`: the reaper releases, not this thread).
 pub(crate) struct DriverWork {

@@ -19,7 +19,7 @@ pub enum PanicOrigin {
     /// still released; the reaper went on.
     OwnerDrop,
     /// A future's waker panicked when it was woken (by a host function on the driver's thread, by
-    /// the low-latency poller, or by the release of a launch whose context was lost). The panic was
+    /// the watcher, or by the release of a launch whose context was lost). The panic was
     /// caught where it happened; the future still resolved.
     Waker,
     /// A callback of [`spawn_after`](crate::spawn_after) panicked on the cleanup queue's thread

@@ -1,4 +1,4 @@
-//! How the crate's threads (the reaper, the event poller, the low-latency poller) are named,
+//! How the crate's threads (the reaper, the watcher, the watcher) are named,
 //! placed on CPUs and started: the settings alone, part of the crate's one
 //! [`Config`](crate::Config); `crate_threads` starts the threads with them.
 
@@ -11,21 +11,18 @@ pub enum CrateThread {
     /// The cleanup queue's reaper, the crate's lane for user code: drops owners, runs
     /// `spawn_after` callbacks, reports caught panics.
     Reaper,
-    /// The event poller: queries events and wakes event futures; it hands everything else to the
-    /// reaper (it runs no owner's `Drop` and no callback).
-    EventPoller,
-    /// The low-latency completions' poller: wakes their futures.
-    LowLatencyPoller,
+    /// The watcher: queries events and reads flag words, wakes futures, and hands everything
+    /// else to the reaper (it runs no owner's `Drop` and no callback).
+    Watcher,
 }
 
 impl CrateThread {
-    /// Its name unless [`ThreadSettings::name`] says otherwise: `cuda-hl-reaper`,
-    /// `cuda-hl-events`, `cuda-hl-flags` (each within the 15 bytes that Linux shows).
+    /// Its name unless [`ThreadSettings::name`] says otherwise: `cuda-hl-reaper`, `cuda-hl-watch`
+    /// (each within the 15 bytes that Linux shows).
     pub const fn default_name(self) -> &'static str {
         match self {
             CrateThread::Reaper => "cuda-hl-reaper",
-            CrateThread::EventPoller => "cuda-hl-events",
-            CrateThread::LowLatencyPoller => "cuda-hl-flags",
+            CrateThread::Watcher => "cuda-hl-watch",
         }
     }
 }

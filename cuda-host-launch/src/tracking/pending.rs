@@ -95,7 +95,7 @@ impl Tracked {
 /// run-once launch, finds nothing to claim and touches only the ticket), hands its record to `run`,
 /// then queues the record for release, unless its launcher still holds it (see
 /// `record::launch_state`). Takes no lock and allocates nothing: the trampoline's path on the
-/// driver's thread, and the event poller's.
+/// driver's thread, and the watcher's.
 #[inline(always)]
 pub(crate) fn run_launch(id: TicketId, run: impl FnOnce(NonNull<RecordHeader>)) {
     // SAFETY: the cleanup queue takes a record nobody else holds.
@@ -103,7 +103,7 @@ pub(crate) fn run_launch(id: TicketId, run: impl FnOnce(NonNull<RecordHeader>)) 
 }
 
 /// As [`run_launch`], but the record, once nobody else holds it, goes to `release` instead of the
-/// cleanup queue (the event poller sends a callback's record to the lane with its context).
+/// cleanup queue (the watcher sends a callback's record to the lane with its context).
 #[inline(always)]
 pub(crate) fn run_launch_then(
     id: TicketId,

@@ -1,4 +1,4 @@
-//! The low-latency completion mode: the stream writes a flag into host memory and a poller thread
+//! The low-latency completion mode: the stream writes a flag into host memory and the watcher thread
 //! of this crate wakes the futures whose flag is set. No host function is involved, so the wake
 //! does not wait for the context's driver thread.
 //!
@@ -24,11 +24,10 @@
 //!   goes unseen: that future resolves only when the graph is replayed, and later replays write
 //!   its old value, which resolves no later future of the slot (a later future there could only be
 //!   delayed forever if a replay overwrote its value before the poller saw it).
-//! - **The poller** scans the waiting flags. It paces itself as the event poller does
-//!   (`poller_pace`), with its own [`PACE`]: it spins after news, then parks for pauses that grow
-//!   with the wait; a new registration wakes it. With nothing waiting for a while it exits: no
-//!   thread when no future waits. Its CPU time is counted
-//!   ([`poller_cpu_time`](crate::poller_cpu_time)).
+//! - **The watcher** (`transport::watcher`, the crate's one thread that watches completions)
+//!   scans the waiting flags ([`FlagWatch`]). This side paces itself with its own [`PACE`]
+//!   (`poller_pace`): it spins after news, then looks at pauses that grow with the wait; a new
+//!   registration pokes the watcher.
 //! - **A lost context** (reset or destroyed after a sticky error: the flag will never be written)
 //!   fails its futures when its pending launches are reclaimed ([`fail_gone`]: only contexts that
 //!   are gone, by handle and id, see `support::context_key`), and its pages are
@@ -42,25 +41,22 @@ use std::time::{Duration, Instant};
 
 use cuda_dl_sys::types::{CUcontext, CUdeviceptr};
 
+use super::bell::Ring;
 use super::completion_state::{CompletionState, Faultable};
-use super::poller_barrier::RoundBarrier;
 use super::poller_pace::{Pace, PollerSettings, Round, Wait};
 use crate::reaper::lane;
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
-use crate::support::crate_threads;
 use crate::support::error::Error;
 use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::PanicOrigin;
-use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
+use crate::support::sticky_error;
 use crate::support::sync::lock;
-use crate::support::thread_settings::CrateThread;
-use crate::support::{relaxed_capture, sticky_error};
 
-/// How the poller waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
-/// to 100 µs (the low-latency mode: more CPU than the event poller's 250 µs, less lateness after a
-/// long wait); it exits after 100 ms with nothing waiting.
+/// How this side waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
+/// to 100 µs (the low-latency mode: more CPU than the event side's pauses, less lateness after a
+/// long wait). (Its `idle_exit` is not used: the watcher stops as the configuration says.)
 const PACE: PollerSettings = PollerSettings {
     spin: Duration::from_micros(200),
     interval: Duration::from_micros(10),
@@ -122,7 +118,7 @@ struct Entry {
     shared: Arc<CompletionState<()>>,
 }
 
-struct Registry {
+pub(in crate::transport) struct Registry {
     /// Pages by context.
     pages: BTreeMap<ContextKey, Vec<Arc<Page>>>,
     /// Entries registered since the poller last looked.
@@ -132,8 +128,6 @@ struct Registry {
     /// The contexts of the entries the poller holds (it updates the list each round, under this
     /// lock), so that a reclaim can collect them before it looks at a handle.
     watched: Vec<ContextKey>,
-    /// Whether a poller thread is running, and its handle to wake it.
-    poller: Option<std::thread::Thread>,
     /// Futures that wait on a host function, watched for a fault of their context since the
     /// poller last looked ([`watch_for_faults`]).
     faultable: Vec<(ContextKey, Box<dyn Faultable>)>,
@@ -144,7 +138,6 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     incoming: Vec::new(),
     lost: Vec::new(),
     watched: Vec::new(),
-    poller: None,
     faultable: Vec::new(),
 });
 
@@ -154,17 +147,14 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
 /// (parking in between: no spinning for these), and fails them with
 /// [`Error::DeviceFault`](crate::Error::DeviceFault). Only primary contexts this crate knows (their
 /// handles never dangle); others are not watched.
-pub(crate) fn watch_for_faults(key: ContextKey, future: Box<dyn Faultable>) -> Result<(), Error> {
+pub(crate) fn watch_for_faults(key: ContextKey, future: Box<dyn Faultable>) -> Ring {
     if super::primary_release::device_of(key.handle).is_none() {
-        return Ok(());
+        return Ring::Heard;
     }
     let mut reg = registry();
     reg.faultable.push((key, future));
-    if reg.poller.is_none() {
-        let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)?;
-        reg.poller = Some(thread.thread().clone());
-    }
-    Ok(())
+    // Under the registry's lock: the watcher cannot decide to stop meanwhile.
+    super::bell::ring_flags()
 }
 
 /// The next value a flag write writes: never 0 (a slot's value while it waits), never repeated.
@@ -182,38 +172,11 @@ fn registry() -> MutexGuard<'static, Registry> {
     lock(&REGISTRY)
 }
 
-/// `flush`'s barrier (see `transport::poller_barrier`).
-static BARRIER: RoundBarrier = RoundBarrier::new();
-
-thread_local! {
-    /// Whether this thread is the poller (a waker's `flush` must not wait for it).
-    static IS_POLLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Waits until the poller has finished a round begun after this call (every future whose flag
-/// was written by then woken), or `deadline` passes. Returns at once (true) if no poller runs or
-/// this is the poller.
-pub(crate) fn wait_for_poller(deadline: Option<Instant>) -> bool {
-    if IS_POLLER.with(std::cell::Cell::get) {
-        return true;
-    }
-    let request = {
-        let reg = registry();
-        let Some(thread) = &reg.poller else {
-            return true;
-        };
-        let request = BARRIER.ask();
-        thread.unpark();
-        request
-    };
-    BARRIER.wait(request, deadline)
-}
-
 /// Enqueues the flag write for `shared` on `stream` and hands it to the poller.
 pub(crate) fn register(
     stream: &impl AsRawStream,
     shared: Arc<CompletionState<()>>,
-) -> Result<(), Error> {
+) -> Result<Ring, Error> {
     if in_host_function() {
         return Err(Error::InsideHostFunction {
             operation: "creating a completion",
@@ -260,14 +223,8 @@ pub(crate) fn register(
         context,
         shared,
     });
-    match &reg.poller {
-        Some(thread) => thread.unpark(),
-        None => {
-            let thread = crate_threads::spawn(CrateThread::LowLatencyPoller, poll_loop)?;
-            reg.poller = Some(thread.thread().clone());
-        }
-    }
-    Ok(())
+    // Under the registry's lock: the watcher cannot decide to stop meanwhile.
+    Ok(super::bell::ring_flags())
 }
 
 fn take_slot(driver: &cuda_dl_sys::Driver, key: ContextKey) -> Result<(Arc<Page>, u16), Error> {
@@ -393,11 +350,12 @@ pub(crate) fn fail_gone(handle: usize, look: &dyn Fn() -> Liveness, known: Gone)
         return;
     }
     reg.pages.retain(|key, _| !keys.contains(key));
-    if reg.poller.is_some() {
+    // Under the registry's lock, which the watcher holds as it decides to stop: a watcher that
+    // runs takes the list in its next round; with none, nothing waits for these contexts.
+    if super::bell::running() {
         reg.lost.extend(keys);
-        if let Some(thread) = &reg.poller {
-            thread.unpark();
-        }
+        // A watcher runs: it hears it.
+        let _ = super::bell::ring_flags();
     }
 }
 
@@ -452,28 +410,41 @@ fn fail_faulted(waiting: &mut Vec<Entry>, faultable: &mut Vec<(ContextKey, Box<d
     });
 }
 
-fn poll_loop() {
-    // Wakers are users' code: never in the default capture interaction (see `relaxed_capture`).
-    // The driver is loaded (`register` used it before starting this thread).
-    let _ = relaxed_capture::enter_relaxed_mode();
-    // Its timed parks are short: keep them so.
-    precise_sleeps();
-    let mut pace = Pace::start();
-    let mut waiting: Vec<Entry> = Vec::new();
-    let mut faultable: Vec<(ContextKey, Box<dyn Faultable>)> = Vec::new();
-    let mut idle_since: Option<Instant> = None;
-    let mut last_fault_look = Instant::now();
-    IS_POLLER.with(|p| p.set(true));
-    loop {
-        let was_idle = waiting.is_empty();
-        let (lost, arrived, serving) = {
+/// The flags' side of the watcher (`transport::watcher`): the entries it waits on, the
+/// host-function futures it watches for faults, its pace.
+pub(in crate::transport) struct FlagWatch {
+    pace: Pace,
+    waiting: Vec<Entry>,
+    faultable: Vec<(ContextKey, Box<dyn Faultable>)>,
+    last_fault_look: Instant,
+}
+
+impl FlagWatch {
+    pub(in crate::transport) fn new() -> FlagWatch {
+        FlagWatch {
+            pace: Pace::start(),
+            waiting: Vec::new(),
+            faultable: Vec::new(),
+            last_fault_look: Instant::now(),
+        }
+    }
+
+    /// Whether nothing waits here (no flag, no host-function future).
+    pub(in crate::transport) fn idle(&self) -> bool {
+        self.waiting.is_empty() && self.faultable.is_empty()
+    }
+
+    /// One round: takes the registrations, wakes the futures whose flag holds their value, fails
+    /// those of lost contexts, and every [`FAULT_LOOK`] those of faulted ones. Called inside the
+    /// exit gate (the fault look calls the driver). Returns what it saw and how it wants to wait.
+    pub(in crate::transport) fn round(&mut self) -> (Round, Option<Wait>) {
+        let was_idle = self.waiting.is_empty();
+        let (lost, arrived) = {
             let mut reg = registry();
-            // The flushes this round serves: those that asked before it looks.
-            let serving = BARRIER.round_begins();
             let arrived = !reg.incoming.is_empty();
             // The contexts of what this thread now holds (kept without allocating while the
             // contexts stay the same; stale ones only make a reclaim look at a handle).
-            if waiting.is_empty() {
+            if self.waiting.is_empty() {
                 reg.watched.clear();
             }
             let Registry {
@@ -484,23 +455,12 @@ fn poll_loop() {
                     watched.push(entry.context);
                 }
             }
-            waiting.append(&mut reg.incoming);
-            faultable.append(&mut reg.faultable);
-            if waiting.is_empty() && faultable.is_empty() {
-                let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() >= PACE.idle_exit {
-                    reg.poller = None;
-                    reg.lost.clear();
-                    BARRIER.stopped();
-                    break;
-                }
-            } else {
-                idle_since = None;
-            }
-            (std::mem::take(&mut reg.lost), arrived, serving)
+            self.waiting.append(&mut reg.incoming);
+            self.faultable.append(&mut reg.faultable);
+            (std::mem::take(&mut reg.lost), arrived)
         };
-        let before = waiting.len();
-        waiting.retain(|entry| {
+        let before = self.waiting.len();
+        self.waiting.retain(|entry| {
             if entry.page.flag(entry.slot).load(Ordering::Acquire) == entry.value {
                 let panicked = entry.shared.complete(Ok(()));
                 free_slot(&entry.page, entry.slot);
@@ -518,26 +478,44 @@ fn poll_loop() {
             }
             true
         });
-        if !(waiting.is_empty() && faultable.is_empty()) && last_fault_look.elapsed() >= FAULT_LOOK
-        {
-            last_fault_look = Instant::now();
-            fail_faulted(&mut waiting, &mut faultable);
+        if !self.idle() && self.last_fault_look.elapsed() >= FAULT_LOOK {
+            self.last_fault_look = Instant::now();
+            fail_faulted(&mut self.waiting, &mut self.faultable);
         }
-        BARRIER.round_done(serving);
         let round = Round {
-            progress: waiting.len() < before,
+            progress: self.waiting.len() < before,
             arrived,
             was_idle,
-            pending: !waiting.is_empty(),
+            pending: !self.waiting.is_empty(),
         };
-        // A registration always unparks this thread: it parks for the pause whatever its length.
-        match pace.after_round(Instant::now(), round, &PACE) {
-            Some(Wait::Spin) => std::hint::spin_loop(),
-            Some(Wait::Park(pause)) => std::thread::park_timeout(pause),
-            // No flag waits: host-function futures only need a look every FAULT_LOOK.
-            None if !faultable.is_empty() => std::thread::park_timeout(FAULT_LOOK),
-            None => std::thread::park_timeout(PACE.idle_exit),
+        (round, self.pace.after_round(Instant::now(), round, &PACE))
+    }
+
+    /// When this side wants its next round after one that said `wait` (`None`: not before a
+    /// registration pokes the watcher): at once while it spins; host-function futures alone need
+    /// a look every [`FAULT_LOOK`].
+    pub(in crate::transport) fn next_round(&self, wait: Option<Wait>) -> Option<Instant> {
+        match wait {
+            Some(Wait::Spin) => Some(Instant::now()),
+            Some(Wait::Park(pause)) => Some(Instant::now() + pause),
+            None if !self.faultable.is_empty() => Some(self.last_fault_look + FAULT_LOOK),
+            None => None,
         }
     }
-    pace.count_cpu();
+}
+
+/// Whether nothing waits in the registry (nothing registered since the last round): with the
+/// watcher's [`FlagWatch::idle`], the watcher may stop. Under the registry's lock, which the
+/// caller holds while it decides; `lost` is cleared (no one waits for those contexts).
+pub(in crate::transport) fn registry_idle(reg: &mut Registry) -> bool {
+    if !reg.incoming.is_empty() || !reg.faultable.is_empty() {
+        return false;
+    }
+    reg.lost.clear();
+    true
+}
+
+/// The registry's lock, for the watcher's decision to stop.
+pub(in crate::transport) fn lock_registry() -> MutexGuard<'static, Registry> {
+    registry()
 }

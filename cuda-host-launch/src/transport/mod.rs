@@ -3,9 +3,9 @@
 //! - [`host_function`]: the driver runs a host function of this crate on its thread (launches,
 //!   graph host nodes, and `CompletionMode::HostFunction` futures); [`user_object`]: the driver
 //!   tells that a graph holding records is gone.
-//! - [`low_latency`]: the stream writes a flag into host memory and a poller thread of this crate
+//! - [`low_latency`]: the stream writes a flag into host memory and the watcher thread of this crate
 //!   sees it (`CompletionMode::LowLatency` futures).
-//! - [`event`]: the stream records an event, which a poller thread of this crate queries
+//! - [`event`]: the stream records an event, which the watcher thread of this crate queries
 //!   (`release_after`, `spawn_after`, `CompletionMode::Event` futures).
 //!
 //! A future of either kind shares a [`completion_state::CompletionState`] with its transport. A new
@@ -17,6 +17,7 @@ use cuda_dl_sys::types::{CUcontext, CUdevice};
 use crate::support::context_key::{Gone, Liveness, key_of};
 use crate::tracking::pending;
 
+pub(crate) mod bell;
 pub(crate) mod completion_state;
 pub(crate) mod event;
 pub(crate) mod host_function;
@@ -27,6 +28,7 @@ pub(crate) mod poller_pace;
 pub(crate) mod primary_release;
 pub(crate) mod user_object;
 pub(crate) mod waker_slot;
+pub(crate) mod watcher;
 
 /// Releases the work of every context of the handle `handle` that is gone (see
 /// `support::context_key` for the rule, `look` for how the handle is looked at after each
@@ -78,8 +80,7 @@ pub(crate) fn sweep_gone() {
 /// `poller_barrier`), or `deadline` passes; whether both did. A poller's own thread does not wait
 /// for itself.
 pub(crate) fn wait_for_pollers(deadline: Option<std::time::Instant>) -> bool {
-    let events = event::wait_for_poller(deadline);
-    low_latency::wait_for_poller(deadline) && events
+    bell::wait_for_round(deadline)
 }
 
 /// After this crate let go of a retain of `device`'s primary context, whose handle is `handle`:
@@ -93,7 +94,7 @@ pub(crate) fn reclaim_after_release(driver: &cuda_dl_sys::Driver, device: CUdevi
     unsafe { reclaim_gone(handle, &look, Gone::Unknown) };
 }
 
-/// Runs `reset`, the driver's reset of `device`'s primary context `handle`, while the event poller
+/// Runs `reset`, the driver's reset of `device`'s primary context `handle`, while the watcher
 /// queries nothing (the reset destroys the context's events), and if it succeeds releases the
 /// reset context's work as [`reclaim_gone`] does (the event transport forgets it under the same
 /// lock as the reset); returns how many launches. A failed reset reclaims and forgets nothing.

@@ -6,7 +6,7 @@
 //! pause a sixteenth of the time waited since the last news or arrival of work, at least
 //! [`PollerSettings::interval`] and at most [`PollerSettings::max_interval`] (and never over a
 //! second). A poller that parks for longer than `interval` is woken by new work (the event
-//! poller's enqueue wakes it then; the low-latency poller's always does), so every completion is
+//! poller's enqueue wakes it then; the watcher's always does), so every completion is
 //! seen at most about 1/16 of its own wait late (or `interval`, or `max_interval`), and a long
 //! wait costs few rounds: about 55 in the first 4 ms with the defaults, then one per
 //! `max_interval` (4,000 a second).
@@ -48,34 +48,26 @@ pub(crate) struct Round {
     pub(crate) pending: bool,
 }
 
-/// One poller thread's clocks and CPU account.
+/// One source's clocks: when it last had news, and since when it waits.
 pub(crate) struct Pace {
     /// The last news (a completion, or work arriving with nothing pending): it spins after it.
     news: Instant,
     /// The last news or arrival of work: its pauses grow with the time since.
     waiting_since: Instant,
-    cpu_start: Duration,
-    cpu_counted: Duration,
-    /// When the CPU time was last counted: while it spins, once a millisecond at most.
-    counted_at: Instant,
 }
 
 impl Pace {
-    /// For the calling thread, the poller's, from now.
+    /// From now.
     pub(crate) fn start() -> Pace {
-        let cpu_start = thread_cpu_time();
         let now = Instant::now();
         Pace {
             news: now,
             waiting_since: now,
-            cpu_start,
-            cpu_counted: Duration::ZERO,
-            counted_at: now,
         }
     }
 
     /// Takes in what a round at `now` saw, and says how to wait with work pending (`None`:
-    /// nothing is pending, the caller parks until woken). Counts the CPU time where due.
+    /// nothing is pending, the caller parks until woken).
     pub(crate) fn after_round(
         &mut self,
         now: Instant,
@@ -88,15 +80,7 @@ impl Pace {
         } else if round.arrived {
             self.waiting_since = now;
         }
-        let wait = round.pending.then(|| self.wait(now, settings));
-        // A system call: before a park, and while spinning once a millisecond.
-        if wait != Some(Wait::Spin)
-            || now.saturating_duration_since(self.counted_at) >= CPU_COUNT_EVERY
-        {
-            self.counted_at = now;
-            self.count_cpu();
-        }
-        wait
+        round.pending.then(|| self.wait(now, settings))
     }
 
     /// How to wait at `now` with work pending (see the module's docs).
@@ -112,10 +96,38 @@ impl Pace {
                 .min(LONGEST_PAUSE),
         )
     }
+}
 
-    /// Adds the thread's CPU time since the last count to [`poller_cpu_time`]. A system call (the
-    /// thread's CPU clock is not in the vDSO): once per park, not on every spinning round.
-    pub(crate) fn count_cpu(&mut self) {
+/// A watching thread's CPU account, added to [`poller_cpu_time`]: counted (a system call: the
+/// thread's CPU clock is not in the vDSO) before each park, and while it spins once a millisecond
+/// at most.
+pub(crate) struct CpuAccount {
+    cpu_start: Duration,
+    cpu_counted: Duration,
+    /// When the CPU time was last counted.
+    counted_at: Instant,
+}
+
+impl CpuAccount {
+    /// For the calling thread, from now.
+    pub(crate) fn start() -> CpuAccount {
+        CpuAccount {
+            cpu_start: thread_cpu_time(),
+            cpu_counted: Duration::ZERO,
+            counted_at: Instant::now(),
+        }
+    }
+
+    /// The thread is about to park (`spinning` false) or to look again at once: counts where due.
+    pub(crate) fn before_wait(&mut self, now: Instant, spinning: bool) {
+        if !spinning || now.saturating_duration_since(self.counted_at) >= CPU_COUNT_EVERY {
+            self.counted_at = now;
+            self.count();
+        }
+    }
+
+    /// Adds the thread's CPU time since the last count to [`poller_cpu_time`].
+    pub(crate) fn count(&mut self) {
         let used = thread_cpu_time().saturating_sub(self.cpu_start);
         let new = used.saturating_sub(self.cpu_counted);
         POLLER_CPU_NS.fetch_add(nanos(new), Ordering::Relaxed);
@@ -232,37 +244,23 @@ mod tests {
     /// it was counted on every spinning round, or not before a park, and every test passed.)
     #[test]
     fn the_cpu_time_is_counted_before_each_park_and_once_a_millisecond_while_spinning() {
-        let settings = PollerSettings::DEFAULT;
-        let mut pace = Pace::start();
-        let t0 = pace.counted_at;
+        let mut cpu = CpuAccount::start();
+        let t0 = cpu.counted_at;
         let micros = Duration::from_micros;
-        let news = Round {
-            progress: true,
-            ..PENDING
-        };
-        let spin = pace.after_round(t0 + micros(10), news, &settings);
-        assert_eq!(spin, Some(Wait::Spin));
+        cpu.before_wait(t0 + micros(10), true);
         assert_eq!(
-            pace.counted_at, t0,
+            cpu.counted_at, t0,
             "counted while spinning within the millisecond"
         );
         let t1 = t0 + CPU_COUNT_EVERY;
-        assert_eq!(pace.after_round(t1, news, &settings), Some(Wait::Spin));
+        cpu.before_wait(t1, true);
         assert_eq!(
-            pace.counted_at, t1,
+            cpu.counted_at, t1,
             "not counted a millisecond into spinning"
         );
         let t2 = t1 + micros(100);
-        let park = pace.after_round(t2, PENDING, &settings);
-        assert!(matches!(park, Some(Wait::Park(_))), "{park:?}");
-        assert_eq!(pace.counted_at, t2, "not counted before a park");
-        let idle = Round {
-            pending: false,
-            ..PENDING
-        };
-        let t3 = t2 + micros(1);
-        assert_eq!(pace.after_round(t3, idle, &settings), None);
-        assert_eq!(pace.counted_at, t3, "not counted before the idle park");
+        cpu.before_wait(t2, false);
+        assert_eq!(cpu.counted_at, t2, "not counted before a park");
     }
 
     #[test]

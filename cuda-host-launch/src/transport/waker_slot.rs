@@ -10,7 +10,7 @@
 //! and the registering thread, seeing it, wakes the new waker itself.
 //!
 //! A waker is user code and may panic. [`WakerSlot::wake`] runs on a driver thread (inside the
-//! `extern "C"` trampoline, where an unwind would abort the process) or on the low-latency poller:
+//! `extern "C"` trampoline, where an unwind would abort the process) or on the watcher:
 //! it catches the panic and hands it back, for the caller to carry to a thread that reports it.
 //! [`WakerSlot::register`] runs on the polling task's thread, where the waker's `clone` and the
 //! old waker's `drop` run too: a panic there is caught until the slot is consistent again (not

@@ -541,7 +541,7 @@ impl Drop for Owner {
         // pollers) never drop owners (user code). A `spawn_after` closure's captures go inside
         // the callback, in the stream's context.
         let name = std::thread::current().name().map(str::to_owned);
-        if matches!(name.as_deref(), Some("cuda-hl-events" | "cuda-hl-flags")) {
+        if matches!(name.as_deref(), Some("cuda-hl-watch")) {
             self.oracle.violation(format!(
                 "{}: its owners were dropped on {name:?}, a thread that watches completions",
                 describe(&self.tracked)

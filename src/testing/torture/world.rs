@@ -84,10 +84,7 @@ impl Callback {
             let name = std::thread::current().name().map(str::to_owned);
             // User code never runs on a thread that watches completions: a callback runs on the
             // cleanup queue's thread (the reaper, or a drainer).
-            if matches!(
-                name.as_deref(),
-                Some("cuda-hl-events" | "cuda-hl-flags") | None
-            ) {
+            if matches!(name.as_deref(), Some("cuda-hl-watch") | None) {
                 self.oracle.violation(format!(
                     "{}: a spawn_after callback ran on {name:?}, not on the cleanup queue's thread",
                     super::oracle::describe(&self.tracked)

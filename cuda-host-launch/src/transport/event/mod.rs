@@ -1,5 +1,5 @@
 //! The event transport: the crate learns that the stream reached a point from an event recorded
-//! there (`cuEventRecord`), which a poller thread of this crate queries. No host function: the
+//! there (`cuEventRecord`), which the watcher thread of this crate queries. No host function: the
 //! enqueue is one event record (plus two capture queries and the stream's id), the stream never
 //! waits, the context's driver thread is not involved, and the work that follows (dropping owners,
 //! running a callback, waking a future) happens on threads of this crate, where CUDA calls are
@@ -59,6 +59,7 @@ use crate::support::host_thread::refuse_inside_host_function;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
 use crate::tracking::pending;
+use crate::transport::bell::Ring;
 use crate::transport::completion_state::CompletionState;
 
 /// What a stream-ordered record does when its event completes, which also says what it does on a
@@ -108,16 +109,14 @@ struct Entry {
 /// poller's (drain the hand-over, give events back) less often. Where both are taken, this one
 /// comes first.
 #[derive(Default)]
-struct Incoming {
+pub(super) struct Incoming {
     /// Entries enqueued since the poller last looked.
     entries: Vec<Entry>,
-    /// The poller thread, if one runs.
-    poller: Option<std::thread::Thread>,
     /// Whether the poller parks, or is about to, for longer than an enqueue should wait: with
     /// nothing pending, or for a pause longer than its shortest (see `transport::poller_pace`).
     /// Only then does an enqueue wake it; otherwise it looks at `entries` soon on its own, and an
     /// enqueue makes no system call.
-    wake_on_enqueue: bool,
+    pub(super) wake_on_enqueue: bool,
 }
 
 static INCOMING: LazyLock<Mutex<Incoming>> = LazyLock::new(Mutex::default);
@@ -131,11 +130,12 @@ fn pools() -> MutexGuard<'static, pools::Pools> {
     lock(&POOLS)
 }
 
-/// Records an event on `stream` and hands `record` to the poller, which completes it (runs its
-/// payload on its own thread, then queues it for release) once the event completed. On an error
-/// the record goes back in the [`Refusal`] wherever no event of it was recorded; the crate keeps it
-/// only once the event is recorded (a capture may hold it: pending until its context is gone; or
-/// the poller could not be started: accepted, completed once a poller runs).
+/// Records an event on `stream` and hands `record` to the watcher, which completes it (runs its
+/// payload on its own thread, then queues it for release) once the event completed; returns the
+/// ring for the caller to answer (`watcher::answer`: a watcher that cannot be started leaves the
+/// work accepted, and the crate keeps it). On an error the record goes back in the [`Refusal`]
+/// wherever no event of it was recorded; the crate keeps it only once the event is recorded (a
+/// capture may hold it: pending until its context is gone).
 ///
 /// # Safety
 /// The record's payload must be sound to run once on the poller's thread (a thread of this crate
@@ -144,7 +144,7 @@ pub(crate) unsafe fn enqueue(
     stream: &impl AsRawStream,
     record: OwnedRecord,
     work: Work,
-) -> Result<(), Refusal> {
+) -> Result<Ring, Refusal> {
     let raw = stream.as_raw_stream();
     // Everything asked before an event is taken: an error gives the record back.
     let checks = || -> Result<_, Error> {
@@ -236,14 +236,13 @@ pub(crate) unsafe fn enqueue(
         ticket: ticket_id,
         work,
     });
-    let started = poller::wake_or_start(&mut incoming);
+    // Under the hand-over's lock: the watcher cannot decide to stop meanwhile.
+    let ring = super::bell::ring_events(&mut incoming.wake_on_enqueue);
     drop(incoming);
-    // Accepted all the same: completed once a later call starts the poller (kept).
-    started.map_err(Refusal::kept)?;
     if mode == CleanupMode::Manual {
         release::drain();
     }
-    Ok(())
+    Ok(ring)
 }
 
 /// Gives back the event of an enqueue that failed, and the pool too if none of its events is out
@@ -258,10 +257,11 @@ fn give_back_refused(
     event: cuda_dl_sys::types::CUevent,
 ) {
     let released = {
-        let incoming = incoming();
+        // Held as the watcher decides to stop: it still runs, or it is gone.
+        let _incoming = incoming();
         let mut pools = pools();
         pools.give_back(driver, context, event);
-        if incoming.poller.is_none() {
+        if !super::bell::running() {
             pools.give_back_if_idle(driver, context)
         } else {
             None
@@ -297,11 +297,13 @@ pub(crate) fn pool_handles() -> Vec<usize> {
     pools().handles()
 }
 
-/// Waits until the poller has finished a round begun after this call (every entry whose event has
-/// completed by then completed: its callback run, its record queued), or `deadline` passes.
-/// Returns at once (true) if no poller runs (nothing is pending) or this is the poller.
-pub(crate) fn wait_for_poller(deadline: Option<std::time::Instant>) -> bool {
-    poller::wait_for_round(deadline)
+/// The watcher's event side, and what it needs to decide to stop.
+pub(super) use poller::{EventWatch, queues};
+
+/// The hand-over's lock, for the watcher: it clears `wake_on_enqueue` when it looks and sets it
+/// before a long park.
+pub(super) fn lock_incoming() -> MutexGuard<'static, Incoming> {
+    incoming()
 }
 
 /// Runs `reset` (a reset of the primary context of `handle`) while the poller queries nothing,

@@ -1,4 +1,4 @@
-//! The event poller: one thread of this crate that queries the recorded events, newest of each
+//! The watcher: one thread of this crate that queries the recorded events, newest of each
 //! stream first, and completes their records on its own thread.
 //!
 //! - **Adaptive** (see `transport::poller_pace`): after news (a completion, or work arriving
@@ -24,39 +24,25 @@ use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cuda_dl_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
 use crate::reaper::{lane, release};
 use crate::record::layout::{Op, RecordHeader};
-use crate::support::config::config;
 use crate::support::context_key::{ContextKey, Gone, Liveness};
-use crate::support::crate_threads;
-use crate::support::error::Error;
-use crate::support::exit_gate;
 use crate::support::fast_hash::FastHash;
 use crate::support::panic_report::PanicOrigin;
-use crate::support::precise_sleeps::precise_sleeps;
-use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sticky_error;
 use crate::support::sync::lock;
-use crate::support::thread_settings::CrateThread;
 use crate::tracking::pending;
-use crate::transport::poller_barrier::RoundBarrier;
 use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait};
-
-/// How the event poller paces itself: the configuration's (the defaults if it cannot be read:
-/// the poller runs only after a launch that read it).
-fn poller_settings() -> PollerSettings {
-    config().map_or(PollerSettings::DEFAULT, |c| c.event_poller_settings())
-}
 
 /// The entries waiting, by context, stream id and enqueuing thread, oldest first. An emptied
 /// queue is kept (its buffer reused) until the poller pauses.
 #[derive(Default)]
-struct Queues {
+pub(in crate::transport) struct Queues {
     by_stream: HashMap<(ContextKey, u64, u64), VecDeque<Entry>, FastHash>,
 }
 
@@ -69,52 +55,8 @@ impl Queues {
 
 static QUEUES: LazyLock<Mutex<Queues>> = LazyLock::new(Mutex::default);
 
-/// `flush`'s barrier (see `transport::poller_barrier`).
-static BARRIER: RoundBarrier = RoundBarrier::new();
-
-thread_local! {
-    /// Whether this thread is the poller (a callback's `flush` must not wait for it).
-    static IS_POLLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// See [`super::wait_for_poller`].
-pub(super) fn wait_for_round(deadline: Option<Instant>) -> bool {
-    if IS_POLLER.with(std::cell::Cell::get) {
-        return true;
-    }
-    let request = {
-        let mut incoming = incoming();
-        let Some(thread) = incoming.poller.clone() else {
-            return true;
-        };
-        // Looking now, not after a long park.
-        incoming.wake_on_enqueue = false;
-        let request = BARRIER.ask();
-        thread.unpark();
-        request
-    };
-    BARRIER.wait(request, deadline)
-}
-
-fn queues() -> MutexGuard<'static, Queues> {
+pub(in crate::transport) fn queues() -> MutexGuard<'static, Queues> {
     lock(&QUEUES)
-}
-
-/// Wakes the poller if it parks long (otherwise it finds the new entry soon on its own), or starts
-/// it if none runs.
-pub(super) fn wake_or_start(incoming: &mut Incoming) -> Result<(), Error> {
-    if let Some(thread) = &incoming.poller {
-        if incoming.wake_on_enqueue {
-            // Under the lock the poller set it under: it parks after, or has parked; either way
-            // the unpark's token wakes it.
-            incoming.wake_on_enqueue = false;
-            thread.unpark();
-        }
-        return Ok(());
-    }
-    let thread = crate_threads::spawn(CrateThread::EventPoller, poll_loop)?;
-    incoming.poller = Some(thread.thread().clone());
-    Ok(())
 }
 
 /// See [`super::forget_gone`].
@@ -367,57 +309,48 @@ fn end_faulted(stranded: &[Strand]) -> bool {
     pushed
 }
 
-/// Parks for up to `pause`, unless entries are waiting already; an enqueue meanwhile ends the park
-/// (see [`Incoming::wake_on_enqueue`]).
-fn park_unless_enqueued(pause: Duration) {
-    let mut incoming = incoming();
-    if !incoming.entries.is_empty() {
-        return;
-    }
-    // Under the lock the enqueues push under: the next enqueue wakes this thread (its unpark's
-    // token ends the park even if it comes first).
-    incoming.wake_on_enqueue = true;
-    drop(incoming);
-    std::thread::park_timeout(pause);
+/// The event side of the watcher (`transport::watcher`): the entries it completed or stranded in
+/// its last round (kept to reuse their buffers), its pace, and since when it has had nothing
+/// pending.
+pub(in crate::transport) struct EventWatch {
+    pace: Pace,
+    done: Vec<Entry>,
+    stranded: Vec<Strand>,
+    /// For each of `done`: a callback's count in its pool (see `Pools::call_out`).
+    calls: Vec<Option<Arc<AtomicUsize>>>,
+    idle_since: Option<Instant>,
+    /// When its last round began (while it spins, the next waits for the query gap).
+    round_began: Instant,
 }
 
-fn poll_loop() {
-    let Some(driver) = cuda_dl_sys::Driver::get() else {
-        // Never: an enqueue loaded the driver before starting this thread.
-        incoming().poller = None;
-        return;
-    };
-    IS_POLLER.with(|p| p.set(true));
-    // Queries (and wakers) are "unsafe" calls in the capture sense.
-    let _ = enter_relaxed_mode();
-    // Its timed parks (the interval) are short: keep them so.
-    precise_sleeps();
-    let mut pace = Pace::start();
-    let mut done: Vec<Entry> = Vec::new();
-    let mut stranded: Vec<Strand> = Vec::new();
-    // For each of `done`: a callback's count in its pool (see `Pools::call_out`).
-    let mut calls: Vec<Option<Arc<AtomicUsize>>> = Vec::new();
-    let mut idle_since: Option<Instant> = None;
-    loop {
-        let settings = poller_settings();
-        let round_began = Instant::now();
-        // Once the process is exiting this thread parks for good (no query after the driver's
-        // teardown); until then the exit handler waits for the round in progress.
-        exit_gate::arm_or_stop();
-        let Some(work) = exit_gate::begin_driver_work() else {
-            continue;
-        };
-        // The flushes this round serves: those that asked before it looks.
-        let serving = BARRIER.round_begins();
+impl EventWatch {
+    pub(in crate::transport) fn new() -> EventWatch {
+        EventWatch {
+            pace: Pace::start(),
+            done: Vec::new(),
+            stranded: Vec::new(),
+            calls: Vec::new(),
+            idle_since: None,
+            round_began: Instant::now(),
+        }
+    }
+
+    /// One round: takes the entries handed over, queries the newest event of each stream and
+    /// completes what completed (user code to the lane), strands what never will. With nothing
+    /// pending for the settings' `idle_exit`, gives the idle pools back (their retains: the user's
+    /// last release can then destroy the context). Called inside the exit gate. Returns what it
+    /// saw, and when it wants to look again (`None`: when woken).
+    pub(in crate::transport) fn round(
+        &mut self,
+        driver: &cuda_dl_sys::Driver,
+        settings: &PollerSettings,
+    ) -> (Round, Option<Wait>) {
+        self.round_began = Instant::now();
         let mut queues = queues();
         let was_idle = !queues.pending();
         let arrived;
         // Pools given back this round: their contexts, once released, may be gone.
         let mut released = Vec::new();
-        let mut exit = false;
-        // The newest request when this thread decided to exit (under the hand-over's lock, which
-        // a flush asks under): a flush that asks later finds no poller, or the next one.
-        let mut served_at_exit = serving;
         {
             let mut incoming = incoming();
             // It is looking now: an enqueue need not wake it.
@@ -431,45 +364,39 @@ fn poll_loop() {
                     .push_back(entry);
             }
             if !queues.pending() {
-                let idle = *idle_since.get_or_insert_with(Instant::now);
+                let idle = *self.idle_since.get_or_insert_with(Instant::now);
                 if idle.elapsed() >= settings.idle_exit {
                     // Under the hand-over's lock, then the pools': an enqueue that took an event
-                    // keeps this thread (its event is out); one that has not yet finds no poller
-                    // and starts another.
+                    // keeps its pool (its event is out).
                     let mut pools = pools();
                     if !pools.any_out() {
                         released = pools.give_back_done(driver, true);
-                        incoming.poller = None;
-                        served_at_exit = BARRIER.round_begins();
-                        exit = true;
                     }
                 }
             } else {
-                idle_since = None;
+                self.idle_since = None;
             }
         }
-        if !exit {
-            for queue in queues.by_stream.values_mut() {
-                scan(driver, queue, &mut done, &mut stranded);
-            }
+        for queue in queues.by_stream.values_mut() {
+            scan(driver, queue, &mut self.done, &mut self.stranded);
         }
         let nothing_pending = !queues.pending();
-        if nothing_pending || exit {
-            // Paused or gone: the emptied queues of streams that may never come back go.
+        if nothing_pending {
+            // Paused: the emptied queues of streams that may never come back go.
             queues.by_stream.retain(|_, queue| !queue.is_empty());
         }
-        if !done.is_empty() || !stranded.is_empty() {
+        if !self.done.is_empty() || !self.stranded.is_empty() {
             // Under the queues' lock: a reset cannot forget a pool between the query and this.
             let mut pools = pools();
-            calls.clear();
-            for entry in &done {
+            self.calls.clear();
+            for entry in &self.done {
                 pools.give_back(
                     driver,
                     entry.context,
                     ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event) as CUevent,
                 );
                 // A callback keeps its pool's context retained until it ran on the lane.
-                calls.push(
+                self.calls.push(
                     entry
                         .work
                         .calls()
@@ -477,60 +404,98 @@ fn poll_loop() {
                         .flatten(),
                 );
             }
-            if !stranded.is_empty() {
-                for strand in &stranded {
+            if !self.stranded.is_empty() {
+                for strand in &self.stranded {
                     // Its record stays pending (counted, reclaimed with its context).
                     pools.strand(strand.entry.context);
                 }
                 // A pool left with stranded events and none out holds its context for nothing:
                 // the user's last release must be able to destroy it (and reclaim its work).
-                released = pools.give_back_done(driver, false);
+                released.extend(pools.give_back_done(driver, false));
             }
         }
         drop(queues);
-        let progress = !done.is_empty();
-        let mut pushed = end_faulted(&stranded);
-        stranded.clear();
-        for (entry, call) in done.drain(..).zip(calls.drain(..)) {
+        let progress = !self.done.is_empty();
+        let mut pushed = end_faulted(&self.stranded);
+        self.stranded.clear();
+        for (entry, call) in self.done.drain(..).zip(self.calls.drain(..)) {
             pushed |= complete(entry, call);
         }
         if pushed {
             lane::ring();
         }
-        // Inside the exit gate (no driver call after the teardown), with no lock held: a
-        // reclaim takes the locks. Only the work of contexts that are gone is taken.
+        // With no lock held: a reclaim takes the locks. Only the work of contexts that are gone
+        // is taken.
         for (device, handle) in released {
             crate::transport::reclaim_after_release(driver, device, handle);
         }
-        drop(work);
-        if exit {
-            BARRIER.round_done(served_at_exit);
-            break;
-        }
-        BARRIER.round_done(serving);
         let round = Round {
             progress,
             arrived,
             was_idle,
             pending: !nothing_pending,
         };
-        match pace.after_round(Instant::now(), round, &settings) {
-            // Spinning: no query before the gap is over (a flush's or an enqueue's unpark does not
-            // end a spin; the next round is at most a gap away).
-            Some(Wait::Spin) => {
-                let next = round_began + settings.query_gap;
-                while Instant::now() < next {
-                    std::hint::spin_loop();
-                }
-            }
-            // A short pause: work enqueued meanwhile waits for it.
-            Some(Wait::Park(pause)) if pause <= settings.interval => {
-                std::thread::park_timeout(pause);
-            }
-            // A longer one, or nothing pending: an enqueue wakes it.
-            Some(Wait::Park(pause)) => park_unless_enqueued(pause),
-            None => park_unless_enqueued(settings.idle_exit),
+        let wait = self.pace.after_round(Instant::now(), round, settings);
+        (round, wait)
+    }
+
+    /// When this side wants its next round, after one that said `wait` (`None`: not before an
+    /// enqueue wakes the watcher, or its idle pools are due back). While it spins, a round every
+    /// `query_gap` at most: every query takes the driver's lock, which the enqueues also take.
+    pub(in crate::transport) fn next_round(
+        &self,
+        wait: Option<Wait>,
+        settings: &PollerSettings,
+    ) -> Option<Instant> {
+        match wait {
+            Some(Wait::Spin) => Some(self.round_began + settings.query_gap),
+            Some(Wait::Park(pause)) => Some(Instant::now() + pause),
+            None => self
+                .idle_since
+                .filter(|_| !pools().is_empty())
+                .map(|idle| idle + settings.idle_exit),
         }
     }
-    pace.count_cpu();
+
+    /// Whether an enqueue must wake the watcher for this side to see it soon: it waits for a
+    /// pause longer than its shortest, or for nothing. Set under the hand-over's lock, which the
+    /// enqueues push under; `false` if entries already wait (the watcher must not park then).
+    pub(in crate::transport) fn ask_to_be_woken(
+        wait: Option<Wait>,
+        settings: &PollerSettings,
+    ) -> bool {
+        let long = match wait {
+            Some(Wait::Spin) => false,
+            Some(Wait::Park(pause)) => pause > settings.interval,
+            None => true,
+        };
+        if !long {
+            // The round cleared it already: it looks again soon on its own.
+            return true;
+        }
+        let mut incoming = incoming();
+        if !incoming.entries.is_empty() {
+            return false;
+        }
+        incoming.wake_on_enqueue = true;
+        true
+    }
+
+    /// Whether nothing is pending or handed over, with no event out: the watcher may stop. Its
+    /// idle pools are given back (under the hand-over's lock, which the caller holds, then the
+    /// pools'): an enqueue that took an event keeps the watcher (its event is out).
+    pub(in crate::transport) fn stop_if_idle(
+        driver: &cuda_dl_sys::Driver,
+        incoming: &mut Incoming,
+        queues: &Queues,
+    ) -> Option<Vec<(cuda_dl_sys::types::CUdevice, usize)>> {
+        if queues.pending() || !incoming.entries.is_empty() {
+            return None;
+        }
+        let mut pools = pools();
+        if pools.any_out() {
+            return None;
+        }
+        Some(pools.give_back_done(driver, true))
+    }
 }

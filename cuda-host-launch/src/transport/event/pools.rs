@@ -137,6 +137,11 @@ impl Pools {
         }
     }
 
+    /// Whether there is no pool.
+    pub(super) fn is_empty(&self) -> bool {
+        self.by_context.is_empty()
+    }
+
     /// Whether any pool has events out.
     pub(super) fn any_out(&self) -> bool {
         self.by_context.values().any(Pool::busy)
