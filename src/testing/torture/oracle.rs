@@ -194,7 +194,7 @@ impl Oracle {
                 // still use them), and the crate never drops them itself. It may keep them only
                 // where what was enqueued may still be used: a capture may hold it (or the second
                 // look at the stream failed, which counts as that): pending until the context is
-                // gone; the work was accepted and a later step failed (the poller's start); after
+                // gone; the work was accepted and a later step failed (the watcher's start); after
                 // a failed cuGraphRetainUserObject (or a node that could not be added) the record
                 // belongs to a user object the crate let go, whose destructor releases it a
                 // little later (during the call, on the fake).
