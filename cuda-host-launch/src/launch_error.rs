@@ -26,9 +26,9 @@ use crate::support::error::Error;
 /// - It is `None` when the crate keeps them, and releases them once nothing can use them: a
 ///   capture another thread began during the call may hold what was enqueued (pending until the
 ///   context is reset or destroyed), the work was accepted and only a later step failed (the
-///   watcher thread could not be started), or a graph's user object already owns them (a node that could
-///   not be added: the user object releases them through the cleanup queue). Each call's
-///   `# Errors` section says which errors are which.
+///   watcher thread could not be started), or a graph's user object already owns them (a node
+///   that could not be added: the user object releases them through the cleanup queue). Each
+///   call's `# Errors` section says which errors are which.
 ///
 /// **Dropped, it drops the values off the driver's thread**: at once on an ordinary thread, through
 /// the cleanup queue inside a host function (where a `Drop` that calls CUDA must not run). `?` in a
@@ -153,8 +153,8 @@ impl<T: Send + 'static> fmt::Display for LaunchError<T> {
         if self.value.is_some() {
             write!(
                 f,
-                "{} (what the call was given is handed back in this error: LaunchError::into_inner; \
-                 earlier work on the stream may still use it)",
+                "{} (what the call was given is handed back in this error: \
+                 LaunchError::into_inner; earlier work on the stream may still use it)",
                 self.error
             )
         } else {
