@@ -19,8 +19,8 @@
 //!   of microseconds), and that thread is shared with every other host function of the context.
 //! - `LowLatency`: no host function. The stream writes a flag into host memory
 //!   (`cuStreamWriteValue64`) and the watcher thread of this crate wakes the task (see
-//!   `transport/low_latency.rs`): a few microseconds, at the cost of a core that spins for 200 µs
-//!   after each completion while futures wait.
+//!   `transport/low_latency.rs`): a few microseconds after any wait, at the cost of a core that spins
+//!   while such a future waits.
 //!
 //! **Which to choose.** `Auto`, unless one of these matters more than the default's latency and
 //! enqueue cost, which `BENCHMARKS.md` gives measured: `HostFunction` costs no CPU at all while a

@@ -54,11 +54,12 @@ use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sticky_error;
 use crate::support::sync::lock;
 
-/// How this side waits (see `poller_pace`): it spins 200 µs after news, then pauses from 10 µs
-/// to 100 µs (the low-latency mode: more CPU than the event side's pauses, less lateness after a
-/// long wait). (Its `idle_exit` is not used: the watcher stops as the configuration says.)
+/// How this side waits (see `poller_pace`): it spins for as long as any flag waits, whatever the
+/// wait's length (the low-latency mode: the soonest wake-up, a busy core meanwhile; the watcher is
+/// one thread, so one core in all). Its pauses are never used (nor its `idle_exit`: the watcher
+/// stops as the configuration says).
 const PACE: PollerSettings = PollerSettings {
-    spin: Duration::from_micros(200),
+    spin: Duration::MAX,
     interval: Duration::from_micros(10),
     max_interval: Duration::from_micros(100),
     idle_exit: Duration::from_millis(100),
