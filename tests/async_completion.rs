@@ -118,6 +118,50 @@ fn host_launch_async_returns_the_closures_result_and_reports_its_panic() {
     assert_eq!(block_on(after).unwrap(), "still running");
 }
 
+/// `host_launch_async` refused (a capturing stream: `CaptureActive`) hands its closure back,
+/// unrun, with what it captured alive while the stream's earlier work (a hold) still runs; the
+/// caller may call it or drop it.
+#[test]
+fn a_refused_host_launch_async_hands_its_closure_back() {
+    let context = fake_primary_context();
+    let stream = Stream::new_non_blocking(&context).unwrap();
+    let driver = cuda_workspace::testing::load_fake_driver();
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
+    let relaxed = cuda_dl_sys::types::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: a live stream.
+    unsafe { driver.cuStreamBeginCapture(stream.raw(), relaxed) }.unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let captured = Counted(Arc::clone(&dropped));
+    let refused = host_launch_async(&stream, move || {
+        let _keep = &captured;
+        6 * 7
+    });
+    let refused = refused.expect_err("a run-once launch on a capturing stream");
+    assert!(
+        matches!(refused.error(), Error::CaptureActive { .. }),
+        "{refused:?}"
+    );
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "dropped while the earlier work runs"
+    );
+    let mut f = refused.into_inner().expect("handed back");
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: a live stream; a valid out-pointer.
+    unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();
+    // SAFETY: the graph the capture made, destroyed once.
+    unsafe { driver.cuGraphDestroy(graph) }.unwrap();
+    assert_eq!(dropped.load(Ordering::SeqCst), 0);
+    hold.release();
+    stream.synchronize().unwrap();
+    assert_eq!(f(), 42, "the closure handed back is the caller's own");
+    drop(f);
+    assert_eq!(dropped.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn ten_thousand_concurrent_futures_over_8_streams_all_resolve() {
     let context = fake_primary_context();

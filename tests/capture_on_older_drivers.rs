@@ -49,7 +49,13 @@ fn assert_run_once_refused(stream: &Stream) {
     let refused = host_launch(stream, move || {
         let _keep = &owner;
     });
-    match refused {
+    assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
+    assert!(
+        refused.as_ref().is_err_and(|e| e.is_handed_back()),
+        "not handed back"
+    );
+    // Taken for an `Error` (what `?` does): the owner handed back is dropped here.
+    match refused.map_err(cuda_host_launch::LaunchError::into_error) {
         Err(Error::CaptureActive {
             stream: s,
             capture_id,
@@ -132,7 +138,9 @@ isolated_test! {
             let _keep = &owner;
         });
         let calls_to_v1 = fake().call_count("cuStreamGetCaptureInfo");
-        match refused {
+        assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
+        assert!(refused.as_ref().is_err_and(|e| e.is_handed_back()), "not handed back");
+        match refused.map_err(cuda_host_launch::LaunchError::into_error) {
             Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { function, required, found })) => {
                 assert_eq!(function, "cuUserObjectCreate");
                 assert_eq!(required, 11030);

@@ -262,7 +262,7 @@ isolated_test! {
     }
 
     /// An unknown `CUDA_HOST_LAUNCH_CLEANUP` fails the first launch (and `add_host_node`) with
-    /// `InvalidEnvironment`, its owners dropped on the caller's thread, and `install` as well
+    /// `InvalidEnvironment`, its owners handed back (dropped here), and `install` as well
     /// (the environment overrides the program): nothing runs with a setting nobody asked for.
     fn an_invalid_cleanup_mode_in_the_environment_fails_the_first_launch(
         CUDA_HOST_LAUNCH_CLEANUP = "sometimes"
@@ -281,14 +281,16 @@ isolated_test! {
         check(config().map(|_| ()));
         let drops = Drops::new();
         let owner = drops.owner();
+        // Each refusal hands its owner back; taken for an `Error` (as `?` would), it is dropped
+        // here.
         check(host_launch(&stream, move || {
             let _keep = &owner;
-        }));
+        }).map_err(Into::into));
         let graph = Graph::new().unwrap();
         let owner = drops.owner();
         check(add_host_node(&graph, &[], move || {
             let _keep = &owner;
-        }).map(|_| ()));
+        }).map(|_| ()).map_err(Into::into));
         assert_dropped_here(&drops, 2);
         assert!(graph.nodes().unwrap().is_empty());
         check(Config::new().cleanup_mode(CleanupMode::Reaper).install());

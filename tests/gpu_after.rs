@@ -422,8 +422,8 @@ fn the_poller_never_breaks_a_global_capture_of_another_stream() {
 }
 
 /// On a capturing stream the real driver's answer matches the fake's: `release_after` is refused
-/// (`ReleaseDuringCapture`), its owner dropped on the caller's thread before the error returns, and
-/// the capture survives (it ends, instantiates and replays).
+/// (`ReleaseDuringCapture`), its owner handed back in the error (alive until the caller drops it),
+/// and the capture survives (it ends, instantiates and replays).
 #[test]
 #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
 fn a_release_on_a_capturing_stream_is_refused_and_the_capture_survives() {
@@ -442,14 +442,17 @@ fn a_release_on_a_capturing_stream_is_refused_and_the_capture_survives() {
     gpu.kernels
         .spin_then_write(stream.raw(), flags.device(0), 1, 1_000);
     let refused = release_after(&stream, counts.owner(0));
+    assert_eq!(counts.never(), 1, "the crate dropped what it refused");
     assert!(
         matches!(
-            refused,
-            Err(cuda_host_launch::Error::ReleaseDuringCapture { .. })
+            &refused,
+            Err(e) if matches!(e.error(), cuda_host_launch::Error::ReleaseDuringCapture { .. })
+                && e.is_handed_back()
         ),
         "{refused:?}"
     );
-    assert_eq!(counts.never(), 0, "dropped before the error returned");
+    drop(refused);
+    assert_eq!(counts.never(), 0, "handed back, then dropped by the caller");
     let mut graph = std::ptr::null_mut();
     // SAFETY: the capturing stream; a valid out-pointer.
     unsafe { gpu.driver.cuStreamEndCapture(stream.raw(), &mut graph) }.unwrap();

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use cuda_dl_sys::types::{CUgraphNodeType, CUstreamCaptureMode};
 use cuda_host_launch::{
-    Error, Event, Graph, GraphNode, HostTaskSyncMode, LaunchOptions, Stream, add_host_node, flush,
+    Error, Event, Graph, GraphNode, HostTaskSyncMode, LaunchError, LaunchOptions, Stream,
+    add_host_node, flush,
 };
 use cuda_workspace::gpu::{Gpu, MappedU32s};
 use cuda_workspace::testing::Drops;
@@ -238,6 +239,9 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
         let _keep = &owner;
         counter.fetch_add(1, Ordering::SeqCst);
     });
+    // A refusal hands its owners back (alive until the caller drops them, here).
+    let handed_back = launched.as_ref().err().map(|e| e.is_handed_back());
+    let launched = launched.map_err(LaunchError::into_error);
     let graph = Graph::new().unwrap();
     let (owner, counter) = (drops.owner(), Arc::clone(&node_runs));
     let node = options
@@ -246,11 +250,14 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
             counter.fetch_add(1, Ordering::SeqCst);
         })
         .map(|_| ());
+    let node_handed_back = node.as_ref().err().map(|e| e.is_handed_back());
+    let node = node.map_err(LaunchError::into_error);
     let version = gpu.driver.version().0;
     println!("driver {version}: sync-mode launch -> {launched:?}; node -> {node:?}");
     if version < 13020 {
         // Below 13.2 (options.rs): a sync mode needs cuLaunchHostFunc_v2, so both are refused
-        // with DriverTooOld, before anything is enqueued or added, owners dropped on return.
+        // with DriverTooOld, before anything is enqueued or added, owners handed back.
+        assert_eq!((handed_back, node_handed_back), (Some(true), Some(true)));
         for result in [launched, node] {
             match result {
                 Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld {
@@ -268,7 +275,7 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
         assert_eq!(
             drops.dropped(),
             2,
-            "the refused launch and node dropped their owners before returning"
+            "the refused launch and node's owners, handed back, were dropped by the caller"
         );
         assert_eq!(
             graph.node_types().unwrap().len(),

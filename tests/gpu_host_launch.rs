@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cuda_dl_sys::types::{CUstreamCaptureMode, CUstreamCaptureStatus};
 use cuda_host_launch::{
-    Error, Event, PanicOrigin, RawStream, Stream, cleanup_stats, flush, host_launch,
+    Error, Event, LaunchError, PanicOrigin, RawStream, Stream, cleanup_stats, flush, host_launch,
     launch_host_function, launch_host_function_with_bytes, launch_ticket_bytes,
     reset_panic_handler, set_panic_handler,
 };
@@ -194,6 +194,13 @@ fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refus
     let refused = host_launch(&origin, move || {
         let _keep = &owner;
     });
+    assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
+    assert!(
+        refused.as_ref().is_err_and(|e| e.is_handed_back()),
+        "not handed back"
+    );
+    // Taken for an `Error` (what `?` does): the owners handed back are dropped here.
+    let refused = refused.map_err(LaunchError::into_error);
     assert!(
         matches!(refused, Err(Error::CaptureActive { .. })),
         "{refused:?}"
@@ -201,7 +208,7 @@ fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refus
     assert_eq!(
         drops.dropped(),
         1,
-        "the owners were dropped before the error returned"
+        "the owners handed back outlived the caller's drop"
     );
 
     fork.record(&origin).unwrap();
@@ -216,7 +223,8 @@ fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refus
     let forked_owner = drops.owner();
     let refused_forked = host_launch(&forked, move || {
         let _keep = &forked_owner;
-    });
+    })
+    .map_err(LaunchError::into_error);
     assert!(
         matches!(refused_forked, Err(Error::CaptureActive { .. })),
         "{refused_forked:?}"
@@ -224,7 +232,7 @@ fn launches_on_a_capturing_stream_and_a_stream_forked_into_the_capture_are_refus
     assert_eq!(
         drops.dropped(),
         2,
-        "the forked launch's owners were dropped before its error returned"
+        "the forked launch's owners, handed back, were dropped by the caller"
     );
     assert_eq!(drops.live(), 0);
     match (&refused, &refused_forked) {

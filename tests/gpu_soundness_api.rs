@@ -34,8 +34,15 @@ fn nodes_listed_by_the_driver_are_dependencies_of_their_graph_and_refused_by_ano
     let other = Graph::new().unwrap();
     let refused = add_host_node(&other, &listed, || {});
     assert!(
-        matches!(refused, Err(Error::NodeOfAnotherGraph { .. })),
+        matches!(
+            refused.as_ref().map_err(|e| e.error()),
+            Err(Error::NodeOfAnotherGraph { .. })
+        ),
         "{refused:?}"
+    );
+    assert!(
+        refused.is_err_and(|e| e.is_handed_back()),
+        "the closure was not handed back"
     );
     assert!(other.nodes().unwrap().is_empty());
     let exec = graph.instantiate().unwrap();

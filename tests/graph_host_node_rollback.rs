@@ -1,8 +1,10 @@
 //! Rollback of repeatable launches and graph host nodes when a driver call fails part-way, each
 //! step in turn (fault injection): `cuUserObjectCreate`, `cuGraphRetainUserObject`, the captured
-//! `cuLaunchHostFunc`, `cuGraphAddHostNode`. Each time the error surfaces, the owners are released
-//! exactly once, no node is left referencing them (the node count is unchanged, and launching the
-//! graph does not run the function), and a capture can still be ended.
+//! `cuLaunchHostFunc`, `cuGraphAddHostNode`. Each time the error surfaces, the owners are handed
+//! back where the graph never owned them (`cuUserObjectCreate`), else released exactly once with
+//! the user object the crate lets go; no node is left referencing them (the node count is
+//! unchanged, and launching the graph does not run the function), and a capture can still be
+//! ended.
 //!
 //! Faults and the fake's user-object counts are process-wide: each test has a process of its own.
 
@@ -27,8 +29,9 @@ enum Via {
 }
 
 /// Adds a working node, then one whose `fault` call fails, then checks the rollback: the error
-/// names `fault`, the failed node's owners are released once (on this thread if `here`), it left no
-/// node, and the graph (with the capture ended, if any) runs the working node only.
+/// names `fault`, the failed node's owners are handed back (if `here`: the caller drops them) or
+/// released once through the cleanup queue, it left no node, and the graph (with the capture
+/// ended, if any) runs the working node only.
 fn rollback(via: Via, fault: &str, here: bool) {
     let context = fake_primary_context();
     let driver = load_fake_driver();
@@ -61,17 +64,29 @@ fn rollback(via: Via, fault: &str, here: bool) {
         Via::AddNode => add_host_node(graph.as_ref().unwrap(), &[], bad.closure()).map(|_| ()),
     };
     fake().clear_faults();
-    match failed {
-        Err(Error::Cuda(cuda_dl_sys::Error::Driver(e))) => {
+    let (error, handed_back) = failed.expect_err("the fault surfaces").into_parts();
+    match error {
+        Error::Cuda(cuda_dl_sys::Error::Driver(e)) => {
             assert_eq!(e.code(), OOM, "{e}");
             assert_eq!(e.function(), Some(fault), "{e}");
         }
         other => panic!("expected {fault} to fail with {OOM:?}, got {other:?}"),
     }
+    assert_eq!(
+        handed_back.is_some(),
+        here,
+        "handed back where the graph never owned it"
+    );
     if here {
-        // Nothing was handed to the driver: released before the error returned, on this thread.
+        // Nothing was handed to the driver: handed back, alive until this thread drops it.
+        assert_eq!(
+            bad.drops.dropped(),
+            0,
+            "the crate dropped what it handed back"
+        );
+        drop(handed_back);
         let records = bad.drops.records();
-        assert_eq!(records.len(), 1, "not released before the error returned");
+        assert_eq!(records.len(), 1, "not dropped with what was handed back");
         assert!(records[0].thread.same_as(&ThreadInfo::current()));
     } else {
         // Handed to a user object, whose destructor (on the driver's thread) queues them.
@@ -117,9 +132,9 @@ fn rollback(via: Via, fault: &str, here: bool) {
 }
 
 isolated_test! {
-    /// `cuUserObjectCreate` fails: no user object, so the owners are released on the caller's
-    /// thread before the error returns, and no node is added.
-    fn a_failed_user_object_create_releases_the_owners_at_once_and_adds_no_node() {
+    /// `cuUserObjectCreate` fails: no user object, so the owners are handed back to the caller,
+    /// and no node is added.
+    fn a_failed_user_object_create_hands_the_owners_back_and_adds_no_node() {
         rollback(Via::Capture, "cuUserObjectCreate", true);
     }
 
@@ -140,8 +155,8 @@ isolated_test! {
         rollback(Via::AddNode, "cuGraphAddHostNode", false);
     }
 
-    /// `cuUserObjectCreate` fails in `add_host_node`.
-    fn a_failed_user_object_create_in_add_host_node_releases_the_owners_at_once() {
+    /// `cuUserObjectCreate` fails in `add_host_node`: handed back.
+    fn a_failed_user_object_create_in_add_host_node_hands_the_owners_back() {
         rollback(Via::AddNode, "cuUserObjectCreate", true);
     }
 
@@ -158,7 +173,7 @@ isolated_test! {
         let failed = add_host_node(&graph, &[], bad.closure());
         fake().clear_faults();
         assert!(
-            matches!(&failed, Err(e) if e.cuda_code() == Some(OOM)),
+            matches!(&failed, Err(e) if e.error().cuda_code() == Some(OOM) && !e.is_handed_back()),
             "{failed:?}"
         );
         assert!(graph.nodes().unwrap().is_empty(), "a node was left behind");

@@ -1,6 +1,7 @@
 //! Run-once launches on a capturing stream, or on a stream forked into a capture, are refused with
 //! `CaptureActive` (a captured host function would run on every replay, after its owners were
-//! released): the owners are dropped on the caller's thread, nothing is added to the graph, and the
+//! released): the owners are handed back in the error, alive until the caller drops them (work
+//! enqueued before the capture began may still use them), nothing is added to the graph, and the
 //! capture stays valid, so `cuStreamEndCapture` succeeds.
 
 use std::ffi::c_void;
@@ -13,7 +14,7 @@ use cuda_dl_sys::types::{
     CUgraph, CUgraphNodeType, CUstream, CUstreamCaptureMode, CUstreamCaptureStatus,
 };
 use cuda_host_launch::{
-    Error, Event, Graph, PrimaryContext, Stream, host_launch, launch_host_function,
+    Error, Event, Graph, LaunchError, PrimaryContext, Stream, host_launch, launch_host_function,
     launch_host_function_with_bytes,
 };
 use cuda_workspace::testing::bump;
@@ -42,13 +43,28 @@ fn capture_info(driver: &Driver, stream: CUstream) -> (CUstreamCaptureStatus, u6
     (status, id)
 }
 
+/// A launch's result, and what its error handed back.
+fn split<T: Send + 'static>(
+    result: Result<(), LaunchError<T>>,
+) -> (Result<(), Error>, Option<Box<dyn Send>>) {
+    match result {
+        Ok(()) => (Ok(()), None),
+        Err(e) => {
+            let (error, value) = e.into_parts();
+            (Err(error), value.map(|v| Box::new(v) as Box<dyn Send>))
+        }
+    }
+}
+
 /// Tries every run-once launch on `stream` (capturing, with capture id `id`): each is refused with
-/// `CaptureActive` naming the stream and the capture, its owners dropped on this thread before the
-/// error returned, and none ran.
+/// `CaptureActive` naming the stream and the capture, its owners handed back, alive until this
+/// thread drops them, and none ran.
 fn assert_run_once_launches_are_refused(stream: &Stream, id: u64) {
     let me = ThreadInfo::current();
     let ran = Arc::new(AtomicUsize::new(0));
-    let check = |result: Result<(), Error>, drops: &Drops, owners: usize| {
+    let check = |(result, handed_back): (Result<(), Error>, Option<Box<dyn Send>>),
+                 drops: &Drops,
+                 owners: usize| {
         match result {
             Err(Error::CaptureActive {
                 stream: s,
@@ -59,11 +75,14 @@ fn assert_run_once_launches_are_refused(stream: &Stream, id: u64) {
             }
             other => panic!("expected CaptureActive, got {other:?}"),
         }
+        assert_eq!(handed_back.is_some(), owners > 0, "not handed back");
+        assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
+        drop(handed_back);
         let records = drops.records();
         assert_eq!(
             records.len(),
             owners,
-            "owners not dropped before the error returned"
+            "not dropped with what was handed back"
         );
         assert_eq!(drops.live(), 0);
         assert!(records.iter().all(|r| r.thread.same_as(&me)), "{records:?}");
@@ -75,7 +94,7 @@ fn assert_run_once_launches_are_refused(stream: &Stream, id: u64) {
         let _keep = &owner;
         counter.fetch_add(1, Ordering::SeqCst);
     });
-    check(refused, &drops, 1);
+    check(split(refused), &drops, 1);
 
     let drops = Drops::new();
     let data = Arc::as_ptr(&ran).cast_mut().cast::<c_void>();
@@ -83,11 +102,11 @@ fn assert_run_once_launches_are_refused(stream: &Stream, id: u64) {
     let refused = unsafe {
         launch_host_function(stream, Some(bump), data, (Arc::clone(&ran), drops.owner()))
     };
-    check(refused, &drops, 1);
+    check(split(refused), &drops, 1);
 
     // SAFETY: `bump` would read the copy, which is 8 bytes, as an AtomicUsize (refused anyway).
     let refused = unsafe { launch_host_function_with_bytes(stream, Some(bump), &[0; 8]) };
-    check(refused, &Drops::new(), 0);
+    check((refused, None), &Drops::new(), 0);
 
     assert_eq!(ran.load(Ordering::SeqCst), 0);
     assert_eq!(Arc::strong_count(&ran), 1, "the Arc owner leaked");

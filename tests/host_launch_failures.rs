@@ -1,6 +1,7 @@
 //! Launches that fail: the driver refuses the enqueue (fault injection), or the function pointer is
-//! null. The error says what happened, and the owners have been dropped, exactly once, on the
-//! caller's thread, before the error returns; nothing leaks and nothing runs.
+//! null. The error says what happened and hands the owners back (`LaunchError`): the crate never
+//! drops them itself (earlier work on the stream may still use them), and they are dropped exactly
+//! once, when the caller drops them; nothing leaks and nothing runs.
 //!
 //! Injected faults are process-wide, so each test runs in a process of its own.
 
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_dl_sys::types::CUresult;
 use cuda_host_launch::{
-    Error, Graph, LaunchOptions, Stream, host_launch, launch_host_function,
+    Error, Graph, LaunchError, LaunchOptions, Stream, host_launch, launch_host_function,
     launch_host_function_with_bytes,
 };
 use cuda_workspace::isolated_test;
@@ -36,16 +37,40 @@ fn assert_driver_error(result: Result<(), Error>, code: CUresult, function: &str
     }
 }
 
+/// `refused` is an error that handed its owners (`n` of `drops`) back, all alive; the caller
+/// then drops them, here. Returns the error.
+#[track_caller]
+fn handed_back<T: Send + 'static>(
+    refused: Result<(), LaunchError<T>>,
+    drops: &Drops,
+    n: usize,
+) -> Result<(), Error> {
+    let Err(refused) = refused else {
+        panic!("the launch did not fail");
+    };
+    assert_eq!(
+        drops.dropped(),
+        0,
+        "the crate dropped what it refused: {refused}"
+    );
+    assert!(refused.is_handed_back(), "not handed back: {refused:?}");
+    let (error, owners) = refused.into_parts();
+    assert_eq!(
+        drops.live(),
+        n as isize,
+        "handed back, alive until the caller drops them"
+    );
+    drop(owners);
+    assert_dropped_here(drops, n);
+    Err(error)
+}
+
 /// Every owner of `drops` has been dropped exactly once, on the calling thread.
 #[track_caller]
 fn assert_dropped_here(drops: &Drops, n: usize) {
     let me = ThreadInfo::current();
     let records = drops.records();
-    assert_eq!(
-        records.len(),
-        n,
-        "not dropped before the error returned: {records:?}"
-    );
+    assert_eq!(records.len(), n, "not dropped: {records:?}");
     assert_eq!(drops.live(), 0);
     for record in records {
         assert!(
@@ -57,9 +82,9 @@ fn assert_dropped_here(drops: &Drops, n: usize) {
 
 isolated_test! {
     /// With `cuLaunchHostFunc` failing (out of memory), each kind of launch returns that error and
-    /// has dropped its owners on the caller's thread before it returns; nothing runs, nothing is
+    /// hands its owners back, alive, to be dropped by the caller; nothing runs, nothing is
     /// pending, and a launch after the fault works as usual.
-    fn a_launch_the_driver_refuses_returns_its_error_and_drops_the_owners_on_the_callers_thread() {
+    fn a_launch_the_driver_refuses_returns_its_error_and_hands_the_owners_back() {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let oom = CUresult::CUDA_ERROR_OUT_OF_MEMORY;
@@ -72,8 +97,7 @@ isolated_test! {
             let _keep = &owner;
             counter.fetch_add(1, Ordering::SeqCst);
         });
-        assert_dropped_here(&drops, 1);
-        assert_driver_error(refused, oom, "cuLaunchHostFunc");
+        assert_driver_error(handed_back(refused, &drops, 1), oom, "cuLaunchHostFunc");
 
         let drops = Drops::new();
         fake().set_fault("cuLaunchHostFunc", 1, oom.0);
@@ -82,8 +106,7 @@ isolated_test! {
             let owners = (drops.owner(), drops.owner());
             launch_host_function(&stream, Some(count_run), ptr::null_mut(), owners)
         };
-        assert_dropped_here(&drops, 2);
-        assert_driver_error(refused, oom, "cuLaunchHostFunc");
+        assert_driver_error(handed_back(refused, &drops, 2), oom, "cuLaunchHostFunc");
 
         let drops = Drops::new();
         fake().set_fault("cuLaunchHostFunc", 1, oom.0);
@@ -95,8 +118,7 @@ isolated_test! {
                 ptr::null_mut(),
                 drops.owner())
         };
-        assert_dropped_here(&drops, 1);
-        assert_driver_error(refused, oom, "cuLaunchHostFunc");
+        assert_driver_error(handed_back(refused, &drops, 1), oom, "cuLaunchHostFunc");
 
         fake().set_fault("cuLaunchHostFunc", 1, oom.0);
         // SAFETY: as above.
@@ -123,7 +145,8 @@ isolated_test! {
     }
 
     /// `FAKE_CUDA_FAIL=cuLaunchHostFunc@2=2`: only the second launch of the process fails, and
-    /// only its owners are dropped at once; the others run and are released as usual.
+    /// only its owners are handed back (alive while the launch before it is held, until the caller
+    /// drops them); the others run and are released as usual.
     fn only_the_launch_the_driver_refuses_fails(FAKE_CUDA_FAIL = "cuLaunchHostFunc@2=2") {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
@@ -143,11 +166,17 @@ isolated_test! {
         let (first, dropped) = results.next().unwrap();
         assert!(first.is_ok() && dropped == 0, "{first:?}");
         let (second, dropped) = results.next().unwrap();
-        assert_driver_error(second, CUresult::CUDA_ERROR_OUT_OF_MEMORY, "cuLaunchHostFunc");
-        assert_eq!(dropped, 1, "the refused launch's owner outlived its error");
-        assert!(all.records()[0].thread.same_as(&ThreadInfo::current()));
+        assert_eq!(dropped, 0, "the refused launch's owner was dropped by the crate");
         let (third, dropped) = results.next().unwrap();
-        assert!(third.is_ok() && dropped == 1, "{third:?}");
+        assert!(third.is_ok() && dropped == 0, "{third:?}");
+        // Handed back: alive, with the first launch still held, until this thread drops it.
+        let (second, owner) = second.expect_err("the second launch fails").into_parts();
+        assert!(owner.is_some(), "not handed back");
+        assert_eq!(all.dropped(), 0);
+        drop(owner);
+        assert_driver_error(Err(second), CUresult::CUDA_ERROR_OUT_OF_MEMORY, "cuLaunchHostFunc");
+        assert_eq!(all.dropped(), 1);
+        assert!(all.records()[0].thread.same_as(&ThreadInfo::current()));
 
         hold.release();
         stream.synchronize().unwrap();
@@ -187,8 +216,8 @@ isolated_test! {
     }
 
     /// A null function pointer is refused before anything reaches the driver, by every raw entry
-    /// point, with the owners dropped on the caller's thread.
-    fn a_null_function_is_refused_without_a_driver_call_and_its_owners_are_dropped() {
+    /// point, with the owners handed back.
+    fn a_null_function_is_refused_without_a_driver_call_and_its_owners_are_handed_back() {
         let context = fake_primary_context();
         let stream = Stream::new(&context).unwrap();
         let graph = Graph::new().unwrap();
@@ -204,13 +233,18 @@ isolated_test! {
                 options.launch_host_function(&stream, None, null, drops.owner()),
                 options.launch_host_function_repeatable(&stream, None, null, drops.owner()),
                 options.add_host_node_raw(graph.raw(), &[], None, null, drops.owner()).map(|_| ()),
-                launch_host_function_with_bytes(&stream, None, &[1, 2, 3]),
             ]
         };
+        assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
         for result in results {
-            assert!(matches!(result, Err(Error::NullFunction)), "{result:?}");
+            let error = result.expect_err("refused");
+            assert!(error.is_handed_back(), "{error:?}");
+            assert!(matches!(error.error(), Error::NullFunction), "{error:?}");
         }
         assert_dropped_here(&drops, 4);
+        // SAFETY: as above.
+        let bytes = unsafe { launch_host_function_with_bytes(&stream, None, &[1, 2, 3]) };
+        assert!(matches!(bytes, Err(Error::NullFunction)), "{bytes:?}");
         assert_eq!(fake().call_count("cuLaunchHostFunc"), calls_before);
         assert_eq!(fake().call_count("cuUserObjectCreate"), 0);
         assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);

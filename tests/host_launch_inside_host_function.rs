@@ -61,12 +61,15 @@ isolated_test! {
                 inside.store(in_host_function(), Ordering::SeqCst);
                 let mut out = outcomes.lock().unwrap();
                 let owner = refused.owner();
+                // Each error hands its owner back; taken for an `Error` here (`?` would do the
+                // same), it drops the owner off this driver thread, through the cleanup queue.
                 out.push(("host_launch", host_launch(raw, move || {
                     let _keep = &owner;
-                })));
+                }).map_err(Into::into)));
                 // SAFETY: `nothing` does nothing (and is refused anyway).
                 out.push(("launch_host_function", unsafe {
                     launch_host_function(raw, Some(nothing), ptr::null_mut(), refused.owner())
+                        .map_err(Into::into)
                 }));
                 // SAFETY: as above.
                 out.push(("launch_host_function_with_bytes", unsafe {
@@ -76,12 +79,12 @@ isolated_test! {
                 let repeatable = LaunchOptions::default().host_launch_repeatable(raw, move || {
                     let _keep = &owner;
                 });
-                out.push(("host_launch_repeatable", repeatable));
+                out.push(("host_launch_repeatable", repeatable.map_err(Into::into)));
                 let owner = refused.owner();
                 let added = add_host_node(graph.as_ref().unwrap(), &[], move || {
                     let _keep = &owner;
                 });
-                out.push(("add_host_node", added.map(|_| ())));
+                out.push(("add_host_node", added.map(|_| ()).map_err(Into::into)));
                 out.push(("flush", flush(PATIENCE)));
                 drained.store(drain(), Ordering::SeqCst);
                 // The graph, dropped here, is destroyed later, off this thread.

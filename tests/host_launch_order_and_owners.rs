@@ -447,7 +447,7 @@ isolated_test! {
 }
 
 #[test]
-fn a_launch_on_a_default_stream_without_a_current_context_fails_and_drops_its_owners() {
+fn a_launch_on_a_default_stream_without_a_current_context_fails_and_hands_its_owners_back() {
     fake_primary_context();
     std::thread::spawn(|| {
         let drops = Drops::new();
@@ -456,7 +456,13 @@ fn a_launch_on_a_default_stream_without_a_current_context_fails_and_drops_its_ow
         let refused = host_launch(RawStream::LEGACY, move || {
             let _keep = &owner;
         });
-        assert_eq!(drops.dropped(), 1, "the owners outlived the error");
+        assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
+        let refused = refused.map_err(|e| {
+            assert!(e.is_handed_back(), "{e:?}");
+            // Taken for an `Error` (what `?` does): the owners are dropped here.
+            e.into_error()
+        });
+        assert_eq!(drops.dropped(), 1, "the owners outlived the caller's drop");
         assert!(drops.records()[0].thread.same_as(&me));
         match refused {
             Err(e @ Error::Cuda(_)) => {

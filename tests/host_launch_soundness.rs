@@ -55,6 +55,8 @@ fn launch(
         }
         seen.ran.fetch_add(1, Ordering::SeqCst);
     })
+    // A refusal's owner, handed back, is dropped here (what `?` does).
+    .map_err(Into::into)
 }
 
 /// A stream handle that may cross threads (a hook's closure must be `Send`).

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_dl_sys::DriverVersion;
 use cuda_dl_sys::types::{CUgraph, CUgraphNodeType, CUstreamCaptureMode};
-use cuda_host_launch::{Error, Graph, HostTaskSyncMode, LaunchOptions, Stream};
+use cuda_host_launch::{Error, Graph, HostTaskSyncMode, LaunchError, LaunchOptions, Stream};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::bump;
 use cuda_workspace::testing::{Drops, ThreadInfo, fake, fake_primary_context, load_fake_driver};
@@ -28,9 +28,17 @@ fn counting(runs: &Arc<AtomicUsize>, drops: &Arc<Drops>) -> impl Fn() + Send + S
     }
 }
 
+/// `result` is `DriverTooOld` for the sync mode, with what the call was given handed back (dropped
+/// here, by the caller).
 #[track_caller]
-fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>, version: i32) {
-    match result {
+fn assert_too_old<T: std::fmt::Debug, V: Send + 'static>(
+    result: Result<T, LaunchError<V>>,
+    version: i32,
+) {
+    if let Err(e) = &result {
+        assert!(e.is_handed_back(), "not handed back: {e:?}");
+    }
+    match result.map_err(LaunchError::into_error) {
         Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld {
             function,
             required,
@@ -135,7 +143,7 @@ fn sync_mode_launches_use_the_v2_calls(version: i32) {
 
 /// On a driver before 13.2 (reporting `version`) a sync mode is refused with `DriverTooOld {
 /// cuLaunchHostFunc_v2, 13020, version }`, by every launch that takes options and by
-/// `add_host_node_with`: the owners are dropped on the caller's thread, nothing is added to a
+/// `add_host_node_with`: the owners are handed back (dropped by the caller), nothing is added to a
 /// graph or a capture, and neither `cuLaunchHostFunc_v2` nor any other enqueue is called.
 fn a_sync_mode_is_refused(version: i32) {
     assert_eq!(load_fake_driver().version(), DriverVersion(version));

@@ -129,8 +129,14 @@ struct Tally {
 
 impl Tally {
     /// Calls `f`, catching a panic, and records how it ended.
-    fn call<T>(&mut self, name: &'static str, f: impl FnOnce() -> Result<T, Error>) -> Option<T> {
-        match catch_unwind(AssertUnwindSafe(f)) {
+    /// `f`'s error may hand values back (`LaunchError`): they are dropped here, as the error is
+    /// taken for an `Error`.
+    fn call<T, E: Into<Error>>(
+        &mut self,
+        name: &'static str,
+        f: impl FnOnce() -> Result<T, E>,
+    ) -> Option<T> {
+        match catch_unwind(AssertUnwindSafe(|| f().map_err(Into::into))) {
             Ok(Ok(value)) => {
                 self.rows.push((name, Outcome::Ok));
                 Some(value)
@@ -175,11 +181,11 @@ impl Tally {
     /// A launch: `f` gets a counter and an owner. If it fails, its owners must already be gone,
     /// on this thread (a run-once launch) or through the cleanup queue (a repeatable one tied to
     /// a graph: checked at the end).
-    fn launch(
+    fn launch<E: Into<Error>>(
         &mut self,
         name: &'static str,
         run_once: bool,
-        f: impl FnOnce(Arc<AtomicUsize>, Owner) -> Result<(), Error>,
+        f: impl FnOnce(Arc<AtomicUsize>, Owner) -> Result<(), E>,
     ) -> bool {
         let (runs, drops) = (Arc::new(AtomicUsize::new(0)), Drops::new());
         let owner = drops.owner();
@@ -383,7 +389,7 @@ fn launches<S: AsRawStream + Copy>(t: &mut Tally, stream: S) {
             r.fetch_add(1, Ordering::SeqCst) + 40
         })?;
         assert_eq!(block_on(future)?, 40);
-        Ok(())
+        Ok::<_, Error>(())
     });
     t.call("completion", || block_on(completion(stream)?));
     t.call("completion_with(LowLatency)", || {
@@ -423,13 +429,15 @@ fn exercise(t: &mut Tally) {
     });
     t.call("in_host_function", || {
         assert!(!in_host_function());
-        Ok(())
+        Ok::<_, Error>(())
     });
     set_panic_handler(|_| {});
     reset_panic_handler();
     let _ = (cleanup_stats(), poller_cpu_time(), pending_launches(None));
 
-    let driver = t.call("cuda_dl_sys::driver", || Ok(cuda_dl_sys::driver()?));
+    let driver = t.call("cuda_dl_sys::driver", || {
+        Ok::<_, Error>(cuda_dl_sys::driver()?)
+    });
     t.call("Device::count", Device::count);
     let device = t.call("Device::get", || Device::get(0));
     if let Some(device) = device {
@@ -742,7 +750,7 @@ fn sys_sample(t: &mut Tally, d: &'static Driver, stream: Option<&Stream>) {
             }
             t.sys("cuCtxPopCurrent", || d.cuCtxPopCurrent(&mut popped));
             t.sys("cuCtxDestroy", || d.cuCtxDestroy(own));
-            t.call("reclaim_pending", || Ok(reclaim_pending(own)));
+            t.call("reclaim_pending", || Ok::<_, Error>(reclaim_pending(own)));
         }
     }
 }

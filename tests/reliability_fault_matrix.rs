@@ -66,9 +66,9 @@ use cuda_dl_sys::types::{
 };
 use cuda_host_launch::{
     CompletionMode, Device, Error, Event, Graph, GraphExec, GraphNode, HostTaskSyncMode,
-    LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, completion, host_launch,
-    host_launch_async, launch_host_function, launch_host_function_with_bytes, pending_launches,
-    reclaim_pending, release_after, spawn_after,
+    LaunchError, LaunchOptions, PrimaryContext, RawStream, Stream, add_host_node, completion,
+    host_launch, host_launch_async, launch_host_function, launch_host_function_with_bytes,
+    pending_launches, reclaim_pending, release_after, spawn_after,
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::Probe;
@@ -463,7 +463,7 @@ impl Env {
 /// Makes the event poller's pool of the stream's context (one release through it), where the
 /// driver has the event transport (12.0+); returns whether it has.
 fn warm_event_pool(stream: &Stream) -> bool {
-    match release_after(stream, ()) {
+    match release_after(stream, ()).map_err(|e| e.into_error()) {
         Ok(()) => {}
         Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { .. })) => return false,
         Err(e) => panic!("release_after: {e}"),
@@ -637,7 +637,7 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
             let baseline = Probe::new();
             let options = LaunchOptions::default();
             let added = options.host_launch_repeatable(env.capture(), baseline.closure());
-            match added {
+            match added.map_err(LaunchError::into_error) {
                 Ok(()) => run.baseline = Some(baseline),
                 // Without user objects (before 11.3) nothing repeatable can be captured, but a
                 // run-once launch is still refused: test that on an empty capture.
@@ -724,16 +724,46 @@ fn prepare(env: &Env, op: Op) -> Result<Run, Error> {
     Ok(run)
 }
 
+/// A failed operation: its error, and what it handed back (the owners or closure of a refused
+/// launch, dropped by [`case`] once it has looked at them).
+struct Refused {
+    error: Error,
+    handed_back: Option<Box<dyn Send>>,
+}
+
+impl From<Error> for Refused {
+    fn from(error: Error) -> Refused {
+        Refused {
+            error,
+            handed_back: None,
+        }
+    }
+}
+
+impl<T: Send + 'static> From<LaunchError<T>> for Refused {
+    fn from(error: LaunchError<T>) -> Refused {
+        let (error, value) = error.into_parts();
+        Refused {
+            error,
+            handed_back: value.map(|v| Box::new(v) as Box<dyn Send>),
+        }
+    }
+}
+
 /// The operation itself: the only part whose driver calls are counted and faulted.
-fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
+fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Refused> {
     let probe = &run.probe;
     let default = LaunchOptions::default();
     match op {
-        Op::HostLaunch => host_launch(env.stream(), probe.closure()),
-        Op::HostLaunchWithSyncMode => env.spin.host_launch(env.stream(), probe.closure()),
+        Op::HostLaunch => host_launch(env.stream(), probe.closure()).map_err(Into::into),
+        Op::HostLaunchWithSyncMode => env
+            .spin
+            .host_launch(env.stream(), probe.closure())
+            .map_err(Into::into),
         // SAFETY: `bump` only touches the counter, which the owners keep alive; it does not unwind.
         Op::LaunchHostFunction => unsafe {
             launch_host_function(env.stream(), Some(bump), probe.data(), probe.owners())
+                .map_err(Into::into)
         },
         // SAFETY: the bytes are the address of the probe's counter, alive until after the run.
         Op::LaunchWithBytes => unsafe {
@@ -742,23 +772,30 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
                 Some(bump_from_bytes),
                 &probe.address_bytes(),
             )
+            .map_err(Into::into)
         },
-        Op::HostLaunchRepeatable => default.host_launch_repeatable(env.stream(), probe.closure()),
+        Op::HostLaunchRepeatable => default
+            .host_launch_repeatable(env.stream(), probe.closure())
+            .map_err(Into::into),
         // SAFETY: as for `LaunchHostFunction`; `bump` may run any number of times.
         Op::LaunchRepeatable => unsafe {
-            default.launch_host_function_repeatable(
-                env.stream(),
-                Some(bump),
-                probe.data(),
-                probe.owners(),
-            )
+            default
+                .launch_host_function_repeatable(
+                    env.stream(),
+                    Some(bump),
+                    probe.data(),
+                    probe.owners(),
+                )
+                .map_err(Into::into)
         },
         Op::HostLaunchOnRawStream => {
             // SAFETY: `env.stream()` outlives the launch.
             let raw = unsafe { RawStream::from_raw(env.stream().raw()) };
-            host_launch(raw, probe.closure())
+            host_launch(raw, probe.closure()).map_err(Into::into)
         }
-        Op::HostLaunchOnLegacyStream => host_launch(RawStream::LEGACY, probe.closure()),
+        Op::HostLaunchOnLegacyStream => {
+            host_launch(RawStream::LEGACY, probe.closure()).map_err(Into::into)
+        }
         Op::Completion => {
             let done = completion(env.stream())?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
@@ -777,8 +814,8 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
             Ok(())
         }
-        Op::ReleaseAfter => release_after(env.stream(), probe.owners()),
-        Op::SpawnAfter => spawn_after(env.stream(), probe.closure()),
+        Op::ReleaseAfter => release_after(env.stream(), probe.owners()).map_err(Into::into),
+        Op::SpawnAfter => spawn_after(env.stream(), probe.closure()).map_err(Into::into),
         Op::CompletionLowLatency => {
             let done = CompletionMode::LowLatency.completion(env.stream())?;
             run.future = Some(Box::pin(async move { done.await.map(|()| 0) }));
@@ -801,44 +838,59 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             run.future = Some(Box::pin(value));
             Ok(())
         }
-        Op::CapturedHostLaunchRepeatable => {
-            default.host_launch_repeatable(env.capture(), probe.closure())
-        }
+        Op::CapturedHostLaunchRepeatable => default
+            .host_launch_repeatable(env.capture(), probe.closure())
+            .map_err(Into::into),
         // SAFETY: as for `LaunchRepeatable`.
         Op::CapturedLaunchRepeatable => unsafe {
-            default.launch_host_function_repeatable(
-                env.capture(),
-                Some(bump),
-                probe.data(),
-                probe.owners(),
-            )
+            default
+                .launch_host_function_repeatable(
+                    env.capture(),
+                    Some(bump),
+                    probe.data(),
+                    probe.owners(),
+                )
+                .map_err(Into::into)
         },
         Op::CapturedWithSyncMode => env
             .spin
-            .host_launch_repeatable(env.capture(), probe.closure()),
+            .host_launch_repeatable(env.capture(), probe.closure())
+            .map_err(Into::into),
         Op::CapturedRunOnceRefused => match host_launch(env.capture(), probe.closure()) {
-            Err(Error::CaptureActive { .. }) => {
+            Err(refused) if matches!(refused.error(), Error::CaptureActive { .. }) => {
+                // Handed back, alive until the caller drops it (here).
+                assert!(
+                    probe.drops.records().is_empty(),
+                    "refused: the crate dropped it"
+                );
+                assert!(refused.is_handed_back(), "refused, but not handed back");
+                drop(refused);
                 let records = probe.drops.records();
-                assert_eq!(records.len(), 1, "refused, but the owner lives on");
+                assert_eq!(records.len(), 1, "handed back, dropped here");
                 assert!(records[0].thread.same_as(&ThreadInfo::current()));
                 Ok(())
             }
             Ok(()) => panic!("a run-once launch on a capturing stream was accepted"),
-            Err(e) => Err(e),
+            Err(e) => Err(e.into()),
         },
-        Op::AddHostNode => add_host_node(graph(run), &[], probe.closure()).map(drop),
+        Op::AddHostNode => add_host_node(graph(run), &[], probe.closure())
+            .map(drop)
+            .map_err(Into::into),
         Op::AddHostNodeAfterDependency => {
             let graph = graph(run);
             // SAFETY: the baseline node was added to this run's graph, which still holds it.
             let after = [unsafe {
                 GraphNode::from_raw(graph, run.baseline_node.expect("the baseline node"))
             }];
-            add_host_node(graph, &after, probe.closure()).map(drop)
+            add_host_node(graph, &after, probe.closure())
+                .map(drop)
+                .map_err(Into::into)
         }
         Op::AddHostNodeWithSyncMode => env
             .spin
             .add_host_node(graph(run), &[], probe.closure())
-            .map(drop),
+            .map(drop)
+            .map_err(Into::into),
         // SAFETY: a live graph of this thread; `bump` as above.
         Op::AddHostNodeRaw => unsafe {
             default
@@ -850,7 +902,15 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
                     probe.owners(),
                 )
                 .map(drop)
+                .map_err(Into::into)
         },
+        _ => operate_resource(env, op, run).map_err(Into::into),
+    }
+}
+
+/// The operations that take no owners: resources, graphs, drops.
+fn operate_resource(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
+    match op {
         Op::DeviceGet => Device::get(0).map(drop),
         Op::DeviceCount => Device::count().map(|n| assert_eq!(n, 1)),
         Op::DeviceName => env.context.device().name().map(drop),
@@ -921,6 +981,7 @@ fn operate(env: &Env, op: Op, run: &mut Run) -> Result<(), Error> {
             drop(run.context.take());
             Ok(())
         }
+        _ => unreachable!("{} takes owners: see operate", op.name()),
     }
 }
 
@@ -978,11 +1039,16 @@ fn host_nodes(graph: &Graph) -> usize {
 /// How a run went, as [`settle`] checks it.
 struct Outcome<'a> {
     result: Result<(), Error>,
+    /// Whether the error handed the owners back (dropped by [`case`] after they were counted).
+    handed_back: bool,
     /// The fault that should have made it fail (`None`: it must succeed).
     fault: Option<&'a Fault>,
     /// A second fault in its error path.
     rollback: Option<&'a Fault>,
-    /// Owners dropped before the operation returned, and whether all on this thread.
+    /// Owners dropped before the operation returned (before what it handed back was dropped).
+    dropped_while_held: usize,
+    /// Owners dropped once the caller dropped what the operation handed back, and whether all on
+    /// this thread.
     dropped_at_once: usize,
     dropped_here: bool,
     /// Pending launches right after the operation returned.
@@ -1040,13 +1106,26 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
     });
     let made = run.probe.drops.made();
     if failed && !stranded && op.family() == Family::Launch {
+        // Handed back, alive until the caller dropped them (never dropped by the crate: earlier
+        // work on the stream may still use them), then gone.
+        assert_eq!(
+            (outcome.handed_back, outcome.dropped_while_held),
+            (made > 0, 0),
+            "{label}: a refused launch's owners were not handed back"
+        );
         assert_eq!(
             outcome.dropped_at_once, made,
-            "{label}: the owners outlived the error"
+            "{label}: the owners handed back outlived their caller's drop"
         );
         assert!(
             outcome.dropped_here,
             "{label}: owners dropped on another thread"
+        );
+    }
+    if stranded {
+        assert!(
+            !outcome.handed_back,
+            "{label}: handed back what a capture may hold"
         );
     }
     let mut effects = Effects::default();
@@ -1344,6 +1423,15 @@ fn case(
     }
     let (result, counts) = counted(|| operate(env, op, &mut run));
     fake().clear_faults();
+    // What a refused launch handed back is counted as alive first, then dropped here, by its
+    // caller.
+    let dropped_while_held = run.probe.drops.records().len();
+    let (result, handed_back) = match result {
+        Ok(()) => (Ok(()), None),
+        Err(Refused { error, handed_back }) => (Err(error), handed_back),
+    };
+    let was_handed_back = handed_back.is_some();
+    drop(handed_back);
     if let Some(f) = fault {
         assert!(
             matched(&counts, &f.export) >= f.nth,
@@ -1359,8 +1447,10 @@ fn case(
     let me = ThreadInfo::current();
     let outcome = Outcome {
         result,
+        handed_back: was_handed_back,
         fault,
         rollback,
+        dropped_while_held,
         dropped_at_once: records.len(),
         dropped_here: records.iter().all(|r| r.thread.same_as(&me)),
         pending_at_once: pending_launches(None),
@@ -1405,6 +1495,8 @@ fn matrix(env: &mut Env, op: Op, report: &mut Report) {
         let result = operate(env, op, &mut run);
         let records = run.probe.drops.records();
         let outcome = Outcome {
+            handed_back: false,
+            dropped_while_held: records.len(),
             dropped_at_once: records.len(),
             dropped_here: true,
             pending_at_once: pending_launches(None),
@@ -1418,13 +1510,14 @@ fn matrix(env: &mut Env, op: Op, report: &mut Report) {
                 settle(env, op, run, outcome, &before);
                 Ok(())
             }
-            Err(e) => {
+            Err(refused) => {
+                drop(refused.handed_back);
                 drop(run);
                 if op.family() == Family::Capture {
                     end_capture(env).expect("the capture can be ended");
                 }
                 cuda_host_launch::flush(cuda_workspace::testing::PATIENCE).expect("flush");
-                Err(e)
+                Err(refused.error)
             }
         }
     });

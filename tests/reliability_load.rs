@@ -174,26 +174,30 @@ impl Streams {
 fn launch(stream: impl AsRawStream, i: usize, drops: DropCounts, slot: usize) {
     let owner = Counted(drops.owner(slot));
     let options = LaunchOptions::default();
-    let result = match i % 4 {
+    match i % 4 {
         0 => host_launch(stream, move || {
             let _keep = &owner;
             if thread_kind() != DRIVER {
                 MISCLASSIFIED.fetch_add(1, Ordering::Relaxed);
             }
             RAN.fetch_add(1, Ordering::Relaxed);
-        }),
+        })
+        .unwrap(),
         // SAFETY: `count_run` ignores its argument and does not unwind.
-        1 => unsafe { launch_host_function(stream, Some(count_run), ptr::null_mut(), owner) },
-        2 => options.host_launch_repeatable(stream, move || {
-            let _keep = &owner;
-            RAN.fetch_add(1, Ordering::Relaxed);
-        }),
+        1 => unsafe { launch_host_function(stream, Some(count_run), ptr::null_mut(), owner) }
+            .unwrap(),
+        2 => options
+            .host_launch_repeatable(stream, move || {
+                let _keep = &owner;
+                RAN.fetch_add(1, Ordering::Relaxed);
+            })
+            .unwrap(),
         // SAFETY: as above; it may run any number of times.
         _ => unsafe {
             options.launch_host_function_repeatable(stream, Some(count_run), ptr::null_mut(), owner)
-        },
-    };
-    result.unwrap();
+        }
+        .unwrap(),
+    }
 }
 
 /// `per_thread` launches from each of `THREADS` threads, thread `t` on stream `t % 4`, owners

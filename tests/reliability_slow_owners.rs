@@ -270,12 +270,14 @@ isolated_test! {
                         let owner_panics = matches!(i % 4, 1 | 2);
                         let closure_panics = matches!(i % 4, 0 | 2);
                         let panicking = owner_panics.then(|| PanickingOwner(Arc::clone(dropped)));
-                        let result = if i % 8 == 3 {
+                        if i % 8 == 3 {
                             // Some repeatable (not capturing: run once) launches too.
-                            LaunchOptions::default().host_launch_repeatable(stream, move || {
-                                let _keep = (&counted, &panicking);
-                                ran.fetch_add(1, Ordering::SeqCst);
-                            })
+                            LaunchOptions::default()
+                                .host_launch_repeatable(stream, move || {
+                                    let _keep = (&counted, &panicking);
+                                    ran.fetch_add(1, Ordering::SeqCst);
+                                })
+                                .unwrap();
                         } else {
                             host_launch(stream, move || {
                                 let _keep = (&counted, &panicking);
@@ -284,8 +286,8 @@ isolated_test! {
                                     panic!("{EXPECTED} from a host closure");
                                 }
                             })
-                        };
-                        result.unwrap();
+                            .unwrap();
+                        }
                     }
                 });
             }

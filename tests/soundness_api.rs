@@ -48,10 +48,13 @@ unsafe extern "C" fn foreign_host_function(user_data: *mut c_void) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take();
+    // Refused: the owner handed back is taken for an `Error` here (as `?` would), which drops it
+    // off this driver thread, through the cleanup queue.
     let launched = host_launch(foreign.stream, move || {
         let _keep = &owner;
     })
-    .map(drop);
+    .map(drop)
+    .map_err(Into::into);
     let flushed = flush(Duration::from_millis(1));
     drop(
         foreign
@@ -158,7 +161,7 @@ isolated_test! {
             host_launch(&stream, move || {
                 drop(STASHED_MARK.with(|slot| slot.borrow_mut().take()));
                 still_inside.store(in_host_function(), Ordering::SeqCst);
-                let launched = host_launch(raw, || {}).map(drop);
+                let launched = host_launch(raw, || {}).map(drop).map_err(Into::into);
                 *outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(launched);
             })
             .unwrap();
@@ -200,7 +203,16 @@ isolated_test! {
             let _keep = &owner;
         });
         let calls = fake().call_counts();
-        let result = result.map(drop);
+        assert_eq!(drops.dropped(), 0, "the crate dropped the closure it refused");
+        let (result, handed_back) = match result {
+            Ok(_) => (Ok(()), None),
+            Err(e) => {
+                let (error, closure) = e.into_parts();
+                (Err(error), closure)
+            }
+        };
+        assert!(handed_back.is_some(), "the closure was not handed back");
+        drop(handed_back);
         assert!(
             matches!(result, Err(Error::NodeOfAnotherGraph { node, node_graph, graph })
                 if node == node_of_first.raw().addr()
@@ -209,7 +221,7 @@ isolated_test! {
             "{result:?}"
         );
         assert!(calls.is_empty(), "driver calls were made: {calls:?}");
-        assert_eq!(drops.dropped(), 1, "the closure was not released before the error returned");
+        assert_eq!(drops.dropped(), 1, "the closure handed back outlived its drop");
         assert!(second.nodes().unwrap().is_empty(), "a node was left behind");
     }
 }

@@ -477,7 +477,12 @@ fn in_forked_child(stream: &Stream) -> Result<(), String> {
     match host_launch(stream, move || {
         let _keep = &owner;
     }) {
-        Err(e) if is_fork_error(&e) => {}
+        Err(e) if is_fork_error(e.error()) => {
+            // Handed back, alive until dropped here.
+            if dropped.lock().unwrap().is_some() || !e.is_handed_back() {
+                return Err("the refused launch's owner was not handed back".into());
+            }
+        }
         other => return Err(format!("host_launch returned {other:?}, not a fork error")),
     }
     if *dropped.lock().unwrap() != Some(std::thread::current().id()) {

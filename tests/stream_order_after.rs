@@ -285,7 +285,12 @@ isolated_test! {
         let destroys = fake().call_count("cuEventDestroy");
         let stranded = Drops::new();
         let result = release_after(&captured, stranded.owner());
-        assert!(matches!(result, Err(Error::CaptureActive { .. })), "{result:?}");
+        assert!(
+            matches!(&result, Err(e) if matches!(e.error(), Error::CaptureActive { .. })
+                && !e.is_handed_back()),
+            "{result:?}"
+        );
+        drop(result);
         assert_eq!(
             fake().call_count("cuEventDestroy"),
             destroys,
@@ -628,9 +633,11 @@ isolated_test! {
     /// On a capturing stream a release is refused (`ReleaseDuringCapture`: work enqueued before
     /// the capture began is not in the graph, and nothing tells when it completes; tied to the
     /// graph, as it was before, its owners were dropped when the graph was destroyed, while that
-    /// work still ran) and a callback is refused too; both are dropped on the caller's thread,
-    /// unrun, before the error returns; the capture is unharmed.
-    fn on_a_capturing_stream_releases_and_callbacks_are_refused(
+    /// work still ran) and a callback is refused too; both are handed back in the error, unrun:
+    /// the owner stays alive while the earlier work (a hold) has not completed, until the caller
+    /// drops it. (Before, the crate dropped it on the caller's thread before the error returned,
+    /// while the held work still ran.) The capture is unharmed.
+    fn on_a_capturing_stream_releases_and_callbacks_are_refused_and_handed_back(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         let context = fake_primary_context();
@@ -640,24 +647,44 @@ isolated_test! {
         let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         begin_capture(stream.raw(), CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
         let refused = release_after(&stream, drops.owner());
+        let refused = refused.expect_err("a release on a capturing stream");
         assert!(
-            matches!(refused, Err(Error::ReleaseDuringCapture { .. })),
+            matches!(refused.error(), Error::ReleaseDuringCapture { .. }),
             "{refused:?}"
         );
-        assert_eq!(drops.dropped(), 1, "refused: the owner is dropped before the error returns");
-        assert!(drops.records()[0].thread.same_as(&ThreadInfo::current()));
+        // The earlier work is held (its completion is looked at once the capture ended): what it
+        // may use must be alive.
+        assert_eq!(drops.dropped(), 0, "dropped while the earlier work still runs");
+        assert!(refused.is_handed_back(), "{refused:?}");
         let ran = Arc::new(AtomicUsize::new(0));
         let counter = Arc::clone(&ran);
-        let refused = spawn_after(&stream, move || {
+        let refused_call = spawn_after(&stream, move || {
             counter.fetch_add(1, Ordering::SeqCst);
         });
-        assert!(matches!(refused, Err(Error::CaptureActive { .. })), "{refused:?}");
+        let refused_call = refused_call.expect_err("a callback on a capturing stream");
+        assert!(
+            matches!(refused_call.error(), Error::CaptureActive { .. }),
+            "{refused_call:?}"
+        );
         let graph = end_capture(stream.raw()).expect("the capture survived");
         destroy_graph(graph);
+        flush(PATIENCE).unwrap();
+        // The earlier work is still held: the owner it may use is alive, in the caller's hands.
+        assert!(!stream.is_idle().unwrap(), "the held work completed early");
+        assert_eq!(drops.dropped(), 0, "dropped while the earlier work still runs");
+        let owner = refused.into_inner().expect("handed back");
         hold.release();
         stream.synchronize().unwrap();
-        flush(PATIENCE).unwrap();
+        // The caller drops it once the earlier work is done: here, on its thread.
+        drop(owner);
+        assert_eq!(drops.dropped(), 1);
+        assert!(drops.records()[0].thread.same_as(&ThreadInfo::current()));
+        // The callback, handed back unrun, can be called or dropped by the caller.
+        let callback = refused_call.into_inner().expect("handed back");
         assert_eq!(ran.load(Ordering::SeqCst), 0);
+        callback();
+        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        flush(PATIENCE).unwrap();
         assert_eq!(context.pending_launches(), 0);
     }
 
@@ -754,14 +781,19 @@ isolated_test! {
     }
 
     /// A stream of a context made with `cuCtxCreate` is refused (the crate could not keep it alive
-    /// for its poller); the owners are dropped on the calling thread.
+    /// for its poller); the owners are handed back, and dropped when the caller drops them.
     fn a_stream_of_a_created_context_is_refused(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
         fake_primary_context();
         let created = CreatedContext::new();
         let drops = Drops::new();
         // SAFETY: used while `created` lives.
         let refused = release_after(unsafe { created.raw_stream() }, drops.owner());
-        assert!(matches!(refused, Err(Error::NotPrimaryContext { .. })), "{refused:?}");
+        assert!(
+            matches!(&refused, Err(e) if matches!(e.error(), Error::NotPrimaryContext { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
+        drop(refused);
         let records = drops.records();
         assert_eq!(records.len(), 1);
         assert!(records[0].thread.same_as(&ThreadInfo::current()));
@@ -777,7 +809,10 @@ isolated_test! {
         let created = CreatedContext::new();
         // SAFETY: used while `created` lives.
         let refused = spawn_after(unsafe { created.raw_stream() }, || {});
-        assert!(matches!(refused, Err(Error::NotPrimaryContext { .. })), "{refused:?}");
+        assert!(
+            matches!(&refused, Err(e) if matches!(e.error(), Error::NotPrimaryContext { .. })),
+            "{refused:?}"
+        );
         assert_eq!(fake().call_count("cuDevicePrimaryCtxRetain"), 0);
     }
 
@@ -1217,9 +1252,11 @@ fn capture_race(end_inside: bool) {
         result.expect("the call cannot see a capture that began and ended inside it");
     } else {
         assert!(
-            matches!(result, Err(Error::CaptureActive { .. })),
+            matches!(&result, Err(e) if matches!(e.error(), Error::CaptureActive { .. })
+                && !e.is_handed_back()),
             "{result:?}"
         );
+        drop(result);
         let g =
             end_capture(stream.raw()).expect("the capture survived: its event was never queried");
         *graph.lock().unwrap() = Some(g.addr());

@@ -17,9 +17,11 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use crate::launch_error::LaunchError;
 use crate::reaper::owned_record::OwnedRecord;
 use crate::record::layout::Payload;
 use crate::record::payload::DeferredDrop;
+#[cfg(doc)]
 use crate::support::error::Error;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::raw_stream::AsRawStream;
@@ -29,8 +31,8 @@ use crate::transport::watcher;
 /// Keeps `owners` until all work enqueued on `stream` before this call has completed, then drops
 /// them on the cleanup queue's thread (the reaper; in [`CleanupMode::Manual`](crate::CleanupMode::Manual),
 /// whoever drains): never a driver thread, never the watcher (so an owner whose `Drop`
-/// blocks, or awaits a future of this crate, delays no completion), never the caller's unless
-/// the call fails. One `cuEventRecord`; no host function; the stream does not wait.
+/// blocks, or awaits a future of this crate, delays no completion), never the caller's. One
+/// `cuEventRecord`; no host function; the stream does not wait.
 ///
 /// On a capturing stream the release is refused ([`Error::ReleaseDuringCapture`]): work enqueued
 /// before the capture began is not in the graph, and nothing would tell when it completes. To keep
@@ -38,17 +40,20 @@ use crate::transport::watcher;
 /// stream ([`LaunchOptions::host_launch_repeatable`](crate::LaunchOptions::host_launch_repeatable)).
 ///
 /// # Errors
-/// - [`Error::ReleaseDuringCapture`] on a capturing stream: the owners are dropped before
-///   returning, on the calling thread; the capture is unharmed.
+/// A [`LaunchError`], which hands the owners back wherever no event was recorded: the work
+/// enqueued before the call may still use them, so the caller decides (synchronize the stream,
+/// then drop them).
+/// - [`Error::ReleaseDuringCapture`] on a capturing stream: handed back; the capture is unharmed.
+/// - [`Error::NotPrimaryContext`] for a stream of a context made with `cuCtxCreate`; the driver's
+///   errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and creating events);
+///   [`Error::InsideHostFunction`] inside a host function; [`Error::TooManyPendingLaunches`];
+///   [`Error::ForkedChild`]: handed back.
 /// - [`Error::CaptureActive`] if another thread began a capture of the stream while this call ran:
-///   the capture may hold the event, so it is never queried, and the owners stay pending (counted
-///   by [`pending_launches`](crate::pending_launches)) until the context is reset. Never early.
-/// - [`Error::NotPrimaryContext`] for a stream of a context made with `cuCtxCreate`.
-/// - The driver's errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and
-///   creating events), [`Error::InsideHostFunction`] inside a host function. On these the owners
-///   are dropped before returning, on the calling thread.
-/// - [`Error::ThreadSpawn`] if the watcher thread could not be started: the release was accepted
-///   all the same (do not repeat it) and completes once a later call starts the watcher.
+///   kept ([`LaunchError::into_inner`] is `None`). The capture may hold the event, so it is never
+///   queried, and the owners stay pending (counted by
+///   [`pending_launches`](crate::pending_launches)) until the context is reset. Never early.
+/// - [`Error::ThreadSpawn`] if the watcher thread could not be started: kept; the release was
+///   accepted all the same (do not repeat it) and completes once a later call starts the watcher.
 ///
 /// # Examples
 /// ```no_run
@@ -59,11 +64,18 @@ use crate::transport::watcher;
 /// release_after(RawStream::LEGACY, staging)?; // freed once the copy has completed
 /// # Ok(()) }
 /// ```
-pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) -> Result<(), Error> {
+pub fn release_after<S: AsRawStream, O: Send + 'static>(
+    stream: S,
+    owners: O,
+) -> Result<(), LaunchError<O>> {
     let record = OwnedRecord::new(DeferredDrop(owners));
     // SAFETY: the payload's run does nothing; its owners are dropped with the record.
-    let ring = unsafe { event::enqueue(&stream, record, Work::Release) }?;
-    watcher::answer(ring)
+    let ring = unsafe { event::enqueue(&stream, record, Work::Release) }.map_err(|refusal| {
+        // SAFETY: the record was made just above with a `DeferredDrop<O>`.
+        unsafe { LaunchError::unpack(refusal, |p: DeferredDrop<O>| Some(p.0)) }
+    })?;
+    // A watcher that cannot be started leaves the release accepted: kept.
+    watcher::answer(ring).map_err(|e| LaunchError::new(e, None))
 }
 
 /// Runs `f` once all work enqueued on `stream` before this call has completed, on the cleanup
@@ -91,10 +103,11 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) ->
 /// # Errors
 /// - [`Error::CaptureActive`] on a capturing stream (`f` cannot be ordered after work that only
 ///   exists in a graph: use a repeatable host function there,
-///   [`LaunchOptions::host_launch_repeatable`](crate::LaunchOptions::host_launch_repeatable)), or
-///   if another thread began a capture of it while this call ran (then `f` never runs; it is
-///   dropped when the context is reset).
-/// - As [`release_after`] otherwise; on an error `f` is dropped without running.
+///   [`LaunchOptions::host_launch_repeatable`](crate::LaunchOptions::host_launch_repeatable)):
+///   `f` is handed back, unrun. If another thread began a capture of it while this call ran,
+///   `CaptureActive` too, but kept ([`LaunchError::into_inner`] is `None`): `f` never runs; it
+///   is dropped when the context is reset.
+/// - As [`release_after`] otherwise: `f` is handed back, unrun, wherever no event was recorded.
 ///
 /// # Examples
 /// ```no_run
@@ -103,7 +116,7 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) ->
 /// spawn_after(RawStream::LEGACY, || println!("the stream got here"))?;
 /// # Ok(()) }
 /// ```
-pub fn spawn_after<S, F>(stream: S, f: F) -> Result<(), Error>
+pub fn spawn_after<S, F>(stream: S, f: F) -> Result<(), LaunchError<F>>
 where
     S: AsRawStream,
     F: FnOnce() + Send + 'static,
@@ -111,8 +124,13 @@ where
     let record = OwnedRecord::new(Callback(Some(f)));
     // SAFETY: the payload's run calls a `Send` closure once on the cleanup queue's thread (a
     // thread of this crate, or one that drains: never a driver thread), catching panics.
-    let ring = unsafe { event::enqueue(&stream, record, Work::Call) }?;
-    watcher::answer(ring)
+    let ring = unsafe { event::enqueue(&stream, record, Work::Call) }.map_err(|refusal| {
+        // SAFETY: the record was made just above with a `Callback<F>` (a refused one never ran,
+        // so it still holds `f`).
+        unsafe { LaunchError::unpack(refusal, |p: Callback<F>| p.0) }
+    })?;
+    // A watcher that cannot be started leaves the callback accepted: kept.
+    watcher::answer(ring).map_err(|e| LaunchError::new(e, None))
 }
 
 /// A [`spawn_after`] callback: called once, its panic reported where it ran.

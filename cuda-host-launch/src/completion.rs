@@ -48,6 +48,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use crate::launch_error::LaunchError;
 use crate::reaper::owned_record::OwnedRecord;
 use crate::record::layout::{PanicPayload, Payload};
 use crate::support::context_key::ContextKey;
@@ -171,24 +172,23 @@ impl CompletionMode {
 
 /// A completion's record: runs when the stream got there.
 fn completion_record(shared: &Arc<CompletionState<()>>) -> OwnedRecord {
-    OwnedRecord::new(CompletionPayload {
-        shared: Arc::clone(shared),
-        waker_panic: None,
-    })
+    OwnedRecord::new(CompletionPayload::new(shared))
 }
 
 /// `CompletionMode::HostFunction`'s enqueue.
 fn by_host_function(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>>, Error> {
     let shared = CompletionState::new();
-    // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
+    // SAFETY: the payload's run only stores a flag and wakes a waker by reference. A refused
+    // record holds only the shared state: released here (no one waits on it).
     let launched = unsafe {
         enqueue_in(
             stream,
             completion_record(&shared),
             Runs::Once,
             &LaunchOptions::default(),
-        )?
-    };
+        )
+    }
+    .map_err(|refusal| refusal.error)?;
     watch_for_faults(launched, &shared);
     Ok(shared)
 }
@@ -211,8 +211,10 @@ fn watch_for_faults<T: Send + 'static>(
 fn by_event(stream: &impl AsRawStream) -> Result<Arc<CompletionState<()>>, Error> {
     let shared = CompletionState::new();
     let work = Work::Wake(Arc::clone(&shared));
-    // SAFETY: the payload's run only stores a flag and wakes a waker by reference.
-    let ring = unsafe { event::enqueue(stream, completion_record(&shared), work)? };
+    // SAFETY: the payload's run only stores a flag and wakes a waker by reference. A refused
+    // record holds only the shared state: released here (no one waits on it).
+    let ring = unsafe { event::enqueue(stream, completion_record(&shared), work) }
+        .map_err(|refusal| refusal.error)?;
     watcher::answer(ring)?;
     Ok(shared)
 }
@@ -229,20 +231,35 @@ fn event_unavailable(error: &Error) -> bool {
     )
 }
 
-/// The record of a host-function or event completion.
-struct CompletionPayload {
-    shared: Arc<CompletionState<()>>,
+/// The record of a host-function or event completion, and the part of a [`host_launch_async`]
+/// record that completes its future: the future's shared state, failed if released unrun.
+struct CompletionPayload<T> {
+    shared: Arc<CompletionState<T>>,
     /// The waker's panic when the run woke it, carried to the releasing thread.
     waker_panic: Option<PanicPayload>,
 }
 
-impl Payload for CompletionPayload {
-    unsafe fn run(&mut self) {
-        self.waker_panic = self.shared.complete(Ok(()));
+impl<T> CompletionPayload<T> {
+    fn new(shared: &Arc<CompletionState<T>>) -> Self {
+        CompletionPayload {
+            shared: Arc::clone(shared),
+            waker_panic: None,
+        }
+    }
+
+    /// Resolves the future to `result` and wakes its task (by reference), keeping a waker's panic.
+    fn complete(&mut self, result: Result<T, PanicPayload>) {
+        self.waker_panic = self.shared.complete(result);
     }
 }
 
-impl Drop for CompletionPayload {
+impl Payload for CompletionPayload<()> {
+    unsafe fn run(&mut self) {
+        self.complete(Ok(()));
+    }
+}
+
+impl<T> Drop for CompletionPayload<T> {
     fn drop(&mut self) {
         // Released without having run: the context was lost (or the launch failed, in which case
         // no one waits on the future). Runs on the releasing thread, never a driver thread.
@@ -289,7 +306,7 @@ impl<T> std::fmt::Debug for HostLaunchFuture<T> {
 /// was dropped, the result is dropped with the launch record, off the driver's thread.
 ///
 /// # Errors
-/// As [`host_launch`](crate::host_launch).
+/// As [`host_launch`](crate::host_launch): the [`LaunchError`] hands `f` back, unrun.
 ///
 /// # Examples
 /// ```no_run
@@ -299,7 +316,7 @@ impl<T> std::fmt::Debug for HostLaunchFuture<T> {
 /// println!("ran on {:?}", thread.await?);
 /// # Ok(()) }
 /// ```
-pub fn host_launch_async<S, F, T>(stream: S, f: F) -> Result<HostLaunchFuture<T>, Error>
+pub fn host_launch_async<S, F, T>(stream: S, f: F) -> Result<HostLaunchFuture<T>, LaunchError<F>>
 where
     S: AsRawStream,
     F: FnMut() -> T + Send + 'static,
@@ -308,33 +325,30 @@ where
     let shared = CompletionState::new();
     let record = OwnedRecord::new(AsyncPayload {
         f,
-        shared: Arc::clone(&shared),
-        waker_panic: None,
+        done: CompletionPayload::new(&shared),
     });
     // SAFETY: the payload's run calls a `Send` closure once, catching panics, then stores the
     // result and wakes by reference.
-    let launched = unsafe { enqueue_in(&stream, record, Runs::Once, &LaunchOptions::default())? };
+    let launched = unsafe { enqueue_in(&stream, record, Runs::Once, &LaunchOptions::default()) }
+        .map_err(|refusal| {
+            // SAFETY: the record was made just above with an `AsyncPayload<F, T>`. Its shared
+            // state is dropped with it (the future was never returned: no one waits).
+            unsafe { LaunchError::unpack(refusal, |p: AsyncPayload<F, T>| Some(p.f)) }
+        })?;
     watch_for_faults(launched, &shared);
     Ok(HostLaunchFuture { shared })
 }
 
+/// A [`host_launch_async`] record: the closure, and what completes its future (which fails it if
+/// the record is released unrun).
 struct AsyncPayload<F, T> {
     f: F,
-    shared: Arc<CompletionState<T>>,
-    /// As [`CompletionPayload::waker_panic`].
-    waker_panic: Option<PanicPayload>,
+    done: CompletionPayload<T>,
 }
 
 impl<F: FnMut() -> T + Send + 'static, T: Send + 'static> Payload for AsyncPayload<F, T> {
     unsafe fn run(&mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut self.f));
-        self.waker_panic = self.shared.complete(result);
-    }
-}
-
-impl<F, T> Drop for AsyncPayload<F, T> {
-    fn drop(&mut self) {
-        let failed = self.shared.fail();
-        report_waker_panics(self.waker_panic.take(), failed);
+        self.done.complete(result);
     }
 }

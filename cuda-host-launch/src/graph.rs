@@ -10,9 +10,11 @@ use cuda_dl_sys::types::{
 };
 
 use crate::launch::raw_payload;
+use crate::launch_error::LaunchError;
 use crate::reaper;
 use crate::reaper::defer_drop::defer_drop;
-use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::owned_record::{OwnedRecord, Refusal};
+use crate::record::payload::RawPayload;
 use crate::support::error::Error;
 use crate::support::host_thread::{in_host_function, refuse_inside_host_function};
 use crate::support::raw_stream::AsRawStream;
@@ -279,9 +281,13 @@ impl Drop for GraphExec {
 /// reported.
 ///
 /// # Errors
-/// [`Error::NodeOfAnotherGraph`] if a dependency is not a node of `graph` (no driver call is made);
-/// [`Error::Cuda`] if a driver call fails (`DriverTooOld` before 11.3, which has no user objects).
-/// Whatever fails, `f` is released exactly once and no node is left pointing at it.
+/// A [`LaunchError`]: [`Error::NodeOfAnotherGraph`] if a dependency is not a node of `graph` (no
+/// driver call is made); [`Error::InsideHostFunction`]; [`Error::Cuda`] if a driver call fails
+/// (`DriverTooOld` before 11.3, which has no user objects). `f` is handed back, unrun, unless the
+/// graph already owned it: a failed `cuGraphRetainUserObject`, or a node the driver refused to add
+/// (`cuGraphAddHostNode`, `cuGraphAddNode`). Then the crate keeps it
+/// ([`LaunchError::into_inner`] is `None`): the graph's user object is let go, and `f` is released
+/// exactly once, through the cleanup queue, with no node left pointing at it.
 ///
 /// # Examples
 /// ```no_run
@@ -316,7 +322,7 @@ pub fn add_host_node<'g, F>(
     graph: &'g Graph,
     dependencies: &[GraphNode<'_>],
     f: F,
-) -> Result<GraphNode<'g>, Error>
+) -> Result<GraphNode<'g>, LaunchError<F>>
 where
     F: Fn() + Send + Sync + 'static,
 {
@@ -346,17 +352,23 @@ impl LaunchOptions {
         graph: &'g Graph,
         dependencies: &[GraphNode<'_>],
         f: F,
-    ) -> Result<GraphNode<'g>, Error>
+    ) -> Result<GraphNode<'g>, LaunchError<F>>
     where
         F: Fn() + Send + Sync + 'static,
     {
+        let dependencies = match raw_dependencies(graph, dependencies) {
+            Ok(dependencies) => dependencies,
+            Err(e) => return Err(LaunchError::new(e, Some(f))),
+        };
         let record = OwnedRecord::graph_node(RepeatableClosure(f));
-        // On an error the record is dropped here, which releases `f` (off a driver thread).
-        let dependencies = raw_dependencies(graph, dependencies)?;
         // SAFETY: `graph` is a live graph (borrowed, and not `Sync`, so no other thread uses it);
         // `dependencies` are its nodes (checked above); a repeatable closure record may run any
         // number of times.
-        let node = unsafe { add_node(graph.raw, &dependencies, self, record)? };
+        let node =
+            unsafe { add_node(graph.raw, &dependencies, self, record) }.map_err(|refusal| {
+                // SAFETY: the record was made just above with a `RepeatableClosure<F>`.
+                unsafe { LaunchError::unpack(refusal, |p: RepeatableClosure<F>| Some(p.0)) }
+            })?;
         // SAFETY: the driver just added `node` to `graph`; this crate never removes nodes.
         Ok(unsafe { GraphNode::from_raw(graph, node) })
     }
@@ -376,7 +388,8 @@ impl LaunchOptions {
     ///   `owners`.
     ///
     /// # Errors
-    /// As [`add_host_node`]; [`Error::NullFunction`] for a null `f`.
+    /// As [`add_host_node`] (`owners` handed back or kept as `f` is there); [`Error::NullFunction`]
+    /// for a null `f` (handed back).
     pub unsafe fn add_host_node_raw<O>(
         &self,
         graph: CUgraph,
@@ -384,17 +397,49 @@ impl LaunchOptions {
         f: CUhostFn,
         user_data: *mut c_void,
         owners: O,
-    ) -> Result<CUgraphNode, Error>
+    ) -> Result<CUgraphNode, LaunchError<O>>
     where
         O: Send + Sync + 'static,
     {
         let record = OwnedRecord::graph_node(raw_payload(f, user_data, owners)?);
         // SAFETY: the caller's contract.
-        unsafe { add_node(graph, dependencies, self, record) }
+        unsafe { add_node(graph, dependencies, self, record) }.map_err(|refusal| {
+            // SAFETY: the record was made just above with a `RawPayload<O>`.
+            unsafe { LaunchError::unpack(refusal, |p: RawPayload<O>| Some(p.owners)) }
+        })
     }
 }
 
-/// Attaches `record` to `graph`, then adds the node that runs it; detaches if adding fails.
+/// The driver's call that adds a host node with these options, resolved before the record is
+/// handed to the graph (so a driver without it refuses the node with the record handed back).
+enum AddNode {
+    /// `cuGraphAddHostNode` (no sync mode).
+    Host(
+        unsafe extern "C" fn(
+            *mut CUgraphNode,
+            CUgraph,
+            *const CUgraphNode,
+            usize,
+            *const CUDA_HOST_NODE_PARAMS,
+        ) -> CUresult,
+    ),
+    /// `cuGraphAddNode` with the v2 host-node parameters and this sync mode.
+    Node(
+        unsafe extern "C" fn(
+            *mut CUgraphNode,
+            CUgraph,
+            *const CUgraphNode,
+            *const cuda_dl_sys::types::CUgraphEdgeData,
+            usize,
+            *mut CUgraphNodeParams,
+        ) -> CUresult,
+        u32,
+    ),
+}
+
+/// Attaches `record` to `graph`, then adds the node that runs it; detaches if adding fails. The
+/// record goes back in the refusal if the graph never owned it; once it did, the crate keeps it
+/// (the user object let go releases it).
 ///
 /// # Safety
 /// `graph` live; `dependencies` its nodes; the record repeatable.
@@ -403,44 +448,47 @@ unsafe fn add_node(
     dependencies: &[CUgraphNode],
     options: &LaunchOptions,
     record: OwnedRecord,
-) -> Result<CUgraphNode, Error> {
-    if in_host_function() {
-        return Err(Error::InsideHostFunction {
-            operation: "adding a graph host node",
-        });
-    }
-    reaper::thread::prepare()?;
-    let driver = cuda_dl_sys::driver()?;
-    options.check_supported(driver)?;
+) -> Result<CUgraphNode, Refusal> {
+    let checks = || -> Result<_, Error> {
+        if in_host_function() {
+            return Err(Error::InsideHostFunction {
+                operation: "adding a graph host node",
+            });
+        }
+        reaper::thread::prepare()?;
+        let driver = cuda_dl_sys::driver()?;
+        options.check_supported(driver)?;
+        let add = match options.sync_mode {
+            None => AddNode::Host(driver.raw().cuGraphAddHostNode()?),
+            Some(mode) => AddNode::Node(driver.raw().cuGraphAddNode()?, mode.raw()),
+        };
+        Ok((driver, add))
+    };
+    let (driver, add) = match checks() {
+        Ok(checked) => checked,
+        Err(e) => return Err(Refusal::back(e, record)),
+    };
     let owned = GraphOwnedRecord::attach(driver, graph, record)?;
     let mut node: CUgraphNode = ptr::null_mut();
-    let (code, function) = match options.sync_mode {
-        None => {
+    let (code, function) = match add {
+        AddNode::Host(add) => {
             let params = CUDA_HOST_NODE_PARAMS {
                 fn_: Some(trampoline_repeatable),
                 userData: owned.user_data(),
             };
-            match driver.raw().cuGraphAddHostNode() {
-                // SAFETY: live graph, its dependencies, valid params and out-pointer.
-                Ok(add) => (
-                    unsafe {
-                        add(
-                            &mut node,
-                            graph,
-                            dependencies.as_ptr(),
-                            dependencies.len(),
-                            &params,
-                        )
-                    },
-                    "cuGraphAddHostNode",
-                ),
-                Err(e) => {
-                    owned.detach(driver);
-                    return Err(e.into());
-                }
-            }
+            // SAFETY: live graph, its dependencies, valid params and out-pointer.
+            let code = unsafe {
+                add(
+                    &mut node,
+                    graph,
+                    dependencies.as_ptr(),
+                    dependencies.len(),
+                    &params,
+                )
+            };
+            (code, "cuGraphAddHostNode")
         }
-        Some(mode) => {
+        AddNode::Node(add, mode) => {
             let mut params = CUgraphNodeParams {
                 type_: CUgraphNodeType::CU_GRAPH_NODE_TYPE_HOST,
                 ..Default::default()
@@ -448,34 +496,28 @@ unsafe fn add_node(
             params.__bindgen_anon_1.host = CUDA_HOST_NODE_PARAMS_v2 {
                 fn_: Some(trampoline_repeatable),
                 userData: owned.user_data(),
-                syncMode: mode.raw(),
+                syncMode: mode,
                 ..Default::default()
             };
-            match driver.raw().cuGraphAddNode() {
-                // SAFETY: live graph, its dependencies (no edge data), valid params and out-pointer.
-                Ok(add) => (
-                    unsafe {
-                        add(
-                            &mut node,
-                            graph,
-                            dependencies.as_ptr(),
-                            ptr::null(),
-                            dependencies.len(),
-                            &mut params,
-                        )
-                    },
-                    "cuGraphAddNode",
-                ),
-                Err(e) => {
-                    owned.detach(driver);
-                    return Err(e.into());
-                }
-            }
+            // SAFETY: live graph, its dependencies (no edge data), valid params and out-pointer.
+            let code = unsafe {
+                add(
+                    &mut node,
+                    graph,
+                    dependencies.as_ptr(),
+                    ptr::null(),
+                    dependencies.len(),
+                    &mut params,
+                )
+            };
+            (code, "cuGraphAddNode")
         }
     };
     if code != CUresult::CUDA_SUCCESS {
+        // The graph's user object owns the record: letting it go releases the record (kept).
         owned.detach(driver);
-        return Err(cuda_dl_sys::Error::from(driver.describe(code, Some(function))).into());
+        let error = cuda_dl_sys::Error::from(driver.describe(code, Some(function)));
+        return Err(Refusal::kept(error.into()));
     }
     Ok(node)
 }

@@ -6,7 +6,7 @@ use std::ffi::c_void;
 
 use cuda_dl_sys::types::CUhostFn;
 
-use crate::reaper::defer_drop::defer_drop;
+use crate::launch_error::LaunchError;
 use crate::reaper::owned_record::OwnedRecord;
 use crate::record::payload::{ClosurePayload, RawPayload};
 use crate::support::error::Error;
@@ -37,11 +37,14 @@ use crate::transport::options::LaunchOptions;
 /// - whatever `user_data` points to must stay valid until `f` returns: keep it alive in `owners`.
 ///
 /// # Errors
-/// [`Error::NullFunction`] for a null `f`; [`Error::CaptureActive`] if `stream` is capturing a
-/// graph; [`Error::InsideHostFunction`] if called from a host function; [`Error::Cuda`] if the driver
-/// cannot be loaded or refuses the launch; [`Error::ForkedChild`] in a child process forked after
-/// the first launch. In every case `owners` has been dropped (on this thread,
-/// or through the cleanup queue if this is a driver thread) before the error returns.
+/// A [`LaunchError`] that hands `owners` back (earlier work on the stream may still use them: the
+/// caller decides when to drop them): [`Error::NullFunction`] for a null `f`;
+/// [`Error::CaptureActive`] if `stream` is capturing a graph; [`Error::InsideHostFunction`] if
+/// called from a host function; [`Error::Cuda`] if the driver cannot be loaded or refuses the
+/// launch (`cuLaunchHostFunc` failed); [`Error::TooManyPendingLaunches`]; [`Error::ForkedChild`]
+/// in a child process forked after the first launch. None of these keeps the owners: the driver
+/// never had them. (`?` into an [`Error`] drops them at once, or through the cleanup queue inside
+/// a host function.)
 ///
 /// # Examples
 /// ```no_run
@@ -67,7 +70,7 @@ pub unsafe fn launch_host_function<S, O>(
     f: CUhostFn,
     user_data: *mut c_void,
     owners: O,
-) -> Result<(), Error>
+) -> Result<(), LaunchError<O>>
 where
     S: AsRawStream,
     O: Send + 'static,
@@ -86,7 +89,8 @@ where
 /// equal to `bytes`, and must not unwind. The rules of [`launch_host_function`] apply.
 ///
 /// # Errors
-/// As [`launch_host_function`], and [`Error::UserDataTooLarge`].
+/// As [`launch_host_function`], and [`Error::UserDataTooLarge`]. Nothing is handed back: `bytes`
+/// stay the caller's, and the launch's copy of them, which nothing else ever saw, is freed.
 ///
 /// # Examples
 /// ```no_run
@@ -124,7 +128,10 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
     let record =
         OwnedRecord::bytes(f, bytes).ok_or(Error::UserDataTooLarge { len: bytes.len() })?;
     // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's run.
+    // A refused record holds only the copy, which is freed (released here, or queued inside a
+    // host function).
     unsafe { enqueue(&stream, record, Runs::Once, &LaunchOptions::default()) }
+        .map_err(|refusal| refusal.error)
 }
 
 /// Runs the closure `f` in stream order, on the driver's thread; its captures are its owners.
@@ -147,7 +154,7 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
 /// context, never run after a sticky error.
 ///
 /// # Errors
-/// As [`launch_host_function`]; `f` has been dropped when an error returns.
+/// As [`launch_host_function`]: the [`LaunchError`] hands `f` back, unrun.
 ///
 /// # Examples
 /// ```no_run
@@ -176,7 +183,7 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
 /// assert_eq!(rx.recv().expect("the host function ran"), [1, 2, 3]);
 /// # Ok(()) }
 /// ```
-pub fn host_launch<S, F>(stream: S, f: F) -> Result<(), Error>
+pub fn host_launch<S, F>(stream: S, f: F) -> Result<(), LaunchError<F>>
 where
     S: AsRawStream,
     F: FnMut() + Send + 'static,
@@ -212,7 +219,7 @@ impl LaunchOptions {
         f: CUhostFn,
         user_data: *mut c_void,
         owners: O,
-    ) -> Result<(), Error>
+    ) -> Result<(), LaunchError<O>>
     where
         S: AsRawStream,
         O: Send + 'static,
@@ -220,7 +227,10 @@ impl LaunchOptions {
         let record = OwnedRecord::new(raw_payload(f, user_data, owners)?);
         // SAFETY: the caller's contract is this function's `# Safety`, which covers the payload's
         // run.
-        unsafe { enqueue(&stream, record, Runs::Once, self) }
+        unsafe { enqueue(&stream, record, Runs::Once, self) }.map_err(|refusal| {
+            // SAFETY: the record was made just above with a `RawPayload<O>`.
+            unsafe { LaunchError::unpack(refusal, |p: RawPayload<O>| Some(p.owners)) }
+        })
     }
 
     /// Like [`launch_host_function`], but `f` may run many times: on a stream whose capture is
@@ -236,23 +246,28 @@ impl LaunchOptions {
     /// - whatever `user_data` points to must stay valid while the owners are alive.
     ///
     /// # Errors
-    /// As [`launch_host_function`] (but never `CaptureActive`). If anything fails after the owners
-    /// were handed to the graph, they are released exactly once and no node is left pointing at
-    /// them.
+    /// As [`launch_host_function`] (but never `CaptureActive`): the owners are handed back, except
+    /// on a capturing stream once the graph owns them (a failed `cuGraphRetainUserObject`, or the
+    /// launch refused after it): then the error keeps them ([`LaunchError::into_inner`] is
+    /// `None`), and they are released exactly once, through the cleanup queue, with no node left
+    /// pointing at them.
     pub unsafe fn launch_host_function_repeatable<S, O>(
         &self,
         stream: S,
         f: CUhostFn,
         user_data: *mut c_void,
         owners: O,
-    ) -> Result<(), Error>
+    ) -> Result<(), LaunchError<O>>
     where
         S: AsRawStream,
         O: Send + Sync + 'static,
     {
         let record = OwnedRecord::repeatable(raw_payload(f, user_data, owners)?);
         // SAFETY: the caller's contract covers any number of runs.
-        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }
+        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }.map_err(|refusal| {
+            // SAFETY: the record was made just above with a `RawPayload<O>`.
+            unsafe { LaunchError::unpack(refusal, |p: RawPayload<O>| Some(p.owners)) }
+        })
     }
 
     /// [`host_launch`] with these options.
@@ -268,14 +283,17 @@ impl LaunchOptions {
     ///     .host_launch(RawStream::LEGACY, || println!("in stream order"))?;
     /// # Ok(()) }
     /// ```
-    pub fn host_launch<S, F>(&self, stream: S, f: F) -> Result<(), Error>
+    pub fn host_launch<S, F>(&self, stream: S, f: F) -> Result<(), LaunchError<F>>
     where
         S: AsRawStream,
         F: FnMut() + Send + 'static,
     {
         let record = OwnedRecord::new(ClosurePayload { f, panic: None });
         // SAFETY: a closure record's run is safe (a `Send` closure, called once, panics caught).
-        unsafe { enqueue(&stream, record, Runs::Once, self) }
+        unsafe { enqueue(&stream, record, Runs::Once, self) }.map_err(|refusal| {
+            // SAFETY: the record was made just above with a `ClosurePayload<F>`.
+            unsafe { LaunchError::unpack(refusal, |p: ClosurePayload<F>| Some(p.f)) }
+        })
     }
 
     /// Runs `f` in stream order like [`host_launch`], but `f` may run many times, so it also works
@@ -291,8 +309,11 @@ impl LaunchOptions {
     ///
     /// # Errors
     /// As [`host_launch`] (never `CaptureActive`); on drivers older than 11.3 (no user objects) a
-    /// launch on a capturing stream returns `DriverTooOld`. Whatever fails, `f` is released
-    /// exactly once and no graph node is left pointing at it.
+    /// launch on a capturing stream returns `DriverTooOld`. `f` is handed back, unrun, except on a
+    /// capturing stream once the graph owns it (a failed `cuGraphRetainUserObject`, or the launch
+    /// refused after it): then the crate keeps it ([`LaunchError::into_inner`] is `None`) and
+    /// releases it exactly once, through the cleanup queue, with no graph node left pointing at
+    /// it.
     ///
     /// # Examples
     /// ```no_run
@@ -308,7 +329,7 @@ impl LaunchOptions {
     /// })?;
     /// # Ok(()) }
     /// ```
-    pub fn host_launch_repeatable<S, F>(&self, stream: S, f: F) -> Result<(), Error>
+    pub fn host_launch_repeatable<S, F>(&self, stream: S, f: F) -> Result<(), LaunchError<F>>
     where
         S: AsRawStream,
         F: Fn() + Send + Sync + 'static,
@@ -316,20 +337,22 @@ impl LaunchOptions {
         let record = OwnedRecord::repeatable(RepeatableClosure(f));
         // SAFETY: a repeatable closure may run any number of times, concurrently (`Fn + Sync`),
         // with panics caught.
-        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }
+        unsafe { enqueue(&stream, record, Runs::Repeatable, self) }.map_err(|refusal| {
+            // SAFETY: the record was made just above with a `RepeatableClosure<F>`.
+            unsafe { LaunchError::unpack(refusal, |p: RepeatableClosure<F>| Some(p.0)) }
+        })
     }
 }
 
 /// The payload of a raw launch or node; for a null `f`, [`Error::NullFunction`] with the owners
-/// already released (off a driver thread, see [`defer_drop`]).
+/// handed back.
 pub(crate) fn raw_payload<O: Send + 'static>(
     f: CUhostFn,
     user_data: *mut c_void,
     owners: O,
-) -> Result<RawPayload<O>, Error> {
+) -> Result<RawPayload<O>, LaunchError<O>> {
     let Some(f) = f else {
-        defer_drop(owners);
-        return Err(Error::NullFunction);
+        return Err(LaunchError::new(Error::NullFunction, Some(owners)));
     };
     Ok(RawPayload {
         f,

@@ -21,6 +21,17 @@
 //! | **configure** the crate: who drops the owners ([`CleanupMode`]), its threads' names, CPUs and start hook ([`ThreadSettings`], [`Affinity`]), the watcher's latency against its CPU time for events ([`PollerSettings`]), the reaper's pace | [`Config`]`::new()…`[`.install()`](Config::install), once, before the first launch; environment variables override it ([`CLEANUP_MODE_ENV`], [`POLLER_ENV`], [`REAPER_POLL_ENV`], [`REAPER_LINGER_ENV`]) | a second install, or one after the first use, is refused ([`Error::AlreadyConfigured`]); [`config`] reads what is in force; [`cleanup_stats`] counts the releases, [`poller_cpu_time`] what the watcher used |
 //! | the owners of launches that will never run (a sticky error) | [`pending_launches`]; [`PrimaryContext::reset`] or the last [`PrimaryContext`] dropped; [`reclaim_pending`] after a `cuCtxDestroy` of your own | released once through the cleanup queue; futures resolve to [`Error::ContextLost`] |
 //!
+//! **On an error, what you handed over comes back.** Work enqueued on the stream before a call may
+//! still use what the call was given (a staging buffer a copy reads, a buffer a kernel writes), so
+//! no error path of this crate drops it. Every call that takes owners or a closure returns a
+//! [`LaunchError`]`<T>`, as `std::sync::mpsc::SendError<T>` does: where nothing was enqueued (a
+//! capturing stream, a driver error, a call inside a host function, ...),
+//! [`into_inner`](LaunchError::into_inner) gives them back, and the caller decides (synchronize,
+//! then drop; or try another stream). Where a capture may hold what was enqueued, or a graph
+//! already owns it, the crate keeps them (`into_inner` is `None`) and releases them once nothing
+//! can use them; each call's `# Errors` section says which is which. `?` into [`Error`] drops them
+//! (off the driver's thread); `.unwrap()` works whatever they are.
+//!
 //! **Host function or event?** A host function makes the stream wait until it has run: use it
 //! when later work on the stream depends on it, or inside a graph. When nothing on the stream waits
 //! for the host side, [`release_after`] and [`spawn_after`] cost a fraction of a host function to
@@ -155,6 +166,8 @@ mod flush;
 mod graph;
 #[cfg(not(loom))]
 mod launch;
+#[cfg(not(loom))]
+mod launch_error;
 mod reaper;
 mod record;
 #[cfg(not(loom))]
@@ -178,6 +191,8 @@ pub use flush::flush;
 pub use graph::{Graph, GraphExec, GraphNode, add_host_node};
 #[cfg(not(loom))]
 pub use launch::{host_launch, launch_host_function, launch_host_function_with_bytes};
+#[cfg(not(loom))]
+pub use launch_error::LaunchError;
 #[cfg(not(loom))]
 pub use reaper::defer_drop::defer_drop;
 #[cfg(not(loom))]

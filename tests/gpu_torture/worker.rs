@@ -565,6 +565,7 @@ pub fn enqueue(
                 callback.callback();
             })
             .map(|()| None)
+            .map_err(Into::into)
         }
         Kind::Raw => {
             let data = Arc::as_ptr(t).cast_mut().cast::<c_void>();
@@ -578,6 +579,7 @@ pub fn enqueue(
                 )
             }
             .map(|()| None)
+            .map_err(Into::into)
         }
         Kind::Bytes => {
             let address = Arc::as_ptr(t).expose_provenance().to_ne_bytes();
@@ -601,6 +603,7 @@ pub fn enqueue(
                     callback.callback();
                 })
                 .map(|()| None)
+                .map_err(Into::into)
         }
         Kind::Async => {
             let owner = owner();
@@ -610,8 +613,11 @@ pub fn enqueue(
                 callback.id
             })
             .map(|f| Some(Pending::Value(f)))
+            .map_err(Into::into)
         }
-        Kind::ReleaseAfter => cuda_host_launch::release_after(stream, owner()).map(|()| None),
+        Kind::ReleaseAfter => cuda_host_launch::release_after(stream, owner())
+            .map(|()| None)
+            .map_err(Into::into),
         Kind::SpawnAfter => {
             let owner = owner();
             cuda_host_launch::spawn_after(stream, move || {
@@ -619,6 +625,7 @@ pub fn enqueue(
                 drop(owner);
             })
             .map(|()| None)
+            .map_err(Into::into)
         }
         Kind::Completion(mode) => mode.completion(stream).map(|f| Some(Pending::Done(f))),
         Kind::GraphNode => unreachable!("graph nodes are added by Worker::graph"),

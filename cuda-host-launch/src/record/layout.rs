@@ -48,6 +48,9 @@ pub(crate) enum Op {
     /// Drop the owners and free the record. May unwind if an owner's `Drop` panics; the memory is
     /// freed either way.
     Release,
+    /// Free the record without dropping its payload, which the caller has moved out
+    /// ([`take_payload`]: a launch the driver never took hands its owners back).
+    Free,
 }
 
 /// The part every record starts with.
@@ -189,6 +192,41 @@ unsafe fn release_record<P, const POOLED: bool>(record: *mut Record<P>) {
     }
 }
 
+/// Frees a record's memory, to the pool (`POOLED`) or as a `Box`, without dropping its payload.
+///
+/// # Safety
+/// `record` must be a live record allocated as `POOLED` says, owned by the caller, whose payload
+/// the caller has moved out (or will never use again); not used afterwards.
+unsafe fn free_record<P, const POOLED: bool>(record: *mut Record<P>) {
+    if POOLED {
+        // SAFETY: the slot came from the pool (POOLED) and holds no live value any more: the
+        // header has no drop glue and the payload was moved out.
+        unsafe { pool::free(NonNull::new_unchecked(record.cast())) };
+    } else {
+        // SAFETY: made with `Box::new` of a `Record<P>` (a non-zero size: it has a header), so
+        // allocated with this layout by the global allocator; nothing in it is dropped.
+        unsafe { std::alloc::dealloc(record.cast(), Layout::new::<Record<P>>()) };
+    }
+}
+
+/// Moves the payload out of a record made with payload type `P`, and frees the record: what a
+/// launch the driver never took hands back to its caller (its owners, its closure). Nothing is
+/// dropped.
+///
+/// # Safety
+/// `header` must be a live record owned by the caller, made by [`new_record`],
+/// [`new_shared_record`] or [`new_node_record`] with a payload of type `P`, whose payload never
+/// ran (or whose run left it whole) and which is in no queue and no ticket; it is gone afterwards.
+pub(crate) unsafe fn take_payload<P>(header: NonNull<RecordHeader>) -> P {
+    let record = header.cast::<Record<P>>().as_ptr();
+    // SAFETY: the record is live, of payload type `P` (the caller's promise); the payload is read
+    // once, and the record freed below without dropping it.
+    let payload = unsafe { ptr::read(ptr::addr_of!((*record).payload)) };
+    // SAFETY: the caller owns the live record; its payload was moved out just above.
+    unsafe { RecordHeader::dispatch(header, Op::Free) };
+    payload
+}
+
 /// The dispatch function of `Record<P>`.
 ///
 /// # Safety
@@ -210,6 +248,11 @@ unsafe fn dispatch<P: Payload, const POOLED: bool>(
         Op::Release => {
             // SAFETY: the caller owns the live record and releases it once; POOLED matches.
             unsafe { release_record::<P, POOLED>(record) };
+            None
+        }
+        Op::Free => {
+            // SAFETY: the caller owns the record, whose payload it moved out; POOLED matches.
+            unsafe { free_record::<P, POOLED>(record) };
             None
         }
     }
@@ -278,7 +321,8 @@ unsafe fn dispatch_bytes(header: NonNull<RecordHeader>, op: Op) -> Option<PanicP
             None
         }
         Op::TakePanic => None,
-        Op::Release => {
+        // The header and the bytes have no drop glue: freeing is releasing.
+        Op::Release | Op::Free => {
             // SAFETY: allocated with `layout` in `new_bytes_record`; the header and the bytes have
             // no drop glue; the caller releases once.
             unsafe { std::alloc::dealloc(header.as_ptr().cast(), layout) };
@@ -339,6 +383,11 @@ unsafe fn dispatch_shared<P: SharedPayload, const POOLED: bool>(
         Op::Release => {
             // SAFETY: made with this POOLED; released once, after the last run.
             unsafe { release_record::<P, POOLED>(record) };
+            None
+        }
+        Op::Free => {
+            // SAFETY: made with this POOLED; the caller moved the payload out (it never ran).
+            unsafe { free_record::<P, POOLED>(record) };
             None
         }
     }

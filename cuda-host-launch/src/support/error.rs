@@ -11,8 +11,11 @@ impl From<cuda_dl_sys::CallError> for Error {
 
 /// Why a launch, a flush or a resource call failed. Each says what happened and what to do.
 ///
-/// Whenever a launch returns an error, its owners have already been dropped (on the calling thread,
-/// or through the cleanup queue if the caller is a host function).
+/// A call that was handed owners or a closure (a launch, `release_after`, `spawn_after`, a graph
+/// host node) returns it inside a [`LaunchError`](crate::LaunchError), which hands them back where
+/// nothing was enqueued: the crate never drops them on an error path, since earlier work on the
+/// stream may still use them. `?` turns a `LaunchError` into this type, dropping them (off the
+/// driver's thread).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -15,7 +15,7 @@ use std::ptr::NonNull;
 
 use cuda_dl_sys::types::CUcontext;
 
-use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::owned_record::{OwnedRecord, Refusal};
 use crate::reaper::release;
 use crate::record::launch_state::{Claim, LaunchOver};
 use crate::record::layout::RecordHeader;
@@ -49,18 +49,17 @@ pub(crate) struct Tracked {
     ticket: HeldTicket,
 }
 
-/// Tracks `record`, about to be launched into `context` ([`track`]); if that fails the record is
-/// released here.
+/// Tracks `record`, about to be launched into `context` ([`track`]); if that fails the record goes
+/// back to the caller in the refusal.
 #[inline]
-pub(crate) fn track_record(record: OwnedRecord, context: ContextKey) -> Result<Tracked, Error> {
+pub(crate) fn track_record(record: OwnedRecord, context: ContextKey) -> Result<Tracked, Refusal> {
     let header = record.into_raw();
     // SAFETY: a live record (run-once, or a repeatable one that runs once), ours, untracked.
     match unsafe { track(header, context) } {
         Ok(ticket) => Ok(Tracked { header, ticket }),
         Err(e) => {
             // SAFETY: `header` came from `into_raw` just above; nobody else has it.
-            drop(unsafe { OwnedRecord::from_raw(header) });
-            Err(e)
+            Err(Refusal::back(e, unsafe { OwnedRecord::from_raw(header) }))
         }
     }
 }
@@ -72,12 +71,12 @@ impl Tracked {
         self.ticket.id
     }
 
-    /// The launch call failed: the driver never had the record, which is released here (on the
-    /// caller's thread, or queued if that is a host function).
-    pub(crate) fn refused(self) {
+    /// The launch call failed: the driver never had the record, which is the caller's again (to
+    /// hand back; its ticket is given back with it, when it is unpacked or released).
+    pub(crate) fn refused(self) -> OwnedRecord {
         // SAFETY: `header` came from `into_raw` in `track_record`; the launch was refused, so nobody
         // else has it (a reclaim never takes a launch whose ticket is still held).
-        drop(unsafe { OwnedRecord::from_raw(self.header) });
+        unsafe { OwnedRecord::from_raw(self.header) }
     }
 
     /// The launch call succeeded: hands the launch over to whoever runs it (the driver's thread,

@@ -11,7 +11,7 @@ use cuda_dl_sys::types::CUresult;
 
 use super::options::{LaunchCall, LaunchOptions};
 use super::user_object::GraphOwnedRecord;
-use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::owned_record::{OwnedRecord, Refusal};
 use crate::reaper::{self, release};
 use crate::record::layout::{Op, RecordHeader, SharedPayload};
 use crate::record::payload::PanicCarrier;
@@ -33,8 +33,10 @@ pub(crate) enum Runs {
     Repeatable,
 }
 
-/// Enqueues a built record on `stream`. On any error the record is released (or handed to the
-/// graph's user object, which releases it) before returning.
+/// Enqueues a built record on `stream`. On an error the record goes back in the [`Refusal`]
+/// wherever the driver never took it; only once a graph's user object owns it (a launch on a
+/// capturing stream whose node could not be added) does the crate keep it, and the user object
+/// releases it.
 ///
 /// # Safety
 /// The record's payload must be sound to run as `runs` says on the driver's thread.
@@ -43,7 +45,7 @@ pub(crate) unsafe fn enqueue(
     record: OwnedRecord,
     runs: Runs,
     options: &LaunchOptions,
-) -> Result<(), Error> {
+) -> Result<(), Refusal> {
     // SAFETY: the caller's promise.
     unsafe { enqueue_in(stream, record, runs, options) }.map(|_| ())
 }
@@ -58,21 +60,31 @@ pub(crate) unsafe fn enqueue_in(
     record: OwnedRecord,
     runs: Runs,
     options: &LaunchOptions,
-) -> Result<Option<ContextKey>, Error> {
+) -> Result<Option<ContextKey>, Refusal> {
     let target = stream;
     let stream = stream.as_raw_stream();
-    // On an error `record` is dropped here, which defers its owners to the cleanup queue.
-    refuse_inside_host_function("launching a host function")?;
-    let mode = reaper::thread::prepare()?;
-    let driver = cuda_dl_sys::driver()?;
-    let call = LaunchCall::resolve(driver, options)?;
-    let capture = capture_of(driver, stream)?;
+    // Everything asked before the record is handed anywhere: an error gives it back.
+    let checks = || -> Result<_, Error> {
+        refuse_inside_host_function("launching a host function")?;
+        let mode = reaper::thread::prepare()?;
+        let driver = cuda_dl_sys::driver()?;
+        let call = LaunchCall::resolve(driver, options)?;
+        let capture = capture_of(driver, stream)?;
+        Ok((mode, driver, call, capture))
+    };
+    let (mode, driver, call, capture) = match checks() {
+        Ok(checked) => checked,
+        Err(e) => return Err(Refusal::back(e, record)),
+    };
     let mut launched = None;
     match (capture, runs) {
         (Capture::None, _) => {
-            let context = context_key_of(driver, target)?;
+            let context = match context_key_of(driver, target) {
+                Ok(context) => context,
+                Err(e) => return Err(Refusal::back(e, record)),
+            };
             // Tracked (a ticket, held by this thread) from before the launch until released, so a
-            // reclaim after a context loss finds it. (A failed launch untracks it in its release.)
+            // reclaim after a context loss finds it. (A failed launch untracks it as it goes back.)
             let tracked = pending::track_record(record, context)?;
             // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
             // queues it; the ticket is never freed, so any call (even a late one) is sound. The
@@ -81,23 +93,23 @@ pub(crate) unsafe fn enqueue_in(
                 unsafe { call.call(stream, trampoline, tracked.id().as_user_data()) };
             if code != CUresult::CUDA_SUCCESS {
                 // The driver did not take it: it is ours again (a reclaim never takes a launch
-                // still inside its launch call), released here.
-                tracked.refused();
-                return Err(cuda_dl_sys::Error::from(driver.describe(code, Some(function))).into());
+                // still inside its launch call), handed back.
+                let error = cuda_dl_sys::Error::from(driver.describe(code, Some(function)));
+                return Err(Refusal::back(error.into(), tracked.refused()));
             }
             // The driver has it: hand it over (or, if its host function already ran, queue it).
             tracked.hand_over();
             launched = Some(context);
         }
-        (Capture::Active { id, .. }, Runs::Once) => return Err(capture_active(stream, id)),
+        (Capture::Active { id, .. }, Runs::Once) => {
+            return Err(Refusal::back(capture_active(stream, id), record));
+        }
         (Capture::Active { graph, .. }, Runs::Repeatable) => {
             // User objects (11.3) come first: below them a captured launch cannot be owned by its
             // graph, and the 11.3 capture query below would not exist either.
-            driver.raw().cuUserObjectCreate()?;
-            let graph = if graph.is_null() {
-                capture_graph_legacy(driver, stream)?
-            } else {
-                graph
+            let graph = match captured_graph(driver, stream, graph) {
+                Ok(graph) => graph,
+                Err(e) => return Err(Refusal::back(e, record)),
             };
             let owned = GraphOwnedRecord::attach(driver, graph, record)?;
             // SAFETY: the captured node's function runs the record on every replay, through `&self`;
@@ -105,8 +117,11 @@ pub(crate) unsafe fn enqueue_in(
             let (code, function) =
                 unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
             if code != CUresult::CUDA_SUCCESS {
+                // The graph's user object owns the record: letting it go releases the record
+                // through the cleanup queue (kept, not handed back).
                 owned.detach(driver);
-                return Err(cuda_dl_sys::Error::from(driver.describe(code, Some(function))).into());
+                let error = cuda_dl_sys::Error::from(driver.describe(code, Some(function)));
+                return Err(Refusal::kept(error.into()));
             }
         }
     }
@@ -114,6 +129,21 @@ pub(crate) unsafe fn enqueue_in(
         release::drain();
     }
     Ok(launched)
+}
+
+/// The graph a repeatable launch on a capturing stream is captured into (`graph`, or asked of the
+/// driver where its capture query gave none), once user objects are known to exist (11.3).
+fn captured_graph(
+    driver: &cuda_dl_sys::Driver,
+    stream: cuda_dl_sys::types::CUstream,
+    graph: cuda_dl_sys::types::CUgraph,
+) -> Result<cuda_dl_sys::types::CUgraph, Error> {
+    driver.raw().cuUserObjectCreate()?;
+    if graph.is_null() {
+        capture_graph_legacy(driver, stream)
+    } else {
+        Ok(graph)
+    }
 }
 
 /// The host function the driver calls for every run-once launch of this crate: `userData` is the

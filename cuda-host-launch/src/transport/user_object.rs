@@ -8,7 +8,7 @@ use cuda_dl_sys::types::{
     CUgraph, CUresult, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
 };
 
-use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::owned_record::{OwnedRecord, Refusal};
 use crate::reaper::release;
 use crate::record::layout::RecordHeader;
 use crate::support::error::Error;
@@ -26,16 +26,25 @@ impl GraphOwnedRecord {
     /// with `CU_GRAPH_USER_OBJECT_MOVE`). The destructor only queues the record for release.
     ///
     /// Done *before* the node that uses the record is added, so that no failure can leave a node
-    /// pointing at freed data: if creating fails, the record is released here; if retaining fails,
-    /// the user object is released, which queues the record.
+    /// pointing at freed data: if resolving or creating fails, the record goes back in the refusal
+    /// (nothing else has it); if retaining fails, the user object is released, which queues the
+    /// record (kept: the user object's destructor may run at any time after that).
     pub(crate) fn attach(
         driver: &cuda_dl_sys::Driver,
         graph: CUgraph,
         record: OwnedRecord,
-    ) -> Result<GraphOwnedRecord, Error> {
-        let create = driver.raw().cuUserObjectCreate()?;
-        let retain = driver.raw().cuGraphRetainUserObject()?;
-        let release = driver.raw().cuUserObjectRelease()?;
+    ) -> Result<GraphOwnedRecord, Refusal> {
+        let functions = || -> Result<_, Error> {
+            Ok((
+                driver.raw().cuUserObjectCreate()?,
+                driver.raw().cuGraphRetainUserObject()?,
+                driver.raw().cuUserObjectRelease()?,
+            ))
+        };
+        let (create, retain, release) = match functions() {
+            Ok(functions) => functions,
+            Err(e) => return Err(Refusal::back(e, record)),
+        };
         let user_data = record.as_user_data();
         let mut object: CUuserObject = ptr::null_mut();
         // SAFETY: `object` is a valid place to write; `user_data` is a live record, which the user
@@ -50,8 +59,11 @@ impl GraphOwnedRecord {
             )
         };
         if code != CUresult::CUDA_SUCCESS {
-            // No user object: the record is still ours, released here when `record` drops.
-            return Err(driver_error(driver, code, "cuUserObjectCreate"));
+            // No user object: the record is still ours, handed back.
+            return Err(Refusal::back(
+                driver_error(driver, code, "cuUserObjectCreate"),
+                record,
+            ));
         }
         let header = record.into_raw();
         // SAFETY: `graph` is a live graph (the caller's), `object` holds our one reference.
@@ -67,7 +79,11 @@ impl GraphOwnedRecord {
             // Dropping our reference destroys the object, whose destructor queues the record.
             // SAFETY: we hold one reference.
             let _ = unsafe { release(object, 1) };
-            return Err(driver_error(driver, code, "cuGraphRetainUserObject"));
+            return Err(Refusal::kept(driver_error(
+                driver,
+                code,
+                "cuGraphRetainUserObject",
+            )));
         }
         Ok(GraphOwnedRecord {
             graph,

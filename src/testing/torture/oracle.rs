@@ -92,6 +92,9 @@ pub struct Tracked {
     pub dropped_in_call: AtomicBool,
     /// The enqueuing call returned an error.
     pub failed: AtomicBool,
+    /// The enqueuing call failed and handed the owners back: their drop is the caller's (the
+    /// harness's), not the crate's, and is not judged.
+    pub handed_back: AtomicBool,
 }
 
 /// The run's verdicts so far.
@@ -138,6 +141,7 @@ impl Oracle {
             in_call: Mutex::new(Some(std::thread::current().id())),
             dropped_in_call: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            handed_back: AtomicBool::new(false),
         });
         self.tracked
             .lock()
@@ -146,13 +150,15 @@ impl Oracle {
         tracked
     }
 
-    /// The enqueuing call of `tracked` returned (`ok` or an error, `error`). `capture_hidden`:
-    /// whether a capture may have been hidden from the crate's look since the call began (a
-    /// run-once launch may then be captured).
+    /// The enqueuing call of `tracked` returned (`ok` or an error, `error`). `handed_back`: the
+    /// error gave the owners back (the caller drops them after this). `capture_hidden`: whether a
+    /// capture may have been hidden from the crate's look since the call began (a run-once launch
+    /// may then be captured).
     pub fn call_returned(
         &self,
         tracked: &Tracked,
         result: Result<(), &Error>,
+        handed_back: bool,
         capture_hidden: bool,
     ) {
         // Under the lock a drop during the call looks at: it is judged here, or after this.
@@ -160,6 +166,9 @@ impl Oracle {
         *in_call = None;
         if result.is_err() {
             tracked.failed.store(true, Ordering::Release);
+        }
+        if handed_back {
+            tracked.handed_back.store(true, Ordering::Release);
         }
         drop(in_call);
         if capture_hidden {
@@ -181,27 +190,43 @@ impl Oracle {
             }
             Err(error) => {
                 tracked.failed.store(true, Ordering::Release);
-                // Refused because a capture may hold what was enqueued (or the second look at the
-                // stream failed, which counts as that): pending until the context is gone.
-                // After a failed cuGraphRetainUserObject (or a node that could not be added) the
-                // record belongs to a user object the crate let go: the driver's destructor
-                // releases it a little later.
+                // The rule: a refused call hands its owners back (earlier work on the stream may
+                // still use them), and the crate never drops them itself. It may keep them only
+                // where what was enqueued may still be used: a capture may hold it (or the second
+                // look at the stream failed, which counts as that): pending until the context is
+                // gone; the work was accepted and a later step failed (the watcher's start); after
+                // a failed cuGraphRetainUserObject (or a node that could not be added) the record
+                // belongs to a user object the crate let go, whose destructor releases it a
+                // little later (during the call, on the fake).
                 let text = error.to_string();
-                let pending_allowed = matches!(
+                let graph_owned = text.contains("cuGraphRetainUserObject")
+                    || text.contains("cuGraphAddHostNode")
+                    || text.contains("cuGraphAddNode")
+                    || (tracked.capture.is_some() && text.contains("cuLaunchHostFunc"));
+                // (A failed look at the stream after the record counts as a capture.)
+                let keep_allowed = matches!(
                     error,
                     Error::CaptureActive { .. } | Error::ThreadSpawn { .. }
-                ) || tracked.capture.is_some()
-                    || text.contains("Capture")
-                    || text.contains("cuGraphRetainUserObject")
-                    || text.contains("cuGraphAddHostNode")
-                    || text.contains("cuGraphAddNode");
-                if !pending_allowed
-                    && tracked.owned.load(Ordering::Acquire)
-                    && tracked.dropped.load(Ordering::Acquire) == 0
+                ) || text.contains("cuStreamGetCaptureInfo")
+                    || text.contains("cuStreamIsCapturing")
+                    || graph_owned;
+                let owned = tracked.owned.load(Ordering::Acquire);
+                // (A reclaim of a context that died meanwhile may release what the crate kept.)
+                if owned
+                    && tracked.dropped_in_call.load(Ordering::Acquire)
+                    && !graph_owned
+                    && !tracked.at.context_dead()
                 {
                     self.violation(format!(
-                        "{}: failed with {error} but its owners were not dropped before the error \
-                         returned",
+                        "{}: failed with {error}, and the crate dropped its owners during the call \
+                         instead of handing them back",
+                        describe(tracked)
+                    ));
+                }
+                if owned && !handed_back && !keep_allowed {
+                    self.violation(format!(
+                        "{}: failed with {error} without handing its owners back (nothing may \
+                         hold them: the crate must not keep them)",
                         describe(tracked)
                     ));
                 }
@@ -255,6 +280,10 @@ impl Oracle {
             ));
         }
         let in_call = tracked.in_call.lock().unwrap_or_else(|p| p.into_inner());
+        if tracked.handed_back.load(Ordering::Acquire) {
+            // Handed back by a refused call: the caller's drop, whenever it likes.
+            return;
+        }
         if in_call.is_some() {
             // Judged once the call returns (fine if it failed): whether on the calling thread (a
             // refused call) or another (a graph's user object let go on an error path).

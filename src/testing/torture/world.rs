@@ -20,8 +20,8 @@ use cuda_dl_sys::types::{
     CUcontext, CUdevice, CUgraph, CUgraphExec, CUstream, CUstreamCaptureMode,
 };
 use cuda_host_launch::{
-    AsRawStream, CompletionMode, Device, Error, Graph, LaunchOptions, PrimaryContext, RawStream,
-    Stream,
+    AsRawStream, CompletionMode, Device, Error, Graph, LaunchError, LaunchOptions, PrimaryContext,
+    RawStream, Stream,
 };
 
 use super::super::fake;
@@ -469,7 +469,7 @@ impl World {
             poller_context: (kind == WorkKind::SpawnAfter).then_some(context.addr()),
             antics: antics(me, context),
         });
-        let result: Result<(), Error> = match kind {
+        let result: Result<(), Refused> = match kind {
             WorkKind::Raw => {
                 let owner = self.owner(&tracked, me, context);
                 let data = Arc::as_ptr(&callback).cast_mut().cast::<c_void>();
@@ -483,6 +483,7 @@ impl World {
                         (owner, keep),
                     )
                 }
+                .map_err(refused)
             }
             WorkKind::Bytes => {
                 let address = Arc::as_ptr(&callback).expose_provenance().to_ne_bytes();
@@ -497,6 +498,7 @@ impl World {
                         &address,
                     )
                 }
+                .map_err(|e| (e, None))
             }
             WorkKind::Closure => {
                 let owner = self.owner(&tracked, me, context);
@@ -505,14 +507,17 @@ impl World {
                     let _owner = &owner;
                     callback.run();
                 })
+                .map_err(refused)
             }
             WorkKind::Repeatable => {
                 let owner = self.owner(&tracked, me, context);
                 let callback = Arc::clone(&callback);
-                LaunchOptions::default().host_launch_repeatable(stream, move || {
-                    let _owner = &owner;
-                    callback.run();
-                })
+                LaunchOptions::default()
+                    .host_launch_repeatable(stream, move || {
+                        let _owner = &owner;
+                        callback.run();
+                    })
+                    .map_err(refused)
             }
             WorkKind::Async => {
                 let owner = self.owner(&tracked, me, context);
@@ -525,12 +530,12 @@ impl World {
                         self.watch(me, &tracked, Box::pin(future));
                         Ok(())
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Err(refused(e)),
                 }
             }
             WorkKind::ReleaseAfter => {
                 let owner = self.owner(&tracked, me, context);
-                cuda_host_launch::release_after(stream, owner)
+                cuda_host_launch::release_after(stream, owner).map_err(refused)
             }
             WorkKind::SpawnAfter => {
                 let mut owner = self.owner(&tracked, me, context);
@@ -544,6 +549,7 @@ impl World {
                     callback.run();
                     drop(owner);
                 })
+                .map_err(refused)
             }
             WorkKind::Auto | WorkKind::HostFunction | WorkKind::LowLatency | WorkKind::Event => {
                 let mode = match kind {
@@ -558,13 +564,20 @@ impl World {
                         self.watch(me, &tracked, Box::pin(future));
                         Ok(())
                     }
-                    Err(e) => Err(e),
+                    Err(e) => Err((e, None)),
                 }
             }
         };
         let hidden = self.capture_hidden.load(Ordering::Acquire);
-        self.oracle
-            .call_returned(&tracked, result.as_ref().map(|_| ()), hidden);
+        let (result, handed_back) = split(result);
+        self.oracle.call_returned(
+            &tracked,
+            result.as_ref().map(|_| ()),
+            handed_back.is_some(),
+            hidden,
+        );
+        // What a refused call handed back is the caller's: dropped here, after the verdict.
+        drop(handed_back);
     }
 
     fn watch(
@@ -611,8 +624,14 @@ impl World {
             let _owner = &owner;
             callback.run();
         });
-        self.oracle
-            .call_returned(&tracked, added.as_ref().map(|_| ()), false);
+        let (added, handed_back) = split(added.map(|_| ()).map_err(refused));
+        self.oracle.call_returned(
+            &tracked,
+            added.as_ref().map(|_| ()),
+            handed_back.is_some(),
+            false,
+        );
+        drop(handed_back);
         if added.is_err() {
             return;
         }
@@ -1020,6 +1039,24 @@ fn stream_in(driver: &Driver, context: CUcontext) -> Option<CUstream> {
     // SAFETY: pushed above.
     let _ = unsafe { driver.cuCtxPopCurrent_v2(&mut popped) };
     made.ok().map(|()| raw)
+}
+
+/// A refused call's error, with what it handed back (boxed: the caller drops it after the
+/// oracle's verdict), if it did.
+type Refused = (Error, Option<Box<dyn Send>>);
+
+/// A [`LaunchError`] as the harness keeps it.
+fn refused<T: Send + 'static>(error: LaunchError<T>) -> Refused {
+    let (error, value) = error.into_parts();
+    (error, value.map(|v| Box::new(v) as Box<dyn Send>))
+}
+
+/// A call's result, and what its error handed back.
+fn split(result: Result<(), Refused>) -> (Result<(), Error>, Option<Box<dyn Send>>) {
+    match result {
+        Ok(()) => (Ok(()), None),
+        Err((error, value)) => (Err(error), value),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -48,7 +48,7 @@ use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
 use cuda_dl_sys::types::CUresult;
 
-use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::owned_record::{OwnedRecord, Refusal};
 use crate::reaper::{self, release};
 use crate::record::ticket_id::TicketId;
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
@@ -130,10 +130,12 @@ fn pools() -> MutexGuard<'static, pools::Pools> {
     lock(&POOLS)
 }
 
-/// Records an event on `stream` and hands `record` to the poller, which completes it (runs its
-/// payload on its own thread, then queues it for release) once the event completed. On any error
-/// the record is released before returning (or is owned by a capture's graph, or, if a capture may
-/// hold its event, stays pending until its context is reset).
+/// Records an event on `stream` and hands `record` to the watcher, which completes it (runs its
+/// payload on its own thread, then queues it for release) once the event completed; returns the
+/// ring for the caller to answer (`watcher::answer`: a watcher that cannot be started leaves the
+/// work accepted, and the crate keeps it). On an error the record goes back in the [`Refusal`]
+/// wherever no event of it was recorded; the crate keeps it only once the event is recorded (a
+/// capture may hold it: pending until its context is gone).
 ///
 /// # Safety
 /// The record's payload must be sound to run once on the poller's thread (a thread of this crate
@@ -142,33 +144,41 @@ pub(crate) unsafe fn enqueue(
     stream: &impl AsRawStream,
     record: OwnedRecord,
     work: Work,
-) -> Result<Ring, Error> {
+) -> Result<Ring, Refusal> {
     let raw = stream.as_raw_stream();
-    refuse_inside_host_function("enqueuing a stream-ordered release or callback")?;
-    let mode = reaper::thread::prepare()?;
-    let driver = cuda_dl_sys::driver()?;
-    let record_event = driver.raw().cuEventRecord()?;
-    // What the poller calls for this entry, resolved now: a driver without them refuses the work
-    // here, rather than leave it pending for good.
-    driver.raw().cuEventQuery()?;
-    if work.calls() {
-        driver.raw().cuCtxSetCurrent()?;
-        driver.raw().cuCtxGetCurrent()?;
-    }
-    // 12.0: streams are told apart by their id (see the module's docs).
-    let stream_id = driver.raw().cuStreamGetId()?;
-    if let Capture::Active { id, .. } = capture_of(driver, raw)? {
-        return Err(match work {
-            Work::Call | Work::Wake(_) => capture_active(raw, id),
-            Work::Release => Error::ReleaseDuringCapture {
-                stream: raw.addr(),
-                capture_id: id,
-            },
-        });
-    }
-    let context = context_key_of(driver, stream)?;
-    // The pool first: it refuses a context that is not primary before anything else is asked.
-    let event = pools().take(driver, context)?;
+    // Everything asked before an event is taken: an error gives the record back.
+    let checks = || -> Result<_, Error> {
+        refuse_inside_host_function("enqueuing a stream-ordered release or callback")?;
+        let mode = reaper::thread::prepare()?;
+        let driver = cuda_dl_sys::driver()?;
+        let record_event = driver.raw().cuEventRecord()?;
+        // What the poller calls for this entry, resolved now: a driver without them refuses the
+        // work here, rather than leave it pending for good.
+        driver.raw().cuEventQuery()?;
+        if work.calls() {
+            driver.raw().cuCtxSetCurrent()?;
+            driver.raw().cuCtxGetCurrent()?;
+        }
+        // 12.0: streams are told apart by their id (see the module's docs).
+        let stream_id = driver.raw().cuStreamGetId()?;
+        if let Capture::Active { id, .. } = capture_of(driver, raw)? {
+            return Err(match work {
+                Work::Call | Work::Wake(_) => capture_active(raw, id),
+                Work::Release => Error::ReleaseDuringCapture {
+                    stream: raw.addr(),
+                    capture_id: id,
+                },
+            });
+        }
+        let context = context_key_of(driver, stream)?;
+        // The pool first: it refuses a context that is not primary before anything else is asked.
+        let event = pools().take(driver, context)?;
+        Ok((mode, driver, record_event, stream_id, context, event))
+    };
+    let (mode, driver, record_event, stream_id, context, event) = match checks() {
+        Ok(checked) => checked,
+        Err(e) => return Err(Refusal::back(e, record)),
+    };
     let id = match stream.ids_hint() {
         Some(ids) => ids.stream,
         None => {
@@ -177,25 +187,26 @@ pub(crate) unsafe fn enqueue(
             let code = unsafe { stream_id(raw, &mut id) };
             if let Err(e) = driver.check(code, "cuStreamGetId") {
                 give_back_refused(driver, context, event);
-                return Err(e.into());
+                return Err(Refusal::back(e.into(), record));
             }
             id
         }
     };
     let tracked = match pending::track_record(record, context) {
         Ok(tracked) => tracked,
-        Err(e) => {
+        Err(refusal) => {
             give_back_refused(driver, context, event);
-            return Err(e);
+            return Err(refusal);
         }
     };
     // SAFETY: an event of the stream's context (its pool's), and a valid stream.
     let code = unsafe { record_event(event, raw) };
     if code != CUresult::CUDA_SUCCESS {
-        // Not recorded: the record is ours again (held: no reclaim takes it), released here.
-        tracked.refused();
+        // Not recorded: the record is ours again (held: no reclaim takes it), handed back.
+        let record = tracked.refused();
         give_back_refused(driver, context, event);
-        return Err(cuda_dl_sys::Error::from(driver.describe(code, Some("cuEventRecord"))).into());
+        let error = cuda_dl_sys::Error::from(driver.describe(code, Some("cuEventRecord")));
+        return Err(Refusal::back(error.into(), record));
     }
     // A capture another thread began since the first look may hold the event.
     let captured = captured_since(driver, raw);
@@ -205,7 +216,7 @@ pub(crate) unsafe fn enqueue(
     tracked.hand_over();
     if let Some(error) = captured {
         // Never queried: pending until the context is gone, which the pool does not hold up (it
-        // gives its retain back once none of its events is out).
+        // gives its retain back once none of its events is out). The crate keeps the record.
         let released = {
             let mut pools = pools();
             pools.strand(context);
@@ -214,7 +225,7 @@ pub(crate) unsafe fn enqueue(
         for (device, handle) in released {
             crate::transport::reclaim_after_release(driver, device, handle);
         }
-        return Err(error);
+        return Err(Refusal::kept(error));
     }
     let mut incoming = incoming();
     incoming.entries.push(Entry {
