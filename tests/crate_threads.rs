@@ -291,6 +291,17 @@ isolated_test! {
         );
     }
 
+    /// `default` in the environment puts the default pace back over what the program installed.
+    /// (Mutation testing: with that value's arm deleted, it was taken for a value not
+    /// understood.)
+    fn the_environment_may_ask_for_the_default_pace(CUDA_HOST_LAUNCH_POLLER = "default") {
+        Config::new()
+            .event_poller(PollerSettings::LOW_LATENCY)
+            .install()
+            .unwrap();
+        assert_eq!(config().unwrap().event_poller_settings(), PollerSettings::DEFAULT);
+    }
+
     /// What the program installs is in force where the environment says nothing.
     fn an_installed_configuration_is_in_force() {
         let quiet = PollerSettings {
