@@ -92,6 +92,35 @@ fn tests_that_lock_the_fake_take_turns() {
 }
 
 #[test]
+fn a_test_without_the_turn_loads_the_fake_as_the_process_driver() {
+    // In a process of its own, so that no test that took the turn loaded the fake before it.
+    fixture::ChildTest::new("a_test_without_the_turn_loads_the_fake_as_the_process_driver").run(
+        || {
+            let driver = fixture::driver();
+            let mut context: CUcontext = ptr::null_mut();
+            // SAFETY: valid out-pointers; the context is device 0's primary, released below.
+            unsafe {
+                driver.cuDevicePrimaryCtxRetain(&mut context, 0).unwrap();
+                driver.cuCtxSetCurrent(context).unwrap();
+            }
+            let stream = new_stream(driver);
+            // SAFETY: the stream made above, destroyed once; the retain taken above.
+            unsafe {
+                driver.cuStreamDestroy(stream).unwrap();
+                driver.cuDevicePrimaryCtxRelease(0).unwrap();
+            }
+            let process_driver = cuda_dl_sys::driver().expect("the fixture loaded it");
+            assert!(
+                ptr::eq(driver, process_driver),
+                "cuda_dl_sys::driver() is the fake the fixture loaded"
+            );
+            // The turn is still free: taking it does not load a second time.
+            assert!(ptr::eq(fixture::lock().driver(), driver));
+        },
+    );
+}
+
+#[test]
 fn the_call_counters_start_at_zero_for_each_test() {
     let fake = fixture::lock();
     assert_eq!(fake.call_counts().into_values().sum::<u64>(), 0);
