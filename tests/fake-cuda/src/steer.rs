@@ -60,6 +60,9 @@ pub enum FakeError {
     },
     /// The `libcuda.so.1` link could not be made.
     Io(std::io::Error),
+    /// This platform is not Linux: the fake builds everywhere (so that a crate with `fake-cuda`
+    /// in its dev-dependencies builds its tests on any platform), but runs on Linux only.
+    Unsupported,
 }
 
 impl fmt::Display for FakeError {
@@ -87,6 +90,12 @@ impl fmt::Display for FakeError {
                 )
             }
             FakeError::Io(e) => write!(f, "cannot make the libcuda.so.1 link: {e}"),
+            FakeError::Unsupported => write!(
+                f,
+                "the fake CUDA driver runs on Linux only, and this is {}: run these tests on \
+                 Linux (or skip them here with #[cfg(target_os = \"linux\")])",
+                std::env::consts::OS
+            ),
         }
     }
 }
@@ -100,8 +109,12 @@ impl std::error::Error for FakeError {}
 /// `target/<profile>/` with `cargo build -p fake-cuda`).
 ///
 /// # Errors
-/// [`FakeError::NotFound`] if it is in none of those places.
+/// [`FakeError::NotFound`] if it is in none of those places; [`FakeError::Unsupported`] on a
+/// platform other than Linux, where the fake does not run.
 pub fn locate() -> Result<PathBuf, FakeError> {
+    if !cfg!(target_os = "linux") {
+        return Err(FakeError::Unsupported);
+    }
     if let Some(path) = std::env::var_os(LIBRARY_ENV) {
         let path = PathBuf::from(path);
         return if path.is_file() {
@@ -131,12 +144,24 @@ pub fn locate() -> Result<PathBuf, FakeError> {
 /// name loads the fake.
 ///
 /// # Errors
-/// [`FakeError::Io`] if the folder or the links cannot be made.
+/// [`FakeError::Io`] if the folder or the links cannot be made; [`FakeError::Unsupported`] on a
+/// platform other than Linux, where the fake does not run.
 ///
 /// Processes may make the same folder at once: each link is made under a name of its own and
 /// renamed into place.
-#[cfg(unix)]
 pub fn libcuda_folder(library: &Path, folder: &Path) -> Result<PathBuf, FakeError> {
+    #[cfg(target_os = "linux")]
+    return linux_libcuda_folder(library, folder);
+    #[cfg(not(target_os = "linux"))]
+    return {
+        let _ = (library, folder);
+        Err(FakeError::Unsupported)
+    };
+}
+
+/// [`libcuda_folder`], on Linux.
+#[cfg(target_os = "linux")]
+fn linux_libcuda_folder(library: &Path, folder: &Path) -> Result<PathBuf, FakeError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     std::fs::create_dir_all(folder).map_err(FakeError::Io)?;
