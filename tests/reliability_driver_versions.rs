@@ -83,6 +83,9 @@ fn classify(e: &Error) -> Outcome {
             Outcome::Missing(function)
         }
         Error::Cuda(cuda_dl_sys::Error::Driver(d)) => Outcome::Driver(d.to_string()),
+        // The driver's CUDA_ERROR_INVALID_CONTEXT for a default-stream handle, typed: no context
+        // could be made current without the missing symbol.
+        Error::NoCurrentContext { .. } => Outcome::Driver(e.to_string()),
         Error::Cuda(cuda_dl_sys::Error::StubLibrary { .. }) => Outcome::Stub,
         Error::CaptureActive { .. } => Outcome::Refused,
         other => Outcome::Untyped(format!("{other:?}")),

@@ -223,6 +223,25 @@ pub enum Error {
         /// The length asked for.
         len: usize,
     },
+
+    /// The driver found no usable context for the stream (`CUDA_ERROR_INVALID_CONTEXT`): a
+    /// special handle (`RawStream::LEGACY`, `RawStream::PER_THREAD`, the null stream) means "the
+    /// default stream of the context current on this thread", and none is current (or the current
+    /// one was destroyed). [`cuda_code`](Error::cuda_code) is `CUDA_ERROR_INVALID_CONTEXT`.
+    #[error(
+        "stream {stream:#x} has no usable context ({function} returned CUDA_ERROR_INVALID_CONTEXT): \
+         the default-stream handles (RawStream::LEGACY, RawStream::PER_THREAD, null) name the \
+         default stream of the context current on the calling thread, and none is current here, or \
+         it was destroyed. Make a context current on this thread first \
+         (PrimaryContext::set_current, or cuCtxSetCurrent), or pass a Stream (or another binding's \
+         stream handle), which carries its context"
+    )]
+    NoCurrentContext {
+        /// The stream handle passed.
+        stream: usize,
+        /// The driver call that found no context.
+        function: &'static str,
+    },
 }
 
 impl Error {
@@ -230,6 +249,9 @@ impl Error {
     pub fn cuda_code(&self) -> Option<cuda_dl_sys::types::CUresult> {
         match self {
             Error::Cuda(e) => e.code(),
+            Error::NoCurrentContext { .. } => {
+                Some(cuda_dl_sys::types::CUresult::CUDA_ERROR_INVALID_CONTEXT)
+            }
             _ => None,
         }
     }
