@@ -89,6 +89,32 @@ pub struct Completion {
     shared: Arc<CompletionState<()>>,
 }
 
+impl Completion {
+    /// Blocks the calling thread until the completion resolves: for synchronous code and tests,
+    /// where there is no async runtime (in async code, `.await` it instead).
+    ///
+    /// # Errors
+    /// What awaiting it returns ([`Error::ContextLost`]); [`Error::InsideHostFunction`] inside a
+    /// host function, which must not wait for the stream (its driver thread would wait for
+    /// itself).
+    ///
+    /// # Examples
+    /// ```
+    /// use cuda_host_launch::{completion, host_launch, Device, PrimaryContext, Stream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// let stream = Stream::new(&context)?;
+    /// host_launch(&stream, || println!("in stream order"))?;
+    /// completion(&stream)?.wait()?; // the host function has run
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(self) -> Result<(), Error> {
+        crate::support::host_thread::refuse_inside_host_function("Completion::wait")?;
+        crate::support::block_on::block_on(self)
+    }
+}
+
 impl Future for Completion {
     type Output = Result<(), Error>;
 
@@ -261,6 +287,18 @@ fn report_waker_panics(ran: Option<PanicPayload>, failed: Option<PanicPayload>) 
 #[must_use = "the closure runs anyway; the future only carries its result"]
 pub struct HostLaunchFuture<T> {
     shared: Arc<CompletionState<T>>,
+}
+
+impl<T> HostLaunchFuture<T> {
+    /// Blocks the calling thread until the closure has run, and returns its result: as
+    /// [`Completion::wait`].
+    ///
+    /// # Errors
+    /// As [`Completion::wait`], and [`Error::HostFunctionPanicked`] if the closure panicked.
+    pub fn wait(self) -> Result<T, Error> {
+        crate::support::host_thread::refuse_inside_host_function("HostLaunchFuture::wait")?;
+        crate::support::block_on::block_on(self)
+    }
 }
 
 impl<T> Future for HostLaunchFuture<T> {

@@ -106,7 +106,8 @@ impl std::error::Error for FakeError {}
 /// executable: beside it, in its `deps/`, in `../deps/` or in `..` (Cargo puts test binaries in
 /// `target/<profile>/deps/` and examples in `target/<profile>/examples/`; it builds the library
 /// into `target/<profile>/deps/` when `fake-cuda` is a dependency, and also into
-/// `target/<profile>/` with `cargo build -p fake-cuda`).
+/// `target/<profile>/` with `cargo build -p fake-cuda`); else in a folder of `LD_LIBRARY_PATH`
+/// (where Cargo puts `target/<profile>/deps/` for doc tests, which run from a temporary folder).
 ///
 /// # Errors
 /// [`FakeError::NotFound`] if it is in none of those places; [`FakeError::Unsupported`] on a
@@ -126,12 +127,21 @@ pub fn locate() -> Result<PathBuf, FakeError> {
     let exe = std::env::current_exe().map_err(FakeError::Io)?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let name = library_file_name();
-    let tried = vec![
+    let mut tried = vec![
         dir.join(&name),
         dir.join("deps").join(&name),
         dir.join("..").join("deps").join(&name),
         dir.join("..").join(&name),
     ];
+    // Doc tests run from a temporary folder, with Cargo's `target/<profile>/deps` on the loader's
+    // path.
+    if let Some(search) = std::env::var_os("LD_LIBRARY_PATH") {
+        tried.extend(
+            std::env::split_paths(&search)
+                .filter(|folder| !folder.as_os_str().is_empty())
+                .map(|folder| folder.join(&name)),
+        );
+    }
     match tried.iter().find(|p| p.is_file()) {
         Some(found) => Ok(found.canonicalize().unwrap_or_else(|_| found.clone())),
         None => Err(FakeError::NotFound { tried }),
