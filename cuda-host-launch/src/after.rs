@@ -53,12 +53,15 @@ pub use crate::transport::poller_pace::PollerSettings;
 ///   all the same (do not repeat it) and completes once a later call starts the poller.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{release_after, RawStream};
-/// # fn example() -> Result<(), cuda_host_launch::Error> {
+/// ```
+/// use cuda_host_launch::{release_after, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
 /// let staging = vec![0u8; 1 << 20]; // read by a copy enqueued on the stream
 /// // ... enqueue the copy ...
-/// release_after(RawStream::LEGACY, staging)?; // freed once the copy has completed
+/// release_after(&stream, staging)?; // freed once the copy has completed
 /// # Ok(()) }
 /// ```
 pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) -> Result<(), Error> {
@@ -96,10 +99,13 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(stream: S, owners: O) ->
 /// - As [`release_after`] otherwise; on an error `f` is dropped without running.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{spawn_after, RawStream};
-/// # fn example() -> Result<(), cuda_host_launch::Error> {
-/// spawn_after(RawStream::LEGACY, || println!("the stream got here"))?;
+/// ```
+/// use cuda_host_launch::{spawn_after, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
+/// spawn_after(&stream, || println!("the stream got here"))?;
 /// # Ok(()) }
 /// ```
 pub fn spawn_after<S, F>(stream: S, f: F) -> Result<(), Error>

@@ -140,11 +140,15 @@ impl std::fmt::Debug for Completion {
 /// is a host function.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{completion, RawStream};
-/// # async fn example() -> Result<(), cuda_host_launch::Error> {
-/// // ... enqueue work on the stream, then wait for it without blocking a thread:
-/// completion(RawStream::LEGACY)?.await?;
+/// ```
+/// use cuda_host_launch::{completion, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
+/// // ... enqueue work on the stream, then wait for it: `.await` in async code (no thread
+/// // blocked), or `wait()` in synchronous code:
+/// completion(&stream)?.wait()?;
 /// # Ok(()) }
 /// ```
 pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
@@ -169,11 +173,15 @@ impl CompletionMode {
     ///   future is resolved by a replay.
     ///
     /// # Examples
-    /// ```no_run
-    /// use cuda_host_launch::{CompletionMode, RawStream};
-    /// # async fn example() -> Result<(), cuda_host_launch::Error> {
-    /// // Woken by a poller thread a few microseconds after the stream gets there.
-    /// CompletionMode::LowLatency.completion(RawStream::LEGACY)?.await?;
+    /// ```
+    /// use cuda_host_launch::{CompletionMode, Device, PrimaryContext, Stream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// let stream = Stream::new(&context)?;
+    /// // Woken by a poller thread a few microseconds after the stream gets there (`.await` it
+    /// // in async code).
+    /// CompletionMode::LowLatency.completion(&stream)?.wait()?;
     /// # Ok(()) }
     /// ```
     pub fn completion<S: AsRawStream>(self, stream: S) -> Result<Completion, Error> {
@@ -328,11 +336,14 @@ impl<T> std::fmt::Debug for HostLaunchFuture<T> {
 /// As [`host_launch`](crate::host_launch).
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{host_launch_async, RawStream};
-/// # async fn example() -> Result<(), cuda_host_launch::Error> {
-/// let thread = host_launch_async(RawStream::LEGACY, || std::thread::current().name().map(String::from))?;
-/// println!("ran on {:?}", thread.await?);
+/// ```
+/// use cuda_host_launch::{host_launch_async, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
+/// let thread = host_launch_async(&stream, || std::thread::current().name().map(String::from))?;
+/// println!("ran on {:?}", thread.wait()?); // `thread.await?` in async code
 /// # Ok(()) }
 /// ```
 pub fn host_launch_async<S, F, T>(stream: S, f: F) -> Result<HostLaunchFuture<T>, Error>

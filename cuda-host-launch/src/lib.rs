@@ -92,9 +92,9 @@
 //!   that graph: it then runs on the first call only, and later replays do nothing.)
 //!
 //! # Example
-//! Doc tests here have no GPU, so this one is compiled but not run (`examples/quickstart` in the
-//! workspace runs host launches and `flush` on a GPU, or on the fake driver without one).
-//! ```no_run
+//! (The doc tests run on the workspace's fake driver, through a hidden line; `examples/quickstart`
+//! runs the same on a GPU, or on the fake driver without one.)
+//! ```
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
 //! use cuda_host_launch::{
@@ -103,6 +103,7 @@
 //! };
 //!
 //! fn main() -> Result<(), cuda_host_launch::Error> {
+//! #   let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
 //!     // Optional, before the crate starts its threads: keep them off CPU 0.
 //!     set_thread_settings(ThreadSettings::new().affinity(Affinity::Cpus(vec![1, 2, 3])));
 //!
