@@ -18,6 +18,7 @@
 //! | host code in a **graph**: a node, or a launch on a capturing stream | [`add_host_node`] on a [`Graph`]; [`LaunchOptions::host_launch_repeatable`] / [`LaunchOptions::launch_host_function_repeatable`] | the owners live as long as the graph and every executable graph made from it |
 //! | the driver thread's sync mode (CUDA 13.2+) | [`LaunchOptions`] | the same launches as methods of the options |
 //! | a **barrier** before a check or an exit: every owner of completed work dropped, every callback returned | [`flush`]`(timeout)` after `stream.synchronize()` | waits for the cleanup queue and a round of each poller; pending work is not waited for |
+//! | a **leak check** in a test: the crate's own events and context retains given back too | [`quiesce`]`(timeout)` after `stream.synchronize()` | a `flush`, then the event poller gives back its pooled events and retains at once (else 100 ms after its last work) |
 //! | who drops the owners | [`CleanupMode::Reaper`] (default: a thread of this crate) or [`CleanupMode::Manual`] (the next launch, [`drain`] or [`flush`]), through [`set_cleanup_mode`] or [`CLEANUP_MODE_ENV`] | [`cleanup_stats`] counts the releases |
 //! | the crate's threads (reaper, event poller, low-latency poller): names, CPUs, a start hook | [`set_thread_settings`]`(`[`ThreadSettings`]`)`, with an [`Affinity`] | by default they may run on every CPU of the process, not only the launching thread's |
 //! | the event poller's latency against its CPU time | [`set_poller_settings`]`(`[`PollerSettings`]`)`: [`PollerSettings::DEFAULT`], [`PollerSettings::LOW_LATENCY`] | [`poller_cpu_time`] says what the pollers used |
@@ -174,7 +175,7 @@ pub use after::{PollerSettings, poller_settings, release_after, set_poller_setti
 #[cfg(not(loom))]
 pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
 #[cfg(not(loom))]
-pub use flush::flush;
+pub use flush::{flush, quiesce};
 #[cfg(not(loom))]
 pub use graph::{Graph, GraphExec, GraphNode, add_host_node};
 #[cfg(not(loom))]

@@ -242,6 +242,17 @@ pub enum Error {
         /// The driver call that found no context.
         function: &'static str,
     },
+
+    /// [`quiesce`](crate::quiesce) gave up before the event poller gave its events back.
+    #[error(
+        "quiesce timed out after {timeout:?}: the event poller still has events out (work still \
+         pending on a stream, or a callback still running). Synchronize the streams first, and \
+         stop other threads' enqueues"
+    )]
+    QuiesceTimedOut {
+        /// The timeout given.
+        timeout: Duration,
+    },
 }
 
 impl Error {

@@ -253,7 +253,10 @@ pub const LIVE_KINDS: &[&str] = &[
 /// the code under test and one after, and [`grown_since`](Self::grown_since) is what it leaked.
 ///
 /// Memory freed with `cuMemFreeAsync` counts until the stream gets to the free, and host
-/// functions still pending hold what they own: synchronize before taking the second.
+/// functions still pending hold what they own: synchronize before taking the second. Code that
+/// uses `cuda-host-launch` keeps a batch of events and a primary-context retain in its event
+/// poller for a while after its last work: take the second after `cuda_host_launch::quiesce`,
+/// which gives them back (its `flush` does not).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveObjects(BTreeMap<&'static str, u64>);
 

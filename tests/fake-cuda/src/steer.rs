@@ -567,7 +567,7 @@ impl FakeCuda {
     /// `cuMemAllocAsync`: a `cuMemFreeAsync` counts once the stream got to it),
     /// `host_allocations` (page-locked: `cuMemHostAlloc`, `cuMemAllocHost`), `user_objects`; 0
     /// for an unknown kind. For leak checks ([`fixture::LiveObjects`](crate::fixture::LiveObjects)
-    /// takes them all at once).
+    /// takes them all at once; with `cuda-host-launch`, after its `quiesce`).
     pub fn live_objects(&self, kind: &str) -> u64 {
         let kind = c_name(kind);
         let f = control!(self, fake_cuda_live_objects: unsafe extern "C" fn(*const c_char) -> u64);

@@ -295,6 +295,13 @@ pub(crate) fn wait_for_poller(deadline: Option<std::time::Instant>) -> bool {
     poller::wait_for_round(deadline)
 }
 
+/// Makes the poller give its event pools back (destroying their events and releasing their
+/// contexts' retains) and exit as soon as nothing is pending and no event is out, and waits until
+/// no poller runs, or `deadline` passes (false). False at once on the poller itself.
+pub(crate) fn wait_until_given_back(deadline: Option<std::time::Instant>) -> bool {
+    poller::wait_until_given_back(deadline)
+}
+
 /// Runs `reset` (a reset of the primary context of `handle`) while the poller queries nothing,
 /// and if it succeeds forgets the context that was reset (as [`forget_gone`] does, under the same
 /// lock: the reset destroyed its events; their records stay pending, for the reclaim). If it

@@ -123,6 +123,31 @@ pub(super) fn wait_for_round(deadline: Option<Instant>) -> bool {
     BARRIER.wait(request, deadline)
 }
 
+/// Callers of [`wait_until_given_back`] waiting now: while there are any, the poller gives its
+/// pools back and exits as soon as nothing is pending and no event is out, not after
+/// [`PollerSettings::idle_exit`].
+static GIVE_BACK_ASKED: AtomicUsize = AtomicUsize::new(0);
+
+/// See [`super::wait_until_given_back`].
+pub(super) fn wait_until_given_back(deadline: Option<Instant>) -> bool {
+    if IS_POLLER.with(std::cell::Cell::get) {
+        return false;
+    }
+    GIVE_BACK_ASKED.fetch_add(1, Ordering::SeqCst);
+    let given_back = loop {
+        if incoming().poller.is_none() {
+            break true;
+        }
+        // Wakes it for a round: it exits in the first with nothing pending and no event out, and
+        // serves this request as it exits.
+        if !wait_for_round(deadline) {
+            break false;
+        }
+    };
+    GIVE_BACK_ASKED.fetch_sub(1, Ordering::SeqCst);
+    given_back
+}
+
 fn queues() -> MutexGuard<'static, Queues> {
     lock(&QUEUES)
 }
@@ -438,7 +463,8 @@ fn poll_loop() {
             }
             if !queues.pending() {
                 let idle = *idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() >= settings.idle_exit {
+                let asked = GIVE_BACK_ASKED.load(Ordering::SeqCst) > 0;
+                if asked || idle.elapsed() >= settings.idle_exit {
                     // Under the hand-over's lock, then the pools': an enqueue that took an event
                     // keeps this thread (its event is out); one that has not yet finds no poller
                     // and starts another.
