@@ -133,7 +133,7 @@ isolated_test! {
         });
         let calls_to_v1 = fake().call_count("cuStreamGetCaptureInfo");
         match refused {
-            Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { function, required, found })) => {
+            Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { function, required, found, .. })) => {
                 assert_eq!(function, "cuUserObjectCreate");
                 assert_eq!(required, 11030);
                 assert_eq!(found, DriverVersion(11020));

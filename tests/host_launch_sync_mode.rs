@@ -35,6 +35,7 @@ fn assert_too_old<T: std::fmt::Debug>(result: Result<T, Error>, version: i32) {
             function,
             required,
             found,
+            ..
         })) => {
             assert_eq!(function, "cuLaunchHostFunc_v2");
             assert_eq!(required, 13020);

@@ -46,9 +46,10 @@ pub use crate::transport::poller_pace::PollerSettings;
 ///   the capture may hold the event, so it is never queried, and the owners stay pending (counted
 ///   by [`pending_launches`](crate::pending_launches)) until the context is reset. Never early.
 /// - [`Error::NotPrimaryContext`] for a stream of a context made with `cuCtxCreate`.
-/// - The driver's errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and
-///   creating events), [`Error::InsideHostFunction`] inside a host function. On these the owners
-///   are dropped before returning, on the calling thread.
+/// - [`Error::NeedsNewerDriver`] before CUDA 12.0 (streams are told apart by `cuStreamGetId`).
+/// - The driver's errors (`cuEventRecord`, creating events), [`Error::InsideHostFunction`]
+///   inside a host function. On these the owners are dropped before returning, on the calling
+///   thread.
 /// - [`Error::ReaperSpawn`] if the poller thread could not be started: the release was accepted
 ///   all the same (do not repeat it) and completes once a later call starts the poller.
 ///

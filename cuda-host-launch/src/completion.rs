@@ -255,6 +255,7 @@ fn event_unavailable(error: &Error) -> bool {
     matches!(
         error,
         Error::NotPrimaryContext { .. }
+            | Error::NeedsNewerDriver { .. }
             | Error::Cuda(
                 cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }
             )

@@ -243,6 +243,26 @@ pub enum Error {
         function: &'static str,
     },
 
+    /// The operation needs a newer driver than the loaded one: stream-ordered releases and
+    /// callbacks through events ([`release_after`](crate::release_after),
+    /// [`spawn_after`](crate::spawn_after), [`CompletionMode::Event`](crate::CompletionMode::Event))
+    /// need CUDA 12.0, where streams have ids (`cuStreamGetId`). Nothing was enqueued.
+    #[error(
+        "{operation} needs CUDA {required} (for {function}); the loaded driver supports CUDA \
+         {found}. On this driver use a host-function launch instead (host_launch, \
+         launch_host_function, or CompletionMode::HostFunction), or upgrade the driver"
+    )]
+    NeedsNewerDriver {
+        /// What was asked for.
+        operation: &'static str,
+        /// The driver function it needs (its table name).
+        function: &'static str,
+        /// The version that function needs.
+        required: cuda_dl_sys::DriverVersion,
+        /// The loaded driver's version.
+        found: cuda_dl_sys::DriverVersion,
+    },
+
     /// [`quiesce`](crate::quiesce) gave up before the event poller gave its events back.
     #[error(
         "quiesce timed out after {timeout:?}: the event poller still has events out (work still \
