@@ -672,6 +672,19 @@ isolated_test! {
             matches!(refused, Err(Error::NeedsNewerDriver { function: "cuStreamGetId", .. })),
             "{refused:?}"
         );
+        // Each event operation says that it needs CUDA 12.0, under its own name.
+        let refusals = [
+            ("release_after", cuda_host_launch::release_after(&stream, ())),
+            ("spawn_after", cuda_host_launch::spawn_after(&stream, || ())),
+            ("an event completion", refused.map(drop)),
+        ];
+        for (name, refused) in refusals {
+            let message = refused.expect_err(name).to_string();
+            assert!(
+                message.starts_with(name) && message.contains("needs CUDA 12.0"),
+                "{message}"
+            );
+        }
     }
 }
 
