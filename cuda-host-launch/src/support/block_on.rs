@@ -14,10 +14,6 @@ impl Wake for Unpark {
     fn wake(self: Arc<Self>) {
         self.0.unpark();
     }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        self.0.unpark();
-    }
 }
 
 /// Polls `future` on this thread until it is ready, parked in between; its wake unparks it. For
