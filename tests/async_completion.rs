@@ -102,6 +102,54 @@ fn completions_resolve_in_stream_order_in_every_mode() {
 }
 
 #[test]
+fn wait_blocks_until_the_stream_got_there_in_every_mode() {
+    let context = fake_primary_context();
+    for mode in MODES {
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream");
+        let ran = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&ran);
+        host_launch(&stream, move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+        let done = mode.completion(&stream).unwrap();
+        let seen = std::thread::scope(|scope| {
+            let ran = &ran;
+            let waiter = scope.spawn(move || {
+                done.wait().unwrap();
+                ran.load(Ordering::SeqCst)
+            });
+            hold.release();
+            waiter.join().unwrap()
+        });
+        assert_eq!(
+            seen, 1,
+            "{mode:?}: wait returned before the stream's work ran"
+        );
+    }
+    let stream = Stream::new(&context).unwrap();
+    assert_eq!(
+        host_launch_async(&stream, || 6 * 7)
+            .unwrap()
+            .wait()
+            .unwrap(),
+        42
+    );
+    // Inside a host function, waiting for the stream would wait for the driver's thread itself.
+    let mut inner = Some(completion(&stream).unwrap());
+    let refused = host_launch_async(&stream, move || inner.take().map(|c| c.wait())).unwrap();
+    match refused.wait() {
+        Ok(Some(Err(Error::InsideHostFunction { operation }))) => {
+            assert_eq!(operation, "Completion::wait");
+        }
+        other => panic!("expected InsideHostFunction, got {other:?}"),
+    }
+}
+
+#[test]
 fn host_launch_async_returns_the_closures_result_and_reports_its_panic() {
     // The panic provoked below prints nothing; others (a failed assertion) print as usual.
     cuda_workspace::testing::quiet_expected_panics(|m| m == "no answer");
@@ -659,9 +707,28 @@ isolated_test! {
         assert_eq!(enqueued(), (events, host_functions + 1));
         let refused = CompletionMode::Event.completion(&stream);
         assert!(
-            matches!(refused, Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { .. }))),
+            matches!(refused, Err(Error::NeedsNewerDriver { function: "cuStreamGetId", .. })),
             "{refused:?}"
         );
+        // Each event operation says that it needs CUDA 12.0, under its own name.
+        let refusals: [(&str, Result<(), Error>); 3] = [
+            (
+                "release_after",
+                cuda_host_launch::release_after(&stream, ()).map_err(Error::from),
+            ),
+            (
+                "spawn_after",
+                cuda_host_launch::spawn_after(&stream, || ()).map_err(Error::from),
+            ),
+            ("an event completion", refused.map(drop)),
+        ];
+        for (name, refused) in refusals {
+            let message = refused.expect_err(name).to_string();
+            assert!(
+                message.starts_with(name) && message.contains("needs CUDA 12.0"),
+                "{message}"
+            );
+        }
     }
 }
 

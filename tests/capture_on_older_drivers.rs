@@ -141,7 +141,7 @@ isolated_test! {
         assert_eq!(drops.dropped(), 0, "the crate dropped what it refused");
         assert!(refused.as_ref().is_err_and(|e| e.is_handed_back()), "not handed back");
         match refused.map_err(cuda_host_launch::LaunchError::into_error) {
-            Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { function, required, found })) => {
+            Err(Error::Cuda(cuda_dl_sys::Error::DriverTooOld { function, required, found, .. })) => {
                 assert_eq!(function, "cuUserObjectCreate");
                 assert_eq!(required, 11030);
                 assert_eq!(found, DriverVersion(11020));

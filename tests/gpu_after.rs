@@ -314,7 +314,7 @@ isolated_test! {
     /// destroys nothing of a context that is gone. The poller is kept from giving the pool back
     /// before the reset by a long idle exit (the configuration is fixed for the process); a
     /// release in the new context, then a `flush`, which forgets the pool of the context that
-    /// is gone. (The fake's twin, `stream_order_after`, covers the idle poller's give-back.)
+    /// is gone. (The fake's twin, `release_after`, covers the idle poller's give-back.)
     #[ignore = "needs an NVIDIA GPU and driver: run with --ignored"]
     fn a_reset_by_another_binding_leaves_the_events_made_after_it_alone() {
         use cuda_dl_sys::types::CUevent;

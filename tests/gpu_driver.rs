@@ -96,6 +96,7 @@ fn launch_host_func_v2_is_gated_by_the_driver_version() {
             function,
             required: r,
             found,
+            ..
         }) => {
             println!(
                 "{function}: DriverTooOld (needs {}, driver {found})",
@@ -138,6 +139,7 @@ fn launch_host_func_v2_is_requested_at_13_2_and_reported_too_old_before() {
                     function,
                     required,
                     found,
+                    ..
                 },
             ) => {
                 println!("{:?} table: {err}", table.default_stream());
@@ -146,6 +148,11 @@ fn launch_host_func_v2_is_requested_at_13_2_and_reported_too_old_before() {
                 assert_eq!(found, d.version());
                 assert!(d.version().0 < 13020, "{}", d.version());
                 assert!(err.to_string().contains("supports CUDA 13.2;"), "{err}");
+                // NVIDIA's driver: the upgrade is the advice.
+                assert!(
+                    err.to_string().contains("Upgrade the NVIDIA driver"),
+                    "{err}"
+                );
             }
             Ok(p) => {
                 assert!(d.version().0 >= 13020, "{}", d.version());

@@ -264,6 +264,7 @@ fn the_sync_mode_option_is_gated_on_the_driver_version() {
                     function,
                     required,
                     found,
+                    ..
                 })) => {
                     assert_eq!(function, "cuLaunchHostFunc_v2");
                     assert_eq!(required, 13020);

@@ -24,7 +24,7 @@ struct OnDevice {
 }
 
 /// Both devices (device 0 through `Gpu::open`, which checks the driver is the real one).
-fn two_devices() -> (Gpu, [OnDevice; 2]) {
+fn device_contexts() -> (Gpu, [OnDevice; 2]) {
     let gpu = Gpu::open();
     let mut count = 0;
     // SAFETY: a valid out-pointer.
@@ -125,7 +125,7 @@ isolated_test! {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(1_000_000);
-        let (_gpu, devices) = two_devices();
+        let (_gpu, devices) = device_contexts();
         let counts = DropCounts::new(3 * n);
         let alone = launch_load(&[&devices[0]], n, counts, 0);
         let both = launch_load(&[&devices[0], &devices[1]], n, counts, n);
@@ -144,7 +144,7 @@ isolated_test! {
     /// device 1's context, as a binding's buffer does): off the driver's thread, no error.
     #[ignore = "needs two NVIDIA GPUs: run with --ignored"]
     fn an_owner_of_device_1_memory_after_a_host_function_of_device_0() {
-        let (gpu, devices) = two_devices();
+        let (gpu, devices) = device_contexts();
         let driver = gpu.driver;
         devices[1].context.set_current().unwrap();
         let mut buffer = 0;
@@ -195,7 +195,7 @@ isolated_test! {
     #[ignore = "needs two NVIDIA GPUs: run with --ignored"]
     fn a_trap_on_device_1_leaves_device_0_untouched() {
         const N: usize = 1_000;
-        let (gpu, devices) = two_devices();
+        let (gpu, devices) = device_contexts();
         let streams = [0, 1].map(|d| {
             devices[d].context.set_current().unwrap();
             Stream::new_non_blocking(&devices[d].context).unwrap()
@@ -251,7 +251,7 @@ isolated_test! {
 #[test]
 #[ignore = "needs two NVIDIA GPUs: run with --ignored"]
 fn a_global_capture_on_device_0_survives_device_1_releases() {
-    let (gpu, devices) = two_devices();
+    let (gpu, devices) = device_contexts();
     let captured = Stream::new_non_blocking(&devices[0].context).unwrap();
     devices[1].context.set_current().unwrap();
     let work = Stream::new_non_blocking(&devices[1].context).unwrap();

@@ -250,4 +250,55 @@ isolated_test! {
         assert_eq!(fake().call_count("cuGraphAddHostNode"), 0);
         assert!(graph.nodes().unwrap().is_empty());
     }
+
+    /// A default-stream handle on a thread with no current context: every launch, release and
+    /// completion says so and what to do (not "cuStreamGetCaptureInfo failed"), with the owners
+    /// dropped on the caller's thread; the same calls on a `Stream` from that thread work.
+    fn a_default_stream_handle_with_no_current_context_says_to_make_one_current() {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                let drops = Drops::new();
+                let legacy = cuda_host_launch::RawStream::LEGACY;
+                let owner = drops.owner();
+                // SAFETY: `count_run` ignores its argument and does not unwind.
+                let raw = unsafe {
+                    launch_host_function(legacy, Some(count_run), ptr::null_mut(), drops.owner())
+                };
+                // Each hands its value back; converted to `Error`, the value is dropped here.
+                let results: [Result<(), Error>; 6] = [
+                    host_launch(legacy, move || {
+                        let _keep = &owner;
+                    })
+                    .map_err(Error::from),
+                    raw.map_err(Error::from),
+                    cuda_host_launch::release_after(legacy, drops.owner()).map_err(Error::from),
+                    cuda_host_launch::spawn_after(legacy, || ()).map_err(Error::from),
+                    cuda_host_launch::completion(legacy).map(drop),
+                    cuda_host_launch::host_launch_async(legacy, || ())
+                        .map(drop)
+                        .map_err(Error::from),
+                ];
+                for result in results {
+                    let error = result.expect_err("no context is current");
+                    assert!(
+                        matches!(error, Error::NoCurrentContext { stream: 1, .. }),
+                        "{error:?}"
+                    );
+                    assert_eq!(error.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
+                    let message = error.to_string();
+                    assert!(message.contains("Make a context current"), "{message}");
+                    assert!(message.contains("pass a Stream"), "{message}");
+                }
+                assert_dropped_here(&drops, 3);
+                // The same thread, still with no context current, with a `Stream`.
+                cuda_host_launch::release_after(&stream, drops.owner()).unwrap();
+                cuda_host_launch::spawn_after(&stream, || ()).unwrap();
+                stream.synchronize().unwrap();
+                cuda_host_launch::flush(std::time::Duration::from_secs(10)).unwrap();
+                drops.wait_dropped(4);
+            });
+        });
+    }
 }

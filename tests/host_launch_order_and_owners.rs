@@ -465,7 +465,7 @@ fn a_launch_on_a_default_stream_without_a_current_context_fails_and_hands_its_ow
         assert_eq!(drops.dropped(), 1, "the owners outlived the caller's drop");
         assert!(drops.records()[0].thread.same_as(&me));
         match refused {
-            Err(e @ Error::Cuda(_)) => {
+            Err(e @ Error::NoCurrentContext { .. }) => {
                 assert_eq!(e.cuda_code(), Some(CUresult::CUDA_ERROR_INVALID_CONTEXT));
             }
             other => panic!("expected CUDA_ERROR_INVALID_CONTEXT, got {other:?}"),

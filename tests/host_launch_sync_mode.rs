@@ -43,6 +43,7 @@ fn assert_too_old<T: std::fmt::Debug, V: Send + 'static>(
             function,
             required,
             found,
+            ..
         })) => {
             assert_eq!(function, "cuLaunchHostFunc_v2");
             assert_eq!(required, 13020);

@@ -44,8 +44,9 @@ use crate::transport::watcher;
 /// enqueued before the call may still use them, so the caller decides (synchronize the stream,
 /// then drop them).
 /// - [`Error::ReleaseDuringCapture`] on a capturing stream: handed back; the capture is unharmed.
-/// - [`Error::NotPrimaryContext`] for a stream of a context made with `cuCtxCreate`; the driver's
-///   errors (`cuEventRecord`, `cuStreamGetId`: `DriverTooOld` before 12.0, and creating events);
+/// - [`Error::NotPrimaryContext`] for a stream of a context made with `cuCtxCreate`;
+///   [`Error::NeedsNewerDriver`] before CUDA 12.0 (streams are told apart by `cuStreamGetId`); the
+///   driver's errors (`cuEventRecord`, creating events);
 ///   [`Error::InsideHostFunction`] inside a host function; [`Error::TooManyPendingLaunches`];
 ///   [`Error::ForkedChild`]: handed back.
 /// - [`Error::CaptureActive`] if another thread began a capture of the stream while this call ran:
@@ -56,12 +57,15 @@ use crate::transport::watcher;
 ///   accepted all the same (do not repeat it) and completes once a later call starts the watcher.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{release_after, RawStream};
-/// # fn example() -> Result<(), cuda_host_launch::Error> {
+/// ```
+/// use cuda_host_launch::{release_after, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
 /// let staging = vec![0u8; 1 << 20]; // read by a copy enqueued on the stream
 /// // ... enqueue the copy ...
-/// release_after(RawStream::LEGACY, staging)?; // freed once the copy has completed
+/// release_after(&stream, staging)?; // freed once the copy has completed
 /// # Ok(()) }
 /// ```
 pub fn release_after<S: AsRawStream, O: Send + 'static>(
@@ -110,10 +114,13 @@ pub fn release_after<S: AsRawStream, O: Send + 'static>(
 /// - As [`release_after`] otherwise: `f` is handed back, unrun, wherever no event was recorded.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{spawn_after, RawStream};
-/// # fn example() -> Result<(), cuda_host_launch::Error> {
-/// spawn_after(RawStream::LEGACY, || println!("the stream got here"))?;
+/// ```
+/// use cuda_host_launch::{spawn_after, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
+/// spawn_after(&stream, || println!("the stream got here"))?;
 /// # Ok(()) }
 /// ```
 pub fn spawn_after<S, F>(stream: S, f: F) -> Result<(), LaunchError<F>>

@@ -90,6 +90,32 @@ pub struct Completion {
     shared: Arc<CompletionState<()>>,
 }
 
+impl Completion {
+    /// Blocks the calling thread until the completion resolves: for synchronous code and tests,
+    /// where there is no async runtime (in async code, `.await` it instead).
+    ///
+    /// # Errors
+    /// What awaiting it returns ([`Error::ContextLost`]); [`Error::InsideHostFunction`] inside a
+    /// host function, which must not wait for the stream (its driver thread would wait for
+    /// itself).
+    ///
+    /// # Examples
+    /// ```
+    /// use cuda_host_launch::{completion, host_launch, Device, PrimaryContext, Stream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// let stream = Stream::new(&context)?;
+    /// host_launch(&stream, || println!("in stream order"))?;
+    /// completion(&stream)?.wait()?; // the host function has run
+    /// # Ok(()) }
+    /// ```
+    pub fn wait(self) -> Result<(), Error> {
+        crate::support::host_thread::refuse_inside_host_function("Completion::wait")?;
+        crate::support::block_on::block_on(self)
+    }
+}
+
 impl Future for Completion {
     type Output = Result<(), Error>;
 
@@ -115,11 +141,15 @@ impl std::fmt::Debug for Completion {
 /// is a host function.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{completion, RawStream};
-/// # async fn example() -> Result<(), cuda_host_launch::Error> {
-/// // ... enqueue work on the stream, then wait for it without blocking a thread:
-/// completion(RawStream::LEGACY)?.await?;
+/// ```
+/// use cuda_host_launch::{completion, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
+/// // ... enqueue work on the stream, then wait for it: `.await` in async code (no thread
+/// // blocked), or `wait()` in synchronous code:
+/// completion(&stream)?.wait()?;
 /// # Ok(()) }
 /// ```
 pub fn completion<S: AsRawStream>(stream: S) -> Result<Completion, Error> {
@@ -144,11 +174,15 @@ impl CompletionMode {
     ///   future is resolved by a replay.
     ///
     /// # Examples
-    /// ```no_run
-    /// use cuda_host_launch::{CompletionMode, RawStream};
-    /// # async fn example() -> Result<(), cuda_host_launch::Error> {
-    /// // Woken by the watcher thread a few microseconds after the stream gets there.
-    /// CompletionMode::LowLatency.completion(RawStream::LEGACY)?.await?;
+    /// ```
+    /// use cuda_host_launch::{CompletionMode, Device, PrimaryContext, Stream};
+    /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// let stream = Stream::new(&context)?;
+    /// // Woken by the watcher thread a few microseconds after the stream gets there (`.await` it
+    /// // in async code).
+    /// CompletionMode::LowLatency.completion(&stream)?.wait()?;
     /// # Ok(()) }
     /// ```
     pub fn completion<S: AsRawStream>(self, stream: S) -> Result<Completion, Error> {
@@ -225,6 +259,7 @@ fn event_unavailable(error: &Error) -> bool {
     matches!(
         error,
         Error::NotPrimaryContext { .. }
+            | Error::NeedsNewerDriver { .. }
             | Error::Cuda(
                 cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }
             )
@@ -282,6 +317,18 @@ pub struct HostLaunchFuture<T> {
     shared: Arc<CompletionState<T>>,
 }
 
+impl<T> HostLaunchFuture<T> {
+    /// Blocks the calling thread until the closure has run, and returns its result: as
+    /// [`Completion::wait`].
+    ///
+    /// # Errors
+    /// As [`Completion::wait`], and [`Error::HostFunctionPanicked`] if the closure panicked.
+    pub fn wait(self) -> Result<T, Error> {
+        crate::support::host_thread::refuse_inside_host_function("HostLaunchFuture::wait")?;
+        crate::support::block_on::block_on(self)
+    }
+}
+
 impl<T> Future for HostLaunchFuture<T> {
     type Output = Result<T, Error>;
 
@@ -309,11 +356,14 @@ impl<T> std::fmt::Debug for HostLaunchFuture<T> {
 /// As [`host_launch`](crate::host_launch): the [`LaunchError`] hands `f` back, unrun.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{host_launch_async, RawStream};
-/// # async fn example() -> Result<(), cuda_host_launch::Error> {
-/// let thread = host_launch_async(RawStream::LEGACY, || std::thread::current().name().map(String::from))?;
-/// println!("ran on {:?}", thread.await?);
+/// ```
+/// use cuda_host_launch::{host_launch_async, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
+/// let thread = host_launch_async(&stream, || std::thread::current().name().map(String::from))?;
+/// println!("ran on {:?}", thread.wait()?); // `thread.await?` in async code
 /// # Ok(()) }
 /// ```
 pub fn host_launch_async<S, F, T>(stream: S, f: F) -> Result<HostLaunchFuture<T>, LaunchError<F>>

@@ -1,4 +1,5 @@
-//! [`flush`]: the barrier after which every release and callback of completed work is done.
+//! [`flush`]: the barrier after which every release and callback of completed work is done; and
+//! [`quiesce`]: that, then the crate's event resources given back, for leak checks.
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,12 @@ use crate::transport;
 /// pending or queued are not released (their owners' `Drop` does not run, as for any value alive
 /// at `exit`), and a callback whose event completed may not run. Synchronize and `flush` before
 /// exiting where that matters.
+///
+/// `flush` does not give back what the crate keeps for later work: the watcher's pooled events
+/// (made in batches of 32) and its retain of each primary context it watches stay until it has
+/// been idle for [`PollerSettings::idle_exit`](crate::PollerSettings::idle_exit) (100 ms). A leak
+/// check (a driver's live-object count, such as the fake driver's `live_objects`) calls
+/// [`quiesce`] instead, which returns once they are given back.
 ///
 /// A `timeout` too long to add to the clock (`Duration::MAX`) waits as long as it takes. Called by
 /// the thread that is releasing records (inside an owner's `Drop`, or the panic handler, whether
@@ -84,5 +91,50 @@ pub fn flush(timeout: Duration) -> Result<(), Error> {
             timeout,
         }),
         (false, Err(e)) => Err(e),
+    }
+}
+
+/// [`flush`], then makes the watcher give back what it keeps for later work, and waits until
+/// it did: its events are destroyed and its retains of primary contexts released (the next
+/// [`release_after`](crate::release_after), [`spawn_after`](crate::spawn_after) or event
+/// completion makes them again). The watcher thread itself stops once nothing is pending, as
+/// always. For leak checks in tests: after the streams are
+/// synchronized and `quiesce` returned, the crate holds no event and no context retain, so a
+/// driver's count of live objects (the fake driver's `live_objects`,
+/// `fake_cuda::fixture::LiveObjects`) is back where it was before the crate's first use, with no
+/// sleep, whatever [`PollerSettings::idle_exit`](crate::PollerSettings::idle_exit) is.
+///
+/// Not given back: what the caller holds ([`Stream`](crate::Stream)s, [`PrimaryContext`](crate::PrimaryContext)s,
+/// graphs), and the low-latency mode's flag pages ([`CompletionMode::LowLatency`](crate::CompletionMode::LowLatency):
+/// host memory registered in a context, one `cuMemHostRegister` per 4 KiB page), kept while their
+/// context lives. Work other threads enqueue meanwhile keeps the poller running; it is waited for
+/// until `timeout`.
+///
+/// ```
+/// use std::time::Duration;
+/// use cuda_host_launch::{release_after, quiesce, Device, PrimaryContext, Stream};
+/// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// let fake = fake_cuda::fixture::lock(); // a test's turn with the fake driver
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let before = fake.live_objects_now();
+/// let stream = Stream::new(&context)?;
+/// release_after(&stream, vec![0u8; 1024])?;
+/// stream.synchronize()?;
+/// drop(stream);
+/// quiesce(Duration::from_secs(10))?;
+/// assert!(fake.live_objects_now().grown_since(&before).is_empty());
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`flush`]'s, and [`Error::QuiesceTimedOut`] if the poller still had events out at `timeout`
+/// (work still pending on a stream, or a callback still running).
+pub fn quiesce(timeout: Duration) -> Result<(), Error> {
+    let deadline = Instant::now().checked_add(timeout);
+    flush(timeout)?;
+    if transport::event::wait_until_given_back(deadline) {
+        Ok(())
+    } else {
+        Err(Error::QuiesceTimedOut { timeout })
     }
 }

@@ -290,11 +290,14 @@ impl Drop for GraphExec {
 /// exactly once, through the cleanup queue, with no node left pointing at it.
 ///
 /// # Examples
-/// ```no_run
+/// ```
 /// use std::sync::Arc;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
-/// use cuda_host_launch::{Graph, RawStream, add_host_node};
+/// use cuda_host_launch::{Device, Graph, PrimaryContext, Stream, add_host_node};
 /// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
 /// let graph = Graph::new()?;
 /// let runs = Arc::new(AtomicUsize::new(0));
 /// let counter = Arc::clone(&runs);
@@ -303,7 +306,7 @@ impl Drop for GraphExec {
 /// })?;
 /// add_host_node(&graph, &[first], || println!("after the first node"))?;
 /// let exec = graph.instantiate()?;
-/// exec.launch(RawStream::LEGACY)?;
+/// exec.launch(&stream)?;
 /// # Ok(()) }
 /// ```
 ///
@@ -338,9 +341,13 @@ impl LaunchOptions {
     /// As [`add_host_node`].
     ///
     /// # Examples
+    /// Compiled, not run (the doc tests' fake driver reports CUDA 13.0; this needs 13.2):
     /// ```no_run
-    /// use cuda_host_launch::{Graph, HostTaskSyncMode, LaunchOptions};
+    /// use cuda_host_launch::{Device, Graph, HostTaskSyncMode, LaunchOptions, PrimaryContext};
     /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// context.set_current()?;
     /// let graph = Graph::new()?;
     /// let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
     /// let first = spin.add_host_node(&graph, &[], || println!("first"))?;

@@ -47,11 +47,11 @@ use crate::transport::options::LaunchOptions;
 /// a host function.)
 ///
 /// # Examples
-/// ```no_run
+/// ```
 /// use std::ffi::c_void;
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use std::sync::Arc;
-/// use cuda_host_launch::{launch_host_function, RawStream};
+/// use cuda_host_launch::{launch_host_function, Device, PrimaryContext, Stream};
 ///
 /// unsafe extern "C" fn bump(data: *mut c_void) {
 ///     // SAFETY: `data` points into the Arc kept alive by the owners below.
@@ -59,10 +59,13 @@ use crate::transport::options::LaunchOptions;
 /// }
 ///
 /// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
 /// let counter = Arc::new(AtomicU32::new(0));
 /// let data = Arc::as_ptr(&counter).cast_mut().cast::<c_void>();
 /// // SAFETY: `bump` only touches the AtomicU32, which the owner (a clone of the Arc) keeps alive.
-/// unsafe { launch_host_function(RawStream::LEGACY, Some(bump), data, counter.clone())? };
+/// unsafe { launch_host_function(&stream, Some(bump), data, counter.clone())? };
 /// # Ok(()) }
 /// ```
 pub unsafe fn launch_host_function<S, O>(
@@ -93,9 +96,9 @@ where
 /// stay the caller's, and the launch's copy of them, which nothing else ever saw, is freed.
 ///
 /// # Examples
-/// ```no_run
+/// ```
 /// use std::ffi::c_void;
-/// use cuda_host_launch::{launch_host_function_with_bytes, RawStream};
+/// use cuda_host_launch::{launch_host_function_with_bytes, Device, PrimaryContext, Stream};
 ///
 /// #[repr(C)]
 /// struct Progress {
@@ -110,13 +113,16 @@ where
 /// }
 ///
 /// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
 /// let progress = Progress { step: 3, of: 10 };
 /// // SAFETY: `Progress` has no padding, so its bytes are initialised.
 /// let bytes = unsafe {
 ///     std::slice::from_raw_parts((&raw const progress).cast::<u8>(), size_of::<Progress>())
 /// };
 /// // SAFETY: `report` reads a `Progress` from the bytes it gets, and does not unwind.
-/// unsafe { launch_host_function_with_bytes(RawStream::LEGACY, Some(report), bytes)? };
+/// unsafe { launch_host_function_with_bytes(&stream, Some(report), bytes)? };
 /// # Ok(()) }
 /// ```
 pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
@@ -157,11 +163,14 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
 /// As [`launch_host_function`]: the [`LaunchError`] hands `f` back, unrun.
 ///
 /// # Examples
-/// ```no_run
-/// use cuda_host_launch::{host_launch, RawStream};
+/// ```
+/// use cuda_host_launch::{host_launch, Device, PrimaryContext, Stream};
 /// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
 /// let (tx, rx) = std::sync::mpsc::channel();
-/// host_launch(RawStream::LEGACY, move || {
+/// host_launch(&stream, move || {
 ///     let _ = tx.send(std::thread::current().id());
 /// })?;
 /// let driver_thread = rx.recv().expect("the host function ran");
@@ -170,12 +179,15 @@ pub unsafe fn launch_host_function_with_bytes<S: AsRawStream>(
 ///
 /// Giving a captured value away: the closure takes it out of an `Option`, and the `Sender` it
 /// captured is dropped later, off the driver's thread.
-/// ```no_run
-/// use cuda_host_launch::{host_launch, RawStream};
+/// ```
+/// use cuda_host_launch::{host_launch, Device, PrimaryContext, Stream};
 /// # fn main() -> Result<(), cuda_host_launch::Error> {
+/// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+/// let context = PrimaryContext::retain(Device::get(0)?)?;
+/// let stream = Stream::new(&context)?;
 /// let (tx, rx) = std::sync::mpsc::channel();
 /// let mut value = Some(vec![1u8, 2, 3]);
-/// host_launch(RawStream::LEGACY, move || {
+/// host_launch(&stream, move || {
 ///     if let Some(value) = value.take() {
 ///         let _ = tx.send(value);
 ///     }
@@ -201,16 +213,20 @@ impl LaunchOptions {
     /// As [`launch_host_function`]; `DriverTooOld` if the options need a newer driver.
     ///
     /// # Examples
+    /// Compiled, not run (the doc tests' fake driver reports CUDA 13.0; this needs 13.2):
     /// ```no_run
     /// use std::ffi::c_void;
-    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, RawStream};
+    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, Device, PrimaryContext, Stream};
     ///
     /// unsafe extern "C" fn tick(_: *mut c_void) {}
     ///
     /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// let stream = Stream::new(&context)?;
     /// let spin = LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait);
     /// // SAFETY: `tick` ignores its argument and does not unwind.
-    /// unsafe { spin.launch_host_function(RawStream::LEGACY, Some(tick), std::ptr::null_mut(), ())? };
+    /// unsafe { spin.launch_host_function(&stream, Some(tick), std::ptr::null_mut(), ())? };
     /// # Ok(()) }
     /// ```
     pub unsafe fn launch_host_function<S, O>(
@@ -276,11 +292,15 @@ impl LaunchOptions {
     /// As [`host_launch`]; `DriverTooOld` if the options need a newer driver.
     ///
     /// # Examples
+    /// Compiled, not run (the doc tests' fake driver reports CUDA 13.0; this needs 13.2):
     /// ```no_run
-    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, RawStream};
+    /// use cuda_host_launch::{HostTaskSyncMode, LaunchOptions, Device, PrimaryContext, Stream};
     /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// let stream = Stream::new(&context)?;
     /// LaunchOptions::with_sync_mode(HostTaskSyncMode::SpinWait)
-    ///     .host_launch(RawStream::LEGACY, || println!("in stream order"))?;
+    ///     .host_launch(&stream, || println!("in stream order"))?;
     /// # Ok(()) }
     /// ```
     pub fn host_launch<S, F>(&self, stream: S, f: F) -> Result<(), LaunchError<F>>
@@ -316,15 +336,18 @@ impl LaunchOptions {
     /// it.
     ///
     /// # Examples
-    /// ```no_run
+    /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::{AtomicUsize, Ordering};
-    /// use cuda_host_launch::{LaunchOptions, RawStream};
+    /// use cuda_host_launch::{LaunchOptions, Device, PrimaryContext, Stream};
     /// # fn main() -> Result<(), cuda_host_launch::Error> {
+    /// # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
+    /// let context = PrimaryContext::retain(Device::get(0)?)?;
+    /// let stream = Stream::new(&context)?;
     /// let replays = Arc::new(AtomicUsize::new(0));
     /// let counter = Arc::clone(&replays);
     /// // Captured, this runs on every replay of the graph; `counter` lives as long as the graph.
-    /// LaunchOptions::default().host_launch_repeatable(RawStream::LEGACY, move || {
+    /// LaunchOptions::default().host_launch_repeatable(&stream, move || {
     ///     counter.fetch_add(1, Ordering::Relaxed);
     /// })?;
     /// # Ok(()) }

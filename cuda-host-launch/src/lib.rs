@@ -19,6 +19,7 @@
 //! | the driver thread's sync mode (CUDA 13.2+) | [`LaunchOptions`] | the same launches as methods of the options |
 //! | a **barrier** before a check or an exit: every owner of completed work dropped, every callback returned | [`flush`]`(timeout)` after `stream.synchronize()` | waits for a round of the watcher, then the cleanup queue; pending work is not waited for |
 //! | **configure** the crate: who drops the owners ([`CleanupMode`]), its threads' names, CPUs and start hook ([`ThreadSettings`], [`Affinity`]), the watcher's latency against its CPU time for events ([`PollerSettings`]), the reaper's pace | [`Config`]`::new()…`[`.install()`](Config::install), once, before the first launch; environment variables override it ([`CLEANUP_MODE_ENV`], [`POLLER_ENV`], [`REAPER_POLL_ENV`], [`REAPER_LINGER_ENV`]) | a second install, or one after the first use, is refused ([`Error::AlreadyConfigured`]); [`config`] reads what is in force; [`cleanup_stats`] counts the releases, [`poller_cpu_time`] what the watcher used |
+//! | a **leak check** in a test: the crate's own events and context retains given back too | [`quiesce`]`(timeout)` after `stream.synchronize()` | a `flush`, then the watcher gives back its pooled events and retains at once (else 100 ms after its last work) |
 //! | the owners of launches that will never run (a sticky error) | [`pending_launches`]; [`PrimaryContext::reset`] or the last [`PrimaryContext`] dropped; [`reclaim_pending`] after a `cuCtxDestroy` of your own | released once through the cleanup queue; futures resolve to [`Error::ContextLost`] |
 //!
 //! **On an error, what you handed over comes back.** Work enqueued on the stream before a call may
@@ -101,9 +102,9 @@
 //!   that graph: it then runs on the first call only, and later replays do nothing.)
 //!
 //! # Example
-//! Doc tests here have no GPU, so this one is compiled but not run (`examples/quickstart` in the
-//! workspace runs host launches and `flush` on a GPU, or on the fake driver without one).
-//! ```no_run
+//! (The doc tests run on the workspace's fake driver, through a hidden line; `examples/quickstart`
+//! runs the same on a GPU, or on the fake driver without one.)
+//! ```
 //! use std::sync::{Arc, Mutex};
 //! use std::time::Duration;
 //! use cuda_host_launch::{
@@ -112,6 +113,7 @@
 //! };
 //!
 //! fn main() -> Result<(), cuda_host_launch::Error> {
+//! #   let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the fake
 //!     // Optional, once, before the first launch: keep the crate's threads off CPU 0.
 //!     Config::new()
 //!         .threads(ThreadSettings::new().affinity(Affinity::Cpus(vec![1, 2, 3])))
@@ -186,7 +188,7 @@ pub use after::{release_after, spawn_after};
 #[cfg(not(loom))]
 pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
 #[cfg(not(loom))]
-pub use flush::flush;
+pub use flush::{flush, quiesce};
 #[cfg(not(loom))]
 pub use graph::{Graph, GraphExec, GraphNode, add_host_node};
 #[cfg(not(loom))]

@@ -60,20 +60,23 @@ pub enum Error {
         library: Option<DriverLibrary>,
     },
 
-    /// The function's ABI version is newer than the installed driver. Nothing was called.
-    #[error(
-        "{function} needs a driver that supports CUDA {}; the installed driver supports CUDA \
-         {found}. Upgrade the NVIDIA driver",
-        DriverVersion(*required as i32)
-    )]
+    /// The function's ABI version is newer than the installed driver. Nothing was called. The
+    /// message advises a driver upgrade only if the loaded library is NVIDIA's driver (see
+    /// [`LibraryKind`]); for another library (a test double such as the workspace's fake) it says
+    /// so instead.
+    #[error("{}", driver_too_old(function, *required, *found, library.as_ref()))]
     DriverTooOld {
         /// The table name of the function.
         function: &'static str,
         /// The version the function's signature binds (`1000 * major + 10 * minor`: 13010 is
-        /// CUDA 13.1).
+        /// CUDA 13.1). A `u32`, as the generated table's and [`FunctionInfo::version`](crate::FunctionInfo::version)
+        /// are (a version is never negative); [`DriverVersion`] wraps the driver's own `int`.
         required: u32,
         /// The installed driver's version.
         found: DriverVersion,
+        /// The library the driver was loaded from (`None` only for an error made without a
+        /// loaded driver).
+        library: Option<DriverLibrary>,
     },
 
     /// The driver ran the function and returned a code other than `CUDA_SUCCESS`.
@@ -129,6 +132,30 @@ pub enum Error {
     /// valid C string.
     #[error("{0:?} is not a valid symbol name: it contains a NUL byte")]
     InvalidSymbolName(String),
+}
+
+/// [`Error::DriverTooOld`]'s message: upgrade the driver, unless the library is not NVIDIA's.
+fn driver_too_old(
+    function: &str,
+    required: u32,
+    found: DriverVersion,
+    library: Option<&DriverLibrary>,
+) -> String {
+    let needs = format!(
+        "{function} needs a driver that supports CUDA {}; the loaded driver supports CUDA {found}",
+        DriverVersion(required as i32)
+    );
+    match library.filter(|l| l.kind != LibraryKind::NvidiaDriver) {
+        Some(library) => format!(
+            "{needs}. The loaded library {} is not NVIDIA's driver (its file name is not \
+             libcuda.so*), so upgrading the NVIDIA driver will not change it: make that library \
+             report CUDA {} or newer (the workspace's fake driver: FAKE_CUDA_VERSION or \
+             set_version), or load NVIDIA's driver",
+            library.path.display(),
+            DriverVersion(required as i32)
+        ),
+        None => format!("{needs}. Upgrade the NVIDIA driver"),
+    }
 }
 
 /// [`Error::LibraryNotFound`]'s message: what was tried, and what to fix for where it came from.
@@ -503,6 +530,7 @@ impl CallError {
                 function,
                 required: self.required,
                 found: DriverVersion(self.value),
+                library: library(),
             },
             CallErrorKind::SymbolMissing(reason) => Error::SymbolMissing {
                 function,
@@ -574,7 +602,8 @@ mod tests {
             Error::DriverTooOld {
                 function: "cuLaunchHostFunc_v2",
                 required: 13020,
-                found: DriverVersion(12040)
+                found: DriverVersion(12040),
+                library: None,
             }
         ));
         let e = CallError::unavailable(

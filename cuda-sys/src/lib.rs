@@ -29,10 +29,11 @@
 //! `cuInit(0)` (then `cuDriverGetVersion`), so there is no `cuInit` to call first; a failing
 //! `cuInit` is that call's [`Error::Driver`]. (Calling `cuInit` again is harmless.)
 //!
-//! ```no_run
+//! ```
 //! use cuda_dl_sys::{driver, types::*};
 //!
 //! # fn main() -> Result<(), cuda_dl_sys::Error> {
+//! # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the workspace's fake
 //! let cuda = driver()?; // opens the library and calls cuInit(0)
 //! println!("CUDA {} ({:?})", cuda.version(), cuda.resolution_path());
 //! let mut device: CUdevice = 0;
@@ -48,6 +49,32 @@
 //!     cuda.cuStreamDestroy(stream)?;
 //!     cuda.cuDevicePrimaryCtxRelease(device)?;
 //! }
+//! # Ok(()) }
+//! ```
+//!
+//! **Is a function available?** Resolve it: [`Driver::resolve`] (or the typed
+//! `driver.raw().cuFoo()`) answers without calling it, and caches the answer. Only the function
+//! is concerned: a driver too old for one still runs every other.
+//!
+//! ```
+//! use cuda_dl_sys::{Error, Function, driver};
+//!
+//! # fn main() -> Result<(), cuda_dl_sys::Error> {
+//! # let _fake = fake_cuda::fixture::driver(); // the doc tests' driver: the workspace's fake
+//! let cuda = driver()?;
+//! match cuda.resolve(Function::cuLaunchHostFunc_v2) {
+//!     Ok(_) => println!("host functions with a sync mode (CUDA 13.2+)"),
+//!     // Newer than the driver (nothing was asked of it), or the driver lacks it.
+//!     Err(e @ (Error::DriverTooOld { .. } | Error::SymbolMissing { .. })) => {
+//!         println!("falling back to cuLaunchHostFunc: {e}");
+//!     }
+//!     Err(e) => return Err(e), // the lookup itself failed
+//! }
+//! // The same through the typed entry, with the C signature when it is there:
+//! let available = cuda.raw().cuStreamGetId().is_ok();
+//! // Or by version: every entry carries the ABI version its signature binds.
+//! let gate = Function::cuStreamGetId.info().version; // 12000, CUDA 12.0
+//! assert_eq!(available, cuda.version().0 >= gate as i32);
 //! # Ok(()) }
 //! ```
 //!

@@ -22,7 +22,10 @@ pub struct FunctionInfo {
     pub symbol: &'static CStr,
     /// The ABI version the bound signature belongs to, as the driver numbers versions
     /// (`1000 * major + 10 * minor`: 3020 is CUDA 3.2; [`DriverVersion`](crate::DriverVersion)
-    /// prints it so).
+    /// prints it so). A `u32`, since an ABI version is never negative (as
+    /// [`Error::DriverTooOld`](crate::Error::DriverTooOld)'s `required`); `DriverVersion` wraps an
+    /// `i32` because it holds what the driver wrote into a C `int` (`cuDriverGetVersion`). Compare
+    /// them as `DriverVersion(version as i32)` (every version fits).
     pub version: u32,
     /// The library export of that version (`cuMemAlloc_v2`), looked up on drivers older than 11.3.
     pub export: &'static CStr,

@@ -3,6 +3,12 @@
 use std::fmt;
 
 /// A CUDA version number as the driver reports it (`13000` is CUDA 13.0, `12030` is 12.3).
+///
+/// It wraps an `i32` because the driver writes its version into a C `int`
+/// (`cuDriverGetVersion`) and `cuGetProcAddress` takes one; the table's ABI versions
+/// ([`FunctionInfo::version`](crate::FunctionInfo::version),
+/// [`Error::DriverTooOld`](crate::Error::DriverTooOld)'s `required`) are `u32`, as an ABI version
+/// is never negative: `DriverVersion(version as i32)` turns one into the other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct DriverVersion(pub i32);
 

@@ -6,7 +6,9 @@ use std::ptr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use cuda_dl_sys::types::{CUDA_HOST_NODE_PARAMS, CUgraph, CUgraphExec, CUgraphNode, CUuserObject};
+use cuda_dl_sys::types::{
+    CUDA_HOST_NODE_PARAMS, CUgraph, CUgraphExec, CUgraphNode, CUresult, CUuserObject,
+};
 use cuda_workspace::testing::{bump, os_thread};
 
 use super::harness::{Cx, Log, SETTLE, Tagged, cases, data, leak, log_tag, wait_until};
@@ -181,5 +183,35 @@ cases! {
         wait_until("the destructor", || destroyed.count.load(Ordering::SeqCst) == 1);
         std::thread::sleep(SETTLE);
         assert_eq!(destroyed.count.load(Ordering::SeqCst), 1);
+    }
+
+    /// `cuGraphInstantiateWithFlags` takes only the flags its reference lists for it: none,
+    /// `AUTO_FREE_ON_LAUNCH` (1) and `USE_NODE_PRIORITY` (8) for a graph of host nodes; `UPLOAD`
+    /// (2, for `cuGraphInstantiateWithParams` only), an unknown bit, `DEVICE_LAUNCH` (4) with
+    /// `AUTO_FREE_ON_LAUNCH`, and `DEVICE_LAUNCH` for a graph with a host node (a device-launched
+    /// graph holds only kernel, memcpy and memset nodes) are `CUDA_ERROR_INVALID_VALUE`.
+    fn graph_instantiate_refuses_the_flags_the_driver_refuses(cx) {
+        let ran = leak(AtomicUsize::new(0));
+        let graph = graph(cx);
+        host_node(cx, graph, &[], bump, data(ran));
+        let with = |flags: u64| {
+            let mut exec: CUgraphExec = ptr::null_mut();
+            // SAFETY: a valid out-pointer; a live graph.
+            let made = unsafe { cx.driver.cuGraphInstantiateWithFlags(&mut exec, graph, flags) };
+            if made.is_ok() {
+                // SAFETY: just made, not launched.
+                unsafe { cx.driver.cuGraphExecDestroy(exec) }.unwrap();
+            }
+            made.err().map(|e| cuda_dl_sys::Error::from(e).code())
+        };
+        for flags in [0, 1, 8, 1 | 8] {
+            assert_eq!(with(flags), None, "flags {flags:#x} refused");
+        }
+        let invalid = Some(Some(CUresult::CUDA_ERROR_INVALID_VALUE));
+        for flags in [2, 1 << 20, 4 | 1, 4] {
+            assert_eq!(with(flags), invalid, "flags {flags:#x}");
+        }
+        // SAFETY: a live graph, not used afterwards.
+        unsafe { cx.driver.cuGraphDestroy(graph) }.unwrap();
     }
 }

@@ -6,7 +6,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cuda_dl_sys::types::{CUdeviceptr, CUgraph, CUresult, CUstreamCaptureMode};
+use cuda_dl_sys::types::{CUdeviceptr, CUgraph, CUgraphNodeType, CUresult, CUstreamCaptureMode};
 
 use super::harness::{SETTLE, cases, code, leak};
 use super::memory::{bytes, device_memory, pinned, read};
@@ -216,21 +216,68 @@ cases! {
         }
     }
 
-    /// The fake does not model memory operations in a capture: an `Async` copy on a capturing
-    /// stream is `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates the capture (the real
-    /// driver captures it as a memcpy node).
-    fn an_async_copy_in_a_capture_is_not_modelled(cx) {
+    /// In a capture, `Async` sets and copies between device and page-locked memory become
+    /// memset and memcpy nodes of the graph: nothing happens at the call, and every launch of the
+    /// executable graph sets and copies again, reading the source at the launch.
+    fn async_copies_and_sets_in_a_capture_become_nodes_that_each_launch_replays(cx) {
         let stream = cx.stream();
-        let (source, device) = (pinned(cx, 16), device_memory(cx, 16));
+        let (source, target) = (pinned(cx, 8), pinned(cx, 16));
+        let device = device_memory(cx, 16);
         let mut graph: CUgraph = ptr::null_mut();
         let relaxed = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: a live stream; 16 bytes each.
+        // SAFETY: 8 bytes of page-locked memory, no stream writes it yet.
+        unsafe { ptr::copy_nonoverlapping([1u8, 2, 3, 4, 5, 6, 7, 8].as_ptr(), source, 8) };
+        // SAFETY: a live stream; every buffer holds the bytes each call names and outlives the
+        // launches.
         unsafe {
             cx.driver.cuStreamBeginCapture(stream, relaxed).unwrap();
-            let copied = cx.driver.cuMemcpyHtoDAsync(device, source.cast(), 16, stream);
-            assert_eq!(code(copied), Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
-            let ended = cx.driver.cuStreamEndCapture(stream, &mut graph);
-            assert_eq!(code(ended), Some(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+            cx.driver.cuMemsetD32Async(device, 0x0707_0707, 4, stream).unwrap();
+            cx.driver.cuMemcpyHtoDAsync(device + 8, source.cast(), 8, stream).unwrap();
+            cx.driver.cuMemcpyDtoHAsync(target.cast(), device, 16, stream).unwrap();
+            cx.driver.cuStreamEndCapture(stream, &mut graph).unwrap();
         }
+        assert_eq!(bytes(target, 16), vec![0; 16], "a captured copy ran at the call");
+        let mut count = 0;
+        // SAFETY: a live graph; a valid out-pointer.
+        unsafe { cx.driver.cuGraphGetNodes(graph, ptr::null_mut(), &mut count) }.unwrap();
+        let mut nodes = vec![ptr::null_mut(); count];
+        // SAFETY: room for `count` nodes.
+        unsafe { cx.driver.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.unwrap();
+        let types: Vec<CUgraphNodeType> = nodes
+            .iter()
+            .map(|node| {
+                let mut t = CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+                // SAFETY: a node of the graph; a valid out-pointer.
+                unsafe { cx.driver.cuGraphNodeGetType(*node, &mut t) }.unwrap();
+                t
+            })
+            .collect();
+        let (memset, memcpy) = (
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET,
+            CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY,
+        );
+        assert_eq!(types.iter().filter(|t| **t == memset).count(), 1, "{types:?}");
+        assert_eq!(types.iter().filter(|t| **t == memcpy).count(), 2, "{types:?}");
+        let mut exec = ptr::null_mut();
+        // SAFETY: a live graph and stream; valid out-pointers; the buffers outlive the launches.
+        unsafe {
+            cx.driver.cuGraphInstantiateWithFlags(&mut exec, graph, 0).unwrap();
+            cx.driver.cuGraphLaunch(exec, stream).unwrap();
+            cx.driver.cuStreamSynchronize(stream).unwrap();
+        }
+        assert_eq!(bytes(target, 16), [7, 7, 7, 7, 7, 7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8]);
+        // SAFETY: no launch is in flight (synchronized); 8 and 16 bytes.
+        unsafe {
+            ptr::copy_nonoverlapping([9u8; 8].as_ptr(), source, 8);
+            ptr::write_bytes(target, 0, 16);
+        }
+        // SAFETY: live handles.
+        unsafe {
+            cx.driver.cuGraphLaunch(exec, stream).unwrap();
+            cx.driver.cuStreamSynchronize(stream).unwrap();
+            cx.driver.cuGraphExecDestroy(exec).unwrap();
+            cx.driver.cuGraphDestroy(graph).unwrap();
+        }
+        assert_eq!(bytes(target, 16), [7, 7, 7, 7, 7, 7, 7, 7, 9, 9, 9, 9, 9, 9, 9, 9]);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::ptr;
 
-use cuda_dl_sys::types::{CUgraph, CUstream, CUstreamCaptureStatus};
+use cuda_dl_sys::types::{CUgraph, CUresult, CUstream, CUstreamCaptureStatus};
 
 use crate::support::error::Error;
 
@@ -44,12 +44,14 @@ pub(crate) fn capture_of(driver: &cuda_dl_sys::Driver, stream: CUstream) -> Resu
                     ptr::null_mut(),
                 )
             };
+            no_context(code, stream, "cuStreamGetCaptureInfo")?;
             driver.check(code, "cuStreamGetCaptureInfo")?;
         }
         Err(cuda_dl_sys::Error::DriverTooOld { .. } | cuda_dl_sys::Error::SymbolMissing { .. }) => {
             let is_capturing = driver.raw().cuStreamIsCapturing()?;
             // SAFETY: valid stream; `status` is a valid place to write.
             let code = unsafe { is_capturing(stream, &mut status) };
+            no_context(code, stream, "cuStreamIsCapturing")?;
             driver.check(code, "cuStreamIsCapturing")?;
         }
         Err(e) => return Err(e.into()),
@@ -58,6 +60,18 @@ pub(crate) fn capture_of(driver: &cuda_dl_sys::Driver, stream: CUstream) -> Resu
         return Ok(Capture::None);
     }
     Ok(Capture::Active { id, graph })
+}
+
+/// [`Error::NoCurrentContext`] for `CUDA_ERROR_INVALID_CONTEXT` from `function` on `stream`: the
+/// first driver call of every launch, release and completion, so the error that says what to do.
+fn no_context(code: CUresult, stream: CUstream, function: &'static str) -> Result<(), Error> {
+    if code == CUresult::CUDA_ERROR_INVALID_CONTEXT {
+        return Err(Error::NoCurrentContext {
+            stream: stream.addr(),
+            function,
+        });
+    }
+    Ok(())
 }
 
 /// The second look of an enqueue that the driver cannot make atomic with its first (a flag write,

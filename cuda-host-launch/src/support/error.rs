@@ -237,6 +237,56 @@ pub enum Error {
         /// The length asked for.
         len: usize,
     },
+
+    /// The driver found no usable context for the stream (`CUDA_ERROR_INVALID_CONTEXT`): a
+    /// special handle (`RawStream::LEGACY`, `RawStream::PER_THREAD`, the null stream) means "the
+    /// default stream of the context current on this thread", and none is current (or the current
+    /// one was destroyed). [`cuda_code`](Error::cuda_code) is `CUDA_ERROR_INVALID_CONTEXT`.
+    #[error(
+        "stream {stream:#x} has no usable context ({function} returned CUDA_ERROR_INVALID_CONTEXT): \
+         the default-stream handles (RawStream::LEGACY, RawStream::PER_THREAD, null) name the \
+         default stream of the context current on the calling thread, and none is current here, or \
+         it was destroyed. Make a context current on this thread first \
+         (PrimaryContext::set_current, or cuCtxSetCurrent), or pass a Stream (or another binding's \
+         stream handle), which carries its context"
+    )]
+    NoCurrentContext {
+        /// The stream handle passed.
+        stream: usize,
+        /// The driver call that found no context.
+        function: &'static str,
+    },
+
+    /// The operation needs a newer driver than the loaded one: stream-ordered releases and
+    /// callbacks through events ([`release_after`](crate::release_after),
+    /// [`spawn_after`](crate::spawn_after), [`CompletionMode::Event`](crate::CompletionMode::Event))
+    /// need CUDA 12.0, where streams have ids (`cuStreamGetId`). Nothing was enqueued.
+    #[error(
+        "{operation} needs CUDA {required} (for {function}); the loaded driver supports CUDA \
+         {found}. On this driver use a host-function launch instead (host_launch, \
+         launch_host_function, or CompletionMode::HostFunction), or upgrade the driver"
+    )]
+    NeedsNewerDriver {
+        /// What was asked for.
+        operation: &'static str,
+        /// The driver function it needs (its table name).
+        function: &'static str,
+        /// The version that function needs.
+        required: cuda_dl_sys::DriverVersion,
+        /// The loaded driver's version.
+        found: cuda_dl_sys::DriverVersion,
+    },
+
+    /// [`quiesce`](crate::quiesce) gave up before the watcher gave its events back.
+    #[error(
+        "quiesce timed out after {timeout:?}: the watcher still has events out (work still \
+         pending on a stream, or a callback still running). Synchronize the streams first, and \
+         stop other threads' enqueues"
+    )]
+    QuiesceTimedOut {
+        /// The timeout given.
+        timeout: Duration,
+    },
 }
 
 impl Error {
@@ -244,6 +294,9 @@ impl Error {
     pub fn cuda_code(&self) -> Option<cuda_dl_sys::types::CUresult> {
         match self {
             Error::Cuda(e) => e.code(),
+            Error::NoCurrentContext { .. } => {
+                Some(cuda_dl_sys::types::CUresult::CUDA_ERROR_INVALID_CONTEXT)
+            }
             _ => None,
         }
     }

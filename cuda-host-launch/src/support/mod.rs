@@ -3,6 +3,8 @@
 //! driver helpers (stream handles, capture queries, the capture interaction mode).
 
 #[cfg(not(loom))]
+pub(crate) mod block_on;
+#[cfg(not(loom))]
 pub(crate) mod capture;
 #[cfg(not(loom))]
 pub(crate) mod config;

@@ -27,7 +27,8 @@
 //! running then. So every test that steers the fake (or reads its counters) takes [`lock`]: the
 //! guard it returns keeps other such tests waiting until it drops, then puts the steering back as
 //! it was at load ([`FakeCuda::reset_steering`]). Tests that only use the driver, without steering
-//! or counting, need not take it. The driver's own objects (contexts, streams, memory, a sticky
+//! or counting, need not take it: [`driver`] loads the fake as [`lock`] does, without the turn.
+//! The driver's own objects (contexts, streams, memory, a sticky
 //! error) are not reset: they are the tests' to clean up, and [`LiveObjects`] checks that they
 //! did.
 //!
@@ -61,6 +62,10 @@ static LOADED: OnceLock<Loaded> = OnceLock::new();
 /// The one turn to steer the fake (see the module's documentation).
 static TURN: Mutex<()> = Mutex::new(());
 
+/// Held while the fake is loaded, so that one thread loads it (apart from [`TURN`]: loading does
+/// not wait for a test that steers).
+static LOADING: Mutex<()> = Mutex::new(());
+
 /// Loads the fake: [`steer::locate`], then its control functions, then `cuda-dl-sys`'s driver from
 /// it (with the default-stream mode `CUDA_DL_SYS_PER_THREAD_DEFAULT_STREAM` asks for).
 fn load() -> Result<Loaded, FakeError> {
@@ -81,6 +86,24 @@ fn load() -> Result<Loaded, FakeError> {
     Ok(Loaded { fake, driver })
 }
 
+/// The fake and its driver, loaded on the first call of the process (by this or [`try_lock`]).
+fn loaded() -> Result<&'static Loaded, FakeError> {
+    if let Some(loaded) = LOADED.get() {
+        return Ok(loaded);
+    }
+    let _loading = relock(&LOADING);
+    match LOADED.get() {
+        Some(loaded) => Ok(loaded),
+        None => {
+            // Under `LOADING`, so no other thread loads meanwhile; a failure leaves it unset.
+            let _ = LOADED.set(load()?);
+            LOADED
+                .get()
+                .ok_or(FakeError::NotFound { tried: Vec::new() })
+        }
+    }
+}
+
 /// The fake, loaded once for the process, and the turn to steer it: waits until no other test
 /// holds it. The call counters start at 0; when the guard drops, the steering is reset.
 ///
@@ -90,21 +113,45 @@ fn load() -> Result<Loaded, FakeError> {
 /// call tries again.
 pub fn try_lock() -> Result<Locked, FakeError> {
     let turn = relock(&TURN);
-    let loaded = match LOADED.get() {
-        Some(loaded) => loaded,
-        None => {
-            // Under the turn, so no other thread loads meanwhile; a failure leaves it unset.
-            let _ = LOADED.set(load()?);
-            LOADED
-                .get()
-                .ok_or(FakeError::NotFound { tried: Vec::new() })?
-        }
-    };
+    let loaded = loaded()?;
     loaded.fake.reset_call_counts();
     Ok(Locked {
         loaded,
         _turn: turn,
     })
+}
+
+/// The driver, as `cuda-dl-sys` loaded it from the fake (loaded on the first call of the process,
+/// as [`try_lock`] does), **without** the turn to steer it: for a test that only uses the driver
+/// (or code that calls `cuda_dl_sys::driver()`, which returns the same driver once this loaded it)
+/// and neither steers the fake nor reads its counters. It runs beside the tests that hold the
+/// turn, and meets their faults and hooks if it makes the calls they aim at: a test that must not,
+/// takes [`lock`] instead.
+///
+/// ```no_run
+/// #[test]
+/// fn a_stream_can_be_made() {
+///     let driver = fake_cuda::fixture::driver(); // no turn: other tests run beside this one
+///     let mut context = std::ptr::null_mut();
+///     // SAFETY: valid out-pointers.
+///     unsafe { driver.cuDevicePrimaryCtxRetain(&mut context, 0) }.unwrap();
+///     // ...
+/// }
+/// # fn main() {}
+/// ```
+///
+/// # Errors
+/// As [`try_lock`]'s.
+pub fn try_driver() -> Result<&'static Driver, FakeError> {
+    Ok(loaded()?.driver)
+}
+
+/// [`try_driver`], for a test.
+///
+/// # Panics
+/// If the fake cannot be loaded, with what to do about it.
+pub fn driver() -> &'static Driver {
+    try_driver().unwrap_or_else(|e| panic!("fake_cuda::fixture: {e}"))
 }
 
 /// [`try_lock`], for a test.
@@ -206,7 +253,10 @@ pub const LIVE_KINDS: &[&str] = &[
 /// the code under test and one after, and [`grown_since`](Self::grown_since) is what it leaked.
 ///
 /// Memory freed with `cuMemFreeAsync` counts until the stream gets to the free, and host
-/// functions still pending hold what they own: synchronize before taking the second.
+/// functions still pending hold what they own: synchronize before taking the second. Code that
+/// uses `cuda-host-launch` keeps a batch of events and a primary-context retain in its event
+/// poller for a while after its last work: take the second after `cuda_host_launch::quiesce`,
+/// which gives them back (its `flush` does not).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveObjects(BTreeMap<&'static str, u64>);
 

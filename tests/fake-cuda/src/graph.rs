@@ -1,7 +1,7 @@
 //! Graphs, their nodes, executable graphs and launches.
 //!
-//! Only host nodes (and stream value writes captured into a graph) do anything when launched;
-//! empty and kernel nodes are placeholders (the fake runs no kernels).
+//! Only host nodes (and stream value writes, copies and sets captured into a graph) do anything
+//! when launched; empty and kernel nodes are placeholders (the fake runs no kernels).
 
 use std::collections::BTreeMap;
 use std::ffi::{c_uint, c_ulonglong};
@@ -293,6 +293,8 @@ unsafe fn node_get_type(node: CUgraphNode, out: *mut CUgraphNodeType) -> Res {
         NodeKind::Write32 { .. } | NodeKind::Write64 { .. } => {
             CUgraphNodeType::CU_GRAPH_NODE_TYPE_BATCH_MEM_OP
         }
+        NodeKind::Memcpy { .. } => CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMCPY,
+        NodeKind::Memset { .. } => CUgraphNodeType::CU_GRAPH_NODE_TYPE_MEMSET,
     };
     // SAFETY: non-null, and the caller passes a valid place for the type.
     unsafe { out.write(t) };
@@ -380,11 +382,42 @@ fn topological_order(st: &State, graph: &Graph) -> Option<Vec<usize>> {
     Some(placed)
 }
 
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+const AUTO_FREE_ON_LAUNCH: c_ulonglong = 1;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH`.
+const DEVICE_LAUNCH: c_ulonglong = 4;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY`.
+const USE_NODE_PRIORITY: c_ulonglong = 8;
+
+/// Whether `flags` are what `cuGraphInstantiateWithFlags` accepts for `graph`, as its reference
+/// says: only `AUTO_FREE_ON_LAUNCH`, `DEVICE_LAUNCH` and `USE_NODE_PRIORITY` (`UPLOAD` is for
+/// `cuGraphInstantiateWithParams` only), `DEVICE_LAUNCH` not with `AUTO_FREE_ON_LAUNCH`, and a
+/// device-launchable graph holds only kernel, memcpy and memset nodes, at least one.
+fn flags_valid(st: &State, graph: &Graph, flags: c_ulonglong) -> bool {
+    if flags & !(AUTO_FREE_ON_LAUNCH | DEVICE_LAUNCH | USE_NODE_PRIORITY) != 0 {
+        return false;
+    }
+    if flags & DEVICE_LAUNCH == 0 {
+        return true;
+    }
+    flags & AUTO_FREE_ON_LAUNCH == 0
+        && !graph.nodes.is_empty()
+        && graph.nodes.iter().all(|node| {
+            st.nodes.get(node).is_some_and(|n| {
+                matches!(
+                    n.kind,
+                    NodeKind::Kernel | NodeKind::Memcpy { .. } | NodeKind::Memset { .. }
+                )
+            })
+        })
+}
+
 export!("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags => instantiate(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: c_ulonglong));
-unsafe fn instantiate(out: *mut CUgraphExec, graph: CUgraph, _flags: c_ulonglong) -> Res {
+unsafe fn instantiate(out: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> Res {
     ensure(!out.is_null(), INVALID_VALUE)?;
     let mut st = lock();
     let g = st.graphs.get(&graph.addr()).ok_or(INVALID_VALUE)?;
+    ensure(flags_valid(&st, g, flags), INVALID_VALUE)?;
     let order = topological_order(&st, g).ok_or(INVALID_VALUE)?;
     let actions: Arc<[Action]> = order
         .iter()
@@ -392,6 +425,18 @@ unsafe fn instantiate(out: *mut CUgraphExec, graph: CUgraph, _flags: c_ulonglong
             NodeKind::Host { f: Some(f), data } => Some(Action::Host { f, data }),
             NodeKind::Write32 { addr, value } => Some(Action::Write32 { addr, value }),
             NodeKind::Write64 { addr, value } => Some(Action::Write64 { addr, value }),
+            NodeKind::Memcpy { dst, src, len } => Some(Action::Memcpy { dst, src, len }),
+            NodeKind::Memset {
+                dst,
+                value,
+                width,
+                count,
+            } => Some(Action::Memset {
+                dst,
+                value,
+                width,
+                count,
+            }),
             _ => None,
         })
         .collect();

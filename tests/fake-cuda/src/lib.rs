@@ -59,7 +59,9 @@
 //!   capture is a marker: querying it gives `CUDA_ERROR_CAPTURED_EVENT` and invalidates the
 //!   capture, after the capture `CUDA_ERROR_INVALID_VALUE` (measured: `probes/event_facts.c`).
 //! - Stream capture into graphs (host functions become host nodes, value writes memory-operation
-//!   nodes, events fork other streams into a capture, `cuStreamAddCallback` invalidates it), graphs, instantiation and replay, and user
+//!   nodes, `Async` copies and sets memcpy and memset nodes, events fork other streams into a
+//!   capture, `cuStreamAddCallback` invalidates it), graphs, instantiation (with the flags the
+//!   driver accepts) and replay, and user
 //!   objects whose destructors run on a fake-internal thread once the last reference (including an
 //!   in-flight launch's) is gone.
 //! - Capture-interaction modes (`capture_mode.rs`): per-thread modes
@@ -124,8 +126,9 @@
 //! - Memory: no arrays, pitched, 2D/3D, managed or virtual-memory calls, no memory pools beyond
 //!   the default one; `cuMemFree` returns at once (the real driver may first wait for the
 //!   device), the memory going once queued work that uses it has run;
-//!   memory operations (copies, sets, stream-ordered allocation) inside a capture return 900 and
-//!   invalidate it, where the real driver adds memory nodes; page-locked memory of a destroyed
+//!   in a capture, `Async` copies and sets between memory the device reaches become memcpy and
+//!   memset nodes (as on the real driver), but synchronous ones, copies to or from pageable
+//!   memory and the stream-ordered allocator return 900 and invalidate it; page-locked memory of a destroyed
 //!   context leaves the registry but is never unmapped, so a stray host access does not crash.
 //! - Capture: no check that forked streams rejoin before `cuStreamEndCapture`, no graph launches,
 //!   holds or value waits inside a capture (900, invalidating it), and a wait on an event recorded

@@ -21,9 +21,15 @@
 //! real driver's free waits for the device before it unmaps the memory. Host memory registered
 //! with `cuMemHostRegister` must still be registered when the operation runs: if not, the
 //! operation does nothing and the context gets a sticky error, as the device's illegal-address
-//! fault gives. Inside a stream capture these calls are not modelled (the real driver adds memcpy
-//! and memset nodes): they return `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidate the
-//! capture.
+//! fault gives.
+//!
+//! Inside a stream capture, an `Async` copy or set between memory the device reaches (device,
+//! page-locked or registered memory) becomes a memcpy or memset node of the capture's graph, as
+//! on the real driver: nothing happens at the call, and each launch of the graph copies or sets
+//! again, reading the source then (memory freed or unregistered since is the device's illegal
+//! address, a sticky error, at the launch). Not modelled there, and so
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` with the capture invalidated: the synchronous calls, a
+//! copy to or from pageable host memory, and the stream-ordered allocator.
 
 use std::sync::{Arc, MutexGuard};
 
@@ -35,7 +41,7 @@ use crate::errors::{
 };
 use crate::memory::{Memory, classify, drop_allocation, hold, let_go, registered_in};
 use crate::scheduler::{enqueue, on_worker_of};
-use crate::state::{Op, Record, State, as_ptr, lock, wait};
+use crate::state::{NodeKind, Op, Record, State, as_ptr, lock, wait};
 use crate::stream::resolve;
 
 /// One side of a queued copy or set: its address, and what it was at the call (an allocation it
@@ -131,31 +137,59 @@ fn check(st: &State, ctx: usize, place: Place, len: usize) -> Result<Memory, CUr
 }
 
 /// The stream a call works on, after the checks every call makes: a live stream (or the default
-/// stream of a current context), not capturing.
-fn stream_of(st: &mut State, call: Call, per_thread: bool) -> Result<(usize, usize), CUresult> {
+/// stream of a current context); with whether it is capturing, which only an `Async` call may
+/// be (a synchronous one then invalidates the capture).
+fn stream_of(
+    st: &mut State,
+    call: Call,
+    per_thread: bool,
+) -> Result<(usize, usize, bool), CUresult> {
     let handle = match call {
         Call::Sync => std::ptr::null_mut(),
         Call::Async(stream) => stream,
     };
     let s = resolve(st, handle, per_thread)?;
-    if capture::is_capturing(st, s) {
-        capture::invalidate(st, s);
-        return Err(CAPTURE_UNSUPPORTED);
+    let capturing = capture::is_capturing(st, s);
+    if capturing && matches!(call, Call::Sync) {
+        return Err(unsupported_in_capture(st, s));
     }
     let ctx = st.streams.get(&s).map_or(0, |stream| stream.ctx);
-    Ok((s, ctx))
+    Ok((s, ctx, capturing))
+}
+
+/// What the fake does not model in a capture: the capture of `stream` is invalidated, and the
+/// call returns `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+fn unsupported_in_capture(st: &mut State, stream: usize) -> CUresult {
+    capture::invalidate(st, stream);
+    CAPTURE_UNSUPPORTED
+}
+
+/// Adds the node of a captured copy or set to the graph `stream` captures into.
+fn captured(st: &mut State, stream: usize, kind: NodeKind) -> Res {
+    capture::add_node(st, stream, kind).unwrap_or(Err(CAPTURE_UNSUPPORTED))
 }
 
 /// A copy of `len` bytes from `src` to `dst` (see the module's documentation for when it waits and
 /// what it reads at once).
 pub(crate) fn copy(call: Call, per_thread: bool, dst: Place, src: Place, len: usize) -> Res {
     let mut st = lock();
-    let (s, ctx) = stream_of(&mut st, call, per_thread)?;
+    let (s, ctx, capturing) = stream_of(&mut st, call, per_thread)?;
     if len == 0 {
         return Ok(());
     }
     let to = check(&st, ctx, dst, len)?;
     let from = check(&st, ctx, src, len)?;
+    if capturing {
+        if !(to.device_accessible() && from.device_accessible()) {
+            return Err(unsupported_in_capture(&mut st, s));
+        }
+        let kind = NodeKind::Memcpy {
+            dst: dst.addr,
+            src: src.addr,
+            len,
+        };
+        return captured(&mut st, s, kind);
+    }
     let host = |m: Memory| !m.is_device();
     let waits = match call {
         Call::Sync => host(to) || host(from),
@@ -196,7 +230,7 @@ pub(crate) fn set(
     count: usize,
 ) -> Res {
     let mut st = lock();
-    let (s, ctx) = stream_of(&mut st, call, per_thread)?;
+    let (s, ctx, capturing) = stream_of(&mut st, call, per_thread)?;
     let len = count.checked_mul(width).ok_or(INVALID_VALUE)?;
     if len == 0 {
         return Ok(());
@@ -204,6 +238,16 @@ pub(crate) fn set(
     let dst = device(dst);
     ensure(dst.addr.is_multiple_of(width), INVALID_VALUE)?;
     let to = check(&st, ctx, dst, len)?;
+    if capturing {
+        // (`check` made sure the device reaches it.)
+        let kind = NodeKind::Memset {
+            dst: dst.addr,
+            value,
+            width,
+            count,
+        };
+        return captured(&mut st, s, kind);
+    }
     let waits = matches!(call, Call::Sync) && !to.is_device();
     let op = MemoryOp::Set {
         dst: side(&mut st, dst.addr, to),
@@ -331,7 +375,7 @@ pub(crate) fn run(st: &mut State, ctx: usize, op: MemoryOp) -> bool {
 }
 
 /// Writes `count` values of `width` bytes at `addr`.
-fn set_now(addr: usize, value: u32, width: usize, count: usize) {
+pub(crate) fn set_now(addr: usize, value: u32, width: usize, count: usize) {
     match width {
         1 => {
             // SAFETY: `count` bytes at `addr`, in memory that is still allocated or registered

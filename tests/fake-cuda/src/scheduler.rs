@@ -311,6 +311,32 @@ fn run_op(mut st: Guard, op: Op, ctx: usize, poisoned: &AtomicBool, stream_id: u
                         write64(addr, value)
                     }
                     Action::Write32 { .. } | Action::Write64 { .. } => unmapped_write(poisoned),
+                    Action::Memcpy { dst, src, len } => {
+                        let reachable = {
+                            let st = lock();
+                            mapped(&st, ctx, dst, len) && mapped(&st, ctx, src, len)
+                        };
+                        if reachable {
+                            // SAFETY: both ranges are memory the device reaches in this context
+                            // (allocated or registered, checked just above), as they were at the
+                            // capture; `copy` allows overlap.
+                            unsafe { std::ptr::copy(as_ptr::<u8>(src), as_ptr::<u8>(dst), len) };
+                        } else {
+                            unmapped_write(poisoned);
+                        }
+                    }
+                    Action::Memset {
+                        dst,
+                        value,
+                        width,
+                        count,
+                    } => {
+                        if mapped(&lock(), ctx, dst, count.saturating_mul(width)) {
+                            crate::memory_op::set_now(dst, value, width, count);
+                        } else {
+                            unmapped_write(poisoned);
+                        }
+                    }
                 }
             }
             st = lock();

@@ -343,11 +343,34 @@ pub(crate) struct Graph {
 
 #[derive(Clone, Copy)]
 pub(crate) enum NodeKind {
-    Host { f: CUhostFn, data: usize },
+    Host {
+        f: CUhostFn,
+        data: usize,
+    },
     Empty,
     Kernel,
-    Write32 { addr: usize, value: u32 },
-    Write64 { addr: usize, value: u64 },
+    Write32 {
+        addr: usize,
+        value: u32,
+    },
+    Write64 {
+        addr: usize,
+        value: u64,
+    },
+    /// A copy captured from an `Async` copy: `len` bytes from `src` to `dst`, both memory the
+    /// device reaches, read and written at each launch.
+    Memcpy {
+        dst: usize,
+        src: usize,
+        len: usize,
+    },
+    /// A set captured from an `Async` set: `count` values of `width` bytes at `dst`.
+    Memset {
+        dst: usize,
+        value: u32,
+        width: usize,
+        count: usize,
+    },
 }
 
 pub(crate) struct Node {
@@ -358,9 +381,29 @@ pub(crate) struct Node {
 
 /// What a graph launch does, node by node in a topological order.
 pub(crate) enum Action {
-    Host { f: HostFn, data: usize },
-    Write32 { addr: usize, value: u32 },
-    Write64 { addr: usize, value: u64 },
+    Host {
+        f: HostFn,
+        data: usize,
+    },
+    Write32 {
+        addr: usize,
+        value: u32,
+    },
+    Write64 {
+        addr: usize,
+        value: u64,
+    },
+    Memcpy {
+        dst: usize,
+        src: usize,
+        len: usize,
+    },
+    Memset {
+        dst: usize,
+        value: u32,
+        width: usize,
+        count: usize,
+    },
 }
 
 pub(crate) struct Exec {

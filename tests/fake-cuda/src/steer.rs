@@ -60,6 +60,9 @@ pub enum FakeError {
     },
     /// The `libcuda.so.1` link could not be made.
     Io(std::io::Error),
+    /// This platform is not Linux: the fake builds everywhere (so that a crate with `fake-cuda`
+    /// in its dev-dependencies builds its tests on any platform), but runs on Linux only.
+    Unsupported,
 }
 
 impl fmt::Display for FakeError {
@@ -87,6 +90,12 @@ impl fmt::Display for FakeError {
                 )
             }
             FakeError::Io(e) => write!(f, "cannot make the libcuda.so.1 link: {e}"),
+            FakeError::Unsupported => write!(
+                f,
+                "the fake CUDA driver runs on Linux only, and this is {}: run these tests on \
+                 Linux (or skip them here with #[cfg(target_os = \"linux\")])",
+                std::env::consts::OS
+            ),
         }
     }
 }
@@ -97,11 +106,16 @@ impl std::error::Error for FakeError {}
 /// executable: beside it, in its `deps/`, in `../deps/` or in `..` (Cargo puts test binaries in
 /// `target/<profile>/deps/` and examples in `target/<profile>/examples/`; it builds the library
 /// into `target/<profile>/deps/` when `fake-cuda` is a dependency, and also into
-/// `target/<profile>/` with `cargo build -p fake-cuda`).
+/// `target/<profile>/` with `cargo build -p fake-cuda`); else in a folder of `LD_LIBRARY_PATH`
+/// (where Cargo puts `target/<profile>/deps/` for doc tests, which run from a temporary folder).
 ///
 /// # Errors
-/// [`FakeError::NotFound`] if it is in none of those places.
+/// [`FakeError::NotFound`] if it is in none of those places; [`FakeError::Unsupported`] on a
+/// platform other than Linux, where the fake does not run.
 pub fn locate() -> Result<PathBuf, FakeError> {
+    if !cfg!(target_os = "linux") {
+        return Err(FakeError::Unsupported);
+    }
     if let Some(path) = std::env::var_os(LIBRARY_ENV) {
         let path = PathBuf::from(path);
         return if path.is_file() {
@@ -113,12 +127,21 @@ pub fn locate() -> Result<PathBuf, FakeError> {
     let exe = std::env::current_exe().map_err(FakeError::Io)?;
     let dir = exe.parent().unwrap_or(Path::new("."));
     let name = library_file_name();
-    let tried = vec![
+    let mut tried = vec![
         dir.join(&name),
         dir.join("deps").join(&name),
         dir.join("..").join("deps").join(&name),
         dir.join("..").join(&name),
     ];
+    // Doc tests run from a temporary folder, with Cargo's `target/<profile>/deps` on the loader's
+    // path.
+    if let Some(search) = std::env::var_os("LD_LIBRARY_PATH") {
+        tried.extend(
+            std::env::split_paths(&search)
+                .filter(|folder| !folder.as_os_str().is_empty())
+                .map(|folder| folder.join(&name)),
+        );
+    }
     match tried.iter().find(|p| p.is_file()) {
         Some(found) => Ok(found.canonicalize().unwrap_or_else(|_| found.clone())),
         None => Err(FakeError::NotFound { tried }),
@@ -131,12 +154,24 @@ pub fn locate() -> Result<PathBuf, FakeError> {
 /// name loads the fake.
 ///
 /// # Errors
-/// [`FakeError::Io`] if the folder or the links cannot be made.
+/// [`FakeError::Io`] if the folder or the links cannot be made; [`FakeError::Unsupported`] on a
+/// platform other than Linux, where the fake does not run.
 ///
 /// Processes may make the same folder at once: each link is made under a name of its own and
 /// renamed into place.
-#[cfg(unix)]
 pub fn libcuda_folder(library: &Path, folder: &Path) -> Result<PathBuf, FakeError> {
+    #[cfg(target_os = "linux")]
+    return linux_libcuda_folder(library, folder);
+    #[cfg(not(target_os = "linux"))]
+    return {
+        let _ = (library, folder);
+        Err(FakeError::Unsupported)
+    };
+}
+
+/// [`libcuda_folder`], on Linux.
+#[cfg(target_os = "linux")]
+fn linux_libcuda_folder(library: &Path, folder: &Path) -> Result<PathBuf, FakeError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     std::fs::create_dir_all(folder).map_err(FakeError::Io)?;
@@ -532,7 +567,7 @@ impl FakeCuda {
     /// `cuMemAllocAsync`: a `cuMemFreeAsync` counts once the stream got to it),
     /// `host_allocations` (page-locked: `cuMemHostAlloc`, `cuMemAllocHost`), `user_objects`; 0
     /// for an unknown kind. For leak checks ([`fixture::LiveObjects`](crate::fixture::LiveObjects)
-    /// takes them all at once).
+    /// takes them all at once; with `cuda-host-launch`, after its `quiesce`).
     pub fn live_objects(&self, kind: &str) -> u64 {
         let kind = c_name(kind);
         let f = control!(self, fake_cuda_live_objects: unsafe extern "C" fn(*const c_char) -> u64);

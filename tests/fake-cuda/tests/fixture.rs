@@ -92,6 +92,35 @@ fn tests_that_lock_the_fake_take_turns() {
 }
 
 #[test]
+fn a_test_without_the_turn_loads_the_fake_as_the_process_driver() {
+    // In a process of its own, so that no test that took the turn loaded the fake before it.
+    fixture::ChildTest::new("a_test_without_the_turn_loads_the_fake_as_the_process_driver").run(
+        || {
+            let driver = fixture::driver();
+            let mut context: CUcontext = ptr::null_mut();
+            // SAFETY: valid out-pointers; the context is device 0's primary, released below.
+            unsafe {
+                driver.cuDevicePrimaryCtxRetain(&mut context, 0).unwrap();
+                driver.cuCtxSetCurrent(context).unwrap();
+            }
+            let stream = new_stream(driver);
+            // SAFETY: the stream made above, destroyed once; the retain taken above.
+            unsafe {
+                driver.cuStreamDestroy(stream).unwrap();
+                driver.cuDevicePrimaryCtxRelease(0).unwrap();
+            }
+            let process_driver = cuda_dl_sys::driver().expect("the fixture loaded it");
+            assert!(
+                ptr::eq(driver, process_driver),
+                "cuda_dl_sys::driver() is the fake the fixture loaded"
+            );
+            // The turn is still free: taking it does not load a second time.
+            assert!(ptr::eq(fixture::lock().driver(), driver));
+        },
+    );
+}
+
+#[test]
 fn the_call_counters_start_at_zero_for_each_test() {
     let fake = fixture::lock();
     assert_eq!(fake.call_counts().into_values().sum::<u64>(), 0);
@@ -247,5 +276,53 @@ fn a_copy_from_memory_unregistered_before_the_stream_got_there_is_a_sticky_error
             Some(CUresult::CUDA_ERROR_LAUNCH_FAILED)
         );
         driver.cuCtxDestroy(context).unwrap();
+    }
+}
+
+#[test]
+fn the_folder_command_puts_the_fake_in_front_of_a_program_that_opens_libcuda_by_name() {
+    let test = "the_folder_command_puts_the_fake_in_front_of_a_program_that_opens_libcuda_by_name";
+    let child = fixture::ChildTest::new(test);
+    let folder = if child.is_child() {
+        std::path::PathBuf::new() // the parent made it and put it on LD_LIBRARY_PATH
+    } else {
+        let wanted = std::env::temp_dir().join(format!("fake-libcuda-test-{}", std::process::id()));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_fake-libcuda-folder"))
+            .arg(&wanted)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let printed = String::from_utf8(out.stdout).unwrap();
+        let folder = std::path::PathBuf::from(printed.trim_end());
+        assert_eq!(
+            folder,
+            wanted.canonicalize().unwrap(),
+            "it prints the folder"
+        );
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            let linked = folder.join(name).canonicalize().unwrap();
+            assert_eq!(
+                linked.file_name().unwrap(),
+                "libfake_cuda.so",
+                "{name} is the fake"
+            );
+        }
+        folder
+    };
+    // A program started with the folder first on its loader path (what the README's shell line
+    // does) opens the fake by either name.
+    child.env("LD_LIBRARY_PATH", &folder).run(|| {
+        for name in ["libcuda.so.1", "libcuda.so"] {
+            // SAFETY: the library found first on LD_LIBRARY_PATH, the fake; kept loaded for the
+            // process, as bindings keep the driver.
+            let library = unsafe { libloading::Library::new(name) }.expect(name);
+            // SAFETY: only looked up, not called.
+            let control = unsafe { library.get::<extern "C" fn()>(b"fake_cuda_reset_steering\0") };
+            assert!(control.is_ok(), "{name} is not the fake");
+            std::mem::forget(library);
+        }
+    });
+    if !folder.as_os_str().is_empty() {
+        let _ = std::fs::remove_dir_all(&folder);
     }
 }

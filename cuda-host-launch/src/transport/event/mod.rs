@@ -87,6 +87,15 @@ impl Work {
     fn calls(&self) -> bool {
         matches!(self, Work::Call)
     }
+
+    /// The public call that enqueues this work, for errors.
+    fn operation(&self) -> &'static str {
+        match self {
+            Work::Release => "release_after",
+            Work::Call => "spawn_after",
+            Work::Wake(_) => "an event completion (CompletionMode::Event)",
+        }
+    }
 }
 
 /// One recorded event and the record to complete when it completes.
@@ -130,6 +139,25 @@ fn pools() -> MutexGuard<'static, pools::Pools> {
     lock(&POOLS)
 }
 
+/// `error`, from resolving a function that `operation` needs: [`Error::NeedsNewerDriver`] if the
+/// driver is too old for it (which names the operation and the version, not only the function).
+fn needs_newer_driver(error: cuda_dl_sys::Error, operation: &'static str) -> Error {
+    match error {
+        cuda_dl_sys::Error::DriverTooOld {
+            function,
+            required,
+            found,
+            ..
+        } => Error::NeedsNewerDriver {
+            operation,
+            function,
+            required: cuda_dl_sys::DriverVersion(i32::try_from(required).unwrap_or(i32::MAX)),
+            found,
+        },
+        other => Error::Cuda(other),
+    }
+}
+
 /// Records an event on `stream` and hands `record` to the watcher, which completes it (runs its
 /// payload on its own thread, then queues it for release) once the event completed; returns the
 /// ring for the caller to answer (`watcher::answer`: a watcher that cannot be started leaves the
@@ -160,7 +188,10 @@ pub(crate) unsafe fn enqueue(
             driver.raw().cuCtxGetCurrent()?;
         }
         // 12.0: streams are told apart by their id (see the module's docs).
-        let stream_id = driver.raw().cuStreamGetId()?;
+        let stream_id = driver
+            .raw()
+            .cuStreamGetId()
+            .map_err(|e| needs_newer_driver(e, work.operation()))?;
         if let Capture::Active { id, .. } = capture_of(driver, raw)? {
             return Err(match work {
                 Work::Call | Work::Wake(_) => capture_active(raw, id),
@@ -304,6 +335,13 @@ pub(super) use poller::{EventWatch, queues};
 /// before a long park.
 pub(super) fn lock_incoming() -> MutexGuard<'static, Incoming> {
     incoming()
+}
+
+/// Makes the watcher's event side give its pools back (destroying their events and releasing
+/// their contexts' retains) as soon as nothing is pending and no event is out, and waits until no
+/// pool is left, or `deadline` passes (false). False at once on the watcher itself.
+pub(crate) fn wait_until_given_back(deadline: Option<std::time::Instant>) -> bool {
+    poller::wait_until_given_back(deadline)
 }
 
 /// Runs `reset` (a reset of the primary context of `handle`) while the poller queries nothing,

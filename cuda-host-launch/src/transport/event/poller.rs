@@ -55,6 +55,45 @@ impl Queues {
 
 static QUEUES: LazyLock<Mutex<Queues>> = LazyLock::new(Mutex::default);
 
+/// Callers of [`wait_until_given_back`] waiting now: while there are any, the event side gives
+/// its pools back as soon as nothing is pending and no event is out, not after
+/// [`PollerSettings::idle_exit`], and the watcher stops as soon as both sides are idle.
+static GIVE_BACK_ASKED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a caller waits for the pools to be given back (the watcher then stops without waiting
+/// for its idle exit).
+pub(in crate::transport) fn give_back_asked() -> bool {
+    GIVE_BACK_ASKED.load(Ordering::SeqCst) > 0
+}
+
+/// See [`super::wait_until_given_back`].
+pub(super) fn wait_until_given_back(deadline: Option<Instant>) -> bool {
+    if crate::support::crate_threads::current()
+        == Some(crate::support::thread_settings::CrateThread::Watcher)
+    {
+        return false;
+    }
+    GIVE_BACK_ASKED.fetch_add(1, Ordering::SeqCst);
+    let given_back = loop {
+        if pools().is_empty() {
+            break true;
+        }
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            break false;
+        }
+        if crate::transport::bell::running() {
+            // A round of both sides: the event side gives the pools back in the first with
+            // nothing pending and no event out.
+            crate::transport::bell::wait_for_round(deadline);
+        } else {
+            // Between an enqueue's ring and the watcher's start: it comes at once.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+    GIVE_BACK_ASKED.fetch_sub(1, Ordering::SeqCst);
+    given_back
+}
+
 pub(in crate::transport) fn queues() -> MutexGuard<'static, Queues> {
     lock(&QUEUES)
 }
@@ -365,7 +404,7 @@ impl EventWatch {
             }
             if !queues.pending() {
                 let idle = *self.idle_since.get_or_insert_with(Instant::now);
-                if idle.elapsed() >= settings.idle_exit {
+                if give_back_asked() || idle.elapsed() >= settings.idle_exit {
                     // Under the hand-over's lock, then the pools': an enqueue that took an event
                     // keeps its pool (its event is out).
                     let mut pools = pools();

@@ -948,6 +948,57 @@ isolated_test! {
         assert_eq!(fake().live_objects("primary_retains"), retains - 1, "its retain let go");
     }
 
+    /// `quiesce` right after the work: the poller's events and its retain are given back and the
+    /// fake's live objects are where they were, with no sleep, though its idle exit is an hour
+    /// away (`flush` alone keeps them); again each round, the poller started anew by the next
+    /// release.
+    fn quiesce_gives_the_pollers_events_and_retain_back_at_once(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::{PollerSettings, quiesce};
+        use fake_cuda::fixture::LiveObjects;
+        install_poller(PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..PollerSettings::DEFAULT
+        });
+        let context = fake_primary_context();
+        let before = LiveObjects::of(fake());
+        for round in 0..3 {
+            let stream = Stream::new(&context).unwrap();
+            let drops = Drops::new();
+            release_after(&stream, drops.owner()).unwrap();
+            spawn_after(&stream, || ()).unwrap();
+            CompletionMode::Event.completion(&stream).unwrap().wait().unwrap();
+            stream.synchronize().unwrap();
+            drop(stream);
+            // Twice: the second's round begins once the first's callbacks ran, so an idle poller
+            // that gave its pool back at once would have done it by then.
+            flush(PATIENCE).unwrap();
+            flush(PATIENCE).unwrap();
+            assert_eq!(drops.live(), 0);
+            assert!(fake().live_objects("events") > 0, "round {round}: flush gave the pool back");
+            quiesce(PATIENCE).unwrap();
+            let now = LiveObjects::of(fake());
+            assert_eq!(now.grown_since(&before), [], "round {round}: left {now}");
+        }
+    }
+
+    /// `quiesce` waits for the poller's events that are out, and gives up at its timeout while
+    /// a stream holds one back; once the stream goes on, it returns.
+    fn quiesce_times_out_while_an_event_is_out(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        use cuda_host_launch::quiesce;
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        release_after(&stream, ()).unwrap();
+        let result = quiesce(Duration::from_millis(50));
+        assert!(matches!(result, Err(Error::QuiesceTimedOut { .. })), "{result:?}");
+        hold.release();
+        stream.synchronize().unwrap();
+        quiesce(PATIENCE).unwrap();
+        assert_eq!(fake().live_objects("events"), 0);
+    }
+
     /// A release runs no users' code on the poller, which then makes no context call for it: per
     /// release, `cuCtxGetCurrent` is called once (by the reaper, after the owner's drop), not
     /// twice.

@@ -72,16 +72,34 @@ fn classify(e: &Error) -> Outcome {
             function,
             required,
             found,
+            ..
         }) => {
             // The error must state the table's gate and the driver's version.
             assert_eq!(Some(*required), gate(function), "{e}");
             assert_eq!(found.0, driver_version(), "{e}");
             Outcome::TooOld(function)
         }
+        // The same, named after the crate's operation that needs the function.
+        Error::NeedsNewerDriver {
+            operation,
+            function,
+            required,
+            found,
+        } => {
+            assert_eq!(Some(required.0 as u32), gate(function), "{e}");
+            assert_eq!(found.0, driver_version(), "{e}");
+            let text = e.to_string();
+            assert!(text.starts_with(operation), "{text}");
+            assert!(text.contains(&format!("needs CUDA {required}")), "{text}");
+            Outcome::TooOld(function)
+        }
         Error::Cuda(cuda_dl_sys::Error::SymbolMissing { function, .. }) => {
             Outcome::Missing(function)
         }
         Error::Cuda(cuda_dl_sys::Error::Driver(d)) => Outcome::Driver(d.to_string()),
+        // The driver's CUDA_ERROR_INVALID_CONTEXT for a default-stream handle, typed: no context
+        // could be made current without the missing symbol.
+        Error::NoCurrentContext { .. } => Outcome::Driver(e.to_string()),
         Error::Cuda(cuda_dl_sys::Error::StubLibrary { .. }) => Outcome::Stub,
         Error::CaptureActive { .. } => Outcome::Refused,
         other => Outcome::Untyped(format!("{other:?}")),

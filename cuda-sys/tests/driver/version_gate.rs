@@ -8,7 +8,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cuda_dl_sys::types::{CUresult, CUstream};
-use cuda_dl_sys::{DefaultStream, DriverVersion, Error, Function, MissingReason};
+use cuda_dl_sys::{DefaultStream, DriverVersion, Error, Function, LibraryKind, MissingReason};
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{assert_gated_exactly_above, bump, required_version};
 use cuda_workspace::testing::{current_primary_context, expect_error, fake, load_fake_driver};
@@ -19,21 +19,50 @@ fn assert_too_old(err: &Error, version: i32) {
             function,
             required,
             found,
+            library,
         } => {
             assert_eq!(*function, "cuLaunchHostFunc_v2");
             assert_eq!(*required, 13020);
             assert_eq!(*found, DriverVersion(version));
+            let library = library.as_ref().expect("the loaded library");
+            assert_eq!(library.kind, LibraryKind::OtherName, "{library:?}");
         }
         other => panic!("expected DriverTooOld, got {other:?}"),
     }
-    // Versions read as people write them ("13.2"), never as the encoded number (13020).
+    // Versions read as people write them ("13.2"), never as the encoded number (13020); the fake
+    // is not NVIDIA's driver, so no upgrade of it is advised (a test double reports the version
+    // it is told to).
+    let text = err.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "cuLaunchHostFunc_v2 needs a driver that supports CUDA 13.2; the loaded driver \
+             supports CUDA {}. The loaded library ",
+            DriverVersion(version)
+        )),
+        "{text}"
+    );
+    assert!(text.contains("is not NVIDIA's driver"), "{text}");
+    assert!(text.contains("report CUDA 13.2 or newer"), "{text}");
+    assert!(!text.contains("Upgrade the NVIDIA driver"), "{text}");
+}
+
+/// On NVIDIA's driver (by its kind) the message advises the upgrade.
+#[test]
+fn on_nvidias_driver_too_old_advises_an_upgrade() {
+    let err = Error::DriverTooOld {
+        function: "cuLaunchHostFunc_v2",
+        required: 13020,
+        found: DriverVersion(12040),
+        library: Some(cuda_dl_sys::DriverLibrary {
+            path: "/usr/lib/libcuda.so.1".into(),
+            kind: LibraryKind::NvidiaDriver,
+            origin: cuda_dl_sys::LibraryOrigin::DefaultNames,
+        }),
+    };
     assert_eq!(
         err.to_string(),
-        format!(
-            "cuLaunchHostFunc_v2 needs a driver that supports CUDA 13.2; the installed driver \
-             supports CUDA {}. Upgrade the NVIDIA driver",
-            DriverVersion(version)
-        )
+        "cuLaunchHostFunc_v2 needs a driver that supports CUDA 13.2; the loaded driver supports \
+         CUDA 12.4. Upgrade the NVIDIA driver"
     );
 }
 

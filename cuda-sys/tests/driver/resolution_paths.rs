@@ -27,6 +27,7 @@ fn check(version: i32, path: ResolutionPath, too_new: Function) {
             function,
             required,
             found,
+            ..
         }) => {
             assert_eq!(function, too_new.name());
             assert_eq!(required, too_new.info().version);
