@@ -579,6 +579,31 @@ isolated_test! {
         unsafe { context.reset() }.unwrap();
     }
 
+    /// Host-function futures registered while the watcher already looks for faults in their
+    /// context (a `flush` makes sure it took the first) do not wake it each (it looks every 2 ms
+    /// anyway), and are watched all the same: every one fails on the fault.
+    fn host_function_futures_added_to_a_running_fault_watch_fail_on_a_fault(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let first = CompletionMode::HostFunction.completion(&stream).unwrap();
+        flush(cuda_workspace::testing::PATIENCE).unwrap();
+        let later: Vec<_> = (0..3)
+            .map(|_| CompletionMode::HostFunction.completion(&stream).unwrap())
+            .collect();
+        fake().poison_context(context.raw()).expect("the fake could not poison the context");
+        for future in std::iter::once(first).chain(later) {
+            let result = block_on(future);
+            assert!(matches!(result, Err(Error::DeviceFault { code: 719, .. })), "{result:?}");
+        }
+        hold.release();
+        drop(stream);
+        // SAFETY: the context's only stream is dropped, and nothing made in it is used after.
+        unsafe { context.reset() }.unwrap();
+    }
+
     /// A host-function future that resolved is no longer watched for faults: once it did, the
     /// low-latency poller (which watched it) has nothing left and exits when idle. (Mutation
     /// testing: with every watched future taken for waiting, the poller looked every 2 ms for good.)

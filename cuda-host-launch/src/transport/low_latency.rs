@@ -132,6 +132,10 @@ pub(in crate::transport) struct Registry {
     /// Futures that wait on a host function, watched for a fault of their context since the
     /// poller last looked ([`watch_for_faults`]).
     faultable: Vec<(ContextKey, Box<dyn Faultable>)>,
+    /// Whether the watcher's flag side looks for faults every [`FAULT_LOOK`] already (it holds
+    /// futures watched for faults, or flags), as of its last round: a new watched future then
+    /// needs no wake-up of its own (set by the watcher under this lock).
+    looking: bool,
 }
 
 static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
@@ -140,6 +144,7 @@ static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
     lost: Vec::new(),
     watched: Vec::new(),
     faultable: Vec::new(),
+    looking: false,
 });
 
 /// Watches `future`, which waits on a host function in the context `key`, for a fault of that
@@ -154,6 +159,11 @@ pub(crate) fn watch_for_faults(key: ContextKey, future: Box<dyn Faultable>) -> R
     }
     let mut reg = registry();
     reg.faultable.push((key, future));
+    if reg.looking && super::bell::running() {
+        // The flag side looks within FAULT_LOOK and takes it then: no wake-up (a host-function
+        // future each time would cost the watcher a round).
+        return Ring::Heard;
+    }
     // Under the registry's lock: the watcher cannot decide to stop meanwhile.
     super::bell::ring_flags()
 }
@@ -418,6 +428,10 @@ pub(in crate::transport) struct FlagWatch {
     waiting: Vec<Entry>,
     faultable: Vec<(ContextKey, Box<dyn Faultable>)>,
     last_fault_look: Instant,
+    /// What this side last told the registry ([`Registry::looking`]).
+    looking: bool,
+    /// A registration came as this side went idle: a round at once.
+    recheck: bool,
 }
 
 impl FlagWatch {
@@ -427,6 +441,8 @@ impl FlagWatch {
             waiting: Vec::new(),
             faultable: Vec::new(),
             last_fault_look: Instant::now(),
+            looking: false,
+            recheck: false,
         }
     }
 
@@ -458,6 +474,9 @@ impl FlagWatch {
             }
             self.waiting.append(&mut reg.incoming);
             self.faultable.append(&mut reg.faultable);
+            reg.looking = !self.idle();
+            self.looking = reg.looking;
+            self.recheck = false;
             (std::mem::take(&mut reg.lost), arrived)
         };
         let before = self.waiting.len();
@@ -483,6 +502,15 @@ impl FlagWatch {
             self.last_fault_look = Instant::now();
             fail_faulted(&mut self.waiting, &mut self.faultable);
         }
+        if self.looking && self.idle() {
+            // Nothing left to look at: registrations must wake the watcher again. One that came
+            // since the start of this round (it found `looking` set and did not) is taken in a
+            // round at once.
+            let mut reg = registry();
+            self.recheck = !reg.incoming.is_empty() || !reg.faultable.is_empty();
+            reg.looking = self.recheck;
+            self.looking = self.recheck;
+        }
         let round = Round {
             progress: self.waiting.len() < before,
             arrived,
@@ -500,6 +528,7 @@ impl FlagWatch {
             Some(Wait::Spin) => Some(Instant::now()),
             Some(Wait::Park(pause)) => Some(Instant::now() + pause),
             None if !self.faultable.is_empty() => Some(self.last_fault_look + FAULT_LOOK),
+            None if self.recheck => Some(Instant::now()),
             None => None,
         }
     }
@@ -512,6 +541,7 @@ pub(in crate::transport) fn registry_idle(reg: &mut Registry) -> bool {
     if !reg.incoming.is_empty() || !reg.faultable.is_empty() {
         return false;
     }
+    reg.looking = false;
     reg.lost.clear();
     true
 }
