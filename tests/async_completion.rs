@@ -326,8 +326,9 @@ isolated_test! {
         );
     }
 
-    /// A sticky error: pending futures of both modes resolve to `ContextLost` once the context
-    /// is reset, and every pending launch is reclaimed, pooled and boxed records alike.
+    /// A sticky error: pending futures of every mode resolve to an error (`DeviceFault` if the
+    /// watcher saw the fault first, else `ContextLost` at the reset), and every pending launch
+    /// is reclaimed, pooled and boxed records alike.
     fn pending_futures_resolve_to_an_error_after_the_context_reset(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
@@ -363,11 +364,13 @@ isolated_test! {
         // The completion's launch, the two closures' (pooled and boxed), the bytes launch; the
         // poller (the low-latency future's) may release some of them itself.
         cuda_workspace::testing::assert_reset_released(&context, reclaimed, 4);
-        // The default mode goes by event: the poller may have seen the fault before the reset.
+        // The watcher may have seen the fault before the reset (its query of the default mode's
+        // event; its look every 2 ms for the others): `DeviceFault` then, else `ContextLost`.
+        // (Under load the look came first once: `ContextLost` alone was asserted then.)
         assert!(lost_or_faulted(&block_on(host)));
-        assert!(matches!(block_on(low), Err(Error::ContextLost)));
-        assert!(matches!(block_on(value), Err(Error::ContextLost)));
-        assert!(matches!(block_on(big_value), Err(Error::ContextLost)));
+        assert!(lost_or_faulted(&block_on(low)));
+        assert!(lost_or_faulted(&block_on(value)));
+        assert!(lost_or_faulted(&block_on(big_value)));
         flush(Duration::from_secs(5)).unwrap();
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "the boxed closure's owner");
         assert_eq!(ran.load(Ordering::SeqCst), 0);

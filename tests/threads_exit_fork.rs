@@ -228,6 +228,9 @@ isolated_test! {
             let _keep = &slow;
         })
         .unwrap();
+        // After the crate's (registered by the first launch): it runs first at exit.
+        // SAFETY: an `extern "C" fn()` that only stores an atomic.
+        assert_eq!(unsafe { libc::atexit(mark_exit_began) }, 0);
         let deadline = Instant::now() + PATIENCE;
         while !INSIDE.load(Ordering::SeqCst) {
             assert!(Instant::now() < deadline, "the reaper never began the slow drop");
@@ -280,6 +283,9 @@ isolated_test! {
             let _keep = &slow;
         })
         .unwrap();
+        // After the crate's (registered by the first launch): it runs first at exit.
+        // SAFETY: an `extern "C" fn()` that only stores an atomic.
+        assert_eq!(unsafe { libc::atexit(mark_exit_began) }, 0);
         let deadline = Instant::now() + PATIENCE;
         while !SLOW_DROP.started.load(Ordering::SeqCst) {
             assert!(Instant::now() < deadline, "the slow owner was never dropped");
@@ -520,6 +526,14 @@ static OTHER_DROPS: AtomicU64 = AtomicU64::new(0);
 /// How long the slow owner's `Drop` takes before it calls the driver.
 const SLOW: Duration = Duration::from_millis(200);
 
+/// Set by an exit handler registered after the crate's (so run before it): the process began to
+/// exit.
+static EXIT_BEGAN: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn mark_exit_began() {
+    EXIT_BEGAN.store(true, Ordering::SeqCst);
+}
+
 /// A device buffer whose `Drop` takes [`SLOW`] before it frees the memory.
 struct SlowDeviceBuffer {
     _buffer: DeviceBuffer,
@@ -528,6 +542,13 @@ struct SlowDeviceBuffer {
 impl Drop for SlowDeviceBuffer {
     fn drop(&mut self) {
         SLOW_DROP.started.store(true, Ordering::SeqCst);
+        // Until the process began to exit (a loaded machine may take longer than SLOW to get the
+        // test's thread there), then SLOW more: the crate's exit handler, which runs right after
+        // the one that marks it, closes the gate meanwhile.
+        let deadline = Instant::now() + PATIENCE;
+        while !EXIT_BEGAN.load(Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         std::thread::sleep(SLOW);
         // The inner buffer's Drop (cuMemFree) runs after this body, then:
         let _finish = OnDrop(Some(Box::new(|| {
