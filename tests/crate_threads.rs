@@ -302,6 +302,35 @@ isolated_test! {
         assert_eq!(config().unwrap().event_poller_settings(), PollerSettings::DEFAULT);
     }
 
+    /// The watcher paces its event side as installed: with pauses of 10 s between looks and no
+    /// spin, a release whose stream goes on after the watcher's look waits for that pause (an
+    /// enqueue or the stream's progress does not end it: only a pause longer than the shortest
+    /// does), not the default's 250 µs at most; a `flush` asks for a look at once. (Mutation
+    /// testing: with the watcher reading the defaults instead, the owner went within
+    /// microseconds.) Load only delays a drop, so the 200 ms without one cannot fail by it.
+    fn the_watcher_paces_its_event_side_as_installed(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let slow = PollerSettings {
+            spin: std::time::Duration::ZERO,
+            interval: std::time::Duration::from_secs(10),
+            max_interval: std::time::Duration::from_secs(10),
+            ..PollerSettings::DEFAULT
+        };
+        Config::new().event_poller(slow).install().unwrap();
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        let hold = cuda_workspace::testing::fake()
+            .hold_stream(stream.raw())
+            .expect("the fake could not hold the stream");
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        // The watcher has looked (the flush's round) and parks for its pause.
+        flush(PATIENCE).unwrap();
+        hold.release();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert_eq!(drops.dropped(), 0, "seen before the installed pause");
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 1);
+    }
+
     /// What the program installs is in force where the environment says nothing.
     fn an_installed_configuration_is_in_force() {
         let quiet = PollerSettings {
