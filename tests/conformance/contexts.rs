@@ -73,7 +73,7 @@ cases! {
 
     /// Once the sticky error has surfaced (a synchronize returned it), a launch is refused with
     /// it (`CUDA_ERROR_LAUNCH_FAILED`). (Launches made before it surfaced are accepted and never
-    /// run: `gpu_reliability`.)
+    /// run: `gpu_pending_reclaim`.)
     fn a_launch_after_a_surfaced_sticky_error_is_refused(cx) {
         sticky_error_then_reset(cx, true);
     }
