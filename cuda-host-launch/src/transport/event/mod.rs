@@ -25,13 +25,13 @@
 //!   before the record: on a capturing stream everything is refused (a callback with
 //!   [`Error::CaptureActive`]; a release with [`Error::ReleaseDuringCapture`], since work enqueued
 //!   before the capture began is not in the graph and nothing tells when it completes, so tying
-//!   the owners to the graph could release them while that work still runs: measured on the
-//!   H200). And it is looked at again
+//!   the owners to the graph could release them while that work still runs, as the real driver
+//!   does). And it is looked at again
 //!   after the record: a capture another thread began in between may hold the event, which is then
 //!   never queried; its work stays pending until the context is reset (never early), and the call
 //!   returns [`Error::CaptureActive`]. A capture begun and also ended between the two looks goes
-//!   unseen here, but the event's query then answers `CUDA_ERROR_INVALID_VALUE` (measured on the
-//!   H200 for an event recorded only in a capture), and the poller treats it the same way.
+//!   unseen here, but the event's query then answers `CUDA_ERROR_INVALID_VALUE` (the real driver's
+//!   answer for an event recorded only in a capture), and the watcher treats it the same way.
 //! - **A sticky error** (a query that answers anything but success, not ready, or the capture
 //!   answers above) means the stream's work will never complete: its futures resolve at once to
 //!   [`Error::DeviceFault`] with the driver's code, and the stream's entries stay pending

@@ -280,7 +280,7 @@ impl Pool {
     ///
     /// The retain keeps the context from a last release, not from a reset: another binding's
     /// `cuDevicePrimaryCtxReset` (`cudaDeviceReset`) destroys it with its events, the retain
-    /// count kept; the next retain makes a new one at the handle (measured on the H200). The events' handles may then name other
+    /// count kept; the next retain makes a new one at the handle (as the real driver does). The events' handles may then name other
     /// bindings' events, so they are destroyed only if the handle still names this context (on a
     /// driver without context ids, before 12.0, this cannot be told, and they are destroyed). A
     /// look that fails leaves them to the context: a few events kept too long, never another's
