@@ -25,8 +25,8 @@
 //!   before the record: on a capturing stream everything is refused (a callback with
 //!   [`Error::CaptureActive`]; a release with [`Error::ReleaseDuringCapture`], since work enqueued
 //!   before the capture began is not in the graph and nothing tells when it completes, so tying
-//!   the owners to the graph could release them while that work still runs, as the real driver
-//!   does). And it is looked at again
+//!   the owners to the graph could release them while that work still runs: seen on the real
+//!   driver). And it is looked at again
 //!   after the record: a capture another thread began in between may hold the event, which is then
 //!   never queried; its work stays pending until the context is reset (never early), and the call
 //!   returns [`Error::CaptureActive`]. A capture begun and also ended between the two looks goes
