@@ -408,8 +408,9 @@ impl Wake for CountingWaker {
 isolated_test! {
     /// A `LowLatency` future of a context that another binding resets after a sticky error (its
     /// flag will never be written) waits in the poller while a completion in the context made
-    /// again at the handle drops the gone context's pages; the next flush still resolves it to
-    /// `ContextLost`, since the poller lists the contexts of what it holds. (Mutation testing:
+    /// again at the handle drops the gone context's pages; the next flush still resolves it
+    /// (`ContextLost`, or `DeviceFault` if the fault look saw the poisoning before the reset),
+    /// since the watcher lists the contexts of what it holds. (Mutation testing:
     /// with new contexts never added to that list, the future waited for ever.)
     fn a_lost_low_latency_future_fails_after_its_contexts_pages_went(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
@@ -441,8 +442,10 @@ isolated_test! {
         let result = ready(fresh.as_mut());
         assert!(result.is_ok(), "{result:?}");
         flush(cuda_workspace::testing::PATIENCE).unwrap();
+        // `ContextLost`, or `DeviceFault` where the watcher's fault look (every 2 ms) came between
+        // the poisoning and the reset (seen once in CI's stress run).
         let result = ready(lost.as_mut());
-        assert!(matches!(result, Err(Error::ContextLost)), "{result:?}");
+        assert!(lost_or_faulted(&result), "{result:?}");
     }
 
     /// `flush` waits for the low-latency poller's round: a `LowLatency` future whose flag the
