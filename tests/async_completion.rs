@@ -585,6 +585,33 @@ isolated_test! {
         unsafe { context.reset() }.unwrap();
     }
 
+    /// A host-function future registered while the watcher runs for other work (an event
+    /// release, held) but its flag side looks at nothing wakes it to watch the new future: the
+    /// future fails on the fault. (Mutation testing: with a running watcher taken for a looking
+    /// one, the registration rang nothing and the future waited for the reset.)
+    fn a_host_function_future_wakes_a_watcher_busy_with_events_only(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let events = Stream::new(&context).unwrap();
+        let hold_events =
+            fake().hold_stream(events.raw()).expect("the fake could not hold the stream");
+        cuda_host_launch::release_after(&events, ()).unwrap();
+        // The watcher runs, for the release's event.
+        flush(cuda_workspace::testing::PATIENCE).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let host = CompletionMode::HostFunction.completion(&stream).unwrap();
+        fake().poison_context(context.raw()).expect("the fake could not poison the context");
+        let result = block_on(host);
+        assert!(matches!(result, Err(Error::DeviceFault { code: 719, .. })), "{result:?}");
+        hold.release();
+        hold_events.release();
+        drop((stream, events));
+        // SAFETY: the context's streams are dropped, and nothing made in it is used after.
+        unsafe { context.reset() }.unwrap();
+    }
+
     /// Host-function futures registered while the watcher already looks for faults in their
     /// context (a `flush` makes sure it took the first) do not wake it each (it looks every 2 ms
     /// anyway), and are watched all the same: every one fails on the fault.
