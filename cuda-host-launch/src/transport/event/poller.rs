@@ -407,9 +407,8 @@ impl EventWatch {
                 if give_back_asked() || idle.elapsed() >= settings.idle_exit {
                     // Under the hand-over's lock, then the pools': an enqueue that took an event
                     // keeps its pool (its event is out).
-                    let mut pools = pools();
-                    if !pools.any_out() {
-                        released = pools.give_back_done(driver, true);
+                    if let Some(given_back) = pools().give_back_all_if_none_out(driver) {
+                        released = given_back;
                     }
                 }
             } else {
@@ -531,10 +530,6 @@ impl EventWatch {
         if queues.pending() || !incoming.entries.is_empty() {
             return None;
         }
-        let mut pools = pools();
-        if pools.any_out() {
-            return None;
-        }
-        Some(pools.give_back_done(driver, true))
+        pools().give_back_all_if_none_out(driver)
     }
 }

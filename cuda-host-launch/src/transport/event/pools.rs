@@ -142,6 +142,16 @@ impl Pools {
         self.by_context.is_empty()
     }
 
+    /// Gives back every pool (as [`Pools::give_back_done`] with `all`) if none has an event out;
+    /// `None` (nothing given back) if one has. The event side's idle give-back and the watcher's
+    /// stop both decide this way.
+    pub(super) fn give_back_all_if_none_out(
+        &mut self,
+        driver: &cuda_dl_sys::Driver,
+    ) -> Option<Vec<(CUdevice, usize)>> {
+        (!self.any_out()).then(|| self.give_back_done(driver, true))
+    }
+
     /// Whether any pool has events out.
     pub(super) fn any_out(&self) -> bool {
         self.by_context.values().any(Pool::busy)
