@@ -9,14 +9,15 @@ use cuda_dl_sys::types::{
     CUgraphNodeParams, CUgraphNodeType, CUhostFn, CUresult,
 };
 
+use crate::enqueue::admit::admit;
+use crate::enqueue::refusal::Refusal;
 use crate::launch::raw_payload;
 use crate::launch_error::LaunchError;
-use crate::reaper;
 use crate::reaper::defer_drop::defer_drop;
-use crate::reaper::owned_record::{OwnedRecord, Refusal};
+use crate::reaper::owned_record::OwnedRecord;
 use crate::record::payload::RawPayload;
 use crate::support::error::Error;
-use crate::support::host_thread::{in_host_function, refuse_inside_host_function};
+use crate::support::host_thread::refuse_inside_host_function;
 use crate::support::raw_stream::AsRawStream;
 use crate::transport::host_function::{RepeatableClosure, trampoline_repeatable};
 use crate::transport::options::LaunchOptions;
@@ -457,13 +458,7 @@ unsafe fn add_node(
     record: OwnedRecord,
 ) -> Result<CUgraphNode, Refusal> {
     let checks = || -> Result<_, Error> {
-        if in_host_function() {
-            return Err(Error::InsideHostFunction {
-                operation: "adding a graph host node",
-            });
-        }
-        reaper::thread::prepare()?;
-        let driver = cuda_dl_sys::driver()?;
+        let driver = admit("adding a graph host node")?.driver;
         options.check_supported(driver)?;
         let add = match options.sync_mode {
             None => AddNode::Host(driver.raw().cuGraphAddHostNode()?),

@@ -4,8 +4,8 @@
 use std::fmt;
 use std::mem::ManuallyDrop;
 
+use crate::enqueue::refusal::Refusal;
 use crate::reaper::defer_drop::defer_drop;
-use crate::reaper::owned_record::Refusal;
 use crate::support::error::Error;
 
 /// Why a launch, a release, a callback or a graph host node was refused, with the values it was

@@ -151,7 +151,7 @@
 // Under loom only the lock-free core is compiled, for its models, which do not use all of it.
 #![cfg_attr(loom, allow(dead_code, unused_imports))]
 
-// The layers, lowest first: support, record, reaper, tracking, transport, resources, then the
+// The layers, lowest first: support, record, reaper, enqueue, transport, resources, then the
 // public API (completion, graph, launch, cudarc_stream); a module uses only the layers below it
 // (and its own), as `scripts/check-layers` checks and `DESIGN.md` draws. Under `--cfg loom` (model checking: see
 // `loom_models`) only the lock-free core and its models are compiled: the rest uses `static`
@@ -162,6 +162,8 @@ mod after;
 mod completion;
 #[cfg(all(feature = "cudarc", not(loom)))]
 pub mod cudarc_stream;
+#[cfg(not(loom))]
+mod enqueue;
 #[cfg(not(loom))]
 mod flush;
 #[cfg(not(loom))]
@@ -176,8 +178,6 @@ mod record;
 mod resources;
 mod support;
 #[cfg(not(loom))]
-mod tracking;
-#[cfg(not(loom))]
 mod transport;
 
 #[cfg(all(test, loom))]
@@ -187,6 +187,8 @@ mod loom_models;
 pub use after::{release_after, spawn_after};
 #[cfg(not(loom))]
 pub use completion::{Completion, CompletionMode, HostLaunchFuture, completion, host_launch_async};
+#[cfg(not(loom))]
+pub use enqueue::pending::{launch_ticket_bytes, pending_launches};
 #[cfg(not(loom))]
 pub use flush::{flush, quiesce};
 #[cfg(not(loom))]
@@ -216,8 +218,6 @@ pub use support::panic_report::{PanicOrigin, PanicReport, reset_panic_handler, s
 pub use support::raw_stream::{AsRawStream, RawStream, StreamIds};
 #[cfg(not(loom))]
 pub use support::thread_settings::{Affinity, CrateThread, StartHook, ThreadSettings};
-#[cfg(not(loom))]
-pub use tracking::pending::{launch_ticket_bytes, pending_launches};
 #[cfg(not(loom))]
 pub use transport::options::{HostTaskSyncMode, LaunchOptions};
 #[cfg(not(loom))]

@@ -1,5 +1,5 @@
-//! A record its launcher still owns: built, not yet handed to the driver (or handed back), and
-//! what an enqueue that failed gives back ([`Refusal`]).
+//! A record its launcher still owns: built, not yet handed to the driver (or handed back: see
+//! `enqueue::refusal`).
 
 use std::ffi::c_void;
 use std::ptr::NonNull;
@@ -7,7 +7,6 @@ use std::ptr::NonNull;
 use super::release::release_here_or_defer;
 use crate::record::layout::{self, Payload, RecordHeader, SharedPayload};
 use crate::record::tickets;
-use crate::support::error::Error;
 
 /// A record not yet handed to the driver: releasing it is this value's job, so every early return
 /// and error path drops the owners on the current thread (or, on a driver thread, defers them).
@@ -67,49 +66,6 @@ impl OwnedRecord {
         // SAFETY: ours, live, of payload `P` (the caller's promise), never run, in no queue; its
         // ticket was given back just above.
         unsafe { layout::take_payload(header) }
-    }
-}
-
-/// An enqueue that failed: the error, and the record if it is still the caller's (the driver never
-/// took it, and nothing else holds it). `record: None` when the crate keeps it: a capture may hold
-/// what was enqueued (pending until the context is gone), the work was accepted and only a later
-/// step failed, or a graph's user object owns it (released with the user object).
-///
-/// Dropping a refusal with its record releases the record as [`OwnedRecord`]'s `Drop` does; a
-/// public call gives the caller's values back instead ([`OwnedRecord::into_payload`]).
-pub(crate) struct Refusal {
-    pub(crate) error: Error,
-    pub(crate) record: Option<OwnedRecord>,
-}
-
-impl Refusal {
-    /// The driver never took `record`: it goes back to the caller with `error`.
-    pub(crate) fn back(error: Error, record: OwnedRecord) -> Refusal {
-        Refusal {
-            error,
-            record: Some(record),
-        }
-    }
-
-    /// The crate keeps the record (see [`Refusal`]): only the error goes back.
-    pub(crate) fn kept(error: Error) -> Refusal {
-        Refusal {
-            error,
-            record: None,
-        }
-    }
-
-    /// The payload handed back, if the record is the caller's, mapped by `take` to what the
-    /// caller gave (its owners, its closure).
-    ///
-    /// # Safety
-    /// The record must have been made with a payload of type `P`.
-    pub(crate) unsafe fn unpack<P, T>(self, take: impl FnOnce(P) -> T) -> (Error, Option<T>) {
-        // SAFETY: a refused record never ran; its payload type is the caller's promise.
-        let value = self
-            .record
-            .map(|record| take(unsafe { record.into_payload::<P>() }));
-        (self.error, value)
     }
 }
 

@@ -8,7 +8,7 @@ pub(crate) mod layout;
 #[cfg(not(loom))]
 pub(crate) mod payload;
 pub(crate) mod pool;
-#[cfg(not(loom))]
 pub(crate) mod ticket_id;
+pub(crate) mod ticket_table;
 #[cfg(not(loom))]
 pub(crate) mod tickets;

@@ -166,7 +166,7 @@ impl PrimaryContext {
 
     /// How many launches of this crate into this context wait for their host function.
     pub fn pending_launches(&self) -> usize {
-        crate::tracking::pending::count(Some(self.raw()))
+        crate::enqueue::pending::count(Some(self.raw()))
     }
 
     /// The driver's handle.

@@ -1,14 +1,16 @@
 //! The synchronisation primitives of the lock-free core (the intrusive stack, the cleanup queue and
-//! its wake-up protocol, the record pool, the launch state): std's, or loom's when model-checking
+//! its wake-up protocol, the record pool, the launch state, the ticket table): std's, or loom's when model-checking
 //! (`RUSTFLAGS="--cfg loom"`, see `scripts/loom`), so that the loom models run the library's own
 //! functions. The pattern of tokio's `src/loom/` and crossbeam-utils' `primitive`.
 //!
 //! The cell has loom's API shape (`with`, `with_mut`) in both builds.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
+pub(crate) use loom::sync::atomic::{
+    AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence,
+};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering, fence};
+pub(crate) use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};

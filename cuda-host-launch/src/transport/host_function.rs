@@ -7,22 +7,22 @@ use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
 
-use cuda_dl_sys::types::CUresult;
-
 use super::options::{LaunchCall, LaunchOptions};
 use super::user_object::GraphOwnedRecord;
-use crate::reaper::owned_record::{OwnedRecord, Refusal};
-use crate::reaper::{self, release};
+use crate::enqueue::admit::admit;
+use crate::enqueue::pending;
+use crate::enqueue::refusal::Refusal;
+use crate::enqueue::submit::submit;
+use crate::reaper::owned_record::OwnedRecord;
+use crate::reaper::release;
 use crate::record::layout::{Op, RecordHeader, SharedPayload};
 use crate::record::payload::PanicCarrier;
 use crate::record::ticket_id::TicketId;
 use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
-use crate::support::config::CleanupMode;
 use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
-use crate::support::host_thread::{HostFunctionScope, refuse_inside_host_function};
+use crate::support::host_thread::HostFunctionScope;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
-use crate::tracking::pending;
 
 /// Whether a launch's record may run more than once.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -65,17 +65,16 @@ pub(crate) unsafe fn enqueue_in(
     let stream = stream.as_raw_stream();
     // Everything asked before the record is handed anywhere: an error gives it back.
     let checks = || -> Result<_, Error> {
-        refuse_inside_host_function("launching a host function")?;
-        let mode = reaper::thread::prepare()?;
-        let driver = cuda_dl_sys::driver()?;
-        let call = LaunchCall::resolve(driver, options)?;
-        let capture = capture_of(driver, stream)?;
-        Ok((mode, driver, call, capture))
+        let admitted = admit("launching a host function")?;
+        let call = LaunchCall::resolve(admitted.driver, options)?;
+        let capture = capture_of(admitted.driver, stream)?;
+        Ok((admitted, call, capture))
     };
-    let (mode, driver, call, capture) = match checks() {
+    let (admitted, call, capture) = match checks() {
         Ok(checked) => checked,
         Err(e) => return Err(Refusal::back(e, record)),
     };
+    let driver = admitted.driver;
     let mut launched = None;
     match (capture, runs) {
         (Capture::None, _) => {
@@ -83,22 +82,14 @@ pub(crate) unsafe fn enqueue_in(
                 Ok(context) => context,
                 Err(e) => return Err(Refusal::back(e, record)),
             };
-            // Tracked (a ticket, held by this thread) from before the launch until released, so a
-            // reclaim after a context loss finds it. (A failed launch untracks it as it goes back.)
-            let tracked = pending::track_record(record, context)?;
-            // SAFETY: `trampoline` claims the launch through its ticket, runs the record once and
-            // queues it; the ticket is never freed, so any call (even a late one) is sound. The
-            // stream's validity is the `AsRawStream` guarantee.
-            let (code, function) =
-                unsafe { call.call(stream, trampoline, tracked.id().as_user_data()) };
-            if code != CUresult::CUDA_SUCCESS {
-                // The driver did not take it: it is ours again (a reclaim never takes a launch
-                // still inside its launch call), handed back.
-                let error = cuda_dl_sys::Error::from(driver.describe(code, Some(function)));
-                return Err(Refusal::back(error.into(), tracked.refused()));
-            }
-            // The driver has it: hand it over (or, if its host function already ran, queue it).
-            tracked.hand_over();
+            submit(record, context, |ticket| {
+                // SAFETY: `trampoline` claims the launch through its ticket, runs the record once
+                // and queues it; the ticket is never freed, so any call (even a late one) is
+                // sound. The stream's validity is the `AsRawStream` guarantee.
+                let (code, function) =
+                    unsafe { call.call(stream, trampoline, ticket.as_user_data()) };
+                driver.check(code, function).map_err(Error::from)
+            })?;
             launched = Some(context);
         }
         (Capture::Active { id, .. }, Runs::Once) => {
@@ -116,18 +107,15 @@ pub(crate) unsafe fn enqueue_in(
             // the graph owns the record until it and its executables are destroyed.
             let (code, function) =
                 unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
-            if code != CUresult::CUDA_SUCCESS {
+            if let Err(error) = driver.check(code, function) {
                 // The graph's user object owns the record: letting it go releases the record
                 // through the cleanup queue (kept, not handed back).
                 owned.detach(driver);
-                let error = cuda_dl_sys::Error::from(driver.describe(code, Some(function)));
                 return Err(Refusal::kept(error.into()));
             }
         }
     }
-    if mode == CleanupMode::Manual {
-        release::drain();
-    }
+    admitted.finish();
     Ok(launched)
 }
 

@@ -44,11 +44,11 @@ use cuda_dl_sys::types::{CUcontext, CUdeviceptr};
 use super::bell::Ring;
 use super::completion_state::{CompletionState, Faultable};
 use super::poller_pace::{Pace, PollerSettings, Round, Wait};
+use crate::enqueue::admit::admit;
 use crate::reaper::lane;
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
-use crate::support::host_thread::in_host_function;
 use crate::support::panic_report::PanicOrigin;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sticky_error;
@@ -188,15 +188,9 @@ pub(crate) fn register(
     stream: &impl AsRawStream,
     shared: Arc<CompletionState<()>>,
 ) -> Result<Ring, Error> {
-    if in_host_function() {
-        return Err(Error::InsideHostFunction {
-            operation: "creating a completion",
-        });
-    }
     // The lane (the reaper, in reaper mode) is ready before the poller may send it a waker's
-    // panic (see `reaper::lane`).
-    crate::reaper::thread::prepare()?;
-    let driver = cuda_dl_sys::driver()?;
+    // panic (see `reaper::lane`). No record: nothing for `Admitted::finish` to do.
+    let driver = admit("creating a completion")?.driver;
     let write = driver.raw().cuStreamWriteValue64()?;
     let raw = stream.as_raw_stream();
     if let Capture::Active { id, .. } = capture_of(driver, raw)? {

@@ -14,8 +14,8 @@
 
 use cuda_dl_sys::types::{CUcontext, CUdevice};
 
+use crate::enqueue::pending;
 use crate::support::context_key::{Gone, Liveness, key_of};
-use crate::tracking::pending;
 
 pub(crate) mod bell;
 pub(crate) mod completion_state;

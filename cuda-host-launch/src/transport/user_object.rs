@@ -8,7 +8,8 @@ use cuda_dl_sys::types::{
     CUgraph, CUresult, CUuserObject, CUuserObject_flags, CUuserObjectRetain_flags,
 };
 
-use crate::reaper::owned_record::{OwnedRecord, Refusal};
+use crate::enqueue::refusal::Refusal;
+use crate::reaper::owned_record::OwnedRecord;
 use crate::reaper::release;
 use crate::record::layout::RecordHeader;
 use crate::support::error::Error;

@@ -46,19 +46,16 @@ mod pools;
 
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
-use cuda_dl_sys::types::CUresult;
-
-use crate::reaper::owned_record::{OwnedRecord, Refusal};
-use crate::reaper::{self, release};
+use crate::enqueue::admit::admit;
+use crate::enqueue::refusal::Refusal;
+use crate::enqueue::submit::submit;
+use crate::reaper::owned_record::OwnedRecord;
 use crate::record::ticket_id::TicketId;
 use crate::support::capture::{Capture, capture_active, capture_of, captured_since};
-use crate::support::config::CleanupMode;
 use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
-use crate::support::host_thread::refuse_inside_host_function;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
-use crate::tracking::pending;
 use crate::transport::bell::Ring;
 use crate::transport::completion_state::CompletionState;
 
@@ -176,9 +173,8 @@ pub(crate) unsafe fn enqueue(
     let raw = stream.as_raw_stream();
     // Everything asked before an event is taken: an error gives the record back.
     let checks = || -> Result<_, Error> {
-        refuse_inside_host_function("enqueuing a stream-ordered release or callback")?;
-        let mode = reaper::thread::prepare()?;
-        let driver = cuda_dl_sys::driver()?;
+        let admitted = admit("enqueuing a stream-ordered release or callback")?;
+        let driver = admitted.driver;
         let record_event = driver.raw().cuEventRecord()?;
         // What the poller calls for this entry, resolved now: a driver without them refuses the
         // work here, rather than leave it pending for good.
@@ -204,12 +200,13 @@ pub(crate) unsafe fn enqueue(
         let context = context_key_of(driver, stream)?;
         // The pool first: it refuses a context that is not primary before anything else is asked.
         let event = pools().take(driver, context)?;
-        Ok((mode, driver, record_event, stream_id, context, event))
+        Ok((admitted, record_event, stream_id, context, event))
     };
-    let (mode, driver, record_event, stream_id, context, event) = match checks() {
+    let (admitted, record_event, stream_id, context, event) = match checks() {
         Ok(checked) => checked,
         Err(e) => return Err(Refusal::back(e, record)),
     };
+    let driver = admitted.driver;
     let id = match stream.ids_hint() {
         Some(ids) => ids.stream,
         None => {
@@ -223,28 +220,22 @@ pub(crate) unsafe fn enqueue(
             id
         }
     };
-    let tracked = match pending::track_record(record, context) {
-        Ok(tracked) => tracked,
+    let submitted = submit(record, context, |_| {
+        // SAFETY: an event of the stream's context (its pool's), and a valid stream.
+        let code = unsafe { record_event(event, raw) };
+        driver.check(code, "cuEventRecord")?;
+        // A capture another thread began since the first look may hold the event.
+        Ok(captured_since(driver, raw))
+    });
+    // From here the watcher (or a reclaim) owns the record, unless it came back refused.
+    let (ticket_id, captured) = match submitted {
+        Ok(submitted) => submitted,
         Err(refusal) => {
+            // Not recorded (or no ticket): the record goes back, and the event to its pool.
             give_back_refused(driver, context, event);
             return Err(refusal);
         }
     };
-    // SAFETY: an event of the stream's context (its pool's), and a valid stream.
-    let code = unsafe { record_event(event, raw) };
-    if code != CUresult::CUDA_SUCCESS {
-        // Not recorded: the record is ours again (held: no reclaim takes it), handed back.
-        let record = tracked.refused();
-        give_back_refused(driver, context, event);
-        let error = cuda_dl_sys::Error::from(driver.describe(code, Some("cuEventRecord")));
-        return Err(Refusal::back(error.into(), record));
-    }
-    // A capture another thread began since the first look may hold the event.
-    let captured = captured_since(driver, raw);
-    let ticket_id = tracked.id();
-    // The poller (or a reclaim) owns it from here. Nothing else can have claimed it meanwhile (the
-    // poller has not seen it yet), but the protocol is followed all the same.
-    tracked.hand_over();
     if let Some(error) = captured {
         // Never queried: pending until the context is gone, which the pool does not hold up (it
         // gives its retain back once none of its events is out). The crate keeps the record.
@@ -270,9 +261,7 @@ pub(crate) unsafe fn enqueue(
     // Under the hand-over's lock: the watcher cannot decide to stop meanwhile.
     let ring = super::bell::ring_events(&mut incoming.wake_on_enqueue);
     drop(incoming);
-    if mode == CleanupMode::Manual {
-        release::drain();
-    }
+    admitted.finish();
     Ok(ring)
 }
 

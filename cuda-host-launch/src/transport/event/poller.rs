@@ -29,6 +29,7 @@ use std::time::Instant;
 use cuda_dl_sys::types::{CUevent, CUresult};
 
 use super::{Entry, Incoming, Work, incoming, pools};
+use crate::enqueue::pending;
 use crate::reaper::{lane, release};
 use crate::record::layout::{Op, RecordHeader};
 use crate::support::context_key::{ContextKey, Gone, Liveness};
@@ -36,7 +37,6 @@ use crate::support::fast_hash::FastHash;
 use crate::support::panic_report::PanicOrigin;
 use crate::support::sticky_error;
 use crate::support::sync::lock;
-use crate::tracking::pending;
 use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait};
 
 /// The entries waiting, by context, stream id and enqueuing thread, oldest first. An emptied

@@ -3,7 +3,7 @@
 //!
 //! After a sticky context error (a kernel trapped: 719) the driver still accepts `cuLaunchHostFunc`
 //! but never calls the function, so a record released only by its trampoline would leak. Every
-//! run-once launch therefore holds a ticket (see `record::tickets`) from its launch until
+//! run-once launch therefore holds a ticket (see `record::ticket_table`) from its launch until
 //! its record is released: the ticket names the record and the context, and its state says who
 //! owns the launch (see `record::launch_state`). A reclaim walks the tickets and
 //! takes the pending launches of its context with a compare-and-swap, which the trampoline's claim
@@ -15,80 +15,11 @@ use std::ptr::NonNull;
 
 use cuda_dl_sys::types::CUcontext;
 
-use crate::reaper::owned_record::{OwnedRecord, Refusal};
 use crate::reaper::release;
-use crate::record::launch_state::{Claim, LaunchOver};
 use crate::record::layout::RecordHeader;
 use crate::record::ticket_id::TicketId;
-use crate::record::tickets::{self, HeldTicket};
-use crate::support::context_key::{ContextKey, Gone, Liveness};
-use crate::support::error::Error;
-
-/// Takes a ticket for a record about to be launched into `context`, holding the launch
-/// (LAUNCHING) until the caller reports how its launch call went
-/// ([`HeldTicket::launched`], or the record's release). Returns the held ticket, whose id is the
-/// launch's `userData`.
-///
-/// # Errors
-/// [`Error::TooManyPendingLaunches`] if every ticket is in use.
-///
-/// # Safety
-/// `header` must be a live run-once record, not yet tracked, owned by the caller.
-pub(crate) unsafe fn track(
-    header: NonNull<RecordHeader>,
-    context: ContextKey,
-) -> Result<HeldTicket, Error> {
-    // SAFETY: the caller's promise.
-    unsafe { tickets::track(header, context) }.ok_or(Error::TooManyPendingLaunches)
-}
-
-/// A record tracked for its launch ([`track_record`]): the caller owns it until its launch call has
-/// returned, and then either [releases it](Tracked::refused) or [hands it over](Tracked::hand_over).
-pub(crate) struct Tracked {
-    header: NonNull<RecordHeader>,
-    ticket: HeldTicket,
-}
-
-/// Tracks `record`, about to be launched into `context` ([`track`]); if that fails the record goes
-/// back to the caller in the refusal.
-#[inline]
-pub(crate) fn track_record(record: OwnedRecord, context: ContextKey) -> Result<Tracked, Refusal> {
-    let header = record.into_raw();
-    // SAFETY: a live record (run-once, or a repeatable one that runs once), ours, untracked.
-    match unsafe { track(header, context) } {
-        Ok(ticket) => Ok(Tracked { header, ticket }),
-        Err(e) => {
-            // SAFETY: `header` came from `into_raw` just above; nobody else has it.
-            Err(Refusal::back(e, unsafe { OwnedRecord::from_raw(header) }))
-        }
-    }
-}
-
-impl Tracked {
-    /// The ticket to give the driver (a host function's user data, the poller's entry).
-    #[inline]
-    pub(crate) fn id(&self) -> TicketId {
-        self.ticket.id
-    }
-
-    /// The launch call failed: the driver never had the record, which is the caller's again (to
-    /// hand back; its ticket is given back with it, when it is unpacked or released).
-    pub(crate) fn refused(self) -> OwnedRecord {
-        // SAFETY: `header` came from `into_raw` in `track_record`; the launch was refused, so nobody
-        // else has it (a reclaim never takes a launch whose ticket is still held).
-        unsafe { OwnedRecord::from_raw(self.header) }
-    }
-
-    /// The launch call succeeded: hands the launch over to whoever runs it (the driver's thread,
-    /// the poller), or queues the record for release if that already ran it.
-    #[inline]
-    pub(crate) fn hand_over(self) {
-        if self.ticket.launched() == LaunchOver::Push {
-            // SAFETY: the launch has run and no one else holds the record.
-            unsafe { release::push(self.header) };
-        }
-    }
-}
+use crate::record::tickets;
+use crate::support::context_key::{Gone, Liveness};
 
 /// Runs the launch of ticket `id` once, if this call wins it: claims it (one compare-and-swap, which
 /// a reclaim races; a call of another generation, such as a replay of a graph that captured a
@@ -110,21 +41,7 @@ pub(crate) fn run_launch_then(
     run: impl FnOnce(NonNull<RecordHeader>),
     release: impl FnOnce(NonNull<RecordHeader>),
 ) {
-    let Some(ticket) = tickets::ticket(id.index()) else {
-        return;
-    };
-    let Claim::Run(claim) = ticket.state.claim_run(id.generation()) else {
-        return;
-    };
-    let Some(header) = ticket.record() else {
-        return;
-    };
-    // The claim makes the launch's live record this call's to run, once.
-    run(header);
-    if ticket.state.run_over(id.generation(), claim) {
-        // Ownership passes to `release` (no one else holds the record any more).
-        release(header);
-    }
+    tickets::run(id, run, release);
 }
 
 /// Takes every pending (never run) launch into a context of the handle `handle` that is gone, and
@@ -147,23 +64,15 @@ pub(crate) unsafe fn reclaim_gone(
     look: &dyn Fn() -> Liveness,
     known: Gone,
 ) -> usize {
-    let mut candidates = Vec::new();
-    tickets::for_each(|ticket| {
-        if let Some(generation) = ticket.state.pending_generation()
-            && ticket.context() == handle
-        {
-            candidates.push((ticket, generation, ticket.context_key()));
-        }
-    });
+    let candidates = tickets::pending_in(handle);
     if candidates.is_empty() {
         return 0;
     }
     let now = look();
     let mut count = 0;
-    for (ticket, generation, key) in candidates {
+    for (candidate, key) in candidates {
         if now.is_gone(key, known)
-            && ticket.state.claim_reclaim(generation)
-            && let Some(record) = ticket.record()
+            && let Some(record) = tickets::reclaim(candidate)
         {
             // SAFETY: the reclaim owns the record now (its context is gone: its host function
             // will never run) and it is in no queue.
@@ -177,11 +86,7 @@ pub(crate) unsafe fn reclaim_gone(
 /// The context handles of the launches pending now, each once.
 pub(crate) fn pending_handles() -> Vec<usize> {
     let mut handles = Vec::new();
-    tickets::for_each(|ticket| {
-        if ticket.state.is_pending() {
-            handles.push(ticket.context());
-        }
-    });
+    tickets::for_each_pending(|context| handles.push(context.handle));
     handles.sort_unstable();
     handles.dedup();
     handles
@@ -191,10 +96,9 @@ pub(crate) fn pending_handles() -> Vec<usize> {
 /// all contexts. Walks the tickets: a diagnostic, not for hot paths.
 pub(crate) fn count(context: Option<CUcontext>) -> usize {
     let mut n = 0;
-    tickets::for_each(|ticket| {
-        // The context is read after the state was seen pending (Acquire), so it is the one of that
-        // launch, or of a later one if the ticket was reused meanwhile (a count is a snapshot).
-        if ticket.state.is_pending() && context.is_none_or(|c| ticket.context() == c.addr()) {
+    // A snapshot: a ticket reused meanwhile is counted with its later launch's context.
+    tickets::for_each_pending(|key| {
+        if context.is_none_or(|c| key.handle == c.addr()) {
             n += 1;
         }
     });
