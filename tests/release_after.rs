@@ -369,6 +369,7 @@ isolated_test! {
             max_interval: Duration::from_micros(13),
             idle_exit: Duration::from_millis(17),
             query_gap: Duration::from_nanos(19),
+            learned_spin: false,
         };
         install_poller(odd);
         assert_eq!(cuda_host_launch::config().unwrap().event_poller_settings(), odd);

@@ -96,11 +96,7 @@ fn loom_tickets_taken_at_once_are_distinct_and_reused_with_a_new_generation() {
                 assert_eq!(held.launched(), LaunchOver::Done);
                 // The ticket found by its index holds this launch: the run reads its record.
                 let mut ran = 0;
-                table.run(
-                    id,
-                    |r| ran = read_at(r),
-                    |_| {},
-                );
+                table.run(id, |r| ran = read_at(r), |_| {});
                 assert_eq!(ran, value, "a ticket ran another launch's record");
                 held_now.lock().unwrap().remove(&id.index());
                 table.give_back(Some(&mut cache), id);
@@ -157,11 +153,7 @@ fn loom_tickets_a_walk_claims_only_the_generation_it_saw() {
             thread::spawn(move || {
                 let mut ran = 0;
                 let mut released = false;
-                table.run(
-                    first_id,
-                    |r| ran = read_at(r),
-                    |_| released = true,
-                );
+                table.run(first_id, |r| ran = read_at(r), |_| released = true);
                 assert_eq!((ran, released), (1, true));
                 table.give_back(Some(&mut cache), first_id);
                 let held = table

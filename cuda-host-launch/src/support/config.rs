@@ -88,17 +88,24 @@ pub struct PollerSettings {
     /// without pause slows the enqueues it waits for (`BENCHMARKS.md`). Between rounds it spins
     /// without querying. `ZERO`: query without pause ([`PollerSettings::LOW_LATENCY`]).
     pub query_gap: Duration,
+    /// Spin near the time each stream's work is expected to complete, learned from its earlier
+    /// completions (for repeated work: a training or inference step), instead of pausing through
+    /// it: such a completion is seen within microseconds, for a spin of a few percent of the wait
+    /// (see `BENCHMARKS.md`). Unknown or irregular waits keep the pauses above.
+    pub learned_spin: bool,
 }
 
 impl PollerSettings {
     /// The watcher's defaults: spin 20 µs after news (a round every 5 µs at most), then
-    /// pauses from 20 µs to 250 µs; exit after 100 ms idle.
+    /// pauses from 20 µs to 250 µs, spinning near each stream's learned completion time; exit
+    /// after 100 ms idle.
     pub const DEFAULT: PollerSettings = PollerSettings {
         spin: Duration::from_micros(20),
         interval: Duration::from_micros(20),
         max_interval: Duration::from_micros(250),
         idle_exit: Duration::from_millis(100),
         query_gap: Duration::from_micros(5),
+        learned_spin: true,
     };
 
     /// Spin while anything is pending, querying without pause: the lowest latency, a busy core

@@ -65,6 +65,8 @@ const PACE: PollerSettings = PollerSettings {
     idle_exit: Duration::from_millis(100),
     // Reading a flag is a load, not a driver call: nothing to space out.
     query_gap: Duration::ZERO,
+    // It spins whenever a flag waits.
+    learned_spin: false,
 };
 
 const PAGE_BYTES: usize = 4096;

@@ -41,6 +41,7 @@
 //!   gives its retain back as soon as none of its events is out (stranded ones are left to the
 //!   context), so the user's last release destroys the context and reclaims its work.
 
+mod learned_wait;
 mod poller;
 mod pools;
 
@@ -108,6 +109,9 @@ struct Entry {
     event: usize,
     ticket: TicketId,
     work: Work,
+    /// When the watcher took it from the hand-over (`None` until then): what its stream's
+    /// learned wait is measured from (see `learned_wait`).
+    arrived: Option<std::time::Instant>,
 }
 
 /// The hand-over from the enqueuing threads to the poller. Its own lock, apart from the pools',
@@ -257,6 +261,7 @@ pub(crate) unsafe fn enqueue(
         event: event.expose_provenance(),
         ticket: ticket_id,
         work,
+        arrived: None,
     });
     // Under the hand-over's lock: the watcher cannot decide to stop meanwhile.
     let ring = super::bell::ring_events(&mut incoming.wake_on_enqueue);

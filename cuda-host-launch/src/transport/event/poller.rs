@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use cuda_dl_sys::types::{CUevent, CUresult};
 
+use super::learned_wait::{self, LearnedWaits};
 use super::{Entry, Incoming, Work, incoming, pools};
 use crate::enqueue::pending;
 use crate::reaper::{lane, release};
@@ -204,26 +205,26 @@ struct Strand {
 
 /// Moves the completed entries of one stream's queue to `done` and the ones that never will to
 /// `stranded`: the newest first (its completion completes every older one), else from the oldest.
+/// Returns the newest's arrival if it was the one queried done (a sample of the stream's wait).
 fn scan(
     driver: &cuda_dl_sys::Driver,
     queue: &mut VecDeque<Entry>,
     done: &mut Vec<Entry>,
     stranded: &mut Vec<Strand>,
-) {
-    let Some(newest) = queue.back() else {
-        return;
-    };
+) -> Option<Instant> {
+    let newest = queue.back()?;
     let whole = |queue: &mut VecDeque<Entry>, stranded: &mut Vec<Strand>, fault| {
         stranded.extend(queue.drain(..).map(|entry| Strand { entry, fault }));
     };
     match query(driver, newest.event) {
         Seen::Done => {
+            let arrived = newest.arrived;
             done.extend(queue.drain(..));
-            return;
+            return arrived;
         }
         Seen::Stranded { fault: Some(code) } => {
             whole(queue, stranded, Some(code));
-            return;
+            return None;
         }
         Seen::Stranded { fault: None } => {
             stranded.extend(queue.pop_back().map(|entry| Strand { entry, fault: None }))
@@ -241,6 +242,7 @@ fn scan(
             }
         }
     }
+    None
 }
 
 /// Completes one entry whose event completed, on this thread, as the trampoline would on the
@@ -360,6 +362,10 @@ pub(in crate::transport) struct EventWatch {
     idle_since: Option<Instant>,
     /// When its last round began (while it spins, the next waits for the query gap).
     round_began: Instant,
+    /// How long each stream's work usually takes (for [`PollerSettings::learned_spin`]).
+    learned: LearnedWaits,
+    /// The windows of the streams pending after a round (kept to reuse the buffer).
+    windows: Vec<learned_wait::Window>,
 }
 
 impl EventWatch {
@@ -371,6 +377,8 @@ impl EventWatch {
             calls: Vec::new(),
             idle_since: None,
             round_began: Instant::now(),
+            learned: LearnedWaits::default(),
+            windows: Vec::new(),
         }
     }
 
@@ -395,7 +403,8 @@ impl EventWatch {
             // It is looking now: an enqueue need not wake it.
             incoming.wake_on_enqueue = false;
             arrived = !incoming.entries.is_empty();
-            for entry in incoming.entries.drain(..) {
+            for mut entry in incoming.entries.drain(..) {
+                entry.arrived = Some(self.round_began);
                 queues
                     .by_stream
                     .entry((entry.context, entry.stream, entry.thread))
@@ -415,10 +424,24 @@ impl EventWatch {
                 self.idle_since = None;
             }
         }
-        for queue in queues.by_stream.values_mut() {
-            scan(driver, queue, &mut self.done, &mut self.stranded);
+        for (&(context, stream, _), queue) in &mut queues.by_stream {
+            if let Some(arrived) = scan(driver, queue, &mut self.done, &mut self.stranded) {
+                let waited = Instant::now().saturating_duration_since(arrived);
+                self.learned.learn((context, stream), waited);
+            }
         }
         let nothing_pending = !queues.pending();
+        // When the oldest entry of each stream is expected to complete (what it waits for next).
+        self.windows.clear();
+        if settings.learned_spin && !nothing_pending {
+            let learned = &self.learned;
+            self.windows.extend(queues.by_stream.iter().filter_map(
+                |(&(context, stream, _), queue)| {
+                    let arrived = queue.front()?.arrived?;
+                    learned.window((context, stream), arrived)
+                },
+            ));
+        }
         if nothing_pending {
             // Paused: the emptied queues of streams that may never come back go.
             queues.by_stream.retain(|_, queue| !queue.is_empty());
@@ -473,8 +496,12 @@ impl EventWatch {
             was_idle,
             pending: !nothing_pending,
         };
-        let wait = self.pace.after_round(Instant::now(), round, settings);
-        (round, wait)
+        let now = Instant::now();
+        let wait = self.pace.after_round(now, round, settings);
+        (
+            round,
+            learned_wait::adjust(wait, now, self.windows.iter().copied()),
+        )
     }
 
     /// When this side wants its next round, after one that said `wait` (`None`: not before an
