@@ -104,7 +104,7 @@ pub fn capture_until(seed: u64, until: Instant) -> Vec<Arc<Tracked>> {
             let t = Tracked::new(&name, kind, &label, slot, number);
             inside.push(format!("#{} {}", t.id, kind.name()));
             let binds = rng.percent(20);
-            let antics = (Antics::pick(&mut rng), Antics::pick(&mut rng));
+            let antics = Antics::pick_for(kind, &mut rng);
             let result = enqueue(&t, kind, &stream, binds, antics);
             match (repeatable, result) {
                 (true, Ok(_)) => {

@@ -769,6 +769,18 @@ impl Antics {
         }
     }
 
+    /// The antics of an operation of `kind`: its owner's, and its callback's if that runs on
+    /// the reaper (`spawn_after`; the others' run on driver threads, where none are done).
+    pub fn pick_for(kind: Kind, rng: &mut Rng) -> (Antics, Antics) {
+        let owner = Antics::pick(rng);
+        let callback = if kind == Kind::SpawnAfter {
+            Antics::pick(rng)
+        } else {
+            Antics::None
+        };
+        (owner, callback)
+    }
+
     /// Does it, on the calling thread, if that is the crate's reaper (where the crate runs user
     /// code; on a user's thread, dropping owners a failed call handed back or draining, the
     /// antics would be the user's own business and would disturb the test's thread); counted in

@@ -290,7 +290,7 @@ impl Worker {
             _ => Kind::Completion(CompletionMode::Event),
         };
         let binds = self.rng.percent(20);
-        let antics = (Antics::pick(&mut self.rng), Antics::pick(&mut self.rng));
+        let antics = Antics::pick_for(kind, &mut self.rng);
         let t = Tracked::new(&self.name, kind, &lane.label, lane.slot, after);
         self.note(format!(
             "#{} {} on {} after {after} ({cycles} cycles){}{}",
@@ -571,8 +571,7 @@ pub fn described((owner, callback): (Antics, Antics)) -> String {
 
 /// Enqueues `t`'s operation on `stream`; returns its future, if it has one. `binds`: its owner
 /// makes the context current in its `Drop`; `antics`: what else its owner's `Drop` and its
-/// callback do (the callback's only for `spawn_after`, whose callback runs on the reaper: the
-/// others run on driver threads, where the antics are not acted).
+/// callback do ([`Antics::pick_for`]).
 pub fn enqueue(
     t: &Arc<Tracked>,
     kind: Kind,
