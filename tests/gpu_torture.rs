@@ -9,6 +9,12 @@
 //! this one checks on the H200 what only the real driver can show: its threads, its timing, its
 //! capture rules.
 //!
+//! The test's user code (an owner's `Drop`, a `spawn_after` callback) sometimes blocks, awaits a
+//! completion of the crate, flushes or panics on the crate's reaper (`oracle::Antics`, a fifth of
+//! them): none of it may stall the watching of completions. The on-purpose panic prints nothing;
+//! any other panic the crate reports is a violation, and so is an on-purpose one it never reports.
+//! The summary's `antics: ...` counters show how many were done.
+//!
 //! - `random_use_of_the_api_..._keeps_every_promise`, on the GPU. Opt-in: `--ignored
 //!   --test-threads=1`, or the bundle of `scripts/gpu-bundle`. Settings: `GPU_TORTURE_SECONDS`
 //!   (default 60), `GPU_TORTURE_SEED` (default 29). A seed fixes every random choice (thread
@@ -35,9 +41,9 @@ use std::time::{Duration, Instant};
 use cuda_dl_sys::types::CUstreamCaptureMode;
 use cuda_host_launch::{Config, PollerSettings, RawStream};
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::{PATIENCE, fake_driver_path};
+use cuda_workspace::testing::{PATIENCE, fake_driver_path, quiet_expected_panics};
 
-use oracle::{Run, Tracked, run};
+use oracle::{ANTICS_PANIC, Run, Tracked, run};
 use worker::{Lane, Worker};
 
 /// The seed when `GPU_TORTURE_SEED` is not set.
@@ -130,6 +136,16 @@ fn torture(open: fn(u64) -> &'static Run, seed: u64, seconds: u64) {
         if spinning { "spinning" } else { "by default" }
     );
     let run = open(seed);
+    // User code that panics on purpose (`Antics::Panics`): the crate reports it; nothing prints.
+    quiet_expected_panics(|message| message == ANTICS_PANIC);
+    cuda_host_launch::set_panic_handler(|report| {
+        let run = oracle::run();
+        if report.message == ANTICS_PANIC {
+            run.stats.add("antics: panic reported");
+        } else {
+            run.violation(format!("an unexpected panic was reported: {report}"));
+        }
+    });
     // The test's own threads never invalidate a capture themselves: what would is the crate's.
     capturer::set_interaction_mode(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED);
     let finished = Arc::new(AtomicBool::new(false));
@@ -151,6 +167,7 @@ fn torture(open: fn(u64) -> &'static Run, seed: u64, seconds: u64) {
         }
     }
     finished.store(true, Ordering::Release);
+    panics_reported(run);
     let (violations, count) = run.violations();
     println!(
         "gpu torture: seed {seed}, {round} rounds in {:.1?}: {}",
@@ -213,6 +230,28 @@ fn run_round(seed: u64, round: u32, until: Instant) {
     }
     settle(&mut open);
     drop(shared);
+}
+
+/// Every on-purpose panic of user code was reported to the panic handler, once (waits, bounded,
+/// for reports still on their way: a report follows the owner's `Drop` it comes from).
+fn panics_reported(run: &Run) {
+    let deadline = Instant::now() + PATIENCE;
+    let counts = || {
+        (
+            run.stats.get("antics: panicked"),
+            run.stats.get("antics: panic reported"),
+        )
+    };
+    while counts().0 != counts().1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (panicked, reported) = counts();
+    if panicked != reported {
+        run.violation(format!(
+            "user code panicked on purpose {panicked} times on the reaper, and the crate \
+             reported {reported} panics of it"
+        ));
+    }
 }
 
 /// Starts a named thread.

@@ -15,7 +15,7 @@ use cuda_dl_sys::types::{CUstream, CUstreamCaptureMode};
 use cuda_host_launch::{CompletionMode, Error, Graph, RawStream};
 
 use crate::Rng;
-use crate::oracle::{Kind, Tracked, run};
+use crate::oracle::{Antics, Kind, Tracked, run};
 use crate::worker::enqueue;
 
 const MODES: [CUstreamCaptureMode; 3] = [
@@ -103,7 +103,9 @@ pub fn capture_until(seed: u64, until: Instant) -> Vec<Arc<Tracked>> {
             };
             let t = Tracked::new(&name, kind, &label, slot, number);
             inside.push(format!("#{} {}", t.id, kind.name()));
-            let result = enqueue(&t, kind, &stream, rng.percent(20));
+            let binds = rng.percent(20);
+            let antics = Antics::pick_for(kind, &mut rng);
+            let result = enqueue(&t, kind, &stream, binds, antics);
             match (repeatable, result) {
                 (true, Ok(_)) => {
                     t.returned(true);

@@ -14,6 +14,11 @@
 //! graph-owned ones only once their graph is gone; a launch's owners dropped by the crate's
 //! releasing threads find no context current; futures resolve after their position and wake
 //! their waker.
+//!
+//! User code of the test's (an owner's `Drop`, a `spawn_after` callback) sometimes does more than
+//! its work, on the crate's reaper ([`Antics`]): blocks, awaits a completion of this crate, calls
+//! `flush`, or panics. None of it may stall the watching of completions: the awaited future must
+//! resolve, the flush must not time out, and every other promise above must still hold.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -22,15 +27,18 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
+use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use cuda_dl_sys::Driver;
 use cuda_dl_sys::types::{CUresult, CUstream};
 use cuda_host_launch::{
-    Completion, CompletionMode, Device, Error, HostLaunchFuture, PrimaryContext,
+    Completion, CompletionMode, Device, Error, HostLaunchFuture, PrimaryContext, RawStream,
 };
 use cuda_workspace::gpu::{Gpu, Kernels, MappedU32s};
 use cuda_workspace::testing::{PATIENCE, REAPER_NAME, ThreadSet, load_fake_driver, thread_id};
+
+use crate::Rng;
 
 /// The crate's watcher thread (queries events and flags, wakes futures; runs no owner's `Drop`
 /// and no callback).
@@ -299,7 +307,7 @@ pub struct Stats {
 }
 
 /// The names of [`Stats`]'s counters.
-pub const STAT_NAMES: [&str; 20] = [
+pub const STAT_NAMES: [&str; 25] = [
     "host_launch",
     "launch_host_function",
     "launch_host_function_with_bytes",
@@ -320,6 +328,11 @@ pub const STAT_NAMES: [&str; 20] = [
     "flush",
     "drain",
     "raw primary retain/release",
+    "antics: blocked",
+    "antics: awaited",
+    "antics: flushed",
+    "antics: panicked",
+    "antics: panic reported",
 ];
 
 impl Stats {
@@ -328,6 +341,14 @@ impl Stats {
         if let Some(i) = STAT_NAMES.iter().position(|n| *n == name) {
             self.counts[i].fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Counter `name` (one of [`STAT_NAMES`]; 0 for another).
+    pub fn get(&self, name: &str) -> u64 {
+        STAT_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .map_or(0, |i| self.counts[i].load(Ordering::Relaxed))
     }
 
     /// The counters, one `name: count` per entry.
@@ -574,15 +595,15 @@ impl Tracked {
                 "its owners were dropped on a driver thread ({name:?})"
             ));
         }
-        let before = self.dropped.fetch_add(1, Ordering::AcqRel);
-        if before > 0 {
-            self.violation(&format!("its owners were dropped {} times", before + 1));
-            return;
-        }
         if matches!(name.as_deref(), Some(WATCHER)) {
             self.violation(&format!(
                 "its owners were dropped on {name:?}, a thread that watches completions"
             ));
+        }
+        let before = self.dropped.fetch_add(1, Ordering::AcqRel);
+        if before > 0 {
+            self.violation(&format!("its owners were dropped {} times", before + 1));
+            return;
         }
         let releasing = name.as_deref() == Some(REAPER_NAME);
         if releasing && self.kind.released_with_no_context() && self.accepted() {
@@ -680,18 +701,20 @@ impl Tracked {
 
 /// The owners handed to the crate: their `Drop` reports to the oracle. Some make the primary
 /// context current in their `Drop`, as a binding's device buffer does (the crate must clear it
-/// before the next launch's owners on its releasing threads).
+/// before the next launch's owners on its releasing threads); some do more ([`Antics`]).
 pub struct Owner {
     tracked: Arc<Tracked>,
     binds: bool,
+    antics: Antics,
 }
 
 impl Owner {
-    /// An owner of `tracked`'s operation.
-    pub fn new(tracked: &Arc<Tracked>, binds: bool) -> Owner {
+    /// An owner of `tracked`'s operation, whose `Drop` also does `antics`.
+    pub fn new(tracked: &Arc<Tracked>, binds: bool, antics: Antics) -> Owner {
         Owner {
             tracked: Arc::clone(tracked),
             binds,
+            antics,
         }
     }
 }
@@ -699,11 +722,144 @@ impl Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         self.tracked.owners_dropped();
+        self.antics.act(&self.tracked);
         if self.binds {
             let run = run();
             // SAFETY: the test's primary context, retained for the life of the process.
             let _ = unsafe { run.driver.cuCtxSetCurrent(run.context.raw()) };
         }
+    }
+}
+
+/// What user code (an owner's `Drop`, a `spawn_after` callback) does beside its work: the classes
+/// of code that must never stall the watching of completions (the crate runs it on its reaper,
+/// never on the watcher). As the fake-driver harness's (`testing::torture::oracle::Antics`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Antics {
+    /// Nothing more.
+    None,
+    /// Blocks for a while (a lock, a slow free).
+    Blocks,
+    /// Awaits a completion of the reaper's per-thread default stream in the run's context (made
+    /// current first): only the watcher can resolve it, and it must, within [`AWAIT_LIMIT`].
+    Awaits,
+    /// Calls `flush`, which must return at once (never wait for its own thread), not time out.
+    Flushes,
+    /// Panics with [`ANTICS_PANIC`] (the crate catches and reports it).
+    Panics,
+}
+
+/// The panic message of [`Antics::Panics`] (the only panic the run expects).
+pub const ANTICS_PANIC: &str = "gpu torture: user code panicked on purpose";
+
+/// How long an [`Antics::Awaits`] waits for its future, and an [`Antics::Flushes`] flushes.
+pub const AWAIT_LIMIT: Duration = Duration::from_secs(20);
+
+impl Antics {
+    /// Mostly (80 %) nothing; else each of the others about as often.
+    pub fn pick(rng: &mut Rng) -> Antics {
+        if !rng.percent(20) {
+            return Antics::None;
+        }
+        match rng.below(4) {
+            0 => Antics::Blocks,
+            1 => Antics::Awaits,
+            2 => Antics::Flushes,
+            _ => Antics::Panics,
+        }
+    }
+
+    /// The antics of an operation of `kind`: its owner's, and its callback's if that runs on
+    /// the reaper (`spawn_after`; the others' run on driver threads, where none are done).
+    pub fn pick_for(kind: Kind, rng: &mut Rng) -> (Antics, Antics) {
+        let owner = Antics::pick(rng);
+        let callback = if kind == Kind::SpawnAfter {
+            Antics::pick(rng)
+        } else {
+            Antics::None
+        };
+        (owner, callback)
+    }
+
+    /// Does it, on the calling thread, if that is the crate's reaper (where the crate runs user
+    /// code; on a user's thread, dropping owners a failed call handed back or draining, the
+    /// antics would be the user's own business and would disturb the test's thread); counted in
+    /// [`Stats`]; a violation of `t`'s if what must return does not.
+    pub fn act(self, t: &Tracked) {
+        if self == Antics::None || std::thread::current().name() != Some(REAPER_NAME) {
+            return;
+        }
+        let run = run();
+        match self {
+            Antics::None => {}
+            Antics::Blocks => {
+                run.stats.add("antics: blocked");
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            Antics::Awaits => {
+                run.stats.add("antics: awaited");
+                // SAFETY: the test's primary context, retained for the life of the process.
+                if let Err(e) = unsafe { run.driver.cuCtxSetCurrent(run.context.raw()) } {
+                    t.violation(&format!("user code on the reaper: cuCtxSetCurrent: {e}"));
+                    return;
+                }
+                match CompletionMode::Event.completion(RawStream::PER_THREAD) {
+                    Err(e) => t.violation(&format!(
+                        "user code on the reaper could not make an Event completion: {e}"
+                    )),
+                    Ok(future) => match resolves_within(future, AWAIT_LIMIT) {
+                        Some(Ok(())) => {}
+                        Some(Err(e)) => t.violation(&format!(
+                            "user code on the reaper awaiting an Event completion of its own \
+                             per-thread stream saw it resolve to an error: {e}"
+                        )),
+                        None => t.violation(&format!(
+                            "user code on the reaper awaiting an Event completion of its own \
+                             per-thread stream never saw it resolve in {AWAIT_LIMIT:?}"
+                        )),
+                    },
+                }
+            }
+            Antics::Flushes => {
+                run.stats.add("antics: flushed");
+                let began = Instant::now();
+                if let Err(e @ Error::FlushTimedOut { .. }) = cuda_host_launch::flush(AWAIT_LIMIT) {
+                    t.violation(&format!(
+                        "a flush in user code on the reaper timed out after {:?}: {e}",
+                        began.elapsed()
+                    ));
+                }
+            }
+            Antics::Panics => {
+                run.stats.add("antics: panicked");
+                panic!("{ANTICS_PANIC}");
+            }
+        }
+    }
+}
+
+/// Polls `future` on this thread (parking between polls, at most 5 ms) until it resolves or
+/// `limit` passes; its output, or `None` if it did not resolve.
+fn resolves_within<F: Future>(future: F, limit: Duration) -> Option<F::Output> {
+    struct Unpark(Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut future = std::pin::pin!(future);
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return Some(output);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::park_timeout((deadline - now).min(Duration::from_millis(5)));
     }
 }
 

@@ -15,7 +15,9 @@ use cuda_host_launch::{
 use cuda_workspace::testing::PATIENCE;
 
 use crate::Rng;
-use crate::oracle::{Kind, Log, Owner, Pending, Tracked, Watched, finish_futures, lock, run};
+use crate::oracle::{
+    Antics, Kind, Log, Owner, Pending, Tracked, Watched, finish_futures, lock, run,
+};
 
 /// How far a lane's enqueued positions may run ahead of its kernels before its thread waits.
 const AHEAD: u32 = 256;
@@ -288,15 +290,17 @@ impl Worker {
             _ => Kind::Completion(CompletionMode::Event),
         };
         let binds = self.rng.percent(20);
+        let antics = Antics::pick_for(kind, &mut self.rng);
         let t = Tracked::new(&self.name, kind, &lane.label, lane.slot, after);
         self.note(format!(
-            "#{} {} on {} after {after} ({cycles} cycles){}",
+            "#{} {} on {} after {after} ({cycles} cycles){}{}",
             t.id,
             kind.name(),
             lane.label,
-            if binds { ", owner binds" } else { "" }
+            if binds { ", owner binds" } else { "" },
+            described(antics),
         ));
-        let result = enqueue(&t, kind, lane.stream(), binds);
+        let result = enqueue(&t, kind, lane.stream(), binds, antics);
         match result {
             Ok(future) => {
                 t.returned(true);
@@ -317,9 +321,14 @@ impl Worker {
         let after = lane.position(self.rng.below(20_000));
         let t = Tracked::new(&self.name, Kind::GraphNode, &lane.label, lane.slot, after);
         let launches = 1 + self.rng.below(3) as u32;
+        let binds = self.rng.percent(20);
+        let antics = Antics::pick(&mut self.rng);
         self.note(format!(
-            "#{} graph host node on {} after {after}, {launches} launches",
-            t.id, lane.label
+            "#{} graph host node on {} after {after}, {launches} launches{}{}",
+            t.id,
+            lane.label,
+            if binds { ", owner binds" } else { "" },
+            described((antics, Antics::None)),
         ));
         let graph = match Graph::new() {
             Ok(graph) => graph,
@@ -329,7 +338,7 @@ impl Worker {
                 return;
             }
         };
-        let owner = Owner::new(&t, self.rng.percent(20));
+        let owner = Owner::new(&t, binds, antics);
         let node_t = Arc::clone(&t);
         let added = cuda_host_launch::add_host_node(&graph, &[], move || {
             let _owner = &owner;
@@ -548,14 +557,29 @@ fn placeholder() -> Lane {
     }
 }
 
-/// Enqueues `t`'s operation on `stream`; returns its future, if it has one.
+/// The antics of an operation's owner and callback, for its log line.
+pub fn described((owner, callback): (Antics, Antics)) -> String {
+    let mut text = String::new();
+    if owner != Antics::None {
+        text.push_str(&format!(", owner antics {owner:?}"));
+    }
+    if callback != Antics::None {
+        text.push_str(&format!(", callback antics {callback:?}"));
+    }
+    text
+}
+
+/// Enqueues `t`'s operation on `stream`; returns its future, if it has one. `binds`: its owner
+/// makes the context current in its `Drop`; `antics`: what else its owner's `Drop` and its
+/// callback do ([`Antics::pick_for`]).
 pub fn enqueue(
     t: &Arc<Tracked>,
     kind: Kind,
     stream: &dyn AsRawStream,
     binds: bool,
+    (owner_antics, callback_antics): (Antics, Antics),
 ) -> Result<Option<Pending>, Error> {
-    let owner = || Owner::new(t, binds);
+    let owner = || Owner::new(t, binds, owner_antics);
     let callback = Arc::clone(t);
     match kind {
         Kind::Closure => {
@@ -619,9 +643,17 @@ pub fn enqueue(
             .map(|()| None)
             .map_err(Into::into),
         Kind::SpawnAfter => {
-            let owner = owner();
+            // Dropped as the callback unwinds if the callback panics: a second panic there would
+            // abort the process (Rust's rule, not the crate's). As the fake-driver harness does.
+            let owner_antics = if owner_antics == Antics::Panics {
+                Antics::None
+            } else {
+                owner_antics
+            };
+            let owner = Owner::new(t, binds, owner_antics);
             cuda_host_launch::spawn_after(stream, move || {
                 callback.callback();
+                callback_antics.act(&callback);
                 drop(owner);
             })
             .map(|()| None)
