@@ -251,6 +251,9 @@ pub fn report_failure(script: &Script, outcome: &Outcome) -> String {
     let _ = std::fs::create_dir_all(&dir);
     let file = dir.join(format!("seed-{}.txt", script.settings.seed));
     let _ = std::fs::write(&file, script.to_string());
+    // The child's whole output beside it (a trace the lines below leave out, say).
+    let full = dir.join(format!("seed-{}.output.txt", script.settings.seed));
+    let _ = std::fs::write(&full, &outcome.output);
     let interesting: Vec<&str> = outcome
         .output
         .lines()
@@ -258,11 +261,12 @@ pub fn report_failure(script: &Script, outcome: &Outcome) -> String {
         .take(160)
         .collect();
     format!(
-        "torture run of seed {} failed ({:?}); script: {}\n  replay: scripts/torture --replay {}\n  \
-         shrink: scripts/torture --shrink {}\n{}\n--- script ---\n{}",
+        "torture run of seed {} failed ({:?}); script: {}\n  output: {}\n  replay: scripts/torture \
+         --replay {}\n  shrink: scripts/torture --shrink {}\n{}\n--- script ---\n{}",
         script.settings.seed,
         outcome.took,
         file.display(),
+        full.display(),
         file.display(),
         file.display(),
         if interesting.is_empty() {
