@@ -476,6 +476,74 @@ isolated_test! {
         assert!(matches!(result, Err(Error::ContextLost)), "{result:?}");
     }
 
+    /// A fault-watch registration (a `HostFunction` future) that comes while the watcher's flag
+    /// side is looking (so it does not wake the watcher) in the very round that then goes idle is
+    /// taken at once all the same: the round rechecks the registry as it goes idle. Here it comes
+    /// inside that round's fault look (a fake hook on the watcher's `cuStreamQuery`), which also
+    /// finds the only other future's context faulted, so the round ends with nothing else to
+    /// watch; the new future's context faults later, and only the watcher can tell it. (Mutation
+    /// testing: with the recheck skipped, or looking at the wrong list, the watcher parked with
+    /// the registration untaken, and the future never resolved.)
+    fn a_fault_watch_registered_during_the_round_that_goes_idle_is_taken_at_once(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        FAKE_CUDA_DEVICES = "2"
+    ) {
+        use cuda_host_launch::{Device, PrimaryContext};
+        use std::sync::Mutex;
+        let first = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let held = Stream::new(&first).unwrap();
+        let hold = fake().hold_stream(held.raw()).expect("the fake could not hold the stream");
+        // A host-function future: the flag side looks for faults in its context every 2 ms.
+        let mut doomed = Box::pin(CompletionMode::HostFunction.completion(&held).unwrap());
+        assert!(
+            doomed
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+                .is_pending()
+        );
+        let second = PrimaryContext::retain(Device::get(1).unwrap()).unwrap();
+        let other = Arc::new(Stream::new(&second).unwrap());
+        let later = fake().hold_stream(other.raw()).expect("the fake could not hold the stream");
+        let late: Arc<Mutex<Option<cuda_host_launch::Completion>>> = Arc::default();
+        static FIRED: AtomicBool = AtomicBool::new(false);
+        let (context, stream, out) = (first.raw().addr(), Arc::clone(&other), Arc::clone(&late));
+        fake().set_hook("cuStreamQuery", 0, move || {
+            if std::thread::current().name() != Some("cuda-hl-watch")
+                || FIRED.swap(true, Ordering::SeqCst)
+            {
+                return;
+            }
+            // The fault look in progress will find the first context faulted...
+            fake()
+                .poison_context(std::ptr::with_exposed_provenance_mut(context))
+                .expect("the fake could not poison the context");
+            // ...and a registration comes meanwhile, from another thread.
+            let stream = Arc::clone(&stream);
+            let registered = std::thread::spawn(move || {
+                CompletionMode::HostFunction.completion(&*stream).unwrap()
+            })
+            .join()
+            .unwrap();
+            *out.lock().unwrap() = Some(registered);
+        });
+        let faulted = ready(doomed.as_mut());
+        assert!(
+            matches!(faulted, Err(Error::DeviceFault { code: 719, .. })),
+            "{faulted:?}"
+        );
+        assert!(FIRED.load(Ordering::SeqCst), "the hook never ran");
+        let mut registered = Box::pin(late.lock().unwrap().take().expect("the registration"));
+        // Its host function will never run: only the watcher's fault look can resolve it.
+        fake().poison_context(second.raw()).expect("the fake could not poison the context");
+        let result = ready(registered.as_mut());
+        assert!(
+            matches!(result, Err(Error::DeviceFault { code: 719, .. })),
+            "{result:?}"
+        );
+        hold.release();
+        later.release();
+    }
+
     /// `flush` waits for the low-latency poller's round: a `LowLatency` future whose flag the
     /// stream wrote before the flush (the stream synchronized) has been woken when `flush`
     /// returns. (Mutation testing: with the wait for that poller answering "done" at once, the
