@@ -58,8 +58,9 @@
 //! `BENCHMARKS.md` ("Choosing a completion mode and the poller's pace") gives each mode's latency
 //! and CPU time. The watcher spins briefly after news, then looks at pauses that grow with
 //! the wait, between [`PollerSettings::interval`] and [`PollerSettings::max_interval`], and exits
-//! after [`PollerSettings::idle_exit`] with nothing pending; [`PollerSettings::LOW_LATENCY`] spins
-//! while anything is pending ([`Config::event_poller`]).
+//! after [`PollerSettings::idle_exit`] with nothing pending; for repeated work it spins near the
+//! time each stream's work is expected to complete ([`PollerSettings::learned_spin`]);
+//! [`PollerSettings::LOW_LATENCY`] spins while anything is pending ([`Config::event_poller`]).
 //!
 //! # Cleanup and the crate's threads
 //!
