@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
 
@@ -457,6 +457,14 @@ pub enum Antics {
     Panics,
 }
 
+/// Held (shared) by user code that uses a context from the crate's reaper ([`Antics::Awaits`]),
+/// and exclusively by a foreign reset: the driver's contract for `cuDevicePrimaryCtxReset` is that
+/// nothing else uses the context meanwhile, and the reaper is not one of the harness's threads,
+/// which the reset's own lock keeps out. (Without it, such an enqueue could take an event of its
+/// pool just before the reset destroyed it, and record it after: the rare "event that no longer
+/// exists" of seeds 990348, 6261473 and 1796567646.)
+pub static USER_CODE_USES_A_CONTEXT: RwLock<()> = RwLock::new(());
+
 /// The panic message of [`Antics::Panics`].
 pub const ANTICS_PANIC: &str = "torture: user code panicked on purpose";
 
@@ -473,6 +481,9 @@ impl Antics {
             Antics::None => {}
             Antics::Blocks => std::thread::sleep(std::time::Duration::from_micros(300)),
             Antics::Awaits(context) => {
+                let _no_reset = USER_CODE_USES_A_CONTEXT
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner());
                 let Some(driver) = cuda_dl_sys::Driver::get() else {
                     return;
                 };
