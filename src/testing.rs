@@ -240,6 +240,32 @@ pub fn quiet_expected_panics(expected: fn(&str) -> bool) {
     }));
 }
 
+/// Polls `future` on the calling thread (parking between polls, 5 ms at most, until its waker
+/// unparks it) until it resolves or `limit` passes: its output, or `None`. What user code in
+/// the torture harnesses does when it awaits a future of the crate.
+pub fn resolves_within<F: std::future::Future>(future: F, limit: Duration) -> Option<F::Output> {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut future = std::pin::pin!(future);
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return Some(output);
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::park_timeout((deadline - now).min(Duration::from_millis(5)));
+    }
+}
+
 /// Waits until `done()` holds (polling it every millisecond), or panics after `timeout` with
 /// `what`.
 ///

@@ -27,7 +27,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
-use std::thread::Thread;
 use std::time::{Duration, Instant};
 
 use cuda_dl_sys::Driver;
@@ -807,17 +806,19 @@ impl Antics {
                     Err(e) => t.violation(&format!(
                         "user code on the reaper could not make an Event completion: {e}"
                     )),
-                    Ok(future) => match resolves_within(future, AWAIT_LIMIT) {
-                        Some(Ok(())) => {}
-                        Some(Err(e)) => t.violation(&format!(
-                            "user code on the reaper awaiting an Event completion of its own \
+                    Ok(future) => {
+                        match cuda_workspace::testing::resolves_within(future, AWAIT_LIMIT) {
+                            Some(Ok(())) => {}
+                            Some(Err(e)) => t.violation(&format!(
+                                "user code on the reaper awaiting an Event completion of its own \
                              per-thread stream saw it resolve to an error: {e}"
-                        )),
-                        None => t.violation(&format!(
-                            "user code on the reaper awaiting an Event completion of its own \
+                            )),
+                            None => t.violation(&format!(
+                                "user code on the reaper awaiting an Event completion of its own \
                              per-thread stream never saw it resolve in {AWAIT_LIMIT:?}"
-                        )),
-                    },
+                            )),
+                        }
+                    }
                 }
             }
             Antics::Flushes => {
@@ -835,31 +836,6 @@ impl Antics {
                 panic!("{ANTICS_PANIC}");
             }
         }
-    }
-}
-
-/// Polls `future` on this thread (parking between polls, at most 5 ms) until it resolves or
-/// `limit` passes; its output, or `None` if it did not resolve.
-fn resolves_within<F: Future>(future: F, limit: Duration) -> Option<F::Output> {
-    struct Unpark(Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let mut future = std::pin::pin!(future);
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return Some(output);
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            return None;
-        }
-        std::thread::park_timeout((deadline - now).min(Duration::from_millis(5)));
     }
 }
 

@@ -498,7 +498,9 @@ impl Antics {
                 else {
                     return;
                 };
-                if !resolves_within(future, std::time::Duration::from_secs(20)) {
+                if super::super::resolves_within(future, std::time::Duration::from_secs(20))
+                    .is_none()
+                {
                     oracle.violation(format!(
                         "{}: user code awaiting a completion never saw it resolve",
                         what()
@@ -518,31 +520,6 @@ impl Antics {
             }
             Antics::Panics => panic!("{ANTICS_PANIC}"),
         }
-    }
-}
-
-/// Polls `future` on this thread (parking between polls) until it resolves or `limit` passes;
-/// whether it resolved.
-fn resolves_within<F: std::future::Future>(future: F, limit: std::time::Duration) -> bool {
-    struct Unpark(std::thread::Thread);
-    impl std::task::Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let mut future = std::pin::pin!(future);
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let deadline = std::time::Instant::now() + limit;
-    loop {
-        if future.as_mut().poll(&mut cx).is_ready() {
-            return true;
-        }
-        let now = std::time::Instant::now();
-        if now >= deadline {
-            return false;
-        }
-        std::thread::park_timeout((deadline - now).min(std::time::Duration::from_millis(5)));
     }
 }
 
