@@ -77,8 +77,15 @@ fn torture_from_env() {
         println!("replayed {file} {times} times: clean");
         return;
     }
+    let size = if var("TORTURE_SIZE").as_deref() == Some("short") {
+        Size::SHORT
+    } else {
+        Size::LONG
+    };
+    // The script `TORTURE_SECONDS` runs for a seed: the same choice of size and exit.
+    let script_of = |seed: u64| generate(seed, size, seed.is_multiple_of(5));
     if let Some(seed) = var("TORTURE_DUMP").and_then(|s| s.parse().ok()) {
-        print!("{}", generate(seed, Size::SHORT, seed.is_multiple_of(4)));
+        print!("{}", script_of(seed));
         return;
     }
     if let Some(file) = var("TORTURE_SHRINK") {
@@ -105,17 +112,11 @@ fn torture_from_env() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_secs())
         });
-    let size = if var("TORTURE_SIZE").as_deref() == Some("short") {
-        Size::SHORT
-    } else {
-        Size::LONG
-    };
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let (mut runs, mut failures) = (0u64, Vec::new());
     let mut seed = first;
     while Instant::now() < deadline {
-        let script = generate(seed, size, seed.is_multiple_of(5));
-        match run_and_report(&script) {
+        match run_and_report(&script_of(seed)) {
             Ok(took) => println!("seed {seed}: clean in {took:.2?}"),
             Err(e) => {
                 eprintln!("{e}\n");
