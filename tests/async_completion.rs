@@ -13,9 +13,9 @@ use cuda_host_launch::{
     launch_host_function_with_bytes, pending_launches,
 };
 use cuda_workspace::isolated_test;
-use cuda_workspace::testing::owners::{ThreadInfo, fake_primary_context};
+use cuda_workspace::testing::owners::{PATIENCE, ThreadInfo, fake_primary_context};
 use cuda_workspace::testing::{
-    CreatedContext, address_bytes, bump_from_bytes, fake, fake_driver_path,
+    CreatedContext, address_bytes, bump_from_bytes, fake, fake_driver_path, resolves_within,
 };
 
 const MODES: [CompletionMode; 4] = [
@@ -883,6 +883,124 @@ isolated_test! {
                 "{message}"
             );
         }
+    }
+}
+
+isolated_test! {
+    /// A query of the watcher that fails for a reason that is neither a device fault nor a lost
+    /// context (here `CUDA_ERROR_OUT_OF_MEMORY`, injected into the first `cuEventQuery` after the
+    /// enqueues) says nothing about the work: the event's future, release and callback complete
+    /// when the stream gets there. (Before: the failure stranded the stream's whole queue until
+    /// the context's reset; the torture harness's user code awaiting such a future on the
+    /// reaper waited 20 s, seed 1796570842.)
+    fn a_failed_event_query_is_asked_again_not_taken_for_a_loss(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let dropped = Arc::new(AtomicUsize::new(0));
+        cuda_host_launch::release_after(&stream, Counted(Arc::clone(&dropped))).unwrap();
+        let ran = Arc::new(AtomicBool::new(false));
+        let ran_there = Arc::clone(&ran);
+        cuda_host_launch::spawn_after(&stream, move || ran_there.store(true, Ordering::SeqCst))
+            .unwrap();
+        let event = CompletionMode::Event.completion(&stream).unwrap();
+        let auto = CompletionMode::Auto.completion(&stream).unwrap();
+        let queries = fake().call_count("cuEventQuery");
+        fake().set_fault("cuEventQuery", 1, 2);
+        // The watcher's next query fails, while the stream is held.
+        cuda_workspace::testing::wait_until("the watcher's failed query", PATIENCE, || {
+            fake().call_count("cuEventQuery") > queries
+        });
+        hold.release();
+        let results = (
+            resolves_within(event, PATIENCE),
+            resolves_within(auto, PATIENCE),
+        );
+        assert!(
+            matches!(results, (Some(Ok(())), Some(Ok(())))),
+            "{results:?}"
+        );
+        flush(PATIENCE).unwrap();
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the release's owner");
+        assert!(ran.load(Ordering::SeqCst), "the callback");
+        assert_eq!(pending_launches(None), 0);
+    }
+}
+
+/// An owner whose `Drop` (on the reaper) awaits two futures, keeping what they resolved to (`None`:
+/// not within `PATIENCE`).
+struct AwaitsInDrop {
+    futures: Option<(
+        cuda_host_launch::Completion,
+        cuda_host_launch::HostLaunchFuture<i32>,
+    )>,
+    started: Arc<AtomicBool>,
+    results: Arc<std::sync::Mutex<Option<AwaitedResults>>>,
+}
+
+type AwaitedResults = (Option<Result<(), Error>>, Option<Result<i32, Error>>);
+
+impl Drop for AwaitsInDrop {
+    fn drop(&mut self) {
+        self.started.store(true, Ordering::SeqCst);
+        if let Some((host, value)) = self.futures.take() {
+            let results = (
+                resolves_within(host, PATIENCE),
+                resolves_within(value, PATIENCE),
+            );
+            *self.results.lock().unwrap() = Some(results);
+        }
+    }
+}
+
+isolated_test! {
+    /// User code on the reaper (an owner's `Drop`) that awaits futures whose context is lost
+    /// sees them fail at the reclaim: the reclaim fails them where it takes their records, on its
+    /// own thread. (Before: they failed only when their records were released, on the reaper,
+    /// which the awaiting code held: an await without a limit there waited for ever.) A created
+    /// context with a sticky error: the fault watch covers only primary contexts, so the reclaim
+    /// is what ends these futures.
+    fn futures_awaited_on_the_reaper_fail_at_their_contexts_reclaim(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let created = CreatedContext::new();
+        let hold = fake().hold_stream(created.stream).expect("the fake could not hold the stream");
+        // SAFETY: used while `created` lives.
+        let host = CompletionMode::HostFunction.completion(unsafe { created.raw_stream() });
+        // SAFETY: as above.
+        let value = host_launch_async(unsafe { created.raw_stream() }, || 7);
+        let futures = (host.unwrap(), value.map_err(|e| e.error().to_string()).unwrap());
+        fake().poison_context(created.context).expect("the fake could not poison the context");
+        hold.release();
+        let started = Arc::new(AtomicBool::new(false));
+        let results = Arc::new(std::sync::Mutex::new(None));
+        let stream = Stream::new(&context).unwrap();
+        let owner = AwaitsInDrop {
+            futures: Some(futures),
+            started: Arc::clone(&started),
+            results: Arc::clone(&results),
+        };
+        cuda_host_launch::release_after(&stream, owner).unwrap();
+        cuda_workspace::testing::wait_until("the owner's drop", PATIENCE, || {
+            started.load(Ordering::SeqCst)
+        });
+        let handle = created.context;
+        drop(created);
+        // SAFETY: the context was destroyed just above.
+        assert_eq!(unsafe { cuda_host_launch::reclaim_pending(handle) }, 2);
+        flush(PATIENCE * 3).unwrap();
+        let results = results.lock().unwrap().take();
+        assert!(
+            matches!(
+                results,
+                Some((Some(Err(Error::ContextLost)), Some(Err(Error::ContextLost))))
+            ),
+            "{results:?}"
+        );
+        assert_eq!(pending_launches(None), 0);
     }
 }
 

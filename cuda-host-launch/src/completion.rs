@@ -288,9 +288,24 @@ impl<T> CompletionPayload<T> {
     }
 }
 
+impl<T> CompletionPayload<T> {
+    /// Its context is gone: fails the future now, on the reclaiming thread (see `Op::Lost`),
+    /// keeping a waker's panic for the release.
+    fn lost(&mut self) {
+        // A lost record never ran: no waker's panic is kept yet.
+        if self.waker_panic.is_none() {
+            self.waker_panic = self.shared.fail();
+        }
+    }
+}
+
 impl Payload for CompletionPayload<()> {
     unsafe fn run(&mut self) {
         self.complete(Ok(()));
+    }
+
+    fn lost(&mut self) {
+        CompletionPayload::lost(self);
     }
 }
 
@@ -400,5 +415,9 @@ impl<F: FnMut() -> T + Send + 'static, T: Send + 'static> Payload for AsyncPaylo
     unsafe fn run(&mut self) {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut self.f));
         self.done.complete(result);
+    }
+
+    fn lost(&mut self) {
+        self.done.lost();
     }
 }

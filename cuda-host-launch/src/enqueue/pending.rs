@@ -16,7 +16,7 @@ use std::ptr::NonNull;
 use cuda_dl_sys::types::CUcontext;
 
 use crate::reaper::release;
-use crate::record::layout::RecordHeader;
+use crate::record::layout::{Op, RecordHeader};
 use crate::record::ticket_id::TicketId;
 use crate::record::tickets;
 use crate::support::context_key::{Gone, Liveness};
@@ -75,8 +75,12 @@ pub(crate) unsafe fn reclaim_gone(
             && let Some(record) = tickets::reclaim(candidate)
         {
             // SAFETY: the reclaim owns the record now (its context is gone: its host function
-            // will never run) and it is in no queue.
-            unsafe { release::push(record) };
+            // will never run) and it is in no queue. A future waiting on it fails here, not when
+            // the reaper releases it: user code on the reaper may be awaiting that future.
+            unsafe {
+                RecordHeader::dispatch(record, Op::Lost);
+                release::push(record);
+            }
             count += 1;
         }
     }

@@ -51,6 +51,10 @@ pub(crate) enum Op {
     /// Free the record without dropping its payload, which the caller has moved out
     /// ([`take_payload`]: a launch the driver never took hands its owners back).
     Free,
+    /// The record's context is gone and it will be released unrun: settle, on the calling thread
+    /// (a reclaim's), what waits on it without being user code (a future fails and its waker is
+    /// woken), so that nothing waits for the release on the reaper, which user code may hold.
+    Lost,
 }
 
 /// The part every record starts with.
@@ -122,6 +126,10 @@ pub(crate) trait Payload: Send + 'static {
     fn take_panic(&mut self) -> Option<PanicPayload> {
         None
     }
+
+    /// Its context is gone: it will be released unrun (see [`Op::Lost`]). Runs on a reclaiming
+    /// thread: must not drop or call the user's payload, nor unwind.
+    fn lost(&mut self) {}
 }
 
 #[repr(C)]
@@ -245,6 +253,11 @@ unsafe fn dispatch<P: Payload, const POOLED: bool>(
         }
         // SAFETY: the record is live and owned by the caller.
         Op::TakePanic => unsafe { (*record).payload.take_panic() },
+        Op::Lost => {
+            // SAFETY: the record is live and owned by the caller (a reclaim that took it).
+            unsafe { (*record).payload.lost() };
+            None
+        }
         Op::Release => {
             // SAFETY: the caller owns the live record and releases it once; POOLED matches.
             unsafe { release_record::<P, POOLED>(record) };
@@ -320,7 +333,7 @@ unsafe fn dispatch_bytes(header: NonNull<RecordHeader>, op: Op) -> Option<PanicP
             unsafe { f(header.as_ptr().cast::<u8>().add(offset).cast()) };
             None
         }
-        Op::TakePanic => None,
+        Op::TakePanic | Op::Lost => None,
         // The header and the bytes have no drop glue: freeing is releasing.
         Op::Release | Op::Free => {
             // SAFETY: allocated with `layout` in `new_bytes_record`; the header and the bytes have
@@ -379,7 +392,7 @@ unsafe fn dispatch_shared<P: SharedPayload, const POOLED: bool>(
             unsafe { (*record).payload.run_shared() };
             None
         }
-        Op::TakePanic => None,
+        Op::TakePanic | Op::Lost => None,
         Op::Release => {
             // SAFETY: made with this POOLED; released once, after the last run.
             unsafe { release_record::<P, POOLED>(record) };

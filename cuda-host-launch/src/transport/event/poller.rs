@@ -190,10 +190,27 @@ fn query(driver: &cuda_dl_sys::Driver, event: usize) -> Seen {
             Seen::Stranded { fault: None }
         }
         // A sticky error (or a lost context): nothing of the stream will complete.
-        other => Seen::Stranded {
-            fault: Some(other.0),
+        code if sticky_error::is_sticky(code) || context_gone(code) => Seen::Stranded {
+            fault: Some(code.0),
         },
+        // Any other failure (out of memory, ...) says nothing about the work: looked at again in
+        // a later round. Taken for a loss, it left the stream's futures, releases and callbacks
+        // waiting until the context's reset.
+        _ => Seen::NotYet,
     }
+}
+
+/// Whether a query's `code` says that the event's context is gone (destroyed, or the driver shut
+/// down): the driver will complete nothing of it, and its work waits for the reclaim.
+fn context_gone(code: CUresult) -> bool {
+    matches!(
+        code,
+        CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
+            | CUresult::CUDA_ERROR_INVALID_CONTEXT
+            | CUresult::CUDA_ERROR_INVALID_HANDLE
+            | CUresult::CUDA_ERROR_DEINITIALIZED
+            | CUresult::CUDA_ERROR_NOT_INITIALIZED
+    )
 }
 
 /// An entry that will never complete, and the sticky error that says so (none: a capture holds
