@@ -32,8 +32,9 @@
 //!   returns [`Error::CaptureActive`]. A capture begun and also ended between the two looks goes
 //!   unseen here, but the event's query then answers `CUDA_ERROR_INVALID_VALUE` (the real driver's
 //!   answer for an event recorded only in a capture), and the watcher treats it the same way.
-//! - **A sticky error** (a query that answers anything but success, not ready, or the capture
-//!   answers above) means the stream's work will never complete: its futures resolve at once to
+//! - **A sticky error** (a query that answers a device fault; one that answers a context gone
+//!   strands the stream's work the same way, and any other failure is retried in a later round)
+//!   means the stream's work will never complete: its futures resolve at once to
 //!   [`Error::DeviceFault`] with the driver's code, and the stream's entries stay pending
 //!   until the context is reset or destroyed, when the reclaim releases them (owners dropped,
 //!   callbacks never run). Not earlier: device work of
