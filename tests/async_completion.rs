@@ -929,6 +929,38 @@ isolated_test! {
     }
 }
 
+isolated_test! {
+    /// A query of the watcher that answers that the event's context is gone
+    /// (`CUDA_ERROR_CONTEXT_IS_DESTROYED`, injected into every `cuEventQuery`) strands the
+    /// stream's work instead of asking again for ever: the pool gives its retain of the context
+    /// back, so the user's last release destroys the context and its reclaim fails the future
+    /// (`ContextLost`). (Mutation testing: with no code taken for a gone context, the watcher
+    /// kept asking, the pool kept the context, and the future waited for ever.)
+    fn a_query_that_answers_a_context_gone_strands_the_streams_work_for_the_reclaim(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        use cuda_host_launch::{Device, PrimaryContext};
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let future = CompletionMode::Event.completion(&stream).unwrap();
+        let queries = fake().call_count("cuEventQuery");
+        fake().set_fault("cuEventQuery", 0, 709);
+        cuda_workspace::testing::wait_until("the watcher's query", PATIENCE, || {
+            fake().call_count("cuEventQuery") > queries
+        });
+        hold.release();
+        drop(stream);
+        // The last release: the context is destroyed, and its work reclaimed.
+        drop(context);
+        let result = resolves_within(future, PATIENCE);
+        fake().clear_faults();
+        assert!(matches!(result, Some(Err(Error::ContextLost))), "{result:?}");
+        flush(PATIENCE).unwrap();
+        assert_eq!(pending_launches(None), 0);
+    }
+}
+
 /// An owner whose `Drop` (on the reaper) awaits two futures, keeping what they resolved to (`None`:
 /// not within `PATIENCE`).
 struct AwaitsInDrop {
