@@ -6,7 +6,8 @@
 //! Knobs: `PEERS_SAMPLES` (2000 per row at the 50 µs and 2 ms holds, over all repetitions),
 //! `PEERS_SAMPLES_LONG` (60 at 20 ms), `PEERS_REPS` (5), `PEERS_ITEMS` (1000 per stream),
 //! `PEERS_THREAD_ITEMS` (25,000 per thread), `PEERS_HOST_N` (200,000), `PEERS_HOLDS_US`
-//! (50,2000,20000), `PEERS_ONLY=latency,throughput,host`, `PEERS_ALLOW_SKIP=1` (a library that
+//! (50,2000,20000), `PEERS_ONLY=latency,throughput,host`, `PEERS_POLLER` (our watcher's pace for
+//! the process: `ours::install_poller_from_env`), `PEERS_ALLOW_SKIP=1` (a library that
 //! cannot run here does not fail the run: for the fake driver). Exit status: 0 when every row ran;
 //! 1 when a row failed; 2 with no driver; 3 when a library's rows were skipped.
 
@@ -46,6 +47,13 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let poller = match ours::install_poller_from_env() {
+        Ok(poller) => poller,
+        Err(e) => {
+            eprintln!("peers: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let gpu = match Gpu::open() {
         Ok(gpu) => Arc::new(gpu),
         Err(e) => {
@@ -64,6 +72,7 @@ fn main() -> ExitCode {
         env_or_unset("CUDA_ASYNC_SPIN_BUDGET_US"),
         env_or_unset("CUDA_ASYNC_HOST_SYNC")
     );
+    println!("- ours: the watcher's pace (PEERS_POLLER): {poller:?}");
     let nvidia = NvidiaContext::borrow(&gpu).map(Arc::new);
     let cudarc = cudarc_lib::available();
     for (name, status) in [

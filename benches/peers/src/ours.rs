@@ -3,13 +3,55 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use cuda_host_launch::{CompletionMode, Stream};
+use cuda_host_launch::{CompletionMode, Config, PollerSettings, Stream};
 
 use crate::wake::{BoxFuture, Signal};
 
 /// Our crate's threads (`comm` names): the watcher `cuda-hl-watch` and the reaper `cuda-hl-reaper`.
 pub const THREADS: &[&str] = &["cuda-hl-"];
+
+/// Installs the watcher's pace that `PEERS_POLLER` names, for the process (the latency-against-CPU
+/// curve runs one process per pace): `default`, `low-latency`, or `key=µs` pairs over the
+/// defaults, comma-separated: `spin`, `interval`, `max`, `gap` (`PollerSettings`' `spin`,
+/// `interval`, `max_interval`, `query_gap`) and `learned=0|1`. Returns the settings in force.
+pub fn install_poller_from_env() -> Result<PollerSettings, String> {
+    let Ok(text) = std::env::var("PEERS_POLLER") else {
+        return Ok(PollerSettings::DEFAULT);
+    };
+    let mut settings = PollerSettings::DEFAULT;
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part == "default" {
+            continue;
+        }
+        if part == "low-latency" {
+            settings = PollerSettings::LOW_LATENCY;
+            continue;
+        }
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| format!("PEERS_POLLER: `{part}` is not key=value"))?;
+        let number: u64 = value
+            .trim()
+            .parse()
+            .map_err(|e| format!("PEERS_POLLER: `{part}`: {e}"))?;
+        let micros = Duration::from_micros(number);
+        match key.trim() {
+            "spin" => settings.spin = micros,
+            "interval" => settings.interval = micros,
+            "max" => settings.max_interval = micros,
+            "gap" => settings.query_gap = micros,
+            "learned" => settings.learned_spin = number != 0,
+            other => return Err(format!("PEERS_POLLER: unknown key `{other}`")),
+        }
+    }
+    Config::new()
+        .event_poller(settings)
+        .install()
+        .map_err(|e| format!("PEERS_POLLER: {e}"))?;
+    Ok(settings)
+}
 
 /// A future of all work enqueued on `stream` so far, in `mode`.
 pub fn completion(stream: &Stream, mode: CompletionMode) -> Result<BoxFuture, String> {
