@@ -961,6 +961,39 @@ isolated_test! {
     }
 }
 
+isolated_test! {
+    /// A device-side assert (`CUDA_ERROR_ASSERT`, 710, injected into every `cuEventQuery`) is a
+    /// sticky error: the stream's event future fails at once with its code. (Before: 710 was not
+    /// in the crate's list of sticky codes, and the watcher asked again for ever.)
+    fn a_device_assert_fails_the_streams_event_futures_at_once(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let future = CompletionMode::Event.completion(&stream).unwrap();
+        fake().set_fault("cuEventQuery", 0, 710);
+        let result = resolves_within(future, PATIENCE);
+        fake().clear_faults();
+        assert!(
+            matches!(
+                result,
+                Some(Err(Error::DeviceFault {
+                    code: 710,
+                    name: "CUDA_ERROR_ASSERT"
+                }))
+            ),
+            "{result:?}"
+        );
+        hold.release();
+        drop(stream);
+        // SAFETY: the context's only stream is dropped, and nothing made in it is used after.
+        unsafe { context.reset() }.unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(pending_launches(None), 0);
+    }
+}
+
 /// An owner whose `Drop` (on the reaper) awaits two futures, keeping what they resolved to (`None`:
 /// not within `PATIENCE`).
 struct AwaitsInDrop {

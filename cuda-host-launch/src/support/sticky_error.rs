@@ -3,7 +3,9 @@
 //! instead of letting them wait until the user resets the context.
 //!
 //! Which codes are sticky: those `cuda.h` documents as leaving "the process in an inconsistent
-//! state" where "any further CUDA work will return the same error" ([`is_sticky`]). Other errors
+//! state" where "any further CUDA work will return the same error", a context that "cannot be used
+//! anymore" (a device-side assert), or a process that "must be terminated and relaunched"
+//! ([`is_sticky`]; a test reads the descriptions of the pinned header). Other errors
 //! of a query (a context destroyed, a handle refused, a capture) say something else, and are left
 //! to the mechanisms that handle them (the reclaim, the capture rules).
 //!
@@ -24,6 +26,7 @@ pub(crate) fn is_sticky(code: CUresult) -> bool {
         CUresult::CUDA_ERROR_CONTAINED
             | CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
             | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUresult::CUDA_ERROR_ASSERT
             | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
             | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
             | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
@@ -31,6 +34,8 @@ pub(crate) fn is_sticky(code: CUresult) -> bool {
             | CUresult::CUDA_ERROR_INVALID_PC
             | CUresult::CUDA_ERROR_LAUNCH_FAILED
             | CUresult::CUDA_ERROR_TENSOR_MEMORY_LEAK
+            | CUresult::CUDA_ERROR_MPS_CLIENT_TERMINATED
+            | CUresult::CUDA_ERROR_EXTERNAL_DEVICE
     )
 }
 
@@ -61,5 +66,39 @@ pub(crate) unsafe fn probe(driver: &cuda_dl_sys::Driver, key: ContextKey) -> Opt
     match code {
         Ok(code) if is_sticky(code) => Some(code.0),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_sticky;
+    use cuda_dl_sys::types::CUresult;
+
+    /// The sticky codes are exactly those whose description in the pinned `cuda.h` says the
+    /// context or the process can do no more work (before: the device-side assert, the MPS
+    /// client's end and the external device's error were missing, so the watcher queried such a
+    /// stream for ever instead of failing its futures).
+    #[test]
+    fn the_sticky_codes_are_those_the_header_says_end_the_context() {
+        let says_so = |description: &str| {
+            [
+                "inconsistent state",
+                "cannot be used anymore",
+                "must be terminated and relaunched",
+            ]
+            .iter()
+            .any(|words| description.contains(words))
+        };
+        let mut sticky = 0;
+        for code in 0..=1000 {
+            let description = cuda_dl_sys::DriverError::from_code(CUresult(code)).description();
+            assert_eq!(
+                is_sticky(CUresult(code)),
+                says_so(description),
+                "{code}: {description}"
+            );
+            sticky += usize::from(is_sticky(CUresult(code)));
+        }
+        assert_eq!(sticky, 13);
     }
 }

@@ -189,27 +189,30 @@ fn query(driver: &cuda_dl_sys::Driver, event: usize) -> Seen {
         CUresult::CUDA_ERROR_CAPTURED_EVENT | CUresult::CUDA_ERROR_INVALID_VALUE => {
             Seen::Stranded { fault: None }
         }
-        // A sticky error (or a lost context): nothing of the stream will complete.
-        code if sticky_error::is_sticky(code) || context_gone(code) => Seen::Stranded {
+        // A failure that says nothing about the work: asked again in a later round. (Taken for a
+        // loss, an injected out-of-memory left the stream's futures, releases and callbacks
+        // waiting until the context's reset.)
+        code if passing(code) => Seen::NotYet,
+        // A sticky error, a lost context, or a failure this crate cannot read: nothing of the
+        // stream will complete in its order; its work waits for the reclaim (and, on a sticky
+        // error, its futures and callbacks end at once: `end_faulted`).
+        code => Seen::Stranded {
             fault: Some(code.0),
         },
-        // Any other failure (out of memory, ...) says nothing about the work: looked at again in
-        // a later round. Taken for a loss, it left the stream's futures, releases and callbacks
-        // waiting until the context's reset.
-        _ => Seen::NotYet,
     }
 }
 
-/// Whether a query's `code` says that the event's context is gone (destroyed, or the driver shut
-/// down): the driver will complete nothing of it, and its work waits for the reclaim.
-fn context_gone(code: CUresult) -> bool {
+/// Whether a query's failure `code` passes: a resource the driver could not get just then, or a
+/// capture elsewhere that refused the query (the watcher's relaxed capture mode should prevent it).
+fn passing(code: CUresult) -> bool {
     matches!(
         code,
-        CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
-            | CUresult::CUDA_ERROR_INVALID_CONTEXT
-            | CUresult::CUDA_ERROR_INVALID_HANDLE
-            | CUresult::CUDA_ERROR_DEINITIALIZED
-            | CUresult::CUDA_ERROR_NOT_INITIALIZED
+        CUresult::CUDA_ERROR_OUT_OF_MEMORY
+            | CUresult::CUDA_ERROR_OPERATING_SYSTEM
+            | CUresult::CUDA_ERROR_TIMEOUT
+            | CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+            | CUresult::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+            | CUresult::CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
     )
 }
 
