@@ -204,6 +204,24 @@ isolated_test! {
         drop(stream);
     }
 
+    /// A context's first release whose events cannot be created (`cuEventCreate` fails: out of
+    /// memory) hands its owner back and leaves no pool behind: the pool it made held the
+    /// context retained, and with no watcher running nothing would ever give it back, so the
+    /// user's last release would not destroy the context (nor reclaim its pending work).
+    /// (Before: `primary_retains` stayed 1 after the user's last release.)
+    fn a_pool_whose_first_events_fail_is_given_back(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        fake().set_fault("cuEventCreate", 1, 2);
+        let refused = release_after(&stream, drops.owner()).expect_err("no event");
+        assert!(refused.into_inner().is_some(), "the owner is handed back");
+        drops.wait_dropped(1);
+        drop(stream);
+        drop(context);
+        assert_eq!(fake().live_objects("primary_retains"), 0);
+    }
+
     /// An event taken for a release is out of its pool from the take: a poller going idle
     /// meanwhile (before the release reaches it) keeps the pool, and with it that event and the
     /// context's retain. Here the release's `cuEventRecord` waits (in a hook) for up to half a

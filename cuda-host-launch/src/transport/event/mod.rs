@@ -32,9 +32,9 @@
 //!   returns [`Error::CaptureActive`]. A capture begun and also ended between the two looks goes
 //!   unseen here, but the event's query then answers `CUDA_ERROR_INVALID_VALUE` (the real driver's
 //!   answer for an event recorded only in a capture), and the watcher treats it the same way.
-//! - **A sticky error** (a query that answers a device fault; one that answers a context gone
-//!   strands the stream's work the same way, and any other failure is retried in a later round)
-//!   means the stream's work will never complete: its futures resolve at once to
+//! - **A sticky error** (a query that answers a device fault; any other failure strands the
+//!   stream's work the same way, but one that passes, as out of memory, is retried in a later
+//!   round) means the stream's work will never complete: its futures resolve at once to
 //!   [`Error::DeviceFault`] with the driver's code, and the stream's entries stay pending
 //!   until the context is reset or destroyed, when the reclaim releases them (owners dropped,
 //!   callbacks never run). Not earlier: device work of
@@ -204,7 +204,16 @@ pub(crate) unsafe fn enqueue(
         }
         let context = context_key_of(driver, stream)?;
         // The pool first: it refuses a context that is not primary before anything else is asked.
-        let event = pools().take(driver, context)?;
+        let taken = pools().take(driver, context);
+        let event = match taken {
+            Ok(event) => event,
+            Err(e) => {
+                // A pool this call made, whose first events could not be created, holds its
+                // context retained: given back as a refused event's pool is.
+                give_back_refused(driver, context, None);
+                return Err(e);
+            }
+        };
         Ok((admitted, record_event, stream_id, context, event))
     };
     let (admitted, record_event, stream_id, context, event) = match checks() {
@@ -219,7 +228,7 @@ pub(crate) unsafe fn enqueue(
             // SAFETY: a valid stream (the `AsRawStream` guarantee) and out-pointer.
             let code = unsafe { stream_id(raw, &mut id) };
             if let Err(e) = driver.check(code, "cuStreamGetId") {
-                give_back_refused(driver, context, event);
+                give_back_refused(driver, context, Some(event));
                 return Err(Refusal::back(e.into(), record));
             }
             id
@@ -237,7 +246,7 @@ pub(crate) unsafe fn enqueue(
         Ok(submitted) => submitted,
         Err(refusal) => {
             // Not recorded (or no ticket): the record goes back, and the event to its pool.
-            give_back_refused(driver, context, event);
+            give_back_refused(driver, context, Some(event));
             return Err(refusal);
         }
     };
@@ -271,22 +280,25 @@ pub(crate) unsafe fn enqueue(
     Ok(ring)
 }
 
-/// Gives back the event of an enqueue that failed, and the pool too if none of its events is out
-/// and no poller runs: a pool holds its context retained, and only the poller gives idle pools
-/// back (when it goes idle), so without one a pool that a failed enqueue made would keep its
-/// context, and the work pending there, for good (a context whose sticky error has surfaced
-/// refuses every record). Under the hand-over's lock, then the pools', as the poller decides to
-/// exit: either it still runs and gives the pool back when it exits, or it is gone and this does.
+/// Gives back the event of an enqueue that failed (if it took one), and the pool too if none of
+/// its events is out and no poller runs: a pool holds its context retained, and only the poller
+/// gives idle pools back (when it goes idle), so without one a pool that a failed enqueue made
+/// would keep its context, and the work pending there, for good (a context whose sticky error has
+/// surfaced refuses every record). Under the hand-over's lock, then the pools', as the poller
+/// decides to exit: either it still runs and gives the pool back when it exits, or it is gone and
+/// this does.
 fn give_back_refused(
     driver: &cuda_dl_sys::Driver,
     context: ContextKey,
-    event: cuda_dl_sys::types::CUevent,
+    event: Option<cuda_dl_sys::types::CUevent>,
 ) {
     let released = {
         // Held as the watcher decides to stop: it still runs, or it is gone.
         let _incoming = incoming();
         let mut pools = pools();
-        pools.give_back(driver, context, event);
+        if let Some(event) = event {
+            pools.give_back(driver, context, event);
+        }
         if !super::bell::running() {
             pools.give_back_if_idle(driver, context)
         } else {
