@@ -212,6 +212,81 @@ isolated_test! {
         }
     }
 
+    /// A watcher's start hook that waits for a future of this crate (`Completion::wait`) gets
+    /// `WaitOnWatcher` at once: the watcher completes that future, so it would wait for itself,
+    /// and every release and future of the process with it. Event work then completes as usual.
+    /// (Before: the hook waited for ever, and no event work completed again.)
+    fn a_watchers_start_hook_that_waits_for_a_future_gets_an_error_at_once(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let stream_for_hook: Arc<Mutex<Option<cuda_host_launch::RawStream>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (hook_stream, sink) = (Arc::clone(&stream_for_hook), Arc::clone(&seen));
+        install_threads(ThreadSettings::new().on_start(move |which| {
+            if which != CrateThread::Watcher {
+                return;
+            }
+            let Some(stream) = *hook_stream.lock().unwrap() else {
+                return;
+            };
+            let result = cuda_host_launch::CompletionMode::Event
+                .completion(stream)
+                .map(cuda_host_launch::Completion::wait);
+            sink.lock().unwrap().push(format!("{result:?}"));
+        }));
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        // SAFETY: the stream outlives every use (the hook runs before the release completes, and
+        // the stream is dropped last).
+        *stream_for_hook.lock().unwrap() =
+            Some(unsafe { cuda_host_launch::RawStream::from_raw(stream.raw()) });
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            seen.as_slice(),
+            ["Ok(Err(WaitOnWatcher { operation: \"Completion::wait\" }))"]
+        );
+    }
+
+    /// A watcher's start hook that panics is reported on the lane (the reaper), not on the
+    /// watcher: the panic handler is user code. (Before: the handler ran on `cuda-hl-watch`.)
+    fn a_watchers_start_hook_panic_is_reported_on_the_lane(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        cuda_workspace::testing::quiet_expected_panics(|message| message == "the hook panicked");
+        type Seen = (cuda_host_launch::PanicOrigin, String, Option<String>);
+        let threads: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let sink = Arc::clone(&threads);
+        cuda_host_launch::set_panic_handler(move |report| {
+            sink.lock().unwrap().push((
+                report.origin,
+                report.message.to_string(),
+                std::thread::current().name().map(String::from),
+            ));
+        });
+        install_threads(ThreadSettings::new().on_start(|which| {
+            if which == CrateThread::Watcher {
+                panic!("the hook panicked");
+            }
+        }));
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        let threads = threads.lock().unwrap();
+        assert_eq!(
+            threads.as_slice(),
+            [(
+                cuda_host_launch::PanicOrigin::StartHook,
+                "the hook panicked".to_string(),
+                Some(CrateThread::Reaper.default_name().to_string())
+            )]
+        );
+    }
+
     /// A start hook that panics with a payload whose own `Drop` panics: the panic is reported
     /// (`PanicOrigin::StartHook`), the payload's panic goes no further, and the crate's threads
     /// run on: a release completes and `flush` returns. (Before: the payload was dropped outside

@@ -97,7 +97,8 @@ impl Completion {
     /// # Errors
     /// What awaiting it returns ([`Error::ContextLost`]); [`Error::InsideHostFunction`] inside a
     /// host function, which must not wait for the stream (its driver thread would wait for
-    /// itself).
+    /// itself); [`Error::WaitOnWatcher`] on the crate's watcher (its start hook, a waker it calls),
+    /// for the same reason.
     ///
     /// # Examples
     /// ```
@@ -111,8 +112,7 @@ impl Completion {
     /// # Ok(()) }
     /// ```
     pub fn wait(self) -> Result<(), Error> {
-        crate::support::host_thread::refuse_inside_host_function("Completion::wait")?;
-        crate::support::block_on::block_on(self)
+        crate::support::block_on::wait("Completion::wait", self)
     }
 }
 
@@ -339,8 +339,7 @@ impl<T> HostLaunchFuture<T> {
     /// # Errors
     /// As [`Completion::wait`], and [`Error::HostFunctionPanicked`] if the closure panicked.
     pub fn wait(self) -> Result<T, Error> {
-        crate::support::host_thread::refuse_inside_host_function("HostLaunchFuture::wait")?;
-        crate::support::block_on::block_on(self)
+        crate::support::block_on::wait("HostLaunchFuture::wait", self)
     }
 }
 

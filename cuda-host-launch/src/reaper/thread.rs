@@ -10,6 +10,7 @@ use crate::record::pool;
 use crate::support::config::{CleanupMode, config};
 use crate::support::crate_threads;
 use crate::support::error::Error;
+use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::RelaxedCaptureMode;
 use crate::support::sync::lock;
@@ -41,7 +42,10 @@ fn start_reaper() -> Result<(), Error> {
     if QUEUE.has_reaper() {
         return Ok(());
     }
-    let handle = crate_threads::spawn(CrateThread::Reaper, reaper_loop)?;
+    // The reaper is the lane: its hook's panic is reported (and its payload dropped) here.
+    let handle = crate_threads::spawn(CrateThread::Reaper, reaper_loop, |panic| {
+        report_and_drop(PanicOrigin::StartHook, panic)
+    })?;
     // Wakes the reaper once after publishing it: a push that ran before woke no one.
     QUEUE.set_reaper(handle.thread().clone());
     // The handle is dropped: the reaper is detached and runs until the process exits.

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::Thread;
 
+use crate::support::error::Error;
+
 /// Wakes the waiting thread.
 struct Unpark(Thread);
 
@@ -14,6 +16,20 @@ impl Wake for Unpark {
     fn wake(self: Arc<Self>) {
         self.0.unpark();
     }
+}
+
+/// The blocking wait of a future of this crate (`operation`): refused inside a host function (its
+/// driver thread would wait for itself) and on the watcher (which completes the future), else
+/// [`block_on`].
+pub(crate) fn wait<T, F: Future<Output = Result<T, Error>>>(
+    operation: &'static str,
+    future: F,
+) -> Result<T, Error> {
+    crate::support::host_thread::refuse_inside_host_function(operation)?;
+    if crate::support::crate_threads::current() == Some(crate::CrateThread::Watcher) {
+        return Err(Error::WaitOnWatcher { operation });
+    }
+    block_on(future)
 }
 
 /// Polls `future` on this thread until it is ready, parked in between; its wake unparks it. For

@@ -12,10 +12,10 @@
 
 use crate::support::config::config;
 use crate::support::error::Error;
-use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::thread_settings::{Affinity, CrateThread};
 
-/// Starts the crate thread `which` running `body`, as the settings say.
+/// Starts the crate thread `which` running `body`, as the settings say; a panic of its start hook
+/// goes to `report_hook_panic`.
 ///
 /// # Errors
 /// The configuration's error ([`Error::InvalidEnvironment`]), or the operating system's refusal
@@ -23,6 +23,7 @@ use crate::support::thread_settings::{Affinity, CrateThread};
 pub(crate) fn spawn(
     which: CrateThread,
     body: impl FnOnce() + Send + 'static,
+    report_hook_panic: fn(Box<dyn std::any::Any + Send + 'static>),
 ) -> Result<std::thread::JoinHandle<()>, Error> {
     let settings = config()?.thread_settings().clone();
     // Before the thread exists: its first driver call comes after the exit handler is in place.
@@ -38,11 +39,12 @@ pub(crate) fn spawn(
             place(&settings.affinity);
             if let Some(start) = &settings.start {
                 // A panicking hook must not stop the crate's thread: it is the user's code, and so is
-                // its payload's `Drop` (which may panic again: `drop_quietly`).
+                // its payload's `Drop` (which may panic again: `drop_quietly`) and the panic
+                // handler: `report_hook_panic` says where they run (the lane, for the watcher).
                 if let Err(panic) =
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| start(which)))
                 {
-                    report_and_drop(PanicOrigin::StartHook, panic);
+                    report_hook_panic(panic);
                 }
             }
             body();

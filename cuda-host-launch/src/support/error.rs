@@ -129,6 +129,20 @@ pub enum Error {
         thread: crate::CrateThread,
     },
 
+    /// [`Completion::wait`](crate::Completion::wait) or
+    /// [`HostLaunchFuture::wait`](crate::HostLaunchFuture::wait) was called on the crate's
+    /// watcher (in its start hook, or in a waker it called), which is the thread that completes
+    /// the future: it would wait for itself, and every future and release of the process with it.
+    #[error(
+        "{operation} was called on the crate's watcher thread (in its start hook, or in a waker it \
+         called), which completes the future: it would wait for itself. Wait from another thread, \
+         or await the future in a task"
+    )]
+    WaitOnWatcher {
+        /// The call: `Completion::wait` or `HostLaunchFuture::wait`.
+        operation: &'static str,
+    },
+
     /// `flush` was called after the process began to exit (the crate's exit handler ran): nothing
     /// is released or completed any more, so there is nothing to wait for.
     #[error(

@@ -31,6 +31,7 @@ use crate::support::config::config;
 use crate::support::crate_threads;
 use crate::support::error::Error;
 use crate::support::exit_gate;
+use crate::support::panic_report::PanicOrigin;
 use crate::support::precise_sleeps::precise_sleeps;
 use crate::support::relaxed_capture::enter_relaxed_mode;
 use crate::support::sync::lock;
@@ -60,7 +61,10 @@ fn start() -> Result<(), Error> {
         running.unpark();
         return Ok(());
     }
-    let handle = crate_threads::spawn(CrateThread::Watcher, watch)?;
+    // User code never runs here: the hook's panic is reported on the lane.
+    let handle = crate_threads::spawn(CrateThread::Watcher, watch, |panic| {
+        crate::reaper::lane::report_there(PanicOrigin::StartHook, panic)
+    })?;
     bell::set_running(&mut thread, Some(handle.thread().clone()));
     Ok(())
 }
