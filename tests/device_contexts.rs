@@ -275,6 +275,46 @@ isolated_test! {
         stream0.synchronize().unwrap();
     }
 
+    /// A context whose event pool sits idle is given back while another device's event work
+    /// stays pending: the user's last release of device 0's context, after a sticky error there,
+    /// then destroys it and reclaims its pending launch, though device 1's release waits behind a
+    /// held stream all along. (Before: idle pools went back only once no context had work
+    /// pending; device 0's pool kept its context, and its owner waited for device 1's stream.)
+    fn an_idle_pool_goes_back_while_another_contexts_work_is_pending(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let [context0, context1] = contexts();
+        let stream0 = Stream::new(&context0).unwrap();
+        let stream1 = Stream::new(&context1).unwrap();
+        let drops0 = Drops::new();
+        // Device 0's pool is made, and idle once this release is done.
+        release_after(&stream0, drops0.owner()).unwrap();
+        drops0.wait_dropped(1);
+        // Device 1's work stays pending until the end.
+        let hold1 = fake().hold_stream(stream1.raw()).expect("the fake could not hold the stream");
+        let drops1 = Drops::new();
+        release_after(&stream1, drops1.owner()).unwrap();
+        // A launch on device 0 that will never run: its context fails.
+        let hold0 = fake().hold_stream(stream0.raw()).expect("the fake could not hold the stream");
+        let owner = drops0.owner();
+        host_launch(&stream0, move || {
+            let _keep = &owner;
+        })
+        .unwrap();
+        assert_eq!(fake().poison_context(context0.raw()), Ok(()));
+        hold0.release();
+        drop(stream0);
+        // The user's last release of device 0's context.
+        drop(Arc::into_inner(context0).expect("the only reference"));
+        drops0.wait_dropped(2);
+        assert_eq!(drops1.dropped(), 0, "device 1's release still waits");
+        hold1.release();
+        drops1.wait_dropped(1);
+        drop(stream1);
+        assert_eq!(pending_launches(None), 0);
+    }
+
     /// A lost context fails only its own low-latency futures: with a future waiting on each
     /// device, device 1's context is poisoned and reset; once the low-latency poller has seen the
     /// loss, device 0's future is still pending (its stream held), and it resolves `Ok` when its

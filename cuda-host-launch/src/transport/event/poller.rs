@@ -380,6 +380,8 @@ pub(in crate::transport) struct EventWatch {
     /// For each of `done`: a callback's count in its pool (see `Pools::call_out`).
     calls: Vec<Option<Arc<AtomicUsize>>>,
     idle_since: Option<Instant>,
+    /// When it next looks for pools idle while other work is pending (`Pools::give_back_idle_for`).
+    next_pool_look: Instant,
     /// When its last round began (while it spins, the next waits for the query gap).
     round_began: Instant,
     /// How long each stream's work usually takes (for [`PollerSettings::learned_spin`]).
@@ -396,6 +398,7 @@ impl EventWatch {
             stranded: Vec::new(),
             calls: Vec::new(),
             idle_since: None,
+            next_pool_look: Instant::now(),
             round_began: Instant::now(),
             learned: LearnedWaits::default(),
             windows: Vec::new(),
@@ -442,6 +445,15 @@ impl EventWatch {
                 }
             } else {
                 self.idle_since = None;
+                // Work is pending, maybe in one context only: another context's pool that has
+                // held its context for nothing for `idle_exit` goes back now, not once every
+                // context is idle (the user's last release of it must be able to destroy it and
+                // reclaim its work). Looked at four times per `idle_exit` at most.
+                if self.round_began >= self.next_pool_look {
+                    self.next_pool_look = self.round_began + settings.idle_exit / 4;
+                    released =
+                        pools().give_back_idle_for(driver, self.round_began, settings.idle_exit);
+                }
             }
         }
         for (&(context, stream, _), queue) in &mut queues.by_stream {

@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::ptr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use cuda_dl_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 
@@ -50,6 +51,9 @@ pub(super) struct Pool {
     /// its context retained until they ran. Counted up here (under the pools' lock), down by the
     /// lane with no lock ([`Pools::call_out`]).
     calls: Arc<AtomicUsize>,
+    /// Since when the watcher has seen it hold its context for nothing (not busy), while other
+    /// contexts had work pending ([`Pools::give_back_idle_for`]).
+    idle_since: Option<Instant>,
 }
 
 /// The pools, by context (handle and id).
@@ -183,6 +187,39 @@ impl Pools {
         released
     }
 
+    /// Gives back every pool that has held its context for nothing (no event out, no callback to
+    /// run) for `idle_exit` up to `now`, as seen by these calls (the first that finds a pool idle
+    /// starts its count; one that finds it busy ends it). For the watcher while other contexts'
+    /// work is pending: one context's pool must not wait for every context to be idle, since it
+    /// keeps the user's last release from destroying the context and reclaiming its work. Returns
+    /// the releases, as [`Pools::give_back_done`].
+    pub(super) fn give_back_idle_for(
+        &mut self,
+        driver: &cuda_dl_sys::Driver,
+        now: Instant,
+        idle_exit: Duration,
+    ) -> Vec<(CUdevice, usize)> {
+        let mut done = Vec::new();
+        for (key, pool) in &mut self.by_context {
+            if pool.busy() {
+                pool.idle_since = None;
+                continue;
+            }
+            let since = *pool.idle_since.get_or_insert(now);
+            if now.saturating_duration_since(since) >= idle_exit {
+                done.push(*key);
+            }
+        }
+        let mut released = Vec::with_capacity(done.len());
+        for key in done {
+            if let Some(pool) = self.by_context.remove(&key) {
+                released.push((pool.device, key.handle));
+                pool.give_back(driver, key);
+            }
+        }
+        released
+    }
+
     /// Gives back `context`'s pool (as [`Pools::give_back_done`] does) if none of its events is
     /// out; returns the release's device and handle.
     pub(super) fn give_back_if_idle(
@@ -263,6 +300,7 @@ impl Pool {
             out: 0,
             stranded: 0,
             calls: Arc::default(),
+            idle_since: None,
         })
     }
 
