@@ -143,8 +143,31 @@ const TOLERATED: &[(&str, &str, &str)] = &[
 /// The one failure the crate resolves by leaking: the graph refused the user object
 /// (`cuGraphRetainUserObject`) and dropping our reference failed too (`cuUserObjectRelease`). The
 /// user object still holds the record and the driver might still call its destructor, so freeing
-/// the record would risk a use after free: the owners are never dropped.
+/// the record would risk a use after free: the owners are never dropped. [`kept_for_good`] lists
+/// the others of its kind.
 const DELIBERATE_LEAK: (&str, &str) = ("cuGraphRetainUserObject", "cuUserObjectRelease");
+
+/// Whether the crate keeps a graph-owned record for good after these failures (its owners never
+/// dropped, its user object left referenced), the operation succeeding: the caller's own reference
+/// of the user object (`transport::user_object`) cannot be let go (`cuUserObjectRelease`), or, for
+/// a repeatable launch on a capturing stream, the look after the launch (the last capture query,
+/// the first being the look before) cannot tell that the capture went on throughout the launch, so
+/// the host function may be a plain one on the stream, whose call no one can time; and the
+/// [`DELIBERATE_LEAK`]. (A second failure in the error's description changes none of these.)
+fn kept_for_good(op: Op, fault: Option<&Fault>, rollback: Option<&Fault>) -> bool {
+    let is = |f: Option<&Fault>, base: &str| f.is_some_and(|f| f.base == base);
+    let captured_repeatable = matches!(
+        op,
+        Op::CapturedHostLaunchRepeatable | Op::CapturedLaunchRepeatable | Op::CapturedWithSyncMode
+    );
+    (is(fault, DELIBERATE_LEAK.0) && is(rollback, DELIBERATE_LEAK.1))
+        || (matches!(op.family(), Family::Capture | Family::Node)
+            && is(fault, "cuUserObjectRelease"))
+        || (captured_repeatable
+            && fault.is_some_and(|f| {
+                f.last && f.nth >= 2 && CAPTURE_QUERIES.contains(&f.base.as_str())
+            }))
+}
 
 /// The capture queries: their last call in an event-based operation is the look after the
 /// event's record, whose failure leaves the record pending until the context's reset (it is then
@@ -1091,13 +1114,10 @@ fn settle(env: &mut Env, op: Op, mut run: Run, outcome: Outcome<'_>, before: &Sn
     match (outcome.fault, &outcome.result) {
         (None, Ok(())) => {}
         (None, Err(e)) => panic!("{label}: failed without a fault: {e:?}"),
-        (Some(_), Ok(())) if tolerated => {}
+        (Some(_), Ok(())) if tolerated || kept_for_good(op, outcome.fault, outcome.rollback) => {}
         (Some(fault), result) => assert_names(result, fault, &label),
     }
-    let leak_expected = outcome
-        .fault
-        .zip(outcome.rollback)
-        .is_some_and(|(f, r)| (f.base.as_str(), r.base.as_str()) == DELIBERATE_LEAK);
+    let leak_expected = kept_for_good(op, outcome.fault, outcome.rollback);
     // A failure whose clean-up call fails too leaves the object it would have destroyed.
     let undestroyable = outcome.fault.zip(outcome.rollback).is_some_and(|(f, r)| {
         UNDESTROYABLE
@@ -1670,8 +1690,9 @@ fn fault_matrix(version: i32) -> usize {
     }
     if env.stranded > 0 {
         println!(
-            "  deliberate leak: {} user objects (with their owners) stranded after {} then {} failed",
-            env.stranded, DELIBERATE_LEAK.0, DELIBERATE_LEAK.1
+            "  deliberate leaks: {} user objects (with their owners) kept for good (see \
+             kept_for_good)",
+            env.stranded
         );
     }
 

@@ -219,6 +219,61 @@ fn capture_begun_inside_the_launch(boxed: bool, end_inside: bool) {
     assert_eq!(pending_launches(None), 0);
 }
 
+/// Another thread ends the stream's capture and destroys its graph between a repeatable launch's
+/// capture query and its launch call (as cudarc's safe `end_capture` and a dropped graph may): the
+/// launch then goes onto the stream as a plain host function, and its record must still be alive
+/// when the stream gets there, though the graph that was to own it is gone. (Before: the graph's
+/// destruction released the record at once, and the host function ran a freed record.) The
+/// owner is then kept for good (no one can tell when such a call ran): it must not be dropped.
+fn capture_ended_inside_a_repeatable_launch(boxed: bool) {
+    let context = fake_primary_context();
+    let stream = Stream::new(&context).unwrap();
+    let (drops, seen) = (Drops::new(), Arc::new(Seen::default()));
+    let raw = SendStream::of(&stream);
+    begin_capture(raw);
+    let token: Arc<std::sync::Mutex<Option<u64>>> = Arc::default();
+    let keep = Arc::clone(&token);
+    fake().set_hook("cuLaunchHostFunc", 1, move || {
+        let graph = end_capture_raw(raw);
+        // The stream holds what follows until the test lets it go.
+        *keep.lock().unwrap() = fake().hold_stream(raw.raw()).map(|hold| hold.into_token());
+        drop(graph);
+    });
+    let owner = drops.owner();
+    let (ran, drops_seen) = (Arc::clone(&seen), Arc::clone(&drops));
+    let ballast = [7u8; 256];
+    cuda_host_launch::LaunchOptions::default()
+        .host_launch_repeatable(&stream, move || {
+            let _keep = &owner;
+            if boxed {
+                assert_eq!(std::hint::black_box(ballast)[255], 7);
+            }
+            if drops_seen.dropped() > 0 {
+                ran.ran_after_drop.store(true, Ordering::SeqCst);
+            }
+            ran.ran.fetch_add(1, Ordering::SeqCst);
+        })
+        .map_err(|e| e.to_string())
+        .unwrap();
+    flush(PATIENCE).unwrap();
+    assert_eq!(
+        drops.dropped(),
+        0,
+        "the owner, while its host function waits on the stream"
+    );
+    let token = token
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the hook held the stream");
+    fake().release_hold(token);
+    stream.synchronize().unwrap();
+    flush(PATIENCE).unwrap();
+    assert_eq!(seen.ran.load(Ordering::SeqCst), 1);
+    assert!(!seen.ran_after_drop.load(Ordering::SeqCst));
+    assert_eq!(drops.dropped(), 0, "kept for good");
+}
+
 /// Ends a capture from a hook (which cannot borrow the `Stream`).
 fn end_capture_raw(stream: SendStream) -> Graph {
     let driver = cuda_dl_sys::driver().unwrap();
@@ -230,6 +285,20 @@ fn end_capture_raw(stream: SendStream) -> Graph {
 }
 
 isolated_test! {
+    /// See [`capture_ended_inside_a_repeatable_launch`].
+    fn a_capture_ended_inside_a_repeatable_launch_leaves_its_record_alive(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        capture_ended_inside_a_repeatable_launch(false);
+    }
+
+    /// As above, a boxed record.
+    fn a_capture_ended_inside_a_repeatable_launch_leaves_a_boxed_record_alive(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        capture_ended_inside_a_repeatable_launch(true);
+    }
+
     /// A reclaim during a launch the driver refuses: a pooled record.
     fn a_reclaim_during_a_refused_launch_leaves_it_to_the_launcher(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()

@@ -517,9 +517,11 @@ unsafe fn add_node(
     };
     if code != CUresult::CUDA_SUCCESS {
         // The graph's user object owns the record: letting it go releases the record (kept).
-        owned.detach(driver);
+        owned.detach(driver, true);
         let error = cuda_dl_sys::Error::from(driver.describe(code, Some(function)));
         return Err(Refusal::kept(error.into()));
     }
+    // The caller's graph, alive throughout: it alone owns the record now.
+    owned.settle(driver, true);
     Ok(node)
 }

@@ -95,7 +95,7 @@ pub(crate) unsafe fn enqueue_in(
         (Capture::Active { id, .. }, Runs::Once) => {
             return Err(Refusal::back(capture_active(stream, id), record));
         }
-        (Capture::Active { graph, .. }, Runs::Repeatable) => {
+        (Capture::Active { id, graph }, Runs::Repeatable) => {
             // User objects (11.3) come first: below them a captured launch cannot be owned by its
             // graph, and the 11.3 capture query below would not exist either.
             let graph = match captured_graph(driver, stream, graph) {
@@ -104,15 +104,21 @@ pub(crate) unsafe fn enqueue_in(
             };
             let owned = GraphOwnedRecord::attach(driver, graph, record)?;
             // SAFETY: the captured node's function runs the record on every replay, through `&self`;
-            // the graph owns the record until it and its executables are destroyed.
+            // the graph owns the record until it and its executables are destroyed, and the
+            // attach's own reference keeps it alive across this call whatever happens to the graph.
             let (code, function) =
                 unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
+            // The capture asked about before, still going: it went on throughout, so the launch
+            // is a node of its graph. Otherwise another thread ended it meanwhile (and may have
+            // destroyed its graph): see `GraphOwnedRecord::settle`.
+            let same_capture = matches!(capture_of(driver, stream), Ok(Capture::Active { id: now, .. }) if now == id);
             if let Err(error) = driver.check(code, function) {
                 // The graph's user object owns the record: letting it go releases the record
                 // through the cleanup queue (kept, not handed back).
-                owned.detach(driver);
+                owned.detach(driver, same_capture);
                 return Err(Refusal::kept(error.into()));
             }
+            owned.settle(driver, same_capture);
         }
     }
     admitted.finish();

@@ -22,9 +22,12 @@ pub(crate) struct GraphOwnedRecord {
 }
 
 impl GraphOwnedRecord {
-    /// Creates a user object for `record` and moves its only reference to `graph`
+    /// Creates a user object for `record` with two references, and moves one to `graph`
     /// (`cuUserObjectCreate` with `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`, then `cuGraphRetainUserObject`
-    /// with `CU_GRAPH_USER_OBJECT_MOVE`). The destructor only queues the record for release.
+    /// with `CU_GRAPH_USER_OBJECT_MOVE`); the other is the caller's until [`settle`](Self::settle)
+    /// or [`detach`](Self::detach), so that the record outlives the call that adds its node,
+    /// whatever happens to the graph meanwhile (another thread may end a capture and destroy its
+    /// graph). The destructor only queues the record for release.
     ///
     /// Done *before* the node that uses the record is added, so that no failure can leave a node
     /// pointing at freed data: if resolving or creating fails, the record goes back in the refusal
@@ -49,13 +52,14 @@ impl GraphOwnedRecord {
         let user_data = record.as_user_data();
         let mut object: CUuserObject = ptr::null_mut();
         // SAFETY: `object` is a valid place to write; `user_data` is a live record, which the user
-        // object owns from here on (its destructor queues it); one initial reference.
+        // object owns from here on (its destructor queues it); two initial references (the
+        // graph's, moved below, and the caller's).
         let code = unsafe {
             create(
                 &mut object,
                 user_data,
                 Some(user_object_destructor),
-                1,
+                2,
                 CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0,
             )
         };
@@ -67,7 +71,7 @@ impl GraphOwnedRecord {
             ));
         }
         let header = record.into_raw();
-        // SAFETY: `graph` is a live graph (the caller's), `object` holds our one reference.
+        // SAFETY: `graph` is a live graph (the caller's), `object` holds our two references.
         let code = unsafe {
             retain(
                 graph,
@@ -77,9 +81,9 @@ impl GraphOwnedRecord {
             )
         };
         if code != CUresult::CUDA_SUCCESS {
-            // Dropping our reference destroys the object, whose destructor queues the record.
-            // SAFETY: we hold one reference.
-            let _ = unsafe { release(object, 1) };
+            // Dropping our references destroys the object, whose destructor queues the record.
+            // SAFETY: we hold both references.
+            let _ = unsafe { release(object, 2) };
             return Err(Refusal::kept(driver_error(
                 driver,
                 code,
@@ -98,13 +102,39 @@ impl GraphOwnedRecord {
         self.header.as_ptr().cast()
     }
 
-    /// Undoes `attach` after the node could not be added: the graph lets its reference go, and the
-    /// destructor queues the record. If even that fails, the record stays owned by the graph and is
-    /// released with it: nothing dangles (no node uses it) and nothing leaks past the graph.
-    pub(crate) fn detach(self, driver: &cuda_dl_sys::Driver) {
+    /// After the node was added: `in_graph` says that it is a node of the graph `attach` was
+    /// given (the graph lived throughout: the caller's, or a capture that is still the same one).
+    /// The caller's reference then goes, and the graph alone owns the record. Otherwise (a capture
+    /// another thread ended meanwhile) the launch may be a plain host function on the stream or a
+    /// node of another capture, whose calls no one can count: the caller's reference is kept for
+    /// good, and the record with it (a leak, never a use after free).
+    pub(crate) fn settle(self, driver: &cuda_dl_sys::Driver, in_graph: bool) {
+        if in_graph {
+            self.let_go(driver);
+        }
+    }
+
+    /// Undoes `attach` after the node could not be added: if `graph_lives` (as for
+    /// [`settle`](Self::settle)), the graph and the caller let their references go, and the
+    /// destructor queues the record (if the graph's release fails, the record is released with the
+    /// graph: no node uses it). Otherwise the graph's handle may be dead, and is not touched: the
+    /// caller's reference is kept for good, as in `settle`.
+    pub(crate) fn detach(self, driver: &cuda_dl_sys::Driver, graph_lives: bool) {
+        if !graph_lives {
+            return;
+        }
         if let Ok(release) = driver.raw().cuGraphReleaseUserObject() {
-            // SAFETY: the graph holds the one reference `attach` moved to it.
+            // SAFETY: the graph (alive) holds the one reference `attach` moved to it.
             let _ = unsafe { release(self.graph, self.object, 1) };
+        }
+        self.let_go(driver);
+    }
+
+    /// Lets the caller's reference go.
+    fn let_go(self, driver: &cuda_dl_sys::Driver) {
+        if let Ok(release) = driver.raw().cuUserObjectRelease() {
+            // SAFETY: the caller's reference, released once (this consumes `self`).
+            let _ = unsafe { release(self.object, 1) };
         }
     }
 }
