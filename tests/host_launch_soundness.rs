@@ -274,6 +274,52 @@ fn capture_ended_inside_a_repeatable_launch(boxed: bool) {
     assert_eq!(drops.dropped(), 0, "kept for good");
 }
 
+/// Another thread invalidates the stream's capture during a repeatable launch into it (a query
+/// of an event recorded into the capture does that), so the driver refuses the launch: the
+/// capture is still there (invalidated, not yet ended), so its graph lives and the crate lets
+/// the record go through it: the owners are dropped once, soon. (Before: a look that did not see
+/// the capture active took it for ended, and kept the record for good.)
+fn capture_invalidated_inside_a_repeatable_launch() {
+    let context = fake_primary_context();
+    let stream = Stream::new(&context).unwrap();
+    let drops = Drops::new();
+    let raw = SendStream::of(&stream);
+    let driver = cuda_dl_sys::driver().unwrap();
+    let event = cuda_host_launch::Event::new(&context).unwrap();
+    let event_addr = event.raw().addr();
+    begin_capture(raw);
+    fake().set_hook("cuLaunchHostFunc", 1, move || {
+        let driver = cuda_dl_sys::driver().unwrap();
+        let event = std::ptr::with_exposed_provenance_mut(event_addr);
+        // SAFETY: a live event and stream; the query of an event recorded into a live capture
+        // invalidates the capture.
+        unsafe {
+            driver.cuEventRecord(event, raw.raw()).unwrap();
+            let _ = driver.cuEventQuery(event);
+        }
+    });
+    let owner = drops.owner();
+    let refused = cuda_host_launch::LaunchOptions::default()
+        .host_launch_repeatable(&stream, move || {
+            let _keep = &owner;
+        })
+        .expect_err("the invalidated capture refuses the node");
+    assert!(refused.into_inner().is_none(), "kept: its graph had it");
+    // Released through the graph that is still there (its user object's destructor may run a
+    // little later: `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`).
+    drops.wait_dropped(1);
+    assert_eq!(
+        drops.dropped(),
+        1,
+        "released through the graph that is still there"
+    );
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: a capturing (invalidated) stream; a valid out-pointer.
+    let _ = unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) };
+    drop(event);
+    assert_eq!(drops.dropped(), 1);
+}
+
 /// Ends a capture from a hook (which cannot borrow the `Stream`).
 fn end_capture_raw(stream: SendStream) -> Graph {
     let driver = cuda_dl_sys::driver().unwrap();
@@ -285,6 +331,13 @@ fn end_capture_raw(stream: SendStream) -> Graph {
 }
 
 isolated_test! {
+    /// See [`capture_invalidated_inside_a_repeatable_launch`].
+    fn a_capture_invalidated_inside_a_repeatable_launch_releases_its_record_once(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        capture_invalidated_inside_a_repeatable_launch();
+    }
+
     /// See [`capture_ended_inside_a_repeatable_launch`].
     fn a_capture_ended_inside_a_repeatable_launch_leaves_its_record_alive(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()

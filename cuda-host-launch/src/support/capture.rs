@@ -86,27 +86,71 @@ pub(crate) fn captured_since(driver: &cuda_dl_sys::Driver, stream: CUstream) -> 
     }
 }
 
-/// The graph `stream` captures into, on drivers 11.3–12.2 where the table's (12.3) signature of
-/// `cuStreamGetCaptureInfo` is not available: the table's 11.3 variant, `cuStreamGetCaptureInfo_v2`
-/// (gated: `DriverTooOld` below 11.3, where only the 10.1 signature exists).
+/// The graph and id of the capture `stream` is in, on drivers 11.3–12.2 where the table's (12.3)
+/// signature of `cuStreamGetCaptureInfo` is not available: the table's 11.3 variant,
+/// `cuStreamGetCaptureInfo_v2` (gated: `DriverTooOld` below 11.3, where only the 10.1 signature
+/// exists). `None` if it is capturing no more (another thread ended the capture since a look).
 pub(crate) fn capture_graph_legacy(
     driver: &cuda_dl_sys::Driver,
     stream: CUstream,
-) -> Result<CUgraph, Error> {
+) -> Result<Option<(CUgraph, u64)>, Error> {
     let info = driver.raw().cuStreamGetCaptureInfo_v2()?;
     let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0;
     let mut graph: CUgraph = ptr::null_mut();
-    // SAFETY: valid stream; `status` and `graph` are valid places to write; the rest optional.
+    // SAFETY: valid stream; `status`, `id` and `graph` are valid places to write; the rest
+    // optional.
     let code = unsafe {
         info(
             stream,
             &mut status,
-            ptr::null_mut(),
+            &mut id,
             &mut graph,
             ptr::null_mut(),
             ptr::null_mut(),
         )
     };
     driver.check(code, "cuStreamGetCaptureInfo_v2")?;
-    Ok(graph)
+    Ok((status == CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE).then_some((graph, id)))
+}
+
+/// The id of the capture `stream` is in now, active or invalidated (its graph lives until the
+/// capture is ended either way); `None` if it is in none, or if the look fails (then nobody can
+/// tell). With the 12.3 query where the driver has it, else the 11.3 one (both give the id).
+pub(crate) fn capture_id_now(driver: &cuda_dl_sys::Driver, stream: CUstream) -> Option<u64> {
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let mut id = 0;
+    let code = if let Ok(info) = driver.raw().cuStreamGetCaptureInfo() {
+        // SAFETY: valid stream; `status` and `id` are valid places to write; the rest optional.
+        unsafe {
+            info(
+                stream,
+                &mut status,
+                &mut id,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        }
+    } else {
+        let info = driver.raw().cuStreamGetCaptureInfo_v2().ok()?;
+        // SAFETY: as above.
+        unsafe {
+            info(
+                stream,
+                &mut status,
+                &mut id,
+                ptr::null_mut(),
+                ptr::null_mut(),
+                ptr::null_mut(),
+            )
+        }
+    };
+    let in_one = matches!(
+        status,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE
+            | CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED
+    );
+    (code == CUresult::CUDA_SUCCESS && in_one).then_some(id)
 }

@@ -18,7 +18,9 @@ use crate::reaper::release;
 use crate::record::layout::{Op, RecordHeader, SharedPayload};
 use crate::record::payload::PanicCarrier;
 use crate::record::ticket_id::TicketId;
-use crate::support::capture::{Capture, capture_active, capture_graph_legacy, capture_of};
+use crate::support::capture::{
+    Capture, capture_active, capture_graph_legacy, capture_id_now, capture_of,
+};
 use crate::support::context_key::ContextKey;
 use crate::support::error::Error;
 use crate::support::host_thread::HostFunctionScope;
@@ -98,8 +100,8 @@ pub(crate) unsafe fn enqueue_in(
         (Capture::Active { id, graph }, Runs::Repeatable) => {
             // User objects (11.3) come first: below them a captured launch cannot be owned by its
             // graph, and the 11.3 capture query below would not exist either.
-            let graph = match captured_graph(driver, stream, graph) {
-                Ok(graph) => graph,
+            let (graph, id) = match captured_graph(driver, stream, id, graph) {
+                Ok(captured) => captured,
                 Err(e) => return Err(Refusal::back(e, record)),
             };
             let owned = GraphOwnedRecord::attach(driver, graph, record)?;
@@ -108,10 +110,11 @@ pub(crate) unsafe fn enqueue_in(
             // attach's own reference keeps it alive across this call whatever happens to the graph.
             let (code, function) =
                 unsafe { call.call(stream, trampoline_repeatable, owned.user_data()) };
-            // The capture asked about before, still going: it went on throughout, so the launch
-            // is a node of its graph. Otherwise another thread ended it meanwhile (and may have
-            // destroyed its graph): see `GraphOwnedRecord::settle`.
-            let same_capture = matches!(capture_of(driver, stream), Ok(Capture::Active { id: now, .. }) if now == id);
+            // The capture asked about before, still there (active, or invalidated and not yet
+            // ended): it went on throughout, and its graph lives, so the launch is a node of
+            // that graph (or, refused, touched none). Otherwise another thread ended it meanwhile
+            // (and may have destroyed its graph): see `GraphOwnedRecord::settle`.
+            let same_capture = capture_id_now(driver, stream) == Some(id);
             if let Err(error) = driver.check(code, function) {
                 // The graph's user object owns the record: letting it go releases the record
                 // through the cleanup queue (kept, not handed back).
@@ -125,19 +128,21 @@ pub(crate) unsafe fn enqueue_in(
     Ok(launched)
 }
 
-/// The graph a repeatable launch on a capturing stream is captured into (`graph`, or asked of the
-/// driver where its capture query gave none), once user objects are known to exist (11.3).
+/// The graph and id of the capture a repeatable launch on a capturing stream goes into (`graph`
+/// and `id`, or asked of the driver where its capture query gave no graph, nor a true id: before
+/// 12.3), once user objects are known to exist (11.3). A capture that ended since the first look
+/// refuses the launch (`CaptureActive`, the record handed back: the caller may launch again).
 fn captured_graph(
     driver: &cuda_dl_sys::Driver,
     stream: cuda_dl_sys::types::CUstream,
+    id: u64,
     graph: cuda_dl_sys::types::CUgraph,
-) -> Result<cuda_dl_sys::types::CUgraph, Error> {
+) -> Result<(cuda_dl_sys::types::CUgraph, u64), Error> {
     driver.raw().cuUserObjectCreate()?;
-    if graph.is_null() {
-        capture_graph_legacy(driver, stream)
-    } else {
-        Ok(graph)
+    if !graph.is_null() {
+        return Ok((graph, id));
     }
+    capture_graph_legacy(driver, stream)?.ok_or_else(|| capture_active(stream, id))
 }
 
 /// The host function the driver calls for every run-once launch of this crate: `userData` is the
