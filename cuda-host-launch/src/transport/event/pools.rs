@@ -177,14 +177,7 @@ impl Pools {
             .filter(|(_, pool)| !pool.busy() && (all || pool.stranded > 0))
             .map(|(key, _)| *key)
             .collect();
-        let mut released = Vec::with_capacity(done.len());
-        for key in done {
-            if let Some(pool) = self.by_context.remove(&key) {
-                released.push((pool.device, key.handle));
-                pool.give_back(driver, key);
-            }
-        }
-        released
+        self.give_back_all_of(driver, done)
     }
 
     /// Gives back every pool that has held its context for nothing (no event out, no callback to
@@ -210,8 +203,18 @@ impl Pools {
                 done.push(*key);
             }
         }
-        let mut released = Vec::with_capacity(done.len());
-        for key in done {
+        self.give_back_all_of(driver, done)
+    }
+
+    /// Gives back the pools of `keys` (their free events destroyed, their stranded ones left to
+    /// the context) and releases their contexts; returns the device and handle of each release.
+    fn give_back_all_of(
+        &mut self,
+        driver: &cuda_dl_sys::Driver,
+        keys: Vec<ContextKey>,
+    ) -> Vec<(CUdevice, usize)> {
+        let mut released = Vec::with_capacity(keys.len());
+        for key in keys {
             if let Some(pool) = self.by_context.remove(&key) {
                 released.push((pool.device, key.handle));
                 pool.give_back(driver, key);
