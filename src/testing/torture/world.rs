@@ -773,23 +773,29 @@ impl World {
             .write()
             .unwrap_or_else(|p| p.into_inner());
         // The crate's contract: no event of its in flight in the context (a raw reset destroys
-        // them). Wait for its pending work of the context, unless that never completes.
+        // them). Wait for its pending work of the context, unless that never completes. A look
+        // that fails (an injected fault) tells nothing: no reset then, as a binding that cannot
+        // tell whether the crate's work is done must not destroy it. (Resetting regardless
+        // destroyed events the watcher still queried: CI seed 1796579363.)
         let mut state = (0, 0);
         // SAFETY: valid out-pointers.
-        let _ = unsafe { driver.cuDevicePrimaryCtxGetState(dev, &mut state.0, &mut state.1) };
+        if unsafe { driver.cuDevicePrimaryCtxGetState(dev, &mut state.0, &mut state.1) }.is_err() {
+            return;
+        }
         if state.1 != 0 {
             let mut context = ptr::null_mut();
             // SAFETY: a valid out-pointer.
-            if unsafe { driver.cuDevicePrimaryCtxRetain(&mut context, dev) }.is_ok() {
-                let deadline = Instant::now() + Duration::from_millis(300);
-                while cuda_host_launch::pending_launches(Some(context)) > 0
-                    && Instant::now() < deadline
-                {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                // SAFETY: retained just above.
-                let _ = unsafe { driver.cuDevicePrimaryCtxRelease_v2(dev) };
+            if unsafe { driver.cuDevicePrimaryCtxRetain(&mut context, dev) }.is_err() {
+                return;
             }
+            let deadline = Instant::now() + Duration::from_millis(300);
+            while cuda_host_launch::pending_launches(Some(context)) > 0
+                && Instant::now() < deadline
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            // SAFETY: retained just above.
+            let _ = unsafe { driver.cuDevicePrimaryCtxRelease_v2(dev) };
         }
         // SAFETY: a device ordinal; the streams of the context are gone.
         let _ = unsafe { driver.cuDevicePrimaryCtxReset_v2(dev) };
