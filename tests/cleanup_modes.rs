@@ -358,6 +358,56 @@ isolated_test! {
         assert_eq!(*log.lock().unwrap(), (0..BATCH).collect::<Vec<_>>(), "drop order");
     }
 
+    /// `flush` waits for a batch that another thread is still releasing, even when records
+    /// queued after it began are released first. A drain took an owner whose `Drop` blocks; the
+    /// flush's own drains then release a launch that completed after the flush began. (Counting
+    /// records let that later record stand in for the blocked one: `flush` returned `Ok` with the
+    /// blocked owner still alive.)
+    fn flush_waits_for_a_batch_another_drain_is_still_releasing(
+        CUDA_HOST_LAUNCH_CLEANUP = "manual"
+    ) {
+        struct Blocking(mpsc::Sender<()>, mpsc::Receiver<()>);
+        impl Drop for Blocking {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+                let _ = self.1.recv_timeout(PATIENCE);
+            }
+        }
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let later = Stream::new(&context).unwrap();
+        let (entered, in_drop) = mpsc::channel();
+        let (go, wait_for_go) = mpsc::channel();
+        let blocking = Blocking(entered, wait_for_go);
+        host_launch(&stream, move || {
+            let _keep = &blocking;
+        })
+        .unwrap();
+        stream.synchronize().unwrap();
+        let drainer = std::thread::spawn(drain);
+        in_drop.recv_timeout(PATIENCE).expect("the drain dropped the blocking owner");
+
+        // A launch that completes only once the flush has begun.
+        let drops = Drops::new();
+        let hold = launch_held(&later, drops.owner());
+        let (result, flushed) = mpsc::channel();
+        let flusher = std::thread::spawn(move || {
+            let _ = result.send(flush(Duration::from_millis(400)));
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        finish(&later, hold);
+        let flushed = flushed.recv_timeout(PATIENCE).expect("the flush returned");
+        assert!(
+            matches!(flushed, Err(Error::FlushTimedOut { .. })),
+            "flush returned {flushed:?} while another drain was still dropping an owner"
+        );
+        go.send(()).unwrap();
+        assert_eq!(drainer.join().unwrap(), 1);
+        flusher.join().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(drops.dropped(), 1);
+    }
+
     /// The reaper releases a batch oldest first too: an owner whose `Drop` blocks keeps the reaper
     /// while the next launches complete, so that it takes them as one batch once let go.
     fn the_reaper_releases_its_batch_oldest_first() {

@@ -30,6 +30,8 @@
 //! releases nothing (see `support::forked_child`).
 
 #[cfg(not(loom))]
+pub(crate) mod batches;
+#[cfg(not(loom))]
 pub(crate) mod defer_drop;
 #[cfg(not(loom))]
 pub(crate) mod lane;

@@ -122,6 +122,11 @@ impl<N: Linked> CleanupQueue<N> {
         true
     }
 
+    /// Whether the queue holds no record (a hint, as the stack's: a push may land at once).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.stack.is_empty()
+    }
+
     /// Whether a reaper was published.
     #[inline]
     pub(crate) fn has_reaper(&self) -> bool {

@@ -10,6 +10,7 @@ use std::sync::Condvar;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::batches::{Batches, FlushMark};
 use super::queue::CleanupQueue;
 use crate::record::layout::{Op, RecordHeader};
 use crate::record::{pool, tickets};
@@ -26,7 +27,9 @@ const FLUSH_SLICE: Duration = Duration::from_millis(2);
 /// The process's cleanup queue.
 pub(crate) static QUEUE: CleanupQueue<RecordHeader> = CleanupQueue::new();
 
-static FLUSH_LOCK: Mutex<()> = Mutex::new(());
+/// The batches taken from the queue (see `batches.rs`): taken under this lock, and a flush waits
+/// on `FLUSHED` with it.
+static BATCHES: Mutex<Batches> = Mutex::new(Batches::new());
 static FLUSHED: Condvar = Condvar::new();
 
 /// Pushes a record to be released: one whose host function has run (from the trampoline), one
@@ -150,7 +153,31 @@ pub(crate) struct Scratch {
 /// The most entries a reused vector keeps between batches (a larger batch's capacity is let go).
 const SCRATCH_KEEP: usize = 4096;
 
-pub(crate) fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
+/// Takes every record queued so far and releases them, oldest first, on this thread; returns how
+/// many. The batch is numbered while it is taken, and counted finished once released (or put back
+/// at exit), for `flush` (see `batches.rs`).
+pub(crate) fn release_queued(scratch: &mut Scratch) -> u64 {
+    let (batch, number) = {
+        let mut batches = lock(&BATCHES);
+        let batch = QUEUE.take_all();
+        if batch.is_empty() {
+            return 0;
+        }
+        (batch, batches.take())
+    };
+    let released = release_batch(batch, scratch);
+    let flush_waits = QUEUE.count_released(released);
+    let mut batches = lock(&BATCHES);
+    batches.finished(number);
+    if flush_waits {
+        FLUSHED.notify_all();
+    }
+    released
+}
+
+/// Releases the records of `batch`, oldest first; returns how many (fewer if the process began to
+/// exit: the rest go back into the queue, unreleased).
+fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
     // Once the process is exiting, nothing more is released (see `support::exit_gate`).
     // The release also marks this thread as releasing (`flush` refuses to wait for itself).
     let Some(releasing) = exit_gate::begin_releasing() else {
@@ -181,10 +208,6 @@ pub(crate) fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -
     let headers = &mut scratch.headers;
     headers.clear();
     headers.shrink_to(SCRATCH_KEEP);
-    if count > 0 && QUEUE.count_released(count) {
-        let _guard = lock(&FLUSH_LOCK);
-        FLUSHED.notify_all();
-    }
     count
 }
 
@@ -201,7 +224,7 @@ pub fn drain() -> u64 {
     if in_host_function() || forked_child::is_forked_child() {
         return 0;
     }
-    release_batch(QUEUE.take_all(), &mut Scratch::default())
+    release_queued(&mut Scratch::default())
 }
 
 /// Waits until every record queued so far is released, or `deadline` passes (`None`: no
@@ -214,31 +237,30 @@ pub fn drain() -> u64 {
 /// [`Error::FlushTimedOut`] with the number still waiting (`timeout` is what the caller asked).
 pub(crate) fn flush_queue(deadline: Option<Instant>, timeout: Duration) -> Result<(), Error> {
     let target = QUEUE.queued();
+    // Every record queued by now is in a batch this mark covers (see `batches.rs`).
+    let mark: FlushMark = lock(&BATCHES).mark(!QUEUE.is_empty());
     QUEUE.flush_waiting(true);
     let result = loop {
         if !QUEUE.has_reaper() {
             drain();
         }
-        let released = QUEUE.released();
-        if released >= target {
+        let batches = lock(&BATCHES);
+        if batches.reached(mark) {
             break Ok(());
         }
         let now = Instant::now();
         if deadline.is_some_and(|deadline| now >= deadline) {
             break Err(Error::FlushTimedOut {
-                waiting: target - released,
+                // At least the batch still being released.
+                waiting: target.saturating_sub(QUEUE.released()).max(1),
                 timeout,
             });
-        }
-        let guard = lock(&FLUSH_LOCK);
-        if QUEUE.released() >= target {
-            break Ok(());
         }
         // Bounded waits: in manual mode nobody notifies, and a host function may be pushing as we
         // look; a short slice keeps both cheap and correct.
         let slice = deadline.map_or(FLUSH_SLICE, |deadline| (deadline - now).min(FLUSH_SLICE));
         let _ = FLUSHED
-            .wait_timeout(guard, slice)
+            .wait_timeout(batches, slice)
             .unwrap_or_else(|p| p.into_inner());
     };
     QUEUE.flush_waiting(false);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::lane;
 use super::mode::{REAPER_START, cleanup_mode};
-use super::release::{QUEUE, ReaperContext, Scratch, release_batch};
+use super::release::{QUEUE, ReaperContext, Scratch, release_queued};
 use crate::record::pool;
 use crate::support::config::{CleanupMode, config};
 use crate::support::crate_threads;
@@ -91,6 +91,6 @@ fn reaper_loop() {
         // launch): relax this thread's capture interaction before it runs owners' `Drop`.
         exit_gate::arm_or_stop();
         relaxed.enter_once_loaded();
-        release_batch(QUEUE.take_all(), &mut scratch);
+        release_queued(&mut scratch);
     }
 }

@@ -104,6 +104,13 @@ pub(crate) struct Batch<N: Linked> {
     next: *mut N,
 }
 
+impl<N: Linked> Batch<N> {
+    /// Whether the take found nothing.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.next.is_null()
+    }
+}
+
 impl<N: Linked> Iterator for Batch<N> {
     type Item = NonNull<N>;
 
