@@ -1,10 +1,10 @@
 //! Rollback of repeatable launches and graph host nodes when a driver call fails part-way, each
 //! step in turn (fault injection): `cuUserObjectCreate`, `cuGraphRetainUserObject`, the captured
-//! `cuLaunchHostFunc`, `cuGraphAddHostNode`. Each time the error surfaces, the owners are handed
-//! back where the graph never owned them (`cuUserObjectCreate`), else released exactly once with
-//! the user object the crate lets go; no node is left referencing them (the node count is
-//! unchanged, and launching the graph does not run the function), and a capture can still be
-//! ended.
+//! `cuLaunchHostFunc`, `cuGraphAddHostNode`. Each time the error surfaces and the owners are
+//! handed back (nothing uses them: before, where a user object owned them, they were released soon
+//! instead, while earlier stream work might still use what they hold); no node is left
+//! referencing them (the node count is unchanged, and launching the graph does not run the
+//! function), and a capture can still be ended.
 //!
 //! Faults and the fake's user-object counts are process-wide: each test has a process of its own.
 
@@ -29,10 +29,9 @@ enum Via {
 }
 
 /// Adds a working node, then one whose `fault` call fails, then checks the rollback: the error
-/// names `fault`, the failed node's owners are handed back (if `here`: the caller drops them) or
-/// released once through the cleanup queue, it left no node, and the graph (with the capture
-/// ended, if any) runs the working node only.
-fn rollback(via: Via, fault: &str, here: bool) {
+/// names `fault`, the failed node's owners are handed back (the caller drops them), it left no
+/// node, and the graph (with the capture ended, if any) runs the working node only.
+fn rollback(via: Via, fault: &str) {
     let context = fake_primary_context();
     let driver = load_fake_driver();
     let stream = Stream::new_non_blocking(&context).unwrap();
@@ -72,27 +71,17 @@ fn rollback(via: Via, fault: &str, here: bool) {
         }
         other => panic!("expected {fault} to fail with {OOM:?}, got {other:?}"),
     }
+    // Nothing uses them: handed back, alive until this thread drops them.
+    assert!(handed_back.is_some(), "not handed back");
     assert_eq!(
-        handed_back.is_some(),
-        here,
-        "handed back where the graph never owned it"
+        bad.drops.dropped(),
+        0,
+        "the crate dropped what it handed back"
     );
-    if here {
-        // Nothing was handed to the driver: handed back, alive until this thread drops it.
-        assert_eq!(
-            bad.drops.dropped(),
-            0,
-            "the crate dropped what it handed back"
-        );
-        drop(handed_back);
-        let records = bad.drops.records();
-        assert_eq!(records.len(), 1, "not dropped with what was handed back");
-        assert!(records[0].thread.same_as(&ThreadInfo::current()));
-    } else {
-        // Handed to a user object, whose destructor (on the driver's thread) queues them.
-        let records = bad.drops.wait_dropped(1);
-        assert!(records[0].thread.is_reaper(), "{records:?}");
-    }
+    drop(handed_back);
+    let records = bad.drops.records();
+    assert_eq!(records.len(), 1, "not dropped with what was handed back");
+    assert!(records[0].thread.same_as(&ThreadInfo::current()));
     assert_eq!(bad.drops.live(), 0);
     assert_eq!(
         fake().referenced_user_objects(),
@@ -135,35 +124,35 @@ isolated_test! {
     /// `cuUserObjectCreate` fails: no user object, so the owners are handed back to the caller,
     /// and no node is added.
     fn a_failed_user_object_create_hands_the_owners_back_and_adds_no_node() {
-        rollback(Via::Capture, "cuUserObjectCreate", true);
+        rollback(Via::Capture, "cuUserObjectCreate");
     }
 
-    /// `cuGraphRetainUserObject` fails: the user object is released, and its destructor releases
-    /// the owners; no node is added.
-    fn a_failed_graph_retain_user_object_releases_the_owners_and_adds_no_node() {
-        rollback(Via::Capture, "cuGraphRetainUserObject", false);
+    /// `cuGraphRetainUserObject` fails: the owners are taken back out of the user object, which
+    /// is released; no node is added.
+    fn a_failed_graph_retain_user_object_hands_the_owners_back_and_adds_no_node() {
+        rollback(Via::Capture, "cuGraphRetainUserObject");
     }
 
-    /// The captured `cuLaunchHostFunc` fails after the owners were tied to the graph: the graph
-    /// lets them go, and no node is left.
-    fn a_failed_captured_launch_releases_the_owners_and_leaves_no_node() {
-        rollback(Via::Capture, "cuLaunchHostFunc", false);
+    /// The captured `cuLaunchHostFunc` fails after the owners were tied to the graph: they are
+    /// taken back, the graph lets the user object go, and no node is left.
+    fn a_failed_captured_launch_hands_the_owners_back_and_leaves_no_node() {
+        rollback(Via::Capture, "cuLaunchHostFunc");
     }
 
-    /// `cuGraphAddHostNode` fails in `add_host_node`: the graph lets the owners go.
-    fn a_failed_graph_add_host_node_releases_the_owners_and_leaves_no_node() {
-        rollback(Via::AddNode, "cuGraphAddHostNode", false);
+    /// `cuGraphAddHostNode` fails in `add_host_node`: handed back, the user object let go.
+    fn a_failed_graph_add_host_node_hands_the_owners_back_and_leaves_no_node() {
+        rollback(Via::AddNode, "cuGraphAddHostNode");
     }
 
     /// `cuUserObjectCreate` fails in `add_host_node`: handed back.
     fn a_failed_user_object_create_in_add_host_node_hands_the_owners_back() {
-        rollback(Via::AddNode, "cuUserObjectCreate", true);
+        rollback(Via::AddNode, "cuUserObjectCreate");
     }
 
     /// Adding the node fails and so does letting the graph's reference go
-    /// (`cuGraphReleaseUserObject`): the owners stay with the graph, which no node uses, and are
-    /// released exactly once when the graph is destroyed.
-    fn if_the_rollback_itself_fails_the_owners_go_with_the_graph() {
+    /// (`cuGraphReleaseUserObject`): the owners are handed back all the same (no node uses them),
+    /// and the user object, empty, goes with the graph and its executable graph.
+    fn if_the_rollback_itself_fails_the_owners_are_still_handed_back() {
         let context = fake_primary_context();
         let stream = Stream::new_non_blocking(&context).unwrap();
         let graph = Graph::new().unwrap();
@@ -173,24 +162,27 @@ isolated_test! {
         let failed = add_host_node(&graph, &[], bad.closure());
         fake().clear_faults();
         assert!(
-            matches!(&failed, Err(e) if e.error().cuda_code() == Some(OOM) && !e.is_handed_back()),
+            matches!(&failed, Err(e) if e.error().cuda_code() == Some(OOM) && e.is_handed_back()),
             "{failed:?}"
         );
+        assert_eq!(bad.drops.dropped(), 0, "the crate dropped what it handed back");
+        drop(failed);
+        assert_eq!(bad.drops.dropped(), 1, "not dropped with what was handed back");
         assert!(graph.nodes().unwrap().is_empty(), "a node was left behind");
         assert_eq!(fake().referenced_user_objects(), 1);
         let exec = graph.instantiate().unwrap();
         exec.launch(&stream).unwrap();
         stream.synchronize().unwrap();
         assert_eq!(bad.runs(), 0);
-        flush(PATIENCE).unwrap();
-        assert_eq!(bad.drops.dropped(), 0, "released while the graph still owns them");
 
         drop(graph);
         assert_eq!(fake().referenced_user_objects(), 1, "the executable graph holds it too");
-        flush(PATIENCE).unwrap();
-        assert_eq!(bad.drops.dropped(), 0, "released while an executable graph owns them");
         drop(exec);
-        bad.drops.wait_dropped(1);
+        wait_until("the empty user object's destructor", PATIENCE, || {
+            fake().live_user_objects() == 0
+        });
+        flush(PATIENCE).unwrap();
+        assert_eq!(bad.drops.dropped(), 1, "released twice");
         assert_eq!(fake().referenced_user_objects(), 0);
     }
 }

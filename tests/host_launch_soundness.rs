@@ -275,10 +275,11 @@ fn capture_ended_inside_a_repeatable_launch(boxed: bool) {
 }
 
 /// Another thread invalidates the stream's capture during a repeatable launch into it (a query
-/// of an event recorded into the capture does that), so the driver refuses the launch: the
-/// capture is still there (invalidated, not yet ended), so its graph lives and the crate lets
-/// the record go through it: the owners are dropped once, soon. (Before: a look that did not see
-/// the capture active took it for ended, and kept the record for good.)
+/// of an event recorded into the capture does that), so the driver refuses the launch: no node
+/// uses the record, and the owners are handed back (taken out of the user object; the capture's
+/// graph, still there, lets the object go). (Before: a look that did not see the capture active
+/// took it for ended, and kept the record for good; later the owners were released soon instead
+/// of handed back.)
 fn capture_invalidated_inside_a_repeatable_launch() {
     let context = fake_primary_context();
     let stream = Stream::new(&context).unwrap();
@@ -304,15 +305,11 @@ fn capture_invalidated_inside_a_repeatable_launch() {
             let _keep = &owner;
         })
         .expect_err("the invalidated capture refuses the node");
-    assert!(refused.into_inner().is_none(), "kept: its graph had it");
-    // Released through the graph that is still there (its user object's destructor may run a
-    // little later: `CU_USER_OBJECT_NO_DESTRUCTOR_SYNC`).
-    drops.wait_dropped(1);
-    assert_eq!(
-        drops.dropped(),
-        1,
-        "released through the graph that is still there"
-    );
+    let handed_back = refused.into_inner().expect("handed back: no node uses it");
+    flush(PATIENCE).unwrap();
+    assert_eq!(drops.dropped(), 0, "the crate dropped what it handed back");
+    drop(handed_back);
+    assert_eq!(drops.dropped(), 1, "dropped with what was handed back");
     let mut graph = std::ptr::null_mut();
     // SAFETY: a capturing (invalidated) stream; a valid out-pointer.
     let _ = unsafe { driver.cuStreamEndCapture(stream.raw(), &mut graph) };
@@ -332,7 +329,7 @@ fn end_capture_raw(stream: SendStream) -> Graph {
 
 isolated_test! {
     /// See [`capture_invalidated_inside_a_repeatable_launch`].
-    fn a_capture_invalidated_inside_a_repeatable_launch_releases_its_record_once(
+    fn a_capture_invalidated_inside_a_repeatable_launch_hands_its_owners_back(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
         capture_invalidated_inside_a_repeatable_launch();

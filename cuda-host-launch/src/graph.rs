@@ -284,11 +284,10 @@ impl Drop for GraphExec {
 /// # Errors
 /// A [`LaunchError`]: [`Error::NodeOfAnotherGraph`] if a dependency is not a node of `graph` (no
 /// driver call is made); [`Error::InsideHostFunction`]; [`Error::Cuda`] if a driver call fails
-/// (`DriverTooOld` before 11.3, which has no user objects). `f` is handed back, unrun, unless the
-/// graph already owned it: a failed `cuGraphRetainUserObject`, or a node the driver refused to add
-/// (`cuGraphAddHostNode`, `cuGraphAddNode`). Then the crate keeps it
-/// ([`LaunchError::into_inner`] is `None`): the graph's user object is let go, and `f` is released
-/// exactly once, through the cleanup queue, with no node left pointing at it.
+/// (`DriverTooOld` before 11.3, which has no user objects). `f` is handed back, unrun, whichever
+/// step failed (after a failed `cuGraphRetainUserObject`, `cuGraphAddHostNode` or
+/// `cuGraphAddNode` it is taken back out of the graph's user object, which is let go): no node is
+/// left pointing at it.
 ///
 /// # Examples
 /// ```
@@ -446,8 +445,7 @@ enum AddNode {
 }
 
 /// Attaches `record` to `graph`, then adds the node that runs it; detaches if adding fails. The
-/// record goes back in the refusal if the graph never owned it; once it did, the crate keeps it
-/// (the user object let go releases it).
+/// record goes back in the refusal whichever step failed (taken back out of the user object).
 ///
 /// # Safety
 /// `graph` live; `dependencies` its nodes; the record repeatable.
@@ -516,10 +514,10 @@ unsafe fn add_node(
         }
     };
     if code != CUresult::CUDA_SUCCESS {
-        // The graph's user object owns the record: letting it go releases the record (kept).
-        owned.detach(driver, true);
+        // No node uses the record: taken back from the user object, which goes.
+        let record = owned.detach(driver, true);
         let error = cuda_dl_sys::Error::from(driver.describe(code, Some(function)));
-        return Err(Refusal::kept(error.into()));
+        return Err(Refusal::back_if_taken(error.into(), record));
     }
     // The caller's graph, alive throughout: it alone owns the record now.
     owned.settle(driver, true);

@@ -262,11 +262,9 @@ impl LaunchOptions {
     /// - whatever `user_data` points to must stay valid while the owners are alive.
     ///
     /// # Errors
-    /// As [`launch_host_function`] (but never `CaptureActive`): the owners are handed back, except
-    /// on a capturing stream once the graph owns them (a failed `cuGraphRetainUserObject`, or the
-    /// launch refused after it): then the error keeps them ([`LaunchError::into_inner`] is
-    /// `None`), and they are released exactly once, through the cleanup queue, with no node left
-    /// pointing at them.
+    /// As [`launch_host_function`] (but never `CaptureActive`): the owners are handed back, also
+    /// on a capturing stream after the graph's user object took them (a failed
+    /// `cuGraphRetainUserObject`, or the launch refused after it: they are taken back out of it).
     pub unsafe fn launch_host_function_repeatable<S, O>(
         &self,
         stream: S,
@@ -329,11 +327,9 @@ impl LaunchOptions {
     ///
     /// # Errors
     /// As [`host_launch`] (never `CaptureActive`); on drivers older than 11.3 (no user objects) a
-    /// launch on a capturing stream returns `DriverTooOld`. `f` is handed back, unrun, except on a
-    /// capturing stream once the graph owns it (a failed `cuGraphRetainUserObject`, or the launch
-    /// refused after it): then the crate keeps it ([`LaunchError::into_inner`] is `None`) and
-    /// releases it exactly once, through the cleanup queue, with no graph node left pointing at
-    /// it.
+    /// launch on a capturing stream returns `DriverTooOld`. `f` is handed back, unrun, also on a
+    /// capturing stream after the graph's user object took it (a failed
+    /// `cuGraphRetainUserObject`, or the launch refused after it: it is taken back out of it).
     ///
     /// # Examples
     /// ```

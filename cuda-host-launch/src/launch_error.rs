@@ -26,9 +26,8 @@ use crate::support::error::Error;
 /// - It is `None` when the crate keeps them, and releases them once nothing can use them: a
 ///   capture another thread began during the call may hold what was enqueued (pending until the
 ///   context is reset or destroyed), the work was accepted and only a later step failed (the
-///   watcher thread could not be started), or a graph's user object already owns them (a node
-///   that could not be added: the user object releases them through the cleanup queue). Each
-///   call's `# Errors` section says which errors are which.
+///   watcher thread could not be started). Each call's `# Errors` section says which errors are
+///   which.
 ///
 /// **Dropped, it drops the values off the driver's thread**: at once on an ordinary thread, through
 /// the cleanup queue inside a host function (where a `Drop` that calls CUDA must not run). `?` in a

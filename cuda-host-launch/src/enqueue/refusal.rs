@@ -24,6 +24,12 @@ impl Refusal {
         }
     }
 
+    /// The record goes back if the failed step could take it back (`Some`), else the crate keeps
+    /// it.
+    pub(crate) fn back_if_taken(error: Error, record: Option<OwnedRecord>) -> Refusal {
+        Refusal { error, record }
+    }
+
     /// The crate keeps the record (see [`Refusal`]): only the error goes back.
     pub(crate) fn kept(error: Error) -> Refusal {
         Refusal {

@@ -35,11 +35,6 @@ impl OwnedRecord {
         layout::new_bytes_record(f, bytes).map(OwnedRecord)
     }
 
-    /// The address to pass as `userData`.
-    pub(crate) fn as_user_data(&self) -> *mut c_void {
-        self.0.as_ptr().cast()
-    }
-
     /// Hands ownership to the driver (the trampoline will release it).
     pub(crate) fn into_raw(self) -> NonNull<RecordHeader> {
         let header = self.0;

@@ -235,6 +235,16 @@ pub(crate) unsafe fn take_payload<P>(header: NonNull<RecordHeader>) -> P {
     payload
 }
 
+/// The payload of a live record made with payload type `P`, shared.
+///
+/// # Safety
+/// `header` must be a live record made by [`new_record`] with a payload of type `P`; the reference
+/// must not outlive the record's release, nor meet a `Run` of it.
+pub(crate) unsafe fn payload<'a, P>(header: NonNull<RecordHeader>) -> &'a P {
+    // SAFETY: a live `Record<P>` (the caller's promise); only shared references are made.
+    unsafe { &(*header.cast::<Record<P>>().as_ptr()).payload }
+}
+
 /// The dispatch function of `Record<P>`.
 ///
 /// # Safety

@@ -116,10 +116,10 @@ pub(crate) unsafe fn enqueue_in(
             // (and may have destroyed its graph): see `GraphOwnedRecord::settle`.
             let same_capture = capture_id_now(driver, stream) == Some(id);
             if let Err(error) = driver.check(code, function) {
-                // The graph's user object owns the record: letting it go releases the record
-                // through the cleanup queue (kept, not handed back).
-                owned.detach(driver, same_capture);
-                return Err(Refusal::kept(error.into()));
+                // Refused, so no node uses the record: taken back from the user object, which
+                // goes (with the graph's reference, if the graph is surely alive).
+                let record = owned.detach(driver, same_capture);
+                return Err(Refusal::back_if_taken(error.into(), record));
             }
             owned.settle(driver, same_capture);
         }

@@ -194,27 +194,20 @@ impl Oracle {
                 // still use them), and the crate never drops them itself. It may keep them only
                 // where what was enqueued may still be used: a capture may hold it (or the second
                 // look at the stream failed, which counts as that): pending until the context is
-                // gone; the work was accepted and a later step failed (the watcher's start); after
-                // a failed cuGraphRetainUserObject (or a node that could not be added) the record
-                // belongs to a user object the crate let go, whose destructor releases it a
-                // little later (during the call, on the fake).
+                // gone; the work was accepted and a later step failed (the watcher's start). A
+                // graph's failed step (a user object, a node, a captured launch) hands back too:
+                // the record is taken back out of the user object.
                 let text = error.to_string();
-                let graph_owned = text.contains("cuGraphRetainUserObject")
-                    || text.contains("cuGraphAddHostNode")
-                    || text.contains("cuGraphAddNode")
-                    || (tracked.capture.is_some() && text.contains("cuLaunchHostFunc"));
                 // (A failed look at the stream after the record counts as a capture.)
                 let keep_allowed = matches!(
                     error,
                     Error::CaptureActive { .. } | Error::ThreadSpawn { .. }
                 ) || text.contains("cuStreamGetCaptureInfo")
-                    || text.contains("cuStreamIsCapturing")
-                    || graph_owned;
+                    || text.contains("cuStreamIsCapturing");
                 let owned = tracked.owned.load(Ordering::Acquire);
                 // (A reclaim of a context that died meanwhile may release what the crate kept.)
                 if owned
                     && tracked.dropped_in_call.load(Ordering::Acquire)
-                    && !graph_owned
                     && !tracked.at.context_dead()
                 {
                     self.violation(format!(
