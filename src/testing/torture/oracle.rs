@@ -16,7 +16,7 @@ use std::thread::ThreadId;
 use cuda_host_launch::Error;
 
 use super::super::fake;
-use super::script::Op;
+use super::script::{Op, WorkKind};
 
 /// Where a piece of work was enqueued: the stream (by id) and how many operations the stream had
 /// before it, and the context (by id) it went to.
@@ -223,6 +223,60 @@ impl Oracle {
                         describe(tracked)
                     ));
                 }
+            }
+        }
+    }
+
+    /// The work on the stream with `cuStreamGetId` `stream` that a `synchronize` begun now
+    /// completes, and whose owners a later `flush` must then have dropped: host functions
+    /// (closures, raw launches, `host_launch_async`), `release_after` and `spawn_after`, whose
+    /// enqueuing call returned `Ok` with the stream not capturing (the world begins a capture under
+    /// the stream slot's write lock, so none began during the call; a hidden capture hides only
+    /// one that was there).
+    pub fn completed_by_a_sync(&self, stream: u64) -> Vec<Arc<Tracked>> {
+        let tracked = self.tracked.lock().unwrap_or_else(|p| p.into_inner());
+        tracked
+            .iter()
+            .filter(|t| {
+                let kind = match t.op {
+                    Op::Work { kind, .. } | Op::Special { kind, .. } => kind,
+                    _ => return false,
+                };
+                let released_by_flush = matches!(
+                    kind,
+                    WorkKind::Raw
+                        | WorkKind::Closure
+                        | WorkKind::Async
+                        | WorkKind::ReleaseAfter
+                        | WorkKind::SpawnAfter
+                );
+                released_by_flush
+                    && t.at.stream == stream
+                    && t.owned.load(Ordering::Acquire)
+                    && t.in_call
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .is_none()
+                    && !t.failed.load(Ordering::Acquire)
+                    && t.capture.is_none()
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// A `flush` returned `Ok` after a `synchronize` of the same thread completed `synced` (see
+    /// [`Oracle::completed_by_a_sync`]; a host function counts only if it ran): their owners must
+    /// be dropped by now, except where their context failed or is gone (the watcher may then
+    /// strand what completed just before; owners wait for the reset).
+    pub fn check_flushed(&self, synced: &[Arc<Tracked>]) {
+        for t in synced {
+            let failed = t.at.context_dead() || fake().context_poisoned(t.at.context);
+            if t.dropped.load(Ordering::Acquire) == 0 && !failed {
+                self.violation(format!(
+                    "{}: flush returned Ok after a synchronize that completed it, with its owners \
+                     alive",
+                    describe(t)
+                ));
             }
         }
     }

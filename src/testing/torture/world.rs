@@ -158,6 +158,9 @@ pub struct ThreadState {
     pub index: usize,
     futures: Vec<Watched>,
     rng: super::script::Rng,
+    /// The work this thread's last successful synchronize completed: a later `flush` that
+    /// returns `Ok` must have dropped its owners.
+    synced: Vec<Arc<Tracked>>,
 }
 
 impl ThreadState {
@@ -166,9 +169,25 @@ impl ThreadState {
         ThreadState {
             index,
             futures: Vec::new(),
+            synced: Vec::new(),
             rng: super::script::Rng::new(seed ^ (index as u64).wrapping_mul(0x5851_F42D_4C95_7F2D)),
         }
     }
+}
+
+/// Whether `tracked` is a `spawn_after`: its callback runs on the lane after the watcher saw its
+/// event, so it need not have run when the sync returns.
+fn is_spawn(tracked: &Tracked) -> bool {
+    matches!(
+        tracked.op,
+        Op::Work {
+            kind: WorkKind::SpawnAfter,
+            ..
+        } | Op::Special {
+            kind: WorkKind::SpawnAfter,
+            ..
+        }
+    )
 }
 
 fn stream_id(driver: &Driver, stream: CUstream) -> Option<u64> {
@@ -346,19 +365,31 @@ impl World {
             Op::Sync { stream } => {
                 let slot = lock_r(&self.streams[usize::from(stream)]);
                 if let Some(slot) = slot.as_ref() {
-                    match &slot.kind {
-                        Kind::Crate(s) => {
-                            let _ = s.synchronize();
-                        }
+                    let before = self.oracle.completed_by_a_sync(slot.id);
+                    let synced = match &slot.kind {
+                        Kind::Crate(s) => s.synchronize().is_ok(),
                         _ => {
                             // SAFETY: a live stream (the slot's read lock).
-                            let _ = unsafe { driver.cuStreamSynchronize(slot.raw) };
+                            unsafe { driver.cuStreamSynchronize(slot.raw) }.is_ok()
                         }
-                    }
+                    };
+                    // A host function counts once it ran (the sync saw it return).
+                    me.synced = if synced {
+                        before
+                            .into_iter()
+                            .filter(|t| {
+                                !t.has_callback || t.ran.load(Ordering::Acquire) > 0 || is_spawn(t)
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                 }
             }
             Op::Flush => {
-                let _ = cuda_host_launch::flush(Duration::from_millis(100));
+                if cuda_host_launch::flush(Duration::from_millis(100)).is_ok() {
+                    self.oracle.check_flushed(&me.synced);
+                }
             }
             Op::Drain => {
                 cuda_host_launch::drain();
@@ -789,8 +820,7 @@ impl World {
                 return;
             }
             let deadline = Instant::now() + Duration::from_millis(300);
-            while cuda_host_launch::pending_launches(Some(context)) > 0
-                && Instant::now() < deadline
+            while cuda_host_launch::pending_launches(Some(context)) > 0 && Instant::now() < deadline
             {
                 std::thread::sleep(Duration::from_millis(1));
             }
