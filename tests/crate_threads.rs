@@ -15,7 +15,8 @@ use cuda_host_launch::{
 };
 use cuda_workspace::isolated_test;
 use cuda_workspace::testing::{
-    Drops, PATIENCE, fake_driver_path, fake_primary_context, threads_named,
+    Drops, PATIENCE, fake, fake_driver_path, fake_primary_context, resolves_within, threads_named,
+    wait_until,
 };
 
 /// What each crate thread's start hook saw: which thread, and the CPUs it may run on.
@@ -248,6 +249,99 @@ isolated_test! {
             seen.as_slice(),
             ["Ok(Err(WaitOnWatcher { operation: \"Completion::wait\" }))"]
         );
+    }
+
+    /// The reaper's start hook may await a completion of this crate: the watcher resolves it.
+    /// (The torture harness's start hooks do this too; its one failure there, seed 4600359, was
+    /// the harness's own lock, which the watcher's hook waited for behind a reset.)
+    fn a_reapers_start_hook_that_awaits_a_completion_sees_it_resolve(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let stream_for_hook: Arc<Mutex<Option<cuda_host_launch::RawStream>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (hook_stream, sink) = (Arc::clone(&stream_for_hook), Arc::clone(&seen));
+        install_threads(ThreadSettings::new().on_start(move |which| {
+            if which != CrateThread::Reaper {
+                return;
+            }
+            let Some(stream) = *hook_stream.lock().unwrap() else {
+                return;
+            };
+            let result = cuda_host_launch::CompletionMode::Event
+                .completion(stream)
+                .map(|future| resolves_within(future, std::time::Duration::from_secs(5)));
+            sink.lock().unwrap().push(format!("{result:?}"));
+        }));
+        let stream = Stream::new(&fake_primary_context()).unwrap();
+        // SAFETY: the stream outlives every use (the hook has run once the owner is dropped, and
+        // the stream is dropped last).
+        *stream_for_hook.lock().unwrap() =
+            Some(unsafe { cuda_host_launch::RawStream::from_raw(stream.raw()) });
+        let drops = Drops::new();
+        release_after(&stream, drops.owner()).unwrap();
+        drops.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        assert_eq!(seen.lock().unwrap().as_slice(), ["Ok(Some(Ok(())))"]);
+    }
+
+    /// In manual mode, a watcher's start hook that drains, or enqueues (whose manual-mode drain
+    /// follows), releases nothing there: owners' `Drop` is user code and never runs on the
+    /// watcher. (Found by the torture harness's start hooks, seed 4600318: an owner was dropped
+    /// on `cuda-hl-watch`.)
+    fn in_manual_mode_a_watchers_start_hook_releases_nothing_on_the_watcher(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        CUDA_HOST_LAUNCH_CLEANUP = "manual"
+    ) {
+        let stream_for_hook: Arc<Mutex<Option<cuda_host_launch::RawStream>>> = Arc::default();
+        let drained: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let (hook_stream, sink) = (Arc::clone(&stream_for_hook), Arc::clone(&drained));
+        install_threads(ThreadSettings::new().on_start(move |which| {
+            if which != CrateThread::Watcher {
+                return;
+            }
+            // Once a host function's record is queued (after this thread started).
+            wait_until("a record queued", PATIENCE, || {
+                let stats = cuda_host_launch::cleanup_stats();
+                stats.queued > stats.released
+            });
+            sink.lock().unwrap().push(cuda_host_launch::drain());
+            if let Some(stream) = *hook_stream.lock().unwrap() {
+                // An enqueue: in manual mode it drains after the hand-over.
+                let _ = cuda_host_launch::CompletionMode::HostFunction.completion(stream);
+            }
+        }));
+        let context = fake_primary_context();
+        let stream = Stream::new(&context).unwrap();
+        let held = Stream::new(&context).unwrap();
+        // SAFETY: the stream outlives every use (the hook has run once the release is done, and
+        // the stream is dropped last).
+        *stream_for_hook.lock().unwrap() =
+            Some(unsafe { cuda_host_launch::RawStream::from_raw(held.raw()) });
+        let drops = Drops::new();
+        let owner = drops.owner();
+        let hold = fake().hold_stream(held.raw()).expect("the fake could not hold the stream");
+        host_launch(&held, move || {
+            let _keep = &owner;
+        })
+        .unwrap();
+        // Starts the watcher, whose hook waits for the host function's record, then drains and
+        // enqueues.
+        let released = Drops::new();
+        release_after(&stream, released.owner()).unwrap();
+        hold.release();
+        held.synchronize().unwrap();
+        stream.synchronize().unwrap();
+        wait_until("the hook's drain", PATIENCE, || !drained.lock().unwrap().is_empty());
+        flush(PATIENCE).unwrap();
+        assert_eq!(drained.lock().unwrap().as_slice(), [0], "the hook's drain released");
+        for record in drops.records().iter().chain(released.records().iter()) {
+            assert_ne!(
+                record.thread.name.as_deref(),
+                Some(CrateThread::Watcher.default_name()),
+                "an owner was dropped on the watcher"
+            );
+        }
+        assert_eq!((drops.dropped(), released.dropped()), (1, 1));
     }
 
     /// A watcher's start hook that panics is reported on the lane (the reaper), not on the

@@ -19,7 +19,8 @@ use crate::support::host_thread::in_host_function;
 use crate::support::intrusive_stack::Batch;
 use crate::support::panic_report::{PanicOrigin, report_and_drop};
 use crate::support::sync::{Mutex, lock};
-use crate::support::{exit_gate, forked_child};
+use crate::support::thread_settings::CrateThread;
+use crate::support::{crate_threads, exit_gate, forked_child};
 
 /// The longest single wait of `flush` before it looks again.
 const FLUSH_SLICE: Duration = Duration::from_millis(2);
@@ -214,14 +215,19 @@ fn release_batch(batch: Batch<RecordHeader>, scratch: &mut Scratch) -> u64 {
 /// Releases, on the calling thread, every record queued so far; returns how many.
 ///
 /// Works in either mode (in reaper mode it just does the reaper's work sooner). Inside a host
-/// function it does nothing and returns 0: owners are never dropped on a driver thread. It also
-/// returns 0 in a child forked after the first launch (the queue holds copies of the parent's
-/// records) and once the process is exiting.
+/// function it does nothing and returns 0: owners are never dropped on a driver thread. Nor on the
+/// crate's watcher (a start hook there, or an enqueue in its manual-mode drain): owners' `Drop` is
+/// user code, and the watcher must never wait for it. It also returns 0 in a child forked after
+/// the first launch (the queue holds copies of the parent's records) and once the process is
+/// exiting.
 ///
 /// The owners' `Drop` runs in the calling thread's stream-capture interaction mode: see
 /// [`CleanupMode::Manual`](crate::CleanupMode::Manual) for what that means while a graph is captured.
 pub fn drain() -> u64 {
-    if in_host_function() || forked_child::is_forked_child() {
+    if in_host_function()
+        || forked_child::is_forked_child()
+        || crate_threads::current() == Some(CrateThread::Watcher)
+    {
         return 0;
     }
     release_queued(&mut Scratch::default())
