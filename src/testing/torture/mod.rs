@@ -23,7 +23,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use script::{Op, Script, Settings, Size, generate};
+pub use script::{HookAntics, Op, Script, Settings, Size, generate};
 
 use super::{fake, fake_driver_path, load_fake_driver};
 use world::{ThreadState, World};
@@ -51,21 +51,33 @@ pub fn run_here(script: &Script) -> Vec<String> {
     }
     load_fake_driver();
     // User code that panics on purpose (`Antics::Panics`): the crate reports it; nothing prints.
-    super::quiet_expected_panics(|message| message == oracle::ANTICS_PANIC);
+    // (A start hook's payload whose `Drop` panics is not a string: `HookAntics::PanicsTwice`.)
+    super::quiet_expected_panics(|message| {
+        message == oracle::ANTICS_PANIC || message == oracle::ANTICS_PAYLOAD_PANIC
+    });
     {
         let oracle = Arc::clone(&world.oracle);
         cuda_host_launch::set_panic_handler(move |report| {
-            if report.message != oracle::ANTICS_PANIC {
+            if !oracle::expected_report(report) {
                 oracle.violation(format!("an unexpected panic was reported: {report}"));
             }
         });
     }
+    let mut config = cuda_host_launch::Config::new();
     if settings.spinning_poller {
-        cuda_host_launch::Config::new()
-            .event_poller(cuda_host_launch::PollerSettings::LOW_LATENCY)
-            .install()
-            .expect("the torture run installs its configuration before the crate's first use");
+        config = config.event_poller(cuda_host_launch::PollerSettings::LOW_LATENCY);
     }
+    if settings.hooks != HookAntics::Off {
+        let oracle = Arc::clone(&world.oracle);
+        let hooks = settings.hooks;
+        config = config.threads(
+            cuda_host_launch::ThreadSettings::new()
+                .on_start(move |thread| oracle::hook_acts(hooks, thread, &oracle)),
+        );
+    }
+    config
+        .install()
+        .expect("the torture run installs its configuration before the crate's first use");
     let keeper = {
         let world = Arc::clone(&world);
         std::thread::Builder::new()

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread::ThreadId;
@@ -16,7 +16,7 @@ use std::thread::ThreadId;
 use cuda_host_launch::Error;
 
 use super::super::fake;
-use super::script::{Op, WorkKind};
+use super::script::{HookAntics, Op, WorkKind};
 
 /// Where a piece of work was enqueued: the stream (by id) and how many operations the stream had
 /// before it, and the context (by id) it went to.
@@ -522,6 +522,93 @@ pub static USER_CODE_USES_A_CONTEXT: RwLock<()> = RwLock::new(());
 
 /// The panic message of [`Antics::Panics`].
 pub const ANTICS_PANIC: &str = "torture: user code panicked on purpose";
+
+/// How the harness's panic hook names the payload of [`HookAntics::PanicsTwice`] (not a string).
+pub const ANTICS_PAYLOAD_PANIC: &str = "<non-string panic>";
+
+/// Whether the crate's panic report is of a panic the harness made on purpose: user code's, or a
+/// start hook's payload that is not a string ([`HookAntics::PanicsTwice`]).
+pub fn expected_report(report: &cuda_host_launch::PanicReport<'_>) -> bool {
+    report.message == ANTICS_PANIC
+        || (report.origin == cuda_host_launch::PanicOrigin::StartHook
+            && report.message == "<non-string panic payload>")
+}
+
+/// A context a start hook may wait in ([`HookAntics::Waits`]): the last one a thread of the world
+/// retained (its handle; a dead one is refused by the driver, and the fake never reuses one).
+pub static HOOK_CONTEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A panic payload whose `Drop` panics too.
+struct PanicsOnDrop;
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        panic!("{ANTICS_PANIC}");
+    }
+}
+
+/// What a start hook does on the crate thread `thread` as it starts; a violation if what must
+/// return at once does not (it would stall the thread it starts).
+pub fn hook_acts(hooks: HookAntics, thread: cuda_host_launch::CrateThread, oracle: &Oracle) {
+    use cuda_host_launch::CrateThread;
+    match hooks {
+        HookAntics::Off => {}
+        HookAntics::Blocks => std::thread::sleep(std::time::Duration::from_micros(300)),
+        HookAntics::Flushes => {
+            let result = cuda_host_launch::flush(std::time::Duration::from_secs(20));
+            if !matches!(result, Err(Error::FlushOnCrateThread { .. })) {
+                oracle.violation(format!(
+                    "a flush in the start hook of {thread:?} returned {result:?}, not \
+                     FlushOnCrateThread"
+                ));
+            }
+        }
+        HookAntics::Waits => {
+            let context = HOOK_CONTEXT.load(Ordering::Acquire);
+            if context == 0 {
+                return;
+            }
+            // Not waited for: a reset waiting for the lock keeps new readers out, and the reaper's
+            // hook may hold it while it awaits what the watcher (whose hook this may be) must
+            // resolve. (Waiting for it deadlocked the two hooks and a reset: seed 4600359.)
+            let Ok(_no_reset) = USER_CODE_USES_A_CONTEXT.try_read() else {
+                return;
+            };
+            let Some(driver) = cuda_dl_sys::Driver::get() else {
+                return;
+            };
+            // SAFETY: any handle: a dead one is refused (the fake never reuses one).
+            if unsafe { driver.cuCtxSetCurrent(std::ptr::with_exposed_provenance_mut(context)) }
+                .is_err()
+            {
+                return;
+            }
+            let made = cuda_host_launch::CompletionMode::Event
+                .completion(cuda_host_launch::RawStream::PER_THREAD);
+            if let Ok(future) = made {
+                if thread == CrateThread::Watcher {
+                    let result = future.wait();
+                    if !matches!(result, Err(Error::WaitOnWatcher { .. })) {
+                        oracle.violation(format!(
+                            "a wait in the watcher's start hook returned {result:?}, not \
+                             WaitOnWatcher"
+                        ));
+                    }
+                } else if super::super::resolves_within(future, std::time::Duration::from_secs(20))
+                    .is_none()
+                {
+                    oracle.violation(format!(
+                        "a completion awaited in the start hook of {thread:?} never resolved"
+                    ));
+                }
+            }
+            // SAFETY: clearing the current context is always allowed.
+            let _ = unsafe { driver.cuCtxSetCurrent(std::ptr::null_mut()) };
+        }
+        HookAntics::Panics => panic!("{ANTICS_PANIC}"),
+        HookAntics::PanicsTwice => std::panic::panic_any(PanicsOnDrop),
+    }
+}
 
 impl Antics {
     /// Does it, on the calling thread, if that is the crate's reaper (where the crate runs user

@@ -173,6 +173,55 @@ pub enum Op {
     Exit,
 }
 
+/// What a start hook of the crate's threads (`ThreadSettings::on_start`) does in a run: user code
+/// that must never stall the thread it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookAntics {
+    /// No hook.
+    Off,
+    /// Blocks for a while.
+    Blocks,
+    /// Calls `flush`, which must refuse at once (`FlushOnCrateThread`).
+    Flushes,
+    /// Waits for a completion: on the watcher it must refuse at once (`WaitOnWatcher`), on the
+    /// reaper it must resolve.
+    Waits,
+    /// Panics (reported as a start hook's panic).
+    Panics,
+    /// Panics with a payload whose own `Drop` panics.
+    PanicsTwice,
+}
+
+const HOOK_ANTICS: &[(HookAntics, &str)] = &[
+    (HookAntics::Off, "off"),
+    (HookAntics::Blocks, "blocks"),
+    (HookAntics::Flushes, "flushes"),
+    (HookAntics::Waits, "waits"),
+    (HookAntics::Panics, "panics"),
+    (HookAntics::PanicsTwice, "panics-twice"),
+];
+
+impl fmt::Display for HookAntics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = HOOK_ANTICS
+            .iter()
+            .find(|(h, _)| h == self)
+            .map_or("off", |(_, name)| name);
+        f.write_str(name)
+    }
+}
+
+impl FromStr for HookAntics {
+    type Err = String;
+    fn from_str(text: &str) -> Result<HookAntics, String> {
+        HOOK_ANTICS
+            .iter()
+            .find(|(_, name)| *name == text)
+            .map(|(h, _)| *h)
+            .ok_or_else(|| format!("unknown hook antics {text:?}"))
+    }
+}
+
 /// How the process is set up for a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
@@ -188,6 +237,8 @@ pub struct Settings {
     pub spinning_poller: bool,
     /// The run ends with a thread calling `exit` while the others work.
     pub exit: bool,
+    /// What the crate threads' start hook does.
+    pub hooks: HookAntics,
 }
 
 /// A whole run: settings and each thread's operations.
@@ -255,6 +306,16 @@ impl Size {
     };
 }
 
+/// The start hook of `seed`'s run: drawn apart from the operations (so that the scripts of seeds
+/// made before hooks were drawn stay the same): none in 70 % of runs.
+fn hook_antics(seed: u64) -> HookAntics {
+    let mut rng = Rng::new(seed ^ 0x686F_6F6B_735F_7631);
+    if !rng.percent(30) {
+        return HookAntics::Off;
+    }
+    HOOK_ANTICS[1 + rng.below(HOOK_ANTICS.len() as u64 - 1) as usize].0
+}
+
 /// The script of `seed`: 2 to `size.max_threads` threads; settings drawn from the seed too.
 pub fn generate(seed: u64, size: Size, exit: bool) -> Script {
     let mut rng = Rng::new(seed);
@@ -264,6 +325,7 @@ pub fn generate(seed: u64, size: Size, exit: bool) -> Script {
         manual_cleanup: rng.percent(15),
         spinning_poller: rng.percent(25),
         exit,
+        hooks: hook_antics(seed),
     };
     let threads = 2 + rng.below(size.max_threads.saturating_sub(1) as u64) as usize;
     let threads = (0..threads)
@@ -556,6 +618,7 @@ impl fmt::Display for Script {
             }
         )?;
         writeln!(f, "exit {}", on(s.exit))?;
+        writeln!(f, "hooks {}", s.hooks)?;
         for (t, ops) in self.threads.iter().enumerate() {
             for op in ops {
                 writeln!(f, "t{t} {op}")?;
@@ -574,6 +637,7 @@ impl FromStr for Script {
             manual_cleanup: false,
             spinning_poller: false,
             exit: false,
+            hooks: HookAntics::Off,
         };
         let mut threads: Vec<Vec<Op>> = Vec::new();
         for (n, line) in text.lines().enumerate() {
@@ -591,6 +655,7 @@ impl FromStr for Script {
                 "cleanup" => settings.manual_cleanup = rest.trim() == "manual",
                 "poller" => settings.spinning_poller = rest.trim() == "spinning",
                 "exit" => settings.exit = rest.trim() == "on",
+                "hooks" => settings.hooks = rest.trim().parse().map_err(fail)?,
                 thread if thread.starts_with('t') => {
                     let t: usize = thread[1..].parse().map_err(|_| fail("bad thread".into()))?;
                     if threads.len() <= t {

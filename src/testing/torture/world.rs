@@ -243,6 +243,7 @@ impl World {
                     return;
                 };
                 if let Ok(context) = PrimaryContext::retain(device) {
+                    super::oracle::HOOK_CONTEXT.store(context.raw().addr(), Ordering::Release);
                     let old = lock_w(&self.contexts[usize::from(ctx)]).replace(context);
                     drop(old);
                 }
