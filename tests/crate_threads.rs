@@ -344,6 +344,50 @@ isolated_test! {
         assert_eq!((drops.dropped(), released.dropped()), (1, 1));
     }
 
+    /// A thread-name function is user code: one that calls into the crate (here, an enqueue that
+    /// needs the watcher it is naming) must not deadlock. (Before: the crate called it while
+    /// holding the lock that starts the watcher, and the enqueue's start of the watcher waited
+    /// for that lock on the same thread, for ever.)
+    fn a_thread_name_function_may_call_the_crate(CUDA_DL_SYS_LIBRARY = fake_driver_path()) {
+        let other: Arc<Mutex<Option<Stream>>> = Arc::default();
+        let inner = Drops::new();
+        let (for_name, inner_owner) = (Arc::clone(&other), Mutex::new(Some(inner.owner())));
+        install_threads(ThreadSettings::new().name(move |which| {
+            // Once (the enqueue below starts the watcher, which calls this again), and with no
+            // lock of the test's held across the enqueue.
+            if which != CrateThread::Watcher {
+                return which.default_name().to_string();
+            }
+            let owner = inner_owner.lock().unwrap().take();
+            let stream = for_name.lock().unwrap().as_ref().map(Stream::raw);
+            if let (Some(owner), Some(stream)) = (owner, stream) {
+                // SAFETY: the stream lives until the end of the test.
+                let stream = unsafe { cuda_host_launch::RawStream::from_raw(stream) };
+                let _ = release_after(stream, owner);
+            }
+            which.default_name().to_string()
+        }));
+        let context = fake_primary_context();
+        *other.lock().unwrap() = Some(Stream::new(&context).unwrap());
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        let (done, finished) = std::sync::mpsc::channel();
+        let owner = drops.owner();
+        // SAFETY: the stream outlives the enqueue (waited for below, the stream dropped last).
+        let raw = unsafe { cuda_host_launch::RawStream::from_raw(stream.raw()) };
+        std::thread::spawn(move || {
+            let _ = done.send(release_after(raw, owner).map_err(|e| e.to_string()));
+        });
+        let launched = finished
+            .recv_timeout(PATIENCE)
+            .expect("the enqueue that starts the watcher returned (no deadlock)");
+        assert!(launched.is_ok(), "{launched:?}");
+        drops.wait_dropped(1);
+        inner.wait_dropped(1);
+        flush(PATIENCE).unwrap();
+        drop(other.lock().unwrap().take());
+    }
+
     /// A watcher's start hook that panics is reported on the lane (the reaper), not on the
     /// watcher: the panic handler is user code. (Before: the handler ran on `cuda-hl-watch`.)
     fn a_watchers_start_hook_panic_is_reported_on_the_lane(

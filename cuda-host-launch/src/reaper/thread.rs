@@ -38,12 +38,15 @@ pub(crate) fn prepare() -> Result<CleanupMode, Error> {
 
 #[cold]
 fn start_reaper() -> Result<(), Error> {
+    // User code (the settings' name function), so before the lock: it may launch, which starts
+    // the reaper.
+    let name = crate_threads::name_of(CrateThread::Reaper)?;
     let _guard = lock(&REAPER_START);
     if QUEUE.has_reaper() {
         return Ok(());
     }
     // The reaper is the lane: its hook's panic is reported (and its payload dropped) here.
-    let handle = crate_threads::spawn(CrateThread::Reaper, reaper_loop, |panic| {
+    let handle = crate_threads::spawn(CrateThread::Reaper, name, reaper_loop, |panic| {
         report_and_drop(PanicOrigin::StartHook, panic)
     })?;
     // Wakes the reaper once after publishing it: a push that ran before woke no one.

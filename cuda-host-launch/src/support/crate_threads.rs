@@ -14,24 +14,35 @@ use crate::support::config::config;
 use crate::support::error::Error;
 use crate::support::thread_settings::{Affinity, CrateThread};
 
-/// Starts the crate thread `which` running `body`, as the settings say; a panic of its start hook
-/// goes to `report_hook_panic`.
+/// The name the crate thread `which` gets, as the settings say. The settings' name function is
+/// user code, which may call into the crate (even start a thread of it): call this before taking
+/// a lock that starts a thread, never under it.
+///
+/// # Errors
+/// The configuration's error ([`Error::InvalidEnvironment`]).
+pub(crate) fn name_of(which: CrateThread) -> Result<String, Error> {
+    let settings = config()?.thread_settings();
+    Ok(settings
+        .name
+        .as_ref()
+        .map_or_else(|| which.default_name().to_string(), |name| name(which)))
+}
+
+/// Starts the crate thread `which`, named `name` ([`name_of`]), running `body`, as the settings
+/// say; a panic of its start hook goes to `report_hook_panic`.
 ///
 /// # Errors
 /// The configuration's error ([`Error::InvalidEnvironment`]), or the operating system's refusal
 /// to start a thread ([`Error::ThreadSpawn`]).
 pub(crate) fn spawn(
     which: CrateThread,
+    name: String,
     body: impl FnOnce() + Send + 'static,
     report_hook_panic: fn(Box<dyn std::any::Any + Send + 'static>),
 ) -> Result<std::thread::JoinHandle<()>, Error> {
     let settings = config()?.thread_settings().clone();
     // Before the thread exists: its first driver call comes after the exit handler is in place.
     crate::support::exit_gate::arm();
-    let name = settings
-        .name
-        .as_ref()
-        .map_or_else(|| which.default_name().to_string(), |name| name(which));
     std::thread::Builder::new()
         .name(name)
         .spawn(move || {

@@ -53,7 +53,9 @@ pub struct ThreadSettings {
     /// Where each thread may run.
     pub affinity: Affinity,
     /// Each thread's name ([`CrateThread::default_name`] when `None`). On Linux a thread's name
-    /// is cut to 15 bytes where the operating system shows it.
+    /// is cut to 15 bytes where the operating system shows it. Called on the thread that starts
+    /// one, with no lock of the crate held (it may call into the crate), and possibly more than
+    /// once per thread started (two threads may race to start the same one).
     pub name: Option<Arc<dyn Fn(CrateThread) -> String + Send + Sync>>,
     /// Run on each thread as it starts (after its name and affinity are set).
     pub start: Option<StartHook>,

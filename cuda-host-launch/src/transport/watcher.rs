@@ -52,6 +52,9 @@ pub(crate) fn answer(ring: Ring) -> Result<(), Error> {
 
 #[cold]
 fn start() -> Result<(), Error> {
+    // User code (the settings' name function), so before the lock: it may enqueue, which may
+    // start the watcher.
+    let name = crate_threads::name_of(CrateThread::Watcher)?;
     let mut thread = lock(&bell::THREAD);
     if let Some(running) = thread.as_ref() {
         // Another caller started it meanwhile: it may have looked before this caller's work was
@@ -62,7 +65,7 @@ fn start() -> Result<(), Error> {
         return Ok(());
     }
     // User code never runs here: the hook's panic is reported on the lane.
-    let handle = crate_threads::spawn(CrateThread::Watcher, watch, |panic| {
+    let handle = crate_threads::spawn(CrateThread::Watcher, name, watch, |panic| {
         crate::reaper::lane::report_there(PanicOrigin::StartHook, panic)
     })?;
     bell::set_running(&mut thread, Some(handle.thread().clone()));
