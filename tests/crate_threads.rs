@@ -388,6 +388,59 @@ isolated_test! {
         drop(other.lock().unwrap().take());
     }
 
+    /// A `LowLatency` future whose context is reset after it was registered but before the
+    /// watcher that will watch it runs (here: from the watcher's name function, which runs in
+    /// that window) fails with the reset, without a flush. (Before: the reset's reclaim told no
+    /// one, since no watcher ran; the watcher then took the registration and waited for a flag
+    /// that a reset context never writes, until a flush or a later reclaim.)
+    fn a_low_latency_future_whose_context_is_reset_before_its_watcher_runs_fails(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let context = fake_primary_context();
+        let driver = cuda_workspace::testing::load_fake_driver();
+        let to_reset: Arc<Mutex<Option<Arc<cuda_host_launch::PrimaryContext>>>> =
+            Arc::new(Mutex::new(Some(Arc::clone(&context))));
+        let hold_for_name: Arc<Mutex<Option<cuda_workspace::testing::Hold<'static>>>> =
+            Arc::default();
+        let (for_name, hold_there) = (Arc::clone(&to_reset), Arc::clone(&hold_for_name));
+        install_threads(ThreadSettings::new().name(move |which| {
+            if which == CrateThread::Watcher {
+                let context = for_name.lock().unwrap().take();
+                let hold = hold_there.lock().unwrap().take();
+                if let (Some(context), Some(hold)) = (context, hold) {
+                    // The flag write never runs: held until a sticky error discards the
+                    // stream's work.
+                    fake().poison_context(context.raw()).unwrap();
+                    hold.release();
+                    // SAFETY: nothing of the context is used after this (its raw stream is
+                    // leaked, never destroyed).
+                    unsafe { context.reset() }.unwrap();
+                }
+            }
+            which.default_name().to_string()
+        }));
+        let mut raw = std::ptr::null_mut();
+        context.set_current().unwrap();
+        // SAFETY: a valid out-pointer; the context is current.
+        unsafe { driver.cuStreamCreate(&mut raw, 0) }.unwrap();
+        // SAFETY: a live stream, never destroyed (the reset takes it).
+        let stream = unsafe { cuda_host_launch::RawStream::from_raw(raw) };
+        *hold_for_name.lock().unwrap() =
+            Some(fake().hold_stream(raw).expect("the fake could not hold the stream"));
+        let future = cuda_host_launch::CompletionMode::LowLatency
+            .completion(stream)
+            .unwrap();
+        assert!(to_reset.lock().unwrap().is_none(), "the watcher was named");
+        let resolved = resolves_within(future, std::time::Duration::from_secs(3));
+        assert!(
+            matches!(
+                resolved,
+                Some(Err(Error::ContextLost | Error::DeviceFault { .. }))
+            ),
+            "{resolved:?}"
+        );
+    }
+
     /// A watcher's start hook that panics is reported on the lane (the reaper), not on the
     /// watcher: the panic handler is user code. (Before: the handler ran on `cuda-hl-watch`.)
     fn a_watchers_start_hook_panic_is_reported_on_the_lane(

@@ -358,10 +358,17 @@ pub(crate) fn fail_gone(handle: usize, look: &dyn Fn() -> Liveness, known: Gone)
     }
     reg.pages.retain(|key, _| !keys.contains(key));
     // Under the registry's lock, which the watcher holds as it decides to stop: a watcher that
-    // runs takes the list in its next round; with none, nothing waits for these contexts.
-    if super::bell::running() {
+    // runs takes the list in its next round, and so does the one a registration still in
+    // `incoming` is about to start (its first round takes both). With neither, nothing waits for
+    // these contexts. (Listed only while a watcher ran, a registration whose watcher was not yet
+    // running waited for a flag that never came, until a flush.)
+    let registered = reg
+        .incoming
+        .iter()
+        .any(|entry| keys.contains(&entry.context));
+    if super::bell::running() || registered {
         reg.lost.extend(keys);
-        // A watcher runs: it hears it.
+        // A watcher that runs hears it; else the registration's caller starts one.
         let _ = super::bell::ring_flags();
     }
 }
