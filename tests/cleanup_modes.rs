@@ -379,11 +379,13 @@ isolated_test! {
         let (entered, in_drop) = mpsc::channel();
         let (go, wait_for_go) = mpsc::channel();
         let blocking = Blocking(entered, wait_for_go);
+        // Held, so that the launch's own drain cannot take it: the drainer below does.
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
         host_launch(&stream, move || {
             let _keep = &blocking;
         })
         .unwrap();
-        stream.synchronize().unwrap();
+        finish(&stream, hold);
         let drainer = std::thread::spawn(drain);
         in_drop.recv_timeout(PATIENCE).expect("the drain dropped the blocking owner");
 
