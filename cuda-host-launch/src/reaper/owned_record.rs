@@ -19,6 +19,11 @@ impl OwnedRecord {
         OwnedRecord(layout::new_record(payload))
     }
 
+    /// A run-once record of `payload` that lives as long as a graph: always boxed.
+    pub(crate) fn boxed<P: Payload>(payload: P) -> Self {
+        OwnedRecord(layout::new_boxed_record(payload))
+    }
+
     /// A repeatable launch's record of `payload` (it may be captured): pooled when small.
     #[inline]
     pub(crate) fn repeatable<P: SharedPayload>(payload: P) -> Self {

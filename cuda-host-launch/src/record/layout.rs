@@ -167,6 +167,13 @@ pub(crate) fn new_record<P: Payload>(payload: P) -> NonNull<RecordHeader> {
     place(payload, Some(dispatch::<P, true>), dispatch::<P, false>)
 }
 
+/// Puts a run-once payload into a record that is always a `Box`: for one that lives as long as a
+/// graph (a user object's holder), which in the pool would hold a whole segment of slots that
+/// launches around it used and freed (see `pool.rs`).
+pub(crate) fn new_boxed_record<P: Payload>(payload: P) -> NonNull<RecordHeader> {
+    place(payload, None, dispatch::<P, false>)
+}
+
 /// Drops a record in place and frees its memory, to the pool (`POOLED`) or as a `Box`; the memory
 /// is freed also if an owner's `Drop` panics.
 ///
@@ -238,8 +245,8 @@ pub(crate) unsafe fn take_payload<P>(header: NonNull<RecordHeader>) -> P {
 /// The payload of a live record made with payload type `P`, shared.
 ///
 /// # Safety
-/// `header` must be a live record made by [`new_record`] with a payload of type `P`; the reference
-/// must not outlive the record's release, nor meet a `Run` of it.
+/// `header` must be a live record made by [`new_record`] or [`new_boxed_record`] with a payload of
+/// type `P`; the reference must not outlive the record's release, nor meet a `Run` of it.
 pub(crate) unsafe fn payload<'a, P>(header: NonNull<RecordHeader>) -> &'a P {
     // SAFETY: a live `Record<P>` (the caller's promise); only shared references are made.
     unsafe { &(*header.cast::<Record<P>>().as_ptr()).payload }
@@ -467,6 +474,25 @@ mod tests {
         addresses[0] % segment == pool::SLOT_SIZE
             && addresses[1] == addresses[0] + pool::SLOT_SIZE
             && addresses[2] == addresses[1] + pool::SLOT_SIZE
+    }
+
+    /// A record that lives as long as a graph (a user object's holder) is boxed, however small:
+    /// in the pool it would keep a whole segment for the graph's life.
+    #[cfg(not(loom))]
+    #[test]
+    fn records_made_boxed_are_never_pooled() {
+        let addresses = std::thread::spawn(|| {
+            let records = [(); 3].map(|()| new_boxed_record(Small([0; 2])));
+            for record in records {
+                // SAFETY: made above, live, released once.
+                let panic = unsafe { RecordHeader::dispatch(record, Op::Release) };
+                assert!(panic.is_none());
+            }
+            records.map(|record| record.as_ptr().addr())
+        })
+        .join()
+        .unwrap();
+        assert!(!pooled(addresses));
     }
 
     /// A small record is pooled on an ordinary thread, and boxed on a driver thread (inside a host

@@ -92,7 +92,8 @@ impl GraphOwnedRecord {
             Err(e) => return Err(Refusal::back(e, record)),
         };
         let header = record.into_raw();
-        let holder = OwnedRecord::new(Holder(AtomicPtr::new(header.as_ptr()))).into_raw();
+        // Boxed: it lives as long as the graph (see `layout::new_boxed_record`).
+        let holder = OwnedRecord::boxed(Holder(AtomicPtr::new(header.as_ptr()))).into_raw();
         // SAFETY: the holder was made just above and is ours.
         let back = |holder| unsafe { take_back(holder) };
         let mut object: CUuserObject = ptr::null_mut();
