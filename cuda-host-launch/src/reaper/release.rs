@@ -158,6 +158,10 @@ const SCRATCH_KEEP: usize = 4096;
 /// many. The batch is numbered while it is taken, and counted finished once released (or put back
 /// at exit), for `flush` (see `batches.rs`).
 pub(crate) fn release_queued(scratch: &mut Scratch) -> u64 {
+    // An empty queue takes no lock: in manual mode every launch drains.
+    if QUEUE.is_empty() {
+        return 0;
+    }
     let (batch, number) = {
         let mut batches = lock(&BATCHES);
         let batch = QUEUE.take_all();
