@@ -69,6 +69,37 @@ fn install_threads(settings: ThreadSettings) {
         .expect("installed before the crate's first use");
 }
 
+/// Installs a start hook that runs `act` on the crate thread `which` as it starts, with a stream
+/// of the fake's primary context, then starts the crate's threads (a release on that stream) and
+/// returns what `act` returned each time it ran.
+fn hook_with_a_stream(
+    which: CrateThread,
+    act: impl Fn(cuda_host_launch::RawStream) -> String + Send + Sync + 'static,
+) -> Vec<String> {
+    let stream_for_hook: Arc<Mutex<Option<cuda_host_launch::RawStream>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let (hook_stream, sink) = (Arc::clone(&stream_for_hook), Arc::clone(&seen));
+    install_threads(ThreadSettings::new().on_start(move |thread| {
+        if thread != which {
+            return;
+        }
+        let Some(stream) = *hook_stream.lock().unwrap() else {
+            return;
+        };
+        sink.lock().unwrap().push(act(stream));
+    }));
+    let stream = Stream::new(&fake_primary_context()).unwrap();
+    // SAFETY: the stream outlives every use (the hooks have run once the owner is dropped, and
+    // the stream is dropped last).
+    *stream_for_hook.lock().unwrap() =
+        Some(unsafe { cuda_host_launch::RawStream::from_raw(stream.raw()) });
+    let drops = Drops::new();
+    release_after(&stream, drops.owner()).unwrap();
+    drops.wait_dropped(1);
+    flush(PATIENCE).unwrap();
+    seen.lock().unwrap().clone()
+}
+
 /// Starts the event poller from this thread (a release) and returns the CPUs its start hook saw.
 fn event_poller_cpus(started: &Started) -> Vec<usize> {
     let stream = Stream::new(&fake_primary_context()).unwrap();
@@ -220,31 +251,12 @@ isolated_test! {
     fn a_watchers_start_hook_that_waits_for_a_future_gets_an_error_at_once(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        let stream_for_hook: Arc<Mutex<Option<cuda_host_launch::RawStream>>> = Arc::default();
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (hook_stream, sink) = (Arc::clone(&stream_for_hook), Arc::clone(&seen));
-        install_threads(ThreadSettings::new().on_start(move |which| {
-            if which != CrateThread::Watcher {
-                return;
-            }
-            let Some(stream) = *hook_stream.lock().unwrap() else {
-                return;
-            };
+        let seen = hook_with_a_stream(CrateThread::Watcher, |stream| {
             let result = cuda_host_launch::CompletionMode::Event
                 .completion(stream)
                 .map(cuda_host_launch::Completion::wait);
-            sink.lock().unwrap().push(format!("{result:?}"));
-        }));
-        let stream = Stream::new(&fake_primary_context()).unwrap();
-        // SAFETY: the stream outlives every use (the hook runs before the release completes, and
-        // the stream is dropped last).
-        *stream_for_hook.lock().unwrap() =
-            Some(unsafe { cuda_host_launch::RawStream::from_raw(stream.raw()) });
-        let drops = Drops::new();
-        release_after(&stream, drops.owner()).unwrap();
-        drops.wait_dropped(1);
-        flush(PATIENCE).unwrap();
-        let seen = seen.lock().unwrap();
+            format!("{result:?}")
+        });
         assert_eq!(
             seen.as_slice(),
             ["Ok(Err(WaitOnWatcher { operation: \"Completion::wait\" }))"]
@@ -257,31 +269,13 @@ isolated_test! {
     fn a_reapers_start_hook_that_awaits_a_completion_sees_it_resolve(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        let stream_for_hook: Arc<Mutex<Option<cuda_host_launch::RawStream>>> = Arc::default();
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let (hook_stream, sink) = (Arc::clone(&stream_for_hook), Arc::clone(&seen));
-        install_threads(ThreadSettings::new().on_start(move |which| {
-            if which != CrateThread::Reaper {
-                return;
-            }
-            let Some(stream) = *hook_stream.lock().unwrap() else {
-                return;
-            };
+        let seen = hook_with_a_stream(CrateThread::Reaper, |stream| {
             let result = cuda_host_launch::CompletionMode::Event
                 .completion(stream)
                 .map(|future| resolves_within(future, std::time::Duration::from_secs(5)));
-            sink.lock().unwrap().push(format!("{result:?}"));
-        }));
-        let stream = Stream::new(&fake_primary_context()).unwrap();
-        // SAFETY: the stream outlives every use (the hook has run once the owner is dropped, and
-        // the stream is dropped last).
-        *stream_for_hook.lock().unwrap() =
-            Some(unsafe { cuda_host_launch::RawStream::from_raw(stream.raw()) });
-        let drops = Drops::new();
-        release_after(&stream, drops.owner()).unwrap();
-        drops.wait_dropped(1);
-        flush(PATIENCE).unwrap();
-        assert_eq!(seen.lock().unwrap().as_slice(), ["Ok(Some(Ok(())))"]);
+            format!("{result:?}")
+        });
+        assert_eq!(seen.as_slice(), ["Ok(Some(Ok(())))"]);
     }
 
     /// In manual mode, a watcher's start hook that drains, or enqueues (whose manual-mode drain

@@ -448,13 +448,16 @@ mod tests {
         }
     }
 
-    /// The addresses of three run-once records made one after another on a new thread (marked as
-    /// inside a host function if `in_host_function`), then released.
+    /// The addresses of three run-once records made by `make` one after another on a new thread
+    /// (marked as inside a host function if `in_host_function`), then released.
     #[cfg(not(loom))]
-    fn three_records(in_host_function: bool) -> [usize; 3] {
+    fn three_records(
+        make: fn(Small) -> NonNull<RecordHeader>,
+        in_host_function: bool,
+    ) -> [usize; 3] {
         std::thread::spawn(move || {
             let _mark = in_host_function.then(crate::HostFunctionScope::enter);
-            let records = [(); 3].map(|()| new_record(Small([0; 2])));
+            let records = [(); 3].map(|()| make(Small([0; 2])));
             for record in records {
                 // SAFETY: made above, live, released once.
                 let panic = unsafe { RecordHeader::dispatch(record, Op::Release) };
@@ -481,18 +484,7 @@ mod tests {
     #[cfg(not(loom))]
     #[test]
     fn records_made_boxed_are_never_pooled() {
-        let addresses = std::thread::spawn(|| {
-            let records = [(); 3].map(|()| new_boxed_record(Small([0; 2])));
-            for record in records {
-                // SAFETY: made above, live, released once.
-                let panic = unsafe { RecordHeader::dispatch(record, Op::Release) };
-                assert!(panic.is_none());
-            }
-            records.map(|record| record.as_ptr().addr())
-        })
-        .join()
-        .unwrap();
-        assert!(!pooled(addresses));
+        assert!(!pooled(three_records(new_boxed_record, false)));
     }
 
     /// A small record is pooled on an ordinary thread, and boxed on a driver thread (inside a host
@@ -502,7 +494,7 @@ mod tests {
     #[test]
     fn small_records_are_pooled_except_inside_host_functions() {
         let pooling = !cfg!(feature = "unpooled-records");
-        assert_eq!(pooled(three_records(false)), pooling);
-        assert!(!pooled(three_records(true)));
+        assert_eq!(pooled(three_records(new_record, false)), pooling);
+        assert!(!pooled(three_records(new_record, true)));
     }
 }

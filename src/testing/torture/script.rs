@@ -201,24 +201,33 @@ const HOOK_ANTICS: &[(HookAntics, &str)] = &[
     (HookAntics::PanicsTwice, "panics-twice"),
 ];
 
+/// The name of `value` in a table of names (`?` if it has none).
+fn name_in<T: PartialEq>(table: &[(T, &'static str)], value: &T) -> &'static str {
+    table
+        .iter()
+        .find(|(v, _)| v == value)
+        .map_or("?", |(_, name)| name)
+}
+
+/// The value named `text` in a table of names; `what` names the table in the error.
+fn parse_in<T: Copy>(table: &[(T, &str)], text: &str, what: &str) -> Result<T, String> {
+    table
+        .iter()
+        .find(|(_, name)| *name == text)
+        .map(|(v, _)| *v)
+        .ok_or_else(|| format!("unknown {what} {text:?}"))
+}
+
 impl fmt::Display for HookAntics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = HOOK_ANTICS
-            .iter()
-            .find(|(h, _)| h == self)
-            .map_or("off", |(_, name)| name);
-        f.write_str(name)
+        f.write_str(name_in(HOOK_ANTICS, self))
     }
 }
 
 impl FromStr for HookAntics {
     type Err = String;
     fn from_str(text: &str) -> Result<HookAntics, String> {
-        HOOK_ANTICS
-            .iter()
-            .find(|(_, name)| *name == text)
-            .map(|(h, _)| *h)
-            .ok_or_else(|| format!("unknown hook antics {text:?}"))
+        parse_in(HOOK_ANTICS, text, "hook antics")
     }
 }
 
@@ -413,22 +422,14 @@ fn generate_op(rng: &mut Rng, settings: &Settings) -> Op {
 
 impl fmt::Display for WorkKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = WORK_KINDS
-            .iter()
-            .find(|(k, _)| k == self)
-            .map_or("?", |(_, n)| n);
-        f.write_str(name)
+        f.write_str(name_in(WORK_KINDS, self))
     }
 }
 
 impl FromStr for WorkKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        WORK_KINDS
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(k, _)| *k)
-            .ok_or_else(|| format!("unknown work kind {s:?}"))
+        parse_in(WORK_KINDS, s, "work kind")
     }
 }
 
