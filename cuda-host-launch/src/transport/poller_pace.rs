@@ -33,7 +33,7 @@ pub(crate) enum Wait {
 const CPU_COUNT_EVERY: Duration = Duration::from_millis(1);
 
 /// The longest pause, whatever the settings say.
-const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+pub(crate) const LONGEST_PAUSE: Duration = Duration::from_secs(1);
 
 /// What a poller saw in one round.
 #[derive(Debug, Clone, Copy, Default)]

@@ -9,12 +9,22 @@
 //!   saw its event complete, for the stream's newest entry when it is queried done; each new
 //!   sample moves it a quarter of the way. A sample seen late (the side was pausing) is at most a
 //!   pause long, and the next one, taken while spinning near the completion, is exact again.
+//!   Beside it, `spread`: how far the samples fall from `typical` (each moves it a quarter of the
+//!   way to its own distance; it starts at half the first sample). A stream is **regular** while
+//!   its spread is at most `typical / 16`: about eight agreeing samples in a row make it so, and
+//!   one that falls far off undoes it.
 //! - **The window** of a stream's oldest pending entry, arrived at `a`: from
 //!   `a + typical − early` to `a + typical + late`, `early` = max(typical / 32, 20 µs), `late` =
 //!   max(typical / 16, 50 µs). Inside a window the side spins; a pause ends at the next window's
 //!   start; once past a window, the usual pace goes on. So a wait costs at most `early + late` of
 //!   spinning more than the usual pace, about a tenth of it, and a repeated one less (the spin
 //!   ends at the completion).
+//! - **Before the windows of regular streams** the side does not need the usual pace's short
+//!   pauses (they grow with the wait from `interval`: about 45 rounds in a 2 ms wait, each a
+//!   timed park and a query, most of its CPU time there; `BENCHMARKS.md`). While every pending
+//!   stream is regular and before its window, each pause runs to the first window's start,
+//!   `max_interval` at most: a completion earlier than learned is still seen within
+//!   `max_interval`, and a wait costs a round per `max_interval` and its window's spin.
 //! - At most [`STREAMS`] streams are remembered; beyond that the list starts over.
 //!
 //! [`PollerSettings::learned_spin`]: crate::PollerSettings::learned_spin
@@ -39,7 +49,32 @@ pub(super) type StreamKey = (ContextKey, u64);
 /// The learned completion time of each stream.
 #[derive(Default)]
 pub(super) struct LearnedWaits {
-    typical: HashMap<StreamKey, Duration, FastHash>,
+    typical: HashMap<StreamKey, Learned, FastHash>,
+}
+
+/// What is known of one stream's waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Learned {
+    /// Its usual wait.
+    typical: Duration,
+    /// How far its waits fall from `typical`, usually.
+    spread: Duration,
+}
+
+impl Learned {
+    /// Its waits agree closely enough to trust the window (see the module's docs).
+    fn regular(&self) -> bool {
+        self.spread <= self.typical / 16
+    }
+}
+
+/// `from` moved a quarter of the way to `to`.
+fn toward(from: Duration, to: Duration) -> Duration {
+    if to >= from {
+        from + (to - from) / 4
+    } else {
+        from - (from - to) / 4
+    }
 }
 
 impl LearnedWaits {
@@ -50,33 +85,38 @@ impl LearnedWaits {
         }
         self.typical
             .entry(stream)
-            .and_modify(|typical| {
-                *typical = if waited >= *typical {
-                    *typical + (waited - *typical) / 4
-                } else {
-                    *typical - (*typical - waited) / 4
-                }
+            .and_modify(|learned| {
+                learned.spread = toward(learned.spread, waited.abs_diff(learned.typical));
+                learned.typical = toward(learned.typical, waited);
             })
-            .or_insert(waited);
+            .or_insert(Learned {
+                typical: waited,
+                spread: waited / 2,
+            });
     }
 
     /// The window in which the stream's entry that arrived at `arrived` is expected to complete
     /// (`None`: the stream's work has no learned length yet).
     pub(super) fn window(&self, stream: StreamKey, arrived: Instant) -> Option<Window> {
-        let typical = *self.typical.get(&stream)?;
+        let learned = *self.typical.get(&stream)?;
+        let typical = learned.typical;
         let expected = arrived.checked_add(typical)?;
         let from = expected
             .checked_sub((typical / 32).max(EARLY))
             .unwrap_or(arrived)
             .max(arrived);
         let until = expected.checked_add((typical / 16).max(LATE))?;
-        Some(Window { from, until })
+        Some(Window {
+            from,
+            until,
+            regular: learned.regular(),
+        })
     }
 
     /// The learned length of a stream's work (tests).
     #[cfg(test)]
     pub(super) fn typical(&self, stream: StreamKey) -> Option<Duration> {
-        self.typical.get(&stream).copied()
+        self.typical.get(&stream).map(|learned| learned.typical)
     }
 }
 
@@ -85,25 +125,46 @@ impl LearnedWaits {
 pub(super) struct Window {
     pub(super) from: Instant,
     pub(super) until: Instant,
+    /// Its stream's waits are regular (see the module's docs).
+    pub(super) regular: bool,
 }
 
-/// The wait after a round at `now`, given the windows of the entries pending: a spin inside one,
-/// a pause cut short at the start of the next. A spin, or nothing pending, is left as it is.
+/// The wait after a round at `now`, given the window of each stream pending (`None`: its work has
+/// no learned length): a spin inside a window, a pause cut short at the start of the next. While
+/// every stream pending is regular and before its window, the pause runs to the first window's
+/// start, `longest` at most (and never shorter than the pace's). A spin, or nothing pending, is
+/// left as it is.
 pub(super) fn adjust(
     wait: Option<Wait>,
     now: Instant,
-    windows: impl IntoIterator<Item = Window>,
+    windows: impl IntoIterator<Item = Option<Window>>,
+    longest: Duration,
 ) -> Option<Wait> {
     let Some(Wait::Park(mut pause)) = wait else {
         return wait;
     };
+    let mut to_first_window: Option<Duration> = None;
+    let mut all_regular_ahead = true;
     for window in windows {
+        let Some(window) = window else {
+            all_regular_ahead = false;
+            continue;
+        };
         if window.from <= now && now < window.until {
             return Some(Wait::Spin);
         }
         if window.from > now {
-            pause = pause.min(window.from - now);
+            let to_start = window.from - now;
+            pause = pause.min(to_start);
+            to_first_window = Some(to_first_window.map_or(to_start, |first| first.min(to_start)));
+            all_regular_ahead &= window.regular;
+        } else {
+            // Past its window: later than learned, the usual pace.
+            all_regular_ahead = false;
         }
+    }
+    if let Some(first) = to_first_window.filter(|_| all_regular_ahead) {
+        pause = pause.max(first.min(longest));
     }
     Some(Wait::Park(pause))
 }
@@ -150,6 +211,7 @@ mod tests {
             Some(Window {
                 from: arrived + us(3_100),
                 until: arrived + us(3_400),
+                regular: false,
             })
         );
         let short = (STREAM.0, 9);
@@ -159,6 +221,7 @@ mod tests {
             Some(Window {
                 from: arrived + us(80),
                 until: arrived + us(150),
+                regular: false,
             })
         );
         let tiny = (STREAM.0, 10);
@@ -168,6 +231,7 @@ mod tests {
             Some(Window {
                 from: arrived,
                 until: arrived + us(55),
+                regular: false,
             })
         );
     }
@@ -191,44 +255,203 @@ mod tests {
         assert_eq!(learned.typical.len(), 1);
     }
 
+    /// A stream is regular once its samples agree for a while (spread ≤ typical / 16), and one
+    /// sample far off undoes it. (Mutation testing: `spread`'s moves and the bound.)
+    #[test]
+    fn agreeing_samples_make_a_stream_regular_and_one_far_off_undoes_it() {
+        let mut learned = LearnedWaits::default();
+        let arrived = Instant::now();
+        let regular = |learned: &LearnedWaits| learned.window(STREAM, arrived).unwrap().regular;
+        learned.learn(STREAM, us(1_600));
+        assert_eq!(
+            learned.typical[&STREAM].spread,
+            us(800),
+            "half the first sample"
+        );
+        learned.learn(STREAM, us(2_000));
+        // Off by 400: the spread moves a quarter of the way from 800 to 400; typical to 1,700.
+        assert_eq!(
+            learned.typical[&STREAM],
+            Learned {
+                typical: us(1_700),
+                spread: us(700),
+            }
+        );
+        let mut samples = 2;
+        while !regular(&learned) {
+            learned.learn(STREAM, us(1_700));
+            samples += 1;
+            assert!(samples < 20, "agreeing samples never made it regular");
+        }
+        // 700 µs × (3/4)^n ≤ 1,700 / 16 µs: n = 7 agreeing samples.
+        assert_eq!(samples, 2 + 7);
+        assert!(learned.typical[&STREAM].spread <= us(1_700) / 16);
+        // One sample half the usual length: not regular any more.
+        learned.learn(STREAM, us(850));
+        assert!(!regular(&learned));
+        // The spread's bound, exactly: typical / 16.
+        let at_bound = Learned {
+            typical: us(1_600),
+            spread: us(100),
+        };
+        assert!(at_bound.regular());
+        assert!(
+            !Learned {
+                spread: us(101),
+                ..at_bound
+            }
+            .regular()
+        );
+    }
+
     /// Inside a window: spin. Before one: the pause ends at its start. After all: the pace's own
-    /// pause. A spin, or nothing pending, is kept.
+    /// pause. A spin, or nothing pending, is kept. Windows of streams not regular, or a stream
+    /// with no window, leave the pace's pauses as they are.
     #[test]
     fn a_pause_ends_at_the_next_window_and_a_window_spins() {
         let now = Instant::now();
-        let window = |from: u64, until: u64| Window {
-            from: now + us(from),
-            until: now + us(until),
+        let window = |from: u64, until: u64| {
+            Some(Window {
+                from: now + us(from),
+                until: now + us(until),
+                regular: false,
+            })
         };
+        let longest = us(250);
         let park = Some(Wait::Park(us(250)));
-        assert_eq!(adjust(park, now, []), park);
+        assert_eq!(adjust(park, now, [], longest), park);
         assert_eq!(
-            adjust(park, now, [window(100, 300)]),
+            adjust(park, now, [window(100, 300)], longest),
             Some(Wait::Park(us(100)))
         );
         assert_eq!(
-            adjust(park, now, [window(900, 950), window(40, 90)]),
+            adjust(park, now, [window(900, 950), window(40, 90)], longest),
             Some(Wait::Park(us(40)))
         );
         assert_eq!(
-            adjust(park, now, [window(400, 500)]),
+            adjust(park, now, [window(400, 500)], longest),
             park,
             "beyond the pause"
         );
         assert_eq!(
-            adjust(park, now + us(100), [window(900, 950), window(100, 300)]),
+            adjust(
+                park,
+                now + us(100),
+                [window(900, 950), window(100, 300)],
+                longest
+            ),
             Some(Wait::Spin),
             "at a window's start"
         );
         assert_eq!(
-            adjust(park, now + us(300), [window(100, 300)]),
+            adjust(park, now + us(300), [window(100, 300)], longest),
             park,
             "a window over"
         );
         assert_eq!(
-            adjust(Some(Wait::Spin), now, [window(100, 300)]),
+            adjust(Some(Wait::Spin), now, [window(100, 300)], longest),
             Some(Wait::Spin)
         );
-        assert_eq!(adjust(None, now, [window(0, 300)]), None);
+        assert_eq!(adjust(None, now, [window(0, 300)], longest), None);
+        let short = Some(Wait::Park(us(20)));
+        assert_eq!(
+            adjust(short, now, [window(400, 500)], longest),
+            short,
+            "not regular: the pace's pause"
+        );
+    }
+
+    /// While every pending stream is regular and before its window, a pause runs to the first
+    /// window's start, `longest` at most, never shorter than the pace's; a stream with no window,
+    /// one not regular, or one past its window keeps the pace's pause.
+    #[test]
+    fn before_the_windows_of_regular_streams_a_pause_runs_to_the_first() {
+        let now = Instant::now();
+        let regular = |from: u64, until: u64| {
+            Some(Window {
+                from: now + us(from),
+                until: now + us(until),
+                regular: true,
+            })
+        };
+        let irregular = |from: u64, until: u64| {
+            regular(from, until).map(|window| Window {
+                regular: false,
+                ..window
+            })
+        };
+        let longest = us(250);
+        let short = Some(Wait::Park(us(20)));
+        assert_eq!(
+            adjust(short, now, [regular(100, 300)], longest),
+            Some(Wait::Park(us(100))),
+            "to the window's start"
+        );
+        assert_eq!(
+            adjust(
+                short,
+                now,
+                [regular(1_900, 2_100), regular(700, 900)],
+                longest
+            ),
+            Some(Wait::Park(us(250))),
+            "max_interval at most"
+        );
+        assert_eq!(
+            adjust(
+                short,
+                now,
+                [regular(1_900, 2_100), regular(180, 900)],
+                longest
+            ),
+            Some(Wait::Park(us(180))),
+            "the first window's start"
+        );
+        assert_eq!(
+            adjust(short, now, [regular(1_900, 2_100), None], longest),
+            short,
+            "a stream with no window"
+        );
+        assert_eq!(
+            adjust(
+                short,
+                now,
+                [regular(1_900, 2_100), irregular(700, 900)],
+                longest
+            ),
+            short,
+            "a stream not regular"
+        );
+        assert_eq!(
+            adjust(
+                short,
+                now + us(1_000),
+                [regular(1_900, 2_100), regular(100, 300)],
+                longest
+            ),
+            short,
+            "a stream past its window"
+        );
+        assert_eq!(
+            adjust(
+                short,
+                now + us(200),
+                [regular(1_900, 2_100), regular(100, 300)],
+                longest
+            ),
+            Some(Wait::Spin),
+            "a stream in its window"
+        );
+        let long = Some(Wait::Park(us(400)));
+        assert_eq!(
+            adjust(long, now, [regular(1_900, 2_100)], longest),
+            long,
+            "never shorter than the pace's pause"
+        );
+        assert_eq!(
+            adjust(long, now, [regular(300, 2_100)], longest),
+            Some(Wait::Park(us(300))),
+            "cut at a window's start, as ever"
+        );
     }
 }

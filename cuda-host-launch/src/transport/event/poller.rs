@@ -38,7 +38,7 @@ use crate::support::fast_hash::FastHash;
 use crate::support::panic_report::PanicOrigin;
 use crate::support::sticky_error;
 use crate::support::sync::lock;
-use crate::transport::poller_pace::{Pace, PollerSettings, Round, Wait};
+use crate::transport::poller_pace::{LONGEST_PAUSE, Pace, PollerSettings, Round, Wait};
 
 /// The entries waiting, by context, stream id and enqueuing thread, oldest first. An emptied
 /// queue is kept (its buffer reused) until the poller pauses.
@@ -387,7 +387,7 @@ pub(in crate::transport) struct EventWatch {
     /// How long each stream's work usually takes (for [`PollerSettings::learned_spin`]).
     learned: LearnedWaits,
     /// The windows of the streams pending after a round (kept to reuse the buffer).
-    windows: Vec<learned_wait::Window>,
+    windows: Vec<Option<learned_wait::Window>>,
 }
 
 impl EventWatch {
@@ -463,14 +463,19 @@ impl EventWatch {
             }
         }
         let nothing_pending = !queues.pending();
-        // When the oldest entry of each stream is expected to complete (what it waits for next).
+        // When the oldest entry of each stream pending is expected to complete (what it waits for
+        // next; `None`: not known).
         self.windows.clear();
         if settings.learned_spin && !nothing_pending {
             let learned = &self.learned;
             self.windows.extend(queues.by_stream.iter().filter_map(
                 |(&(context, stream, _), queue)| {
-                    let arrived = queue.front()?.arrived?;
-                    learned.window((context, stream), arrived)
+                    let oldest = queue.front()?;
+                    Some(
+                        oldest
+                            .arrived
+                            .and_then(|arrived| learned.window((context, stream), arrived)),
+                    )
                 },
             ));
         }
@@ -532,7 +537,12 @@ impl EventWatch {
         let wait = self.pace.after_round(now, round, settings);
         (
             round,
-            learned_wait::adjust(wait, now, self.windows.iter().copied()),
+            learned_wait::adjust(
+                wait,
+                now,
+                self.windows.iter().copied(),
+                settings.max_interval.min(LONGEST_PAUSE),
+            ),
         )
     }
 
