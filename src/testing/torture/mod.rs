@@ -20,6 +20,7 @@ mod world;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -68,11 +69,12 @@ pub fn run_here(script: &Script) -> Vec<String> {
         config = config.event_poller(cuda_host_launch::PollerSettings::LOW_LATENCY);
     }
     if settings.hooks != HookAntics::Off {
-        let oracle = Arc::clone(&world.oracle);
+        let (oracle, for_names) = (Arc::clone(&world.oracle), Arc::clone(&world.oracle));
         let hooks = settings.hooks;
         config = config.threads(
             cuda_host_launch::ThreadSettings::new()
-                .on_start(move |thread| oracle::hook_acts(hooks, thread, &oracle)),
+                .on_start(move |thread| oracle::hook_acts(hooks, thread, &oracle))
+                .name(move |thread| oracle::name_acts(hooks, thread, &for_names)),
         );
     }
     config
@@ -112,8 +114,17 @@ pub fn run_here(script: &Script) -> Vec<String> {
                 .violation("a torture thread panicked".to_string());
         }
     }
-    let violations = world.finish(&settings);
+    let mut violations = world.finish(&settings);
     let _ = keeper.join();
+    let (named, hooked) = (
+        oracle::NAMES_ASKED.load(Ordering::Relaxed),
+        oracle::HOOKS_RUN.load(Ordering::Relaxed),
+    );
+    if named < hooked {
+        violations.push(format!(
+            "{hooked} start hooks ran but the name function was asked only {named} times"
+        ));
+    }
     violations
 }
 

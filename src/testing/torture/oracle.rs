@@ -551,6 +551,7 @@ impl Drop for PanicsOnDrop {
 /// return at once does not (it would stall the thread it starts).
 pub fn hook_acts(hooks: HookAntics, thread: cuda_host_launch::CrateThread, oracle: &Oracle) {
     use cuda_host_launch::CrateThread;
+    HOOKS_RUN.fetch_add(1, Ordering::Relaxed);
     match hooks {
         HookAntics::Off => {}
         HookAntics::Blocks => std::thread::sleep(std::time::Duration::from_micros(300)),
@@ -608,6 +609,43 @@ pub fn hook_acts(hooks: HookAntics, thread: cuda_host_launch::CrateThread, oracl
         HookAntics::Panics => panic!("{ANTICS_PANIC}"),
         HookAntics::PanicsTwice => std::panic::panic_any(PanicsOnDrop),
     }
+}
+
+/// How many times the crate called the thread-name function of a run with hooks ([`name_acts`]).
+pub static NAMES_ASKED: AtomicU64 = AtomicU64::new(0);
+
+/// How many start hooks ran ([`hook_acts`]): each thread started was named first, so never more
+/// than [`NAMES_ASKED`].
+pub static HOOKS_RUN: AtomicU64 = AtomicU64::new(0);
+
+/// The thread-name function of a run with start hooks (`ThreadSettings::name`): user code the
+/// crate calls on the thread that starts one of its threads, with no lock of its own held. It
+/// calls into the crate (`config`, and a `flush` that returns at once: either would wait for
+/// ever if the crate held a lock they take), blocks for `Blocks`, and names the thread as the
+/// default does (the harness knows the reaper by name). A violation if it runs on the watcher
+/// (user code there stalls every stream) or the crate's configuration cannot be read in it.
+pub fn name_acts(
+    hooks: HookAntics,
+    which: cuda_host_launch::CrateThread,
+    oracle: &Oracle,
+) -> String {
+    NAMES_ASKED.fetch_add(1, Ordering::Relaxed);
+    let watcher = cuda_host_launch::CrateThread::Watcher.default_name();
+    if std::thread::current().name() == Some(watcher) {
+        oracle.violation(format!(
+            "the name function for {which:?} ran on the watcher"
+        ));
+    }
+    if let Err(error) = cuda_host_launch::config() {
+        oracle.violation(format!("config() in the name function failed: {error}"));
+    }
+    // On the reaper (user code there starting a thread) it refuses at once; elsewhere it times
+    // out at once or finds nothing pending.
+    let _ = cuda_host_launch::flush(std::time::Duration::ZERO);
+    if hooks == HookAntics::Blocks {
+        std::thread::sleep(std::time::Duration::from_micros(300));
+    }
+    which.default_name().to_string()
 }
 
 impl Antics {

@@ -246,7 +246,8 @@ pub struct Settings {
     pub spinning_poller: bool,
     /// The run ends with a thread calling `exit` while the others work.
     pub exit: bool,
-    /// What the crate threads' start hook does.
+    /// What the crate threads' start hook does. A run with a hook also names the threads through
+    /// a function that calls into the crate (`oracle::name_acts`).
     pub hooks: HookAntics,
 }
 
