@@ -46,10 +46,10 @@ const LATE: Duration = Duration::from_micros(50);
 /// A stream: its context and `cuStreamGetId`.
 pub(super) type StreamKey = (ContextKey, u64);
 
-/// The learned completion time of each stream.
+/// What each stream's waits were like, learned from its completions.
 #[derive(Default)]
 pub(super) struct LearnedWaits {
-    typical: HashMap<StreamKey, Learned, FastHash>,
+    streams: HashMap<StreamKey, Learned, FastHash>,
 }
 
 /// What is known of one stream's waits.
@@ -80,10 +80,10 @@ fn toward(from: Duration, to: Duration) -> Duration {
 impl LearnedWaits {
     /// A stream's newest entry, arrived `waited` ago, was seen complete now.
     pub(super) fn learn(&mut self, stream: StreamKey, waited: Duration) {
-        if self.typical.len() >= STREAMS && !self.typical.contains_key(&stream) {
-            self.typical.clear();
+        if self.streams.len() >= STREAMS && !self.streams.contains_key(&stream) {
+            self.streams.clear();
         }
-        self.typical
+        self.streams
             .entry(stream)
             .and_modify(|learned| {
                 learned.spread = toward(learned.spread, waited.abs_diff(learned.typical));
@@ -98,7 +98,7 @@ impl LearnedWaits {
     /// The window in which the stream's entry that arrived at `arrived` is expected to complete
     /// (`None`: the stream's work has no learned length yet).
     pub(super) fn window(&self, stream: StreamKey, arrived: Instant) -> Option<Window> {
-        let learned = *self.typical.get(&stream)?;
+        let learned = *self.streams.get(&stream)?;
         let typical = learned.typical;
         let expected = arrived.checked_add(typical)?;
         let from = expected
@@ -116,7 +116,7 @@ impl LearnedWaits {
     /// The learned length of a stream's work (tests).
     #[cfg(test)]
     pub(super) fn typical(&self, stream: StreamKey) -> Option<Duration> {
-        self.typical.get(&stream).map(|learned| learned.typical)
+        self.streams.get(&stream).map(|learned| learned.typical)
     }
 }
 
@@ -244,15 +244,15 @@ mod tests {
         for stream in 0..STREAMS as u64 {
             learned.learn((STREAM.0, stream), us(10));
         }
-        assert_eq!(learned.typical.len(), STREAMS);
+        assert_eq!(learned.streams.len(), STREAMS);
         learned.learn((STREAM.0, 0), us(10));
         assert_eq!(
-            learned.typical.len(),
+            learned.streams.len(),
             STREAMS,
             "a listed stream started it over"
         );
         learned.learn((STREAM.0, STREAMS as u64), us(10));
-        assert_eq!(learned.typical.len(), 1);
+        assert_eq!(learned.streams.len(), 1);
     }
 
     /// A stream is regular once its samples agree for a while (spread ≤ typical / 16), and one
@@ -264,14 +264,14 @@ mod tests {
         let regular = |learned: &LearnedWaits| learned.window(STREAM, arrived).unwrap().regular;
         learned.learn(STREAM, us(1_600));
         assert_eq!(
-            learned.typical[&STREAM].spread,
+            learned.streams[&STREAM].spread,
             us(800),
             "half the first sample"
         );
         learned.learn(STREAM, us(2_000));
         // Off by 400: the spread moves a quarter of the way from 800 to 400; typical to 1,700.
         assert_eq!(
-            learned.typical[&STREAM],
+            learned.streams[&STREAM],
             Learned {
                 typical: us(1_700),
                 spread: us(700),
@@ -285,7 +285,7 @@ mod tests {
         }
         // 700 µs × (3/4)^n ≤ 1,700 / 16 µs: n = 7 agreeing samples.
         assert_eq!(samples, 2 + 7);
-        assert!(learned.typical[&STREAM].spread <= us(1_700) / 16);
+        assert!(learned.streams[&STREAM].spread <= us(1_700) / 16);
         // One sample half the usual length: not regular any more.
         learned.learn(STREAM, us(850));
         assert!(!regular(&learned));
