@@ -550,8 +550,28 @@ impl Drop for PanicsOnDrop {
 /// What a start hook does on the crate thread `thread` as it starts; a violation if what must
 /// return at once does not (it would stall the thread it starts).
 pub fn hook_acts(hooks: HookAntics, thread: cuda_host_launch::CrateThread, oracle: &Oracle) {
-    use cuda_host_launch::CrateThread;
+    /// Clears [`IN_START_HOOK`] when the hook returns or panics.
+    struct Inside;
+    impl Drop for Inside {
+        fn drop(&mut self) {
+            IN_START_HOOK.with(|inside| inside.set(false));
+        }
+    }
     HOOKS_RUN.fetch_add(1, Ordering::Relaxed);
+    IN_START_HOOK.with(|inside| inside.set(true));
+    let _inside = Inside;
+    hook_acts_inside(hooks, thread, oracle);
+}
+
+thread_local! {
+    /// The calling thread runs a start hook ([`hook_acts`]): user code the crate runs on its own
+    /// thread, which may call the crate, and the crate then the name function, there.
+    static IN_START_HOOK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// What [`hook_acts`] does, inside the hook.
+fn hook_acts_inside(hooks: HookAntics, thread: cuda_host_launch::CrateThread, oracle: &Oracle) {
+    use cuda_host_launch::CrateThread;
     match hooks {
         HookAntics::Off => {}
         HookAntics::Blocks => std::thread::sleep(std::time::Duration::from_micros(300)),
@@ -623,7 +643,9 @@ pub static HOOKS_RUN: AtomicU64 = AtomicU64::new(0);
 /// calls into the crate (`config`, and a `flush` that returns at once: either would wait for
 /// ever if the crate held a lock they take), blocks for `Blocks`, and names the thread as the
 /// default does (the harness knows the reaper by name). A violation if it runs on the watcher
-/// (user code there stalls every stream) or the crate's configuration cannot be read in it.
+/// (user code there stalls every stream) other than inside the watcher's own start hook (the
+/// `waits` hook enqueues there, which may start the watcher: seed 7200086), or the crate's
+/// configuration cannot be read in it.
 pub fn name_acts(
     hooks: HookAntics,
     which: cuda_host_launch::CrateThread,
@@ -631,7 +653,8 @@ pub fn name_acts(
 ) -> String {
     NAMES_ASKED.fetch_add(1, Ordering::Relaxed);
     let watcher = cuda_host_launch::CrateThread::Watcher.default_name();
-    if std::thread::current().name() == Some(watcher) {
+    if std::thread::current().name() == Some(watcher) && !IN_START_HOOK.with(|inside| inside.get())
+    {
         oracle.violation(format!(
             "the name function for {which:?} ran on the watcher"
         ));
@@ -824,11 +847,19 @@ impl Watched {
                 }
             }
             Err(Error::HostFunctionPanicked { .. }) => {}
-            // A device fault is told only by a context that had one (`poison`).
-            Err(Error::DeviceFault { code, .. }) => {
+            // A device fault is told only by a context that had one (`poison`), with the code
+            // the driver answers for it (the fake's sticky error is always 719).
+            Err(Error::DeviceFault { code, name }) => {
                 if !fake().context_poisoned(at.context) {
                     oracle.violation(format!(
                         "{}: the future resolved to a device fault ({code}), its context never had one",
+                        describe(&self.tracked)
+                    ));
+                }
+                if (code, name) != (719, "CUDA_ERROR_LAUNCH_FAILED") {
+                    oracle.violation(format!(
+                        "{}: the device fault names {code} ({name}), not the driver's 719 \
+                         (CUDA_ERROR_LAUNCH_FAILED)",
                         describe(&self.tracked)
                     ));
                 }
