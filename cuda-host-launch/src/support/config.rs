@@ -92,9 +92,9 @@ pub struct PollerSettings {
     /// completions (for repeated work: a training or inference step), instead of pausing through
     /// it: such a completion is seen within microseconds, for a spin of a few percent of the wait
     /// (see `BENCHMARKS.md`). While every stream pending has waits that agree closely (regular
-    /// work), the poller looks before the expected time only every `max_interval`, not at the
-    /// shorter pauses above: a completion earlier than learned is still seen within
-    /// `max_interval`. Unknown or irregular waits keep the pauses above.
+    /// work), the poller looks before the expected time at least every `max_interval` (or
+    /// `interval`, if longer), not at the shorter pauses above: a completion earlier than
+    /// learned is still seen within that. Unknown or irregular waits keep the pauses above.
     pub learned_spin: bool,
 }
 

@@ -20,7 +20,6 @@ mod world;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -116,15 +115,7 @@ pub fn run_here(script: &Script) -> Vec<String> {
     }
     let mut violations = world.finish(&settings);
     let _ = keeper.join();
-    let (named, hooked) = (
-        oracle::NAMES_ASKED.load(Ordering::Relaxed),
-        oracle::HOOKS_RUN.load(Ordering::Relaxed),
-    );
-    if named < hooked {
-        violations.push(format!(
-            "{hooked} start hooks ran but the name function was asked only {named} times"
-        ));
-    }
+    violations.extend(oracle::names_missing());
     violations
 }
 

@@ -557,7 +557,7 @@ pub fn hook_acts(hooks: HookAntics, thread: cuda_host_launch::CrateThread, oracl
             IN_START_HOOK.with(|inside| inside.set(false));
         }
     }
-    HOOKS_RUN.fetch_add(1, Ordering::Relaxed);
+    HOOKS_RUN[kind(thread)].fetch_add(1, Ordering::SeqCst);
     IN_START_HOOK.with(|inside| inside.set(true));
     let _inside = Inside;
     hook_acts_inside(hooks, thread, oracle);
@@ -631,12 +631,38 @@ fn hook_acts_inside(hooks: HookAntics, thread: cuda_host_launch::CrateThread, or
     }
 }
 
-/// How many times the crate called the thread-name function of a run with hooks ([`name_acts`]).
-pub static NAMES_ASKED: AtomicU64 = AtomicU64::new(0);
+/// How many times the crate called the thread-name function of a run with hooks ([`name_acts`]),
+/// for the reaper and for the watcher.
+pub static NAMES_ASKED: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
-/// How many start hooks ran ([`hook_acts`]): each thread started was named first, so never more
-/// than [`NAMES_ASKED`].
-pub static HOOKS_RUN: AtomicU64 = AtomicU64::new(0);
+/// How many start hooks ran ([`hook_acts`]), for the reaper and for the watcher: each thread
+/// started was named first (a name may be asked for a thread another caller started meanwhile),
+/// so never more than [`NAMES_ASKED`] of the same kind. Read after it ([`names_missing`]): a
+/// thread started between the two reads adds its name before its hook.
+pub static HOOKS_RUN: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// The index of `thread` in [`NAMES_ASKED`] and [`HOOKS_RUN`].
+fn kind(thread: cuda_host_launch::CrateThread) -> usize {
+    usize::from(thread == cuda_host_launch::CrateThread::Watcher)
+}
+
+/// A violation for each kind of crate thread that ran more start hooks than names were asked.
+pub fn names_missing() -> Vec<String> {
+    use cuda_host_launch::CrateThread;
+    [CrateThread::Reaper, CrateThread::Watcher]
+        .into_iter()
+        .filter_map(|thread| {
+            let hooked = HOOKS_RUN[kind(thread)].load(Ordering::SeqCst);
+            let named = NAMES_ASKED[kind(thread)].load(Ordering::SeqCst);
+            (named < hooked).then(|| {
+                format!(
+                    "{hooked} start hooks of {thread:?} threads ran but the name function was \
+                     asked for only {named}"
+                )
+            })
+        })
+        .collect()
+}
 
 /// The thread-name function of a run with start hooks (`ThreadSettings::name`): user code the
 /// crate calls on the thread that starts one of its threads, with no lock of its own held. It
@@ -651,7 +677,7 @@ pub fn name_acts(
     which: cuda_host_launch::CrateThread,
     oracle: &Oracle,
 ) -> String {
-    NAMES_ASKED.fetch_add(1, Ordering::Relaxed);
+    NAMES_ASKED[kind(which)].fetch_add(1, Ordering::SeqCst);
     let watcher = cuda_host_launch::CrateThread::Watcher.default_name();
     if std::thread::current().name() == Some(watcher) && !IN_START_HOOK.with(|inside| inside.get())
     {
@@ -668,6 +694,8 @@ pub fn name_acts(
     if hooks == HookAntics::Blocks {
         std::thread::sleep(std::time::Duration::from_micros(300));
     }
+    // The default names: the harness knows the reaper by its name, and the watcher check above
+    // by the watcher's (another name here would turn that check off).
     which.default_name().to_string()
 }
 

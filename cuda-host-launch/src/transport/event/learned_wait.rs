@@ -23,8 +23,11 @@
 //!   pauses (they grow with the wait from `interval`: about 45 rounds in a 2 ms wait, each a
 //!   timed park and a query, most of its CPU time there; `BENCHMARKS.md`). While every pending
 //!   stream is regular and before its window, each pause runs to the first window's start,
-//!   `max_interval` at most: a completion earlier than learned is still seen within
-//!   `max_interval`, and a wait costs a round per `max_interval` and its window's spin.
+//!   `max_interval` at most (never shorter than the pace's own pause, so `interval` where that is
+//!   longer): a completion earlier than learned is still seen within `max_interval`, and a wait
+//!   costs a round per `max_interval` and its window's spin. An entry seen complete before its
+//!   window, oldest first while newer ones wait (no sample), ends its stream's regularity: a busy
+//!   stream whose work got shorter would otherwise stay regular with nothing to undo it.
 //! - At most [`STREAMS`] streams are remembered; beyond that the list starts over.
 //!
 //! [`PollerSettings::learned_spin`]: crate::PollerSettings::learned_spin
@@ -95,6 +98,20 @@ impl LearnedWaits {
             });
     }
 
+    /// An entry of a stream, arrived at `arrived`, was seen complete at `now` with newer ones still
+    /// pending (completed oldest first: no sample). Seen before its window's start, it completed
+    /// earlier than learned: the stream is not regular any more (its pauses would otherwise run
+    /// past such completions for as long as the stream stays busy, since a busy stream gives no
+    /// new sample to undo it).
+    pub(super) fn seen_early_maybe(&mut self, stream: StreamKey, arrived: Instant, now: Instant) {
+        let early = self
+            .window(stream, arrived)
+            .is_some_and(|window| now < window.from);
+        if let Some(learned) = self.streams.get_mut(&stream).filter(|_| early) {
+            learned.spread = learned.spread.max(learned.typical);
+        }
+    }
+
     /// The window in which the stream's entry that arrived at `arrived` is expected to complete
     /// (`None`: the stream's work has no learned length yet).
     pub(super) fn window(&self, stream: StreamKey, arrived: Instant) -> Option<Window> {
@@ -111,6 +128,21 @@ impl LearnedWaits {
             until,
             regular: learned.regular(),
         })
+    }
+
+    /// Into `out`, for each pending stream (its key and its oldest entry's arrival, `None` if not
+    /// known), the window of that entry: `None` where nothing is learned or the arrival is not
+    /// known, which [`adjust`] counts as not regular.
+    pub(super) fn windows_of(
+        &self,
+        fronts: impl IntoIterator<Item = (StreamKey, Option<Instant>)>,
+        out: &mut Vec<Option<Window>>,
+    ) {
+        out.extend(
+            fronts
+                .into_iter()
+                .map(|(stream, arrived)| arrived.and_then(|arrived| self.window(stream, arrived))),
+        );
     }
 
     /// The learned length of a stream's work (tests).
@@ -301,6 +333,67 @@ mod tests {
                 ..at_bound
             }
             .regular()
+        );
+    }
+
+    /// One window per pending stream, in order: `None` for a stream with nothing learned or an
+    /// oldest entry whose arrival is not known, so that such a stream keeps the pace's pauses.
+    #[test]
+    fn every_pending_stream_has_a_place_in_the_windows() {
+        let mut learned = LearnedWaits::default();
+        let arrived = Instant::now();
+        learned.learn(STREAM, us(3_200));
+        let unknown = (STREAM.0, 99);
+        let mut out = vec![None];
+        learned.windows_of(
+            [
+                (STREAM, Some(arrived)),
+                (unknown, Some(arrived)),
+                (STREAM, None),
+            ],
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            [None, learned.window(STREAM, arrived), None, None],
+            "appended, one per stream"
+        );
+        assert!(out[1].is_some());
+    }
+
+    /// An entry seen complete before its window (oldest first, no sample) makes its stream not
+    /// regular; one seen inside or after it, or a stream with nothing learned, changes nothing.
+    #[test]
+    fn an_entry_seen_before_its_window_undoes_regular() {
+        let mut learned = LearnedWaits::default();
+        let arrived = Instant::now();
+        learned.seen_early_maybe(STREAM, arrived, arrived);
+        assert_eq!(
+            learned.typical(STREAM),
+            None,
+            "nothing learned: nothing made up"
+        );
+        learned.streams.insert(
+            STREAM,
+            Learned {
+                typical: us(1_600),
+                spread: us(10),
+            },
+        );
+        let regular = |learned: &LearnedWaits| learned.window(STREAM, arrived).unwrap().regular;
+        assert!(regular(&learned));
+        // The window opens at 1,600 − 50 µs.
+        learned.seen_early_maybe(STREAM, arrived, arrived + us(1_550));
+        assert!(regular(&learned), "seen at the window's start");
+        learned.seen_early_maybe(STREAM, arrived, arrived + us(2_000));
+        assert!(regular(&learned), "seen after the window");
+        learned.seen_early_maybe(STREAM, arrived, arrived + us(1_549));
+        assert!(!regular(&learned), "seen before the window");
+        assert_eq!(learned.streams[&STREAM].spread, us(1_600));
+        assert_eq!(
+            learned.typical(STREAM),
+            Some(us(1_600)),
+            "the typical wait stays"
         );
     }
 

@@ -457,9 +457,15 @@ impl EventWatch {
             }
         }
         for (&(context, stream, _), queue) in &mut queues.by_stream {
+            let (oldest, before) = (queue.front().and_then(|entry| entry.arrived), queue.len());
             if let Some(arrived) = scan(driver, queue, &mut self.done, &mut self.stranded) {
                 let waited = Instant::now().saturating_duration_since(arrived);
                 self.learned.learn((context, stream), waited);
+            } else if let Some(oldest) = oldest.filter(|_| queue.len() < before) {
+                // Completed oldest first, newer work still pending: no sample, but one seen
+                // earlier than learned ends the stream's regular pauses.
+                self.learned
+                    .seen_early_maybe((context, stream), oldest, Instant::now());
             }
         }
         let nothing_pending = !queues.pending();
@@ -467,17 +473,15 @@ impl EventWatch {
         // next; `None`: not known).
         self.windows.clear();
         if settings.learned_spin && !nothing_pending {
-            let learned = &self.learned;
-            self.windows.extend(queues.by_stream.iter().filter_map(
-                |(&(context, stream, _), queue)| {
-                    let oldest = queue.front()?;
-                    Some(
-                        oldest
-                            .arrived
-                            .and_then(|arrived| learned.window((context, stream), arrived)),
-                    )
-                },
-            ));
+            self.learned.windows_of(
+                queues
+                    .by_stream
+                    .iter()
+                    .filter_map(|(&(context, stream, _), queue)| {
+                        Some(((context, stream), queue.front()?.arrived))
+                    }),
+                &mut self.windows,
+            );
         }
         if nothing_pending {
             // Paused: the emptied queues of streams that may never come back go.
