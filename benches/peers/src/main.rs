@@ -363,9 +363,84 @@ fn throughput_section(
                 }),
             }
         };
+        // Where the time goes: our release (no callback), our enqueue alone (the completions
+        // awaited after the clock stops), and the raw ring with the driver calls our enqueue adds.
+        let release_side = {
+            let (gpu, streams, done) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&done));
+            Side {
+                name: "ours: release_after(owner)".into(),
+                run: Box::new(move || {
+                    done.store(0, Ordering::SeqCst);
+                    let counter = Arc::clone(&done);
+                    let waited = Arc::clone(&done);
+                    throughput::threads_by_streams(
+                        &gpu,
+                        &streams,
+                        shape,
+                        Arc::new(move |_, _, stream| ours::release_counted(stream, &counter)),
+                        &|| {
+                            while waited.load(Ordering::Acquire) < (THREADS * per_thread) as u64 {
+                                std::thread::yield_now();
+                            }
+                        },
+                        ours::THREADS,
+                    )
+                }),
+            }
+        };
+        let enqueue_side = {
+            let (gpu, streams, done) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&done));
+            Side {
+                name: "ours: spawn_after, the enqueues alone (completions awaited after)".into(),
+                run: Box::new(move || {
+                    done.store(0, Ordering::SeqCst);
+                    let counter = Arc::clone(&done);
+                    let rate = throughput::threads_by_streams(
+                        &gpu,
+                        &streams,
+                        shape,
+                        Arc::new(move |_, _, stream| ours::spawn_counted(stream, &counter)),
+                        &|| {},
+                        ours::THREADS,
+                    );
+                    while done.load(Ordering::Acquire) < (THREADS * per_thread) as u64 {
+                        std::thread::yield_now();
+                    }
+                    rate
+                }),
+            }
+        };
+        let checked_side = {
+            let (gpu, streams, rings) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&rings));
+            Side {
+                name: "raw: the rings, each record between two capture queries (as ours)".into(),
+                run: Box::new(move || {
+                    rings.start()?;
+                    let recorder = Arc::clone(&rings);
+                    let rate = throughput::threads_by_streams(
+                        &gpu,
+                        &streams,
+                        shape,
+                        Arc::new(move |_, s, stream| {
+                            recorder.record_with_capture_queries(s, stream.raw())
+                        }),
+                        &|| rings.wait_all(),
+                        raw::THREADS,
+                    );
+                    rings.stop();
+                    rate
+                }),
+            }
+        };
         rows.push((
             "8 threads × 8 streams (the aggregate): items/s".into(),
-            vec![ours_side, raw_side],
+            vec![
+                ours_side,
+                raw_side,
+                release_side,
+                enqueue_side,
+                checked_side,
+            ],
         ));
     }
     let mut results: Vec<Vec<Vec<Result<throughput::Rate, String>>>> = rows

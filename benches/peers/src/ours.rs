@@ -88,3 +88,18 @@ pub fn host_launch_noops(stream: &Stream, n: usize) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Counts one on its counter when dropped.
+struct Counted(Arc<AtomicU64>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// `release_after(stream, owner)` whose owner counts one on `done` when dropped.
+pub fn release_counted(stream: &Stream, done: &Arc<AtomicU64>) -> Result<(), String> {
+    cuda_host_launch::release_after(stream, Counted(Arc::clone(done)))
+        .map_err(|e| format!("release_after: {e}"))
+}

@@ -219,6 +219,15 @@ impl EventRings {
         Ok(())
     }
 
+    /// As [`EventRings::record`], with the driver calls our enqueue adds around the record: a
+    /// capture query before and one after (`cuStreamGetCaptureInfo`). What the crate's enqueue
+    /// costs the driver, without the crate's own bookkeeping.
+    pub fn record_with_capture_queries(&self, lane: usize, stream: CUstream) -> Result<(), String> {
+        capture_query(self.rings.driver, stream)?;
+        self.record(lane, stream)?;
+        capture_query(self.rings.driver, stream)
+    }
+
     /// Waits until the poller saw every record complete.
     pub fn wait_all(&self) {
         for l in &self.rings.lanes {
@@ -243,6 +252,33 @@ impl Drop for EventRings {
             }
         }
     }
+}
+
+/// One `cuStreamGetCaptureInfo` of `stream`, as the crate asks it.
+fn capture_query(driver: &Driver, stream: CUstream) -> Result<(), String> {
+    let info = driver
+        .raw()
+        .cuStreamGetCaptureInfo()
+        .map_err(|e| format!("cuStreamGetCaptureInfo: {e}"))?;
+    let mut status = cuda_dl_sys::types::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let (mut id, mut graph) = (0, std::ptr::null_mut());
+    // SAFETY: a valid stream; valid out-pointers for the status, id and graph; the dependency
+    // outputs are optional.
+    let code = unsafe {
+        info(
+            stream,
+            &mut status,
+            &mut id,
+            &mut graph,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    if code != CUresult::CUDA_SUCCESS {
+        return Err(format!("cuStreamGetCaptureInfo: {code:?}"));
+    }
+    Ok(())
 }
 
 fn poll(s: &Rings) {
