@@ -1080,6 +1080,69 @@ isolated_test! {
 }
 
 isolated_test! {
+    /// Threads that release and exit: one whose last release is made from a thread-local's
+    /// destructor, which runs while its thread exits (after the crate's own thread-local, the
+    /// thread's slot of the hand-over, was registered, so before or after it is torn down), and
+    /// ones whose completed events wait in their slots' stashes when they are gone. Every owner is
+    /// dropped once its stream reached it, and once the poller idles, every event and the pool's
+    /// retain are given back: a gone thread's slot leaves nothing behind.
+    fn releases_of_exiting_threads_complete_and_their_stashed_events_go_back(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        install_poller(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_millis(20),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        struct AtExit(Option<(Arc<Stream>, Arc<Drops>)>);
+        impl Drop for AtExit {
+            fn drop(&mut self) {
+                if let Some((stream, drops)) = self.0.take() {
+                    release_after(&*stream, drops.owner()).unwrap();
+                }
+            }
+        }
+        thread_local! {
+            static AT_EXIT: std::cell::RefCell<AtExit> = const { std::cell::RefCell::new(AtExit(None)) };
+        }
+        let context = fake_primary_context();
+        let stream = Arc::new(Stream::new(&context).unwrap());
+        let retains = fake().live_objects("primary_retains");
+        let drops = Drops::new();
+        let threads: Vec<_> = (0..4)
+            .map(|i| {
+                let (stream, drops) = (Arc::clone(&stream), Arc::clone(&drops));
+                std::thread::spawn(move || {
+                    if i == 0 {
+                        // Registered before the crate's thread-local: torn down after it.
+                        AT_EXIT.with(|at| {
+                            at.borrow_mut().0 = Some((Arc::clone(&stream), Arc::clone(&drops)))
+                        });
+                    }
+                    for _ in 0..3 {
+                        release_after(&*stream, drops.owner()).unwrap();
+                    }
+                    stream.synchronize().unwrap();
+                    flush(PATIENCE).unwrap();
+                    // One more, whose event comes from this thread's stash.
+                    release_after(&*stream, drops.owner()).unwrap();
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        drops.wait_dropped(4 * 4 + 1);
+        wait_for("the poller to exit", || {
+            cuda_workspace::testing::threads_named(POLLER) == 0
+        });
+        assert_eq!(fake().live_objects("events"), 0, "every event destroyed, stashed ones too");
+        assert_eq!(fake().live_objects("primary_retains"), retains, "the pool's retain let go");
+        assert_eq!(fake().unknown_event_calls(), 0);
+        assert_eq!(context.pending_launches(), 0);
+    }
+}
+
+isolated_test! {
     /// Two threads release on one stream, and the second records its event (behind a hold) and
     /// hands it to the poller before the first hands over its own, older one: the older event's
     /// completion must not complete the newer release (queues are per enqueuing thread, whose

@@ -8,7 +8,9 @@
 //! - `pool`: the record pool (`record/pool.rs`, a small [`RecordPool`](crate::record::pool::RecordPool)
 //!   per execution);
 //! - `launch_state`: who owns a run-once launch (`record/launch_state.rs`);
-//! - `tickets`: the ticket table (`record/ticket_table.rs`): take, run, walk, reclaim, reuse.
+//! - `tickets`: the ticket table (`record/ticket_table.rs`): take, run, walk, reclaim, reuse;
+//! - `thread_slots`: the event side's hand-over (`support/thread_slots.rs`): its wake-up and its
+//!   stop.
 //!
 //! What the library keeps in `static`s and `thread_local!`s (the process's queue and pool, a
 //! thread's pool state) is a value here, made per execution; what loom cannot model (the clock,
@@ -218,4 +220,5 @@ mod launch_state;
 mod pool;
 mod reaper_wake_up;
 mod stack;
+mod thread_slots;
 mod tickets;

@@ -35,3 +35,4 @@ pub(crate) mod sticky_error;
 pub(crate) mod sync;
 #[cfg(not(loom))]
 pub(crate) mod thread_settings;
+pub(crate) mod thread_slots;

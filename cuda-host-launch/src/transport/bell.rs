@@ -54,14 +54,13 @@ pub(super) fn set_running(
     *thread = now;
 }
 
-/// After an event enqueue handed its entry over, under the hand-over's lock: wakes the watcher if
-/// the event side waits long (`wake_on_enqueue`, which it clears).
-pub(super) fn ring_events(wake_on_enqueue: &mut bool) -> Ring {
+/// After an event enqueue handed its entry over, under its slot's lock: wakes the watcher if the
+/// event side waits long (`take_wake`: whether it asked to be woken, which it clears).
+pub(super) fn ring_events(take_wake: impl FnOnce() -> bool) -> Ring {
     if !running() {
         return Ring::NoWatcher;
     }
-    if *wake_on_enqueue {
-        *wake_on_enqueue = false;
+    if take_wake() {
         POKE_EVENTS.store(true, Ordering::Release);
         unpark();
     }

@@ -183,31 +183,30 @@ fn watch() {
 }
 
 /// Stops the watcher if nothing is pending or handed over on either side, deciding under every
-/// lock an enqueue hands over under, then its own; gives the event pools back. Returns whether it
-/// stopped.
+/// lock an enqueue hands over under (every slot of the events' hand-over, the flag registry),
+/// then its own; gives the event pools back. Returns whether it stopped.
 fn stop(driver: &cuda_dl_sys::Driver) -> bool {
     let Some(work) = exit_gate::begin_driver_work() else {
         return false;
     };
-    let released;
-    let served_at_exit;
-    {
-        let queues = event::queues();
-        let mut incoming = event::lock_incoming();
+    let queues = event::queues();
+    let decided = event::with_all_slots_locked(|slots| {
         let mut registry = low_latency::lock_registry();
         if !low_latency::registry_idle(&mut registry) {
-            return false;
+            return None;
         }
-        let Some(given_back) = EventWatch::stop_if_idle(driver, &mut incoming, &queues) else {
-            return false;
-        };
-        released = given_back;
+        let released = EventWatch::stop_if_idle(driver, slots, &queues)?;
         bell::set_running(&mut lock(&bell::THREAD), None);
         // The newest request when it decided (under its own lock, which a flush asks under): a
         // flush that asks later finds no watcher, or the next one.
-        served_at_exit = BARRIER.round_begins();
-        incoming.wake_on_enqueue = false;
-    }
+        let served_at_exit = BARRIER.round_begins();
+        event::no_wake_needed();
+        Some((released, served_at_exit))
+    });
+    drop(queues);
+    let Some((released, served_at_exit)) = decided else {
+        return false;
+    };
     // With no lock held: a reclaim takes the locks. Only the work of contexts that are gone is
     // taken.
     for (device, handle) in released {

@@ -58,6 +58,7 @@ use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sync::lock;
+use crate::support::thread_slots::{AllLocked, Handover, Slot};
 use crate::transport::bell::Ring;
 use crate::transport::completion_state::CompletionState;
 
@@ -98,14 +99,14 @@ impl Work {
 }
 
 /// One recorded event and the record to complete when it completes.
-struct Entry {
+pub(in crate::transport) struct Entry {
     /// The stream's context (handle and id: see `support::context_key`).
     context: ContextKey,
     /// The stream's `cuStreamGetId`.
     stream: u64,
-    /// The enqueuing thread ([`thread_number`]): one thread's records on a stream are in the
-    /// stream's order, and so in its queue; two threads' are not (each records, then hands over,
-    /// and the hand-overs may cross), so they get a queue each.
+    /// The enqueuing thread's number (its slot's: `support::thread_slots`): one thread's records on a
+    /// stream are in the stream's order, and so in its queue; two threads' are not (each records,
+    /// then hands over, and the hand-overs may cross), so they get a queue each.
     thread: u64,
     event: usize,
     ticket: TicketId,
@@ -115,26 +116,22 @@ struct Entry {
     arrived: Option<std::time::Instant>,
 }
 
-/// The hand-over from the enqueuing threads to the poller. Its own lock, apart from the pools',
-/// so that an enqueue's two short critical sections (take an event, hand the entry over) meet the
-/// poller's (drain the hand-over, give events back) less often. Where both are taken, this one
-/// comes first.
-#[derive(Default)]
-pub(super) struct Incoming {
-    /// Entries enqueued since the poller last looked.
-    entries: Vec<Entry>,
-    /// Whether the poller parks, or is about to, for longer than an enqueue should wait: with
-    /// nothing pending, or for a pause longer than its shortest (see `transport::poller_pace`).
-    /// Only then does an enqueue wake it; otherwise it looks at `entries` soon on its own, and an
-    /// enqueue makes no system call.
-    pub(super) wake_on_enqueue: bool,
-}
-
-static INCOMING: LazyLock<Mutex<Incoming>> = LazyLock::new(Mutex::default);
+/// The hand-over from the enqueuing threads to the watcher: a slot per thread
+/// (`support::thread_slots`), whose stash keeps the thread's completed events.
+static HANDOVER: LazyLock<Handover<Entry, ContextKey>> = LazyLock::new(Handover::new);
 static POOLS: LazyLock<Mutex<pools::Pools>> = LazyLock::new(Mutex::default);
 
-fn incoming() -> MutexGuard<'static, Incoming> {
-    lock(&INCOMING)
+/// A slot for threads whose own is gone (their thread-local storage is being torn down).
+static SHARED_SLOT: LazyLock<Arc<Slot<Entry, ContextKey>>> = LazyLock::new(|| HANDOVER.register());
+
+thread_local! {
+    static SLOT: Arc<Slot<Entry, ContextKey>> = HANDOVER.register();
+}
+
+/// The calling thread's slot, and the number its entries get (see `support::thread_slots`).
+fn my_slot() -> (Arc<Slot<Entry, ContextKey>>, u64) {
+    SLOT.try_with(|slot| (Arc::clone(slot), slot.number()))
+        .unwrap_or_else(|_| (Arc::clone(&SHARED_SLOT), HANDOVER.number()))
 }
 
 fn pools() -> MutexGuard<'static, pools::Pools> {
@@ -176,6 +173,7 @@ pub(crate) unsafe fn enqueue(
     work: Work,
 ) -> Result<Ring, Refusal> {
     let raw = stream.as_raw_stream();
+    let (slot, number) = my_slot();
     // Everything asked before an event is taken: an error gives the record back.
     let checks = || -> Result<_, Error> {
         let admitted = admit("enqueuing a stream-ordered release or callback")?;
@@ -203,15 +201,23 @@ pub(crate) unsafe fn enqueue(
             });
         }
         let context = context_key_of(driver, stream)?;
-        // The pool first: it refuses a context that is not primary before anything else is asked.
-        let taken = pools().take(driver, context);
-        let event = match taken {
-            Ok(event) => event,
-            Err(e) => {
-                // A pool this call made, whose first events could not be created, holds its
-                // context retained: given back as a refused event's pool is.
-                give_back_refused(driver, context, None);
-                return Err(e);
+        // An event of this thread's stash (no lock but its slot's), else the context's pool,
+        // which refuses a context that is not primary before anything else is asked.
+        let stashed = slot.lock().take_stashed(context);
+        let event = match stashed {
+            Some(event) => std::ptr::with_exposed_provenance_mut(event),
+            None => {
+                // Its own statement: the pools' lock goes before the error's give-back takes it.
+                let taken = pools().take(driver, context);
+                match taken {
+                    Ok(event) => event,
+                    Err(e) => {
+                        // A pool this call made, whose first events could not be created, holds
+                        // its context retained: given back as a refused event's pool is.
+                        give_back_refused(driver, &slot, context, None);
+                        return Err(e);
+                    }
+                }
             }
         };
         Ok((admitted, record_event, stream_id, context, event))
@@ -228,7 +234,7 @@ pub(crate) unsafe fn enqueue(
             // SAFETY: a valid stream (the `AsRawStream` guarantee) and out-pointer.
             let code = unsafe { stream_id(raw, &mut id) };
             if let Err(e) = driver.check(code, "cuStreamGetId") {
-                give_back_refused(driver, context, Some(event));
+                give_back_refused(driver, &slot, context, Some(event));
                 return Err(Refusal::back(e.into(), record));
             }
             id
@@ -246,7 +252,7 @@ pub(crate) unsafe fn enqueue(
         Ok(submitted) => submitted,
         Err(refusal) => {
             // Not recorded (or no ticket): the record goes back, and the event to its pool.
-            give_back_refused(driver, context, Some(event));
+            give_back_refused(driver, &slot, context, Some(event));
             return Err(refusal);
         }
     };
@@ -263,19 +269,24 @@ pub(crate) unsafe fn enqueue(
         }
         return Err(Refusal::kept(error));
     }
-    let mut incoming = incoming();
-    incoming.entries.push(Entry {
-        context,
-        stream: id,
-        thread: thread_number(),
-        event: event.expose_provenance(),
-        ticket: ticket_id,
-        work,
-        arrived: None,
-    });
-    // Under the hand-over's lock: the watcher cannot decide to stop meanwhile.
-    let ring = super::bell::ring_events(&mut incoming.wake_on_enqueue);
-    drop(incoming);
+    let ring = {
+        let mut held = slot.lock();
+        slot.hand_over(
+            &mut held,
+            Entry {
+                context,
+                stream: id,
+                thread: number,
+                event: event.expose_provenance(),
+                ticket: ticket_id,
+                work,
+                arrived: None,
+            },
+        );
+        // Under the slot's lock: the watcher cannot decide to stop meanwhile.
+        super::bell::ring_events(|| HANDOVER.take_wake())
+    };
+    drop(slot);
     admitted.finish();
     Ok(ring)
 }
@@ -284,17 +295,19 @@ pub(crate) unsafe fn enqueue(
 /// its events is out and no poller runs: a pool holds its context retained, and only the poller
 /// gives idle pools back (when it goes idle), so without one a pool that a failed enqueue made
 /// would keep its context, and the work pending there, for good (a context whose sticky error has
-/// surfaced refuses every record). Under the hand-over's lock, then the pools', as the poller
-/// decides to exit: either it still runs and gives the pool back when it exits, or it is gone and
-/// this does.
+/// surfaced refuses every record). Under the thread's slot's lock, then the pools', as the
+/// watcher decides to stop (under every slot's): either it still runs and gives the pool back
+/// when it stops, or it is gone and this does (no stash holds an event then: the watcher takes
+/// them back as it stops, and only a watcher fills them).
 fn give_back_refused(
     driver: &cuda_dl_sys::Driver,
+    slot: &Slot<Entry, ContextKey>,
     context: ContextKey,
     event: Option<cuda_dl_sys::types::CUevent>,
 ) {
     let released = {
         // Held as the watcher decides to stop: it still runs, or it is gone.
-        let _incoming = incoming();
+        let _held = slot.lock();
         let mut pools = pools();
         if let Some(event) = event {
             pools.give_back(driver, context, event);
@@ -308,19 +321,6 @@ fn give_back_refused(
     if let Some((device, handle)) = released {
         crate::transport::reclaim_after_release(driver, device, handle);
     }
-}
-
-/// A number for the calling thread, unique in the process.
-fn thread_number() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    // During the thread's exit its number may be gone: a fresh one is as good (a queue of its own).
-    NUMBER
-        .try_with(|n| *n)
-        .unwrap_or_else(|_| NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Forgets the pools and queued entries of the contexts of `handle` that are gone (`look`,
@@ -338,10 +338,17 @@ pub(crate) fn pool_handles() -> Vec<usize> {
 /// The watcher's event side, and what it needs to decide to stop.
 pub(super) use poller::{EventWatch, queues};
 
-/// The hand-over's lock, for the watcher: it clears `wake_on_enqueue` when it looks and sets it
-/// before a long park.
-pub(super) fn lock_incoming() -> MutexGuard<'static, Incoming> {
-    incoming()
+/// Runs `f` with every slot of the hand-over locked (see `support::thread_slots`): the watcher decides to
+/// stop under them.
+pub(super) fn with_all_slots_locked<R>(
+    f: impl FnOnce(&mut AllLocked<'_, '_, Entry, ContextKey>) -> R,
+) -> R {
+    HANDOVER.with_all_locked(f)
+}
+
+/// The watcher stops, or looks now: no enqueue need wake it.
+pub(super) fn no_wake_needed() {
+    HANDOVER.looking();
 }
 
 /// Makes the watcher's event side give its pools back (destroying their events and releasing

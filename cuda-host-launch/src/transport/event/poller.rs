@@ -29,7 +29,7 @@ use std::time::Instant;
 use cuda_dl_sys::types::{CUevent, CUresult};
 
 use super::learned_wait::{self, LearnedWaits};
-use super::{Entry, Incoming, Work, incoming, pools};
+use super::{Entry, HANDOVER, Work, pools};
 use crate::enqueue::pending;
 use crate::reaper::{lane, release};
 use crate::record::layout::{Op, RecordHeader};
@@ -38,6 +38,7 @@ use crate::support::fast_hash::FastHash;
 use crate::support::panic_report::PanicOrigin;
 use crate::support::sticky_error;
 use crate::support::sync::lock;
+use crate::support::thread_slots::AllLocked;
 use crate::transport::poller_pace::{LONGEST_PAUSE, Pace, PollerSettings, Round, Wait};
 
 /// The entries waiting, by context, stream id and enqueuing thread, oldest first. An emptied
@@ -120,46 +121,71 @@ pub(super) fn around_reset<T, E>(
     result
 }
 
-/// Forgets the queues, hand-over entries and pools of the contexts of `handle` that are gone: the
-/// contexts are collected first, under the hand-over's and the pools' locks (so none is added
-/// meanwhile), then the handle is looked at (see `support::context_key`).
+/// Forgets the queues, hand-over entries, stashed events and pools of the contexts of `handle`
+/// that are gone: the contexts are collected first, under every slot's lock and the pools' (so
+/// none is added meanwhile), then the handle is looked at (see `support::context_key`).
 fn forget_gone_locked(
     queues: &mut Queues,
     handle: usize,
     look: &dyn Fn() -> Liveness,
     known: Gone,
 ) {
-    let mut incoming = incoming();
-    let mut pools = pools();
-    let mut keys: Vec<ContextKey> = pools.keys_of(handle).collect();
-    keys.extend(
+    HANDOVER.with_all_locked(|slots| {
+        let mut pools = pools();
+        // A stashed event's context has a pool (the event is counted out of it).
+        let mut keys: Vec<ContextKey> = pools.keys_of(handle).collect();
+        keys.extend(
+            queues
+                .by_stream
+                .keys()
+                .map(|(context, _, _)| *context)
+                .chain(slots.entries().map(|entry| entry.context))
+                .filter(|context| context.handle == handle),
+        );
+        if keys.is_empty() {
+            return;
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        let now = look();
+        keys.retain(|key| now.is_gone(*key, known));
+        if keys.is_empty() {
+            return;
+        }
         queues
             .by_stream
-            .keys()
-            .map(|(context, _, _)| *context)
-            .chain(incoming.entries.iter().map(|entry| entry.context))
-            .filter(|context| context.handle == handle),
-    );
-    if keys.is_empty() {
-        return;
-    }
-    keys.sort_unstable();
-    keys.dedup();
-    let now = look();
-    keys.retain(|key| now.is_gone(*key, known));
-    if keys.is_empty() {
-        return;
-    }
-    queues
-        .by_stream
-        .retain(|(context, _, _), _| !keys.contains(context));
-    incoming
-        .entries
-        .retain(|entry| !keys.contains(&entry.context));
-    if let Some(driver) = cuda_dl_sys::Driver::get() {
-        for key in keys {
-            pools.forget(driver, key);
+            .retain(|(context, _, _), _| !keys.contains(context));
+        slots.forget(|context| keys.contains(&context), |entry| entry.context);
+        if let Some(driver) = cuda_dl_sys::Driver::get() {
+            for key in keys {
+                pools.forget(driver, key);
+            }
         }
+    });
+}
+
+/// Gives the events of `events` back to their pools.
+fn to_pools(
+    driver: &cuda_dl_sys::Driver,
+    pools: &mut super::pools::Pools,
+    events: &[(ContextKey, usize)],
+) {
+    for &(context, event) in events {
+        pools.give_back(
+            driver,
+            context,
+            ptr::with_exposed_provenance_mut::<std::ffi::c_void>(event) as CUevent,
+        );
+    }
+}
+
+/// Takes every slot's stash back into the pools (one slot at a time: a stashed event its thread
+/// took meanwhile is an event out).
+fn recall_stashes(driver: &cuda_dl_sys::Driver) {
+    let mut recalled = Vec::new();
+    HANDOVER.recall(|context, event| recalled.push((context, event)));
+    if !recalled.is_empty() {
+        to_pools(driver, &mut pools(), &recalled);
     }
 }
 
@@ -388,6 +414,11 @@ pub(in crate::transport) struct EventWatch {
     learned: LearnedWaits,
     /// The windows of the streams pending after a round (kept to reuse the buffer).
     windows: Vec<Option<learned_wait::Window>>,
+    /// The events of `done`, with their threads' numbers, on their way to the stashes (kept to
+    /// reuse the buffer).
+    returns: Vec<(u64, ContextKey, usize)>,
+    /// Events on their way back to their pools (kept to reuse the buffer).
+    overflow: Vec<(ContextKey, usize)>,
 }
 
 impl EventWatch {
@@ -402,6 +433,8 @@ impl EventWatch {
             round_began: Instant::now(),
             learned: LearnedWaits::default(),
             windows: Vec::new(),
+            returns: Vec::new(),
+            overflow: Vec::new(),
         }
     }
 
@@ -422,23 +455,25 @@ impl EventWatch {
         // Pools given back this round: their contexts, once released, may be gone.
         let mut released = Vec::new();
         {
-            let mut incoming = incoming();
             // It is looking now: an enqueue need not wake it.
-            incoming.wake_on_enqueue = false;
-            arrived = !incoming.entries.is_empty();
-            for mut entry in incoming.entries.drain(..) {
-                entry.arrived = Some(self.round_began);
-                queues
-                    .by_stream
-                    .entry((entry.context, entry.stream, entry.thread))
-                    .or_default()
-                    .push_back(entry);
-            }
+            HANDOVER.looking();
+            let began = self.round_began;
+            arrived = HANDOVER.take_entries(|entries| {
+                for mut entry in entries.drain(..) {
+                    entry.arrived = Some(began);
+                    queues
+                        .by_stream
+                        .entry((entry.context, entry.stream, entry.thread))
+                        .or_default()
+                        .push_back(entry);
+                }
+            });
             if !queues.pending() {
                 let idle = *self.idle_since.get_or_insert_with(Instant::now);
                 if give_back_asked() || idle.elapsed() >= settings.idle_exit {
-                    // Under the hand-over's lock, then the pools': an enqueue that took an event
-                    // keeps its pool (its event is out).
+                    // The stashes first, then the pools: an enqueue that took an event keeps its
+                    // pool (its event is out).
+                    recall_stashes(driver);
                     if let Some(given_back) = pools().give_back_all_if_none_out(driver) {
                         released = given_back;
                     }
@@ -451,6 +486,7 @@ impl EventWatch {
                 // reclaim its work). Looked at four times per `idle_exit` at most.
                 if self.round_began >= self.next_pool_look {
                     self.next_pool_look = self.round_began + settings.idle_exit / 4;
+                    recall_stashes(driver);
                     released =
                         pools().give_back_idle_for(driver, self.round_began, settings.idle_exit);
                 }
@@ -488,15 +524,29 @@ impl EventWatch {
             queues.by_stream.retain(|_, queue| !queue.is_empty());
         }
         if !self.done.is_empty() || !self.stranded.is_empty() {
-            // Under the queues' lock: a reset cannot forget a pool between the query and this.
+            // Under the queues' lock: a reset cannot forget a pool (or clear the stashes) between
+            // the query and this. The completed events go to the stashes of the threads that
+            // recorded them (no pool's lock held: an enqueue takes its slot's, then the pools').
+            self.returns.clear();
+            self.returns.extend(
+                self.done
+                    .iter()
+                    .map(|entry| (entry.thread, entry.context, entry.event)),
+            );
+            self.overflow.clear();
+            let overflow = &mut self.overflow;
+            HANDOVER.stash(&mut self.returns, |context, event| {
+                overflow.push((context, event))
+            });
+            if !self.stranded.is_empty() {
+                // A pool left with stranded events holds its context for nothing once none is out
+                // (below): its stashed events are not out.
+                HANDOVER.recall(|context, event| overflow.push((context, event)));
+            }
             let mut pools = pools();
+            to_pools(driver, &mut pools, &self.overflow);
             self.calls.clear();
             for entry in &self.done {
-                pools.give_back(
-                    driver,
-                    entry.context,
-                    ptr::with_exposed_provenance_mut::<std::ffi::c_void>(entry.event) as CUevent,
-                );
                 // A callback keeps its pool's context retained until it ran on the lane.
                 self.calls.push(
                     entry
@@ -569,8 +619,9 @@ impl EventWatch {
     }
 
     /// Whether an enqueue must wake the watcher for this side to see it soon: it waits for a
-    /// pause longer than its shortest, or for nothing. Set under the hand-over's lock, which the
-    /// enqueues push under; `false` if entries already wait (the watcher must not park then).
+    /// pause longer than its shortest, or for nothing (`support::thread_slots`' `wake_on_enqueue`, which an
+    /// enqueue takes under its slot's lock after handing over); `false` if entries already wait
+    /// (the watcher must not park then).
     pub(in crate::transport) fn ask_to_be_woken(
         wait: Option<Wait>,
         settings: &PollerSettings,
@@ -584,25 +635,22 @@ impl EventWatch {
             // The round cleared it already: it looks again soon on its own.
             return true;
         }
-        let mut incoming = incoming();
-        if !incoming.entries.is_empty() {
-            return false;
-        }
-        incoming.wake_on_enqueue = true;
-        true
+        HANDOVER.ask_to_be_woken()
     }
 
     /// Whether nothing is pending or handed over, with no event out: the watcher may stop. Its
-    /// idle pools are given back (under the hand-over's lock, which the caller holds, then the
-    /// pools'): an enqueue that took an event keeps the watcher (its event is out).
+    /// idle pools are given back, the stashes first (under every slot's lock, which the caller
+    /// holds, then the pools'): an enqueue that took an event keeps the watcher (its event is out).
     pub(in crate::transport) fn stop_if_idle(
         driver: &cuda_dl_sys::Driver,
-        incoming: &mut Incoming,
+        slots: &mut AllLocked<'_, '_, Entry, ContextKey>,
         queues: &Queues,
     ) -> Option<Vec<(cuda_dl_sys::types::CUdevice, usize)>> {
-        if queues.pending() || !incoming.entries.is_empty() {
+        if queues.pending() || !slots.no_entries() {
             return None;
         }
-        pools().give_back_all_if_none_out(driver)
+        let mut pools = pools();
+        slots.recall(|context, event| to_pools(driver, &mut pools, &[(context, event)]));
+        pools.give_back_all_if_none_out(driver)
     }
 }
