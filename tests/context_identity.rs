@@ -197,6 +197,44 @@ isolated_test! {
         assert_eq!(pending_launches(None), 0);
     }
 
+    /// A sticky error strands a release while an event of its pool waits in the enqueuing
+    /// thread's stash (an earlier release's, completed): the round that strands it takes the
+    /// stashes back, so the pool gives its retain back then, not at its idle exit (an hour here),
+    /// and the user's last release destroys the context and reclaims the release.
+    fn a_sticky_error_gives_back_a_pool_whose_event_waits_in_a_stash(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        cuda_host_launch::Config::new()
+            .event_poller(cuda_host_launch::PollerSettings {
+                idle_exit: Duration::from_secs(3600),
+                ..cuda_host_launch::PollerSettings::DEFAULT
+            })
+            .install()
+            .unwrap();
+        load_fake_driver();
+        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let drops = Drops::new();
+        // Two events out at once, both back in this thread's stash once they completed.
+        let hold = fake().hold_stream(stream.raw()).unwrap();
+        release_after(&stream, drops.owner()).unwrap();
+        release_after(&stream, drops.owner()).unwrap();
+        hold.release();
+        drops.wait_dropped(2);
+        // The round that completed them has ended: their events wait in the stash.
+        flush(PATIENCE).unwrap();
+        // This release takes one of them; the other stays in the stash.
+        let hold = fake().hold_stream(stream.raw()).unwrap();
+        release_after(&stream, drops.owner()).unwrap();
+        fake().poison_context(context.raw()).unwrap();
+        hold.release();
+        drop(stream);
+        drop(context);
+        wait_until("the stranded owner dropped", PATIENCE, || drops.dropped() == 3);
+        wait_until("no retain left", PATIENCE, || fake().live_objects("primary_retains") == 0);
+        assert_eq!(pending_launches(None), 0);
+    }
+
     /// A sticky error with event work pending (a release, a callback, a future): the event pool
     /// strands the work and gives its retain back, so the user's last release destroys the context
     /// and reclaims everything (before: the pool kept its retain for good, nothing was reclaimed,

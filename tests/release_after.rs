@@ -126,6 +126,56 @@ isolated_test! {
         assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
     }
 
+    /// A reset while a release waits in its thread's slot of the hand-over, not yet taken by
+    /// the watcher (which pauses a second between rounds, its shortest pause, so it asked no
+    /// enqueue to wake it): the reset forgets the entry there too, and the watcher never queries
+    /// its dead event. (If the watcher took the entry before the reset, the queues' forgetting
+    /// covers it and the test shows nothing; it cannot fail for that.)
+    fn a_reset_forgets_a_release_still_in_its_threads_slot(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        install_poller(cuda_host_launch::PollerSettings {
+            spin: Duration::ZERO,
+            interval: Duration::from_secs(1),
+            max_interval: Duration::from_secs(1),
+            learned_spin: false,
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let (first, second) = (Stream::new(&context).unwrap(), Stream::new(&context).unwrap());
+        let tokens: Vec<_> = [&first, &second]
+            .iter()
+            .map(|stream| {
+                fake()
+                    .hold_stream(stream.raw())
+                    .expect("the fake could not hold the stream")
+                    .into_token()
+            })
+            .collect();
+        let drops = Drops::new();
+        release_after(&first, drops.owner()).unwrap();
+        let queries = fake().call_count("cuEventQuery");
+        wait_for("the watcher to query the first release's event", || {
+            fake().call_count("cuEventQuery") > queries
+        });
+        // The watcher now pauses a second: this one waits in the slot.
+        release_after(&second, drops.owner()).unwrap();
+        fake().set_hook("cuDevicePrimaryCtxReset", 1, move || {
+            for &token in &tokens {
+                fake().release_hold(token);
+            }
+        });
+        drop((first, second));
+        let unknown = fake().unknown_event_calls();
+        // SAFETY: the context's streams are dropped; nothing made in it is used afterwards.
+        let reclaimed = unsafe { context.reset() }.unwrap();
+        cuda_workspace::testing::assert_reset_released(&context, reclaimed, 2);
+        drops.wait_dropped(2);
+        // A watcher round that began after the reset has ended.
+        flush(PATIENCE).unwrap();
+        assert_eq!(fake().unknown_event_calls(), unknown, "calls on a destroyed event");
+    }
+
     /// Another binding resets the primary context (as `cudaDeviceReset` does, with nothing of
     /// this crate's in flight) while the event pool keeps free events of it. The reset destroyed
     /// them, so when the poller goes idle and gives the pool back, it releases the pool's retain
@@ -1159,12 +1209,18 @@ isolated_test! {
             // After the first thread's record, before it hands the event over: another thread
             // holds the stream, then releases behind the hold.
             let (inner, late, held) = (Arc::clone(&inner), Arc::clone(&late), Arc::clone(&held));
+            let queries = fake().call_count("cuEventQuery");
             std::thread::spawn(move || {
                 *held.lock().unwrap() = fake().hold_stream(inner.raw());
                 release_after(&*inner, late.owner()).unwrap();
             })
             .join()
             .unwrap();
+            // The watcher has taken the newer release (it queries its event) before the older
+            // one is handed over: the two would share a queue if threads were not told apart.
+            wait_for("the watcher to query the newer release's event", || {
+                fake().call_count("cuEventQuery") > queries
+            });
         });
         release_after(&*stream, first.owner()).unwrap();
         first.wait_dropped(1);

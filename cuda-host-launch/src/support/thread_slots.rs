@@ -271,3 +271,99 @@ impl<E, K: Copy> Handover<E, K> {
         f(&mut AllLocked { held: &mut held })
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Where `stash` puts an event for the slot numbered `number`: `Some` (the key and event)
+    /// if it went to the pool, `None` if a slot kept it.
+    fn stashed_to_pool(
+        handover: &Handover<u32, u8>,
+        number: u64,
+        event: usize,
+    ) -> Option<(u8, usize)> {
+        let mut to_pool = None;
+        handover.stash(&mut [(number, 1, event)], |key, event| {
+            to_pool = Some((key, event))
+        });
+        to_pool
+    }
+
+    #[test]
+    fn a_gone_threads_slot_is_dropped_once_it_holds_nothing() {
+        let handover = Handover::<u32, u8>::new();
+        let (alive, gone) = (handover.register(), handover.register());
+        let (alive_number, gone_number) = (alive.number(), gone.number());
+        assert!(
+            alive_number < gone_number,
+            "numbered in the registry's order"
+        );
+        // A gone thread's slot with a stash stays, and keeps what is given to it.
+        assert_eq!(stashed_to_pool(&handover, gone_number, 10), None);
+        drop(gone);
+        handover.take_entries(|_| {});
+        assert_eq!(
+            stashed_to_pool(&handover, gone_number, 11),
+            None,
+            "dropped with a stash"
+        );
+        // Taken back, it holds nothing: the next look drops it, and what comes for it goes to the
+        // pool.
+        let mut recalled = Vec::new();
+        handover.recall(|key, event| recalled.push((key, event)));
+        assert_eq!(recalled, vec![(1, 10), (1, 11)]);
+        handover.take_entries(|_| {});
+        assert_eq!(stashed_to_pool(&handover, gone_number, 12), Some((1, 12)));
+        // A live thread's slot stays, empty or not, and its thread takes its stash.
+        assert_eq!(stashed_to_pool(&handover, alive_number, 13), None);
+        handover.take_entries(|_| {});
+        assert_eq!(alive.lock().take_stashed(1), Some(13));
+        assert_eq!(alive.lock().take_stashed(1), None);
+        handover.take_entries(|_| {});
+        assert_eq!(
+            stashed_to_pool(&handover, alive_number, 14),
+            None,
+            "a live slot was dropped"
+        );
+    }
+
+    #[test]
+    fn a_gone_threads_entries_are_taken_before_its_slot_goes() {
+        let handover = Handover::<u32, u8>::new();
+        let slot = handover.register();
+        let number = slot.number();
+        {
+            let mut held = slot.lock();
+            slot.hand_over(&mut held, 7);
+        }
+        drop(slot);
+        let mut taken = Vec::new();
+        assert!(
+            handover.take_entries(|entries| taken.append(entries)),
+            "entries arrived"
+        );
+        assert_eq!(taken, vec![7]);
+        assert!(
+            !handover.take_entries(|entries| taken.append(entries)),
+            "nothing arrived"
+        );
+        assert_eq!(
+            stashed_to_pool(&handover, number, 1),
+            Some((1, 1)),
+            "the slot is gone"
+        );
+    }
+
+    #[test]
+    fn a_full_stash_sends_the_rest_to_the_pool() {
+        let handover = Handover::<u32, u8>::new();
+        let slot = handover.register();
+        let mut events: Vec<(u64, u8, usize)> =
+            (0..MAX_STASH + 2).map(|e| (slot.number(), 1, e)).collect();
+        let mut to_pool = 0;
+        handover.stash(&mut events, |_, _| to_pool += 1);
+        assert_eq!(to_pool, 2);
+        assert_eq!(slot.lock().stash.len(), MAX_STASH);
+    }
+}

@@ -173,10 +173,12 @@ pub(crate) unsafe fn enqueue(
     work: Work,
 ) -> Result<Ring, Refusal> {
     let raw = stream.as_raw_stream();
-    let (slot, number) = my_slot();
     // Everything asked before an event is taken: an error gives the record back.
     let checks = || -> Result<_, Error> {
         let admitted = admit("enqueuing a stream-ordered release or callback")?;
+        // After `admit`: a forked child is refused before it takes a lock that a thread of its
+        // parent may have held at the fork.
+        let (slot, number) = my_slot();
         let driver = admitted.driver;
         let record_event = driver.raw().cuEventRecord()?;
         // What the poller calls for this entry, resolved now: a driver without them refuses the
@@ -220,9 +222,17 @@ pub(crate) unsafe fn enqueue(
                 }
             }
         };
-        Ok((admitted, record_event, stream_id, context, event))
+        Ok((
+            admitted,
+            slot,
+            number,
+            record_event,
+            stream_id,
+            context,
+            event,
+        ))
     };
-    let (admitted, record_event, stream_id, context, event) = match checks() {
+    let (admitted, slot, number, record_event, stream_id, context, event) = match checks() {
         Ok(checked) => checked,
         Err(e) => return Err(Refusal::back(e, record)),
     };
