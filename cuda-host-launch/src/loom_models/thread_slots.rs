@@ -29,7 +29,7 @@ fn enqueue(handover: &Handover<usize, u8>, slot: &Slot<usize, u8>, entry: usize,
 
 #[test]
 fn loom_thread_slots_an_entry_is_taken_or_wakes_the_watcher() {
-    check("handover: wake-up", 3, || {
+    check("thread slots: wake-up", 3, || {
         let handover = Arc::new(Handover::<usize, u8>::new());
         let bell = Arc::new(Notify::new());
         let total = 2;
@@ -69,12 +69,12 @@ fn loom_thread_slots_an_entry_is_taken_or_wakes_the_watcher() {
 
 #[test]
 fn loom_thread_slots_no_entry_is_left_behind_by_a_stop() {
-    check("handover: stop", 3, || {
+    check("thread slots: stop", 3, || {
         let handover = Arc::new(Handover::<usize, u8>::new());
         let running = Arc::new(AtomicBool::new(true));
         let slot = handover.register();
         let producer = {
-            let (handover, running) = (Arc::clone(&handover), Arc::clone(&running));
+            let running = Arc::clone(&running);
             thread::spawn(move || {
                 let mut held = slot.lock();
                 slot.hand_over(&mut held, 7);
