@@ -226,6 +226,12 @@ struct Side {
     run: Box<dyn Fn() -> Result<throughput::Rate, String>>,
 }
 
+/// One of our enqueues whose completion counts one on the counter.
+type OursEnqueue = fn(&cuda_host_launch::Stream, &Arc<AtomicU64>) -> Result<(), String>;
+
+/// One record of a raw ring: (rings, lane, stream).
+type RawRecord = fn(&raw::EventRings, usize, cuda_dl_sys::types::CUstream) -> Result<(), String>;
+
 fn throughput_section(
     knobs: &Knobs,
     gpu: &Arc<Gpu>,
@@ -320,33 +326,43 @@ fn throughput_section(
             streams_each: STREAMS / THREADS,
             items: per_thread,
         };
-        let ours_side = {
+        // Our sides count their completions on `done`; `clocked` says whether the clock waits for
+        // them (else only for the enqueues; the completions are awaited after it stops).
+        let ours = |name: &str, enqueue: OursEnqueue, clocked: bool| {
             let (gpu, streams, done) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&done));
+            let all = (THREADS * per_thread) as u64;
             Side {
-                name: "ours: spawn_after".into(),
+                name: name.into(),
                 run: Box::new(move || {
                     done.store(0, Ordering::SeqCst);
                     let counter = Arc::clone(&done);
-                    let waited = Arc::clone(&done);
-                    throughput::threads_by_streams(
+                    let completed = || {
+                        while done.load(Ordering::Acquire) < all {
+                            std::thread::yield_now();
+                        }
+                    };
+                    let rate = throughput::threads_by_streams(
                         &gpu,
                         &streams,
                         shape,
-                        Arc::new(move |_, _, stream| ours::spawn_counted(stream, &counter)),
+                        Arc::new(move |_, _, stream| enqueue(stream, &counter)),
                         &|| {
-                            while waited.load(Ordering::Acquire) < (THREADS * per_thread) as u64 {
-                                std::thread::yield_now();
+                            if clocked {
+                                completed();
                             }
                         },
                         ours::THREADS,
-                    )
+                    );
+                    completed();
+                    rate
                 }),
             }
         };
-        let raw_side = {
+        // The raw rings; `record` records one item of lane `s`.
+        let raw_rings = |name: &str, record: RawRecord| {
             let (gpu, streams, rings) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&rings));
             Side {
-                name: "raw: cuEventRecord rings, one polling thread".into(),
+                name: name.into(),
                 run: Box::new(move || {
                     rings.start()?;
                     let recorder = Arc::clone(&rings);
@@ -354,7 +370,7 @@ fn throughput_section(
                         &gpu,
                         &streams,
                         shape,
-                        Arc::new(move |_, s, stream| recorder.record(s, stream.raw())),
+                        Arc::new(move |_, s, stream| record(&recorder, s, stream.raw())),
                         &|| rings.wait_all(),
                         raw::THREADS,
                     );
@@ -363,84 +379,28 @@ fn throughput_section(
                 }),
             }
         };
-        // Where the time goes: our release (no callback), our enqueue alone (the completions
-        // awaited after the clock stops), and the raw ring with the driver calls our enqueue adds.
-        let release_side = {
-            let (gpu, streams, done) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&done));
-            Side {
-                name: "ours: release_after(owner)".into(),
-                run: Box::new(move || {
-                    done.store(0, Ordering::SeqCst);
-                    let counter = Arc::clone(&done);
-                    let waited = Arc::clone(&done);
-                    throughput::threads_by_streams(
-                        &gpu,
-                        &streams,
-                        shape,
-                        Arc::new(move |_, _, stream| ours::release_counted(stream, &counter)),
-                        &|| {
-                            while waited.load(Ordering::Acquire) < (THREADS * per_thread) as u64 {
-                                std::thread::yield_now();
-                            }
-                        },
-                        ours::THREADS,
-                    )
-                }),
-            }
-        };
-        let enqueue_side = {
-            let (gpu, streams, done) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&done));
-            Side {
-                name: "ours: spawn_after, the enqueues alone (completions awaited after)".into(),
-                run: Box::new(move || {
-                    done.store(0, Ordering::SeqCst);
-                    let counter = Arc::clone(&done);
-                    let rate = throughput::threads_by_streams(
-                        &gpu,
-                        &streams,
-                        shape,
-                        Arc::new(move |_, _, stream| ours::spawn_counted(stream, &counter)),
-                        &|| {},
-                        ours::THREADS,
-                    );
-                    while done.load(Ordering::Acquire) < (THREADS * per_thread) as u64 {
-                        std::thread::yield_now();
-                    }
-                    rate
-                }),
-            }
-        };
-        let checked_side = {
-            let (gpu, streams, rings) = (Arc::clone(gpu), Arc::clone(&streams), Arc::clone(&rings));
-            Side {
-                name: "raw: the rings, each record between two capture queries (as ours)".into(),
-                run: Box::new(move || {
-                    rings.start()?;
-                    let recorder = Arc::clone(&rings);
-                    let rate = throughput::threads_by_streams(
-                        &gpu,
-                        &streams,
-                        shape,
-                        Arc::new(move |_, s, stream| {
-                            recorder.record_with_capture_queries(s, stream.raw())
-                        }),
-                        &|| rings.wait_all(),
-                        raw::THREADS,
-                    );
-                    rings.stop();
-                    rate
-                }),
-            }
-        };
+        // The first two are the comparison; the rest say where the time goes: our release (no
+        // callback), our enqueues alone, and the raw ring with the driver calls our enqueue adds.
+        let sides = vec![
+            ours("ours: spawn_after", ours::spawn_counted, true),
+            raw_rings(
+                "raw: cuEventRecord rings, one polling thread",
+                raw::EventRings::record,
+            ),
+            ours("ours: release_after(owner)", ours::release_counted, true),
+            ours(
+                "ours: spawn_after, the enqueues alone (completions awaited after)",
+                ours::spawn_counted,
+                false,
+            ),
+            raw_rings(
+                "raw: the rings, each record between two capture queries (as ours)",
+                raw::EventRings::record_with_capture_queries,
+            ),
+        ];
         rows.push((
             "8 threads × 8 streams (the aggregate): items/s".into(),
-            vec![
-                ours_side,
-                raw_side,
-                release_side,
-                enqueue_side,
-                checked_side,
-            ],
+            sides,
         ));
     }
     let mut results: Vec<Vec<Vec<Result<throughput::Rate, String>>>> = rows
