@@ -430,21 +430,29 @@ impl Oracle {
         }
     }
 
-    /// After the run, with every context gone: what was never released. But for a repeatable
-    /// launch on a capturing stream while a capture may have been hidden from the crate's looks:
-    /// a look after the launch that sees no capture (or another) cannot tell that the launch went
-    /// into the graph, and the crate keeps its record for good (`GraphOwnedRecord::settle`), as it
-    /// must when another thread really ended the capture during the call.
-    pub fn check_all_released(&self) {
+    /// What still holds its owners and must not: every tracked piece of work whose owners were
+    /// not dropped, but for a repeatable launch on a capturing stream while a capture may have
+    /// been hidden from the crate's looks. A look after such a launch that sees no capture (or
+    /// another) cannot tell that the launch went into the graph, and the crate keeps its record
+    /// for good (`GraphOwnedRecord::settle`), as it must when another thread really ended the
+    /// capture during the call. The finish's wait and its verdict both ask this, so that the wait
+    /// does not wait for what is kept for good.
+    pub fn owed(&self) -> Vec<Arc<Tracked>> {
         let tracked = self.tracked.lock().unwrap_or_else(|p| p.into_inner());
         let kept_for_good = |t: &Tracked| {
             !t.runs_once && t.capture.is_some() && t.capture_maybe_hidden.load(Ordering::Acquire)
         };
-        let never: Vec<&Arc<Tracked>> = tracked
+        tracked
             .iter()
             .filter(|t| t.owned.load(Ordering::Acquire) && t.dropped.load(Ordering::Acquire) == 0)
             .filter(|t| !kept_for_good(t))
-            .collect();
+            .cloned()
+            .collect()
+    }
+
+    /// After the run, with every context gone: what was never released ([`Oracle::owed`]).
+    pub fn check_all_released(&self) {
+        let never = self.owed();
         for t in never.iter().take(20) {
             self.violation(format!(
                 "{}: its owners were never dropped (every context is gone; failed call: {})",
@@ -455,16 +463,6 @@ impl Oracle {
         if never.len() > 20 {
             self.violation(format!("... {} never dropped in all", never.len()));
         }
-    }
-
-    /// How many tracked pieces of work still hold their owners.
-    pub fn live(&self) -> usize {
-        self.tracked
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|t| t.owned.load(Ordering::Acquire) && t.dropped.load(Ordering::Acquire) == 0)
-            .count()
     }
 }
 

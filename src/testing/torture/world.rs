@@ -907,7 +907,7 @@ impl World {
                 }
             }
             futures.retain(|w| !w.done);
-            let released = self.oracle.live() == 0;
+            let released = self.oracle.owed().is_empty();
             let no_retains = (0..DEVICES).all(|d| !primary_active(driver, CUdevice::from(d)));
             // The crate reclaims a context's pending launches just after it lets go of its last
             // retain (the watcher's pool give-back, then its reclaim): not at the same instant.
@@ -922,7 +922,7 @@ impl World {
         if std::env::var_os("TORTURE_DEBUG").is_some() {
             eprintln!(
                 "TORTURE DEBUG finish: live owners {}, futures {}, pending {}, active {:?}, retains(d0) {}, events {}",
-                self.oracle.live(),
+                self.oracle.owed().len(),
                 futures.len(),
                 cuda_host_launch::pending_launches(None),
                 (0..DEVICES)
@@ -931,7 +931,9 @@ impl World {
                 fake.live_objects("primary_retains"),
                 fake.live_objects("events"),
             );
-            if std::env::var("TORTURE_DEBUG").as_deref() == Ok("stop") && self.oracle.live() > 0 {
+            if std::env::var("TORTURE_DEBUG").as_deref() == Ok("stop")
+                && !self.oracle.owed().is_empty()
+            {
                 eprintln!("TORTURE DEBUG stopped: pid {}", std::process::id());
                 std::thread::sleep(Duration::from_secs(120));
             }
