@@ -951,8 +951,14 @@ impl World {
             self.oracle.check_all_released();
             let pending = cuda_host_launch::pending_launches(None);
             if pending != 0 {
+                // What the fake still has queued tells a host function stuck in its stream from
+                // a launch the crate lost count of.
                 self.oracle.violation(format!(
-                    "{pending} launches still pending with every context gone"
+                    "{pending} launches still pending with every context gone (the fake: {} host \
+                     functions not yet finished, {} events, {} primary retains)",
+                    fake.pending_host_functions(std::ptr::null_mut()),
+                    fake.live_objects("events"),
+                    fake.live_objects("primary_retains"),
                 ));
             }
             for d in 0..DEVICES {
