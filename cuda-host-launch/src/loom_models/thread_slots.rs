@@ -39,7 +39,7 @@ fn loom_thread_slots_an_entry_is_taken_or_wakes_the_watcher() {
                 let mut taken = Vec::new();
                 loop {
                     handover.looking();
-                    handover.take_entries(|entries| taken.append(entries));
+                    handover.take_entries(&mut Vec::new(), |entries| taken.append(entries));
                     if taken.len() == total {
                         return taken;
                     }
@@ -84,7 +84,7 @@ fn loom_thread_slots_no_entry_is_left_behind_by_a_stop() {
             })
         };
         let mut taken = Vec::new();
-        handover.take_entries(|entries| taken.append(entries));
+        handover.take_entries(&mut Vec::new(), |entries| taken.append(entries));
         let stopped = handover.with_all_locked(|slots| {
             let idle = slots.no_entries();
             if idle {

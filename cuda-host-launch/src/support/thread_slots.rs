@@ -164,7 +164,11 @@ impl<E, K: Copy> Handover<E, K> {
     /// For a thread that handed over, under its slot's lock: whether it must wake the watcher
     /// (which it then does), clearing the flag.
     pub(crate) fn take_wake(&self) -> bool {
-        self.wake_on_enqueue.swap(false, Ordering::SeqCst)
+        // A load first: every enqueue asks, and a swap would take the flag's cache line from
+        // every other enqueuing thread each time, where a load shares it. Only an enqueue that
+        // sees the flag set swaps (one of them wins the wake).
+        self.wake_on_enqueue.load(Ordering::SeqCst)
+            && self.wake_on_enqueue.swap(false, Ordering::SeqCst)
     }
 
     /// The watcher looks now: no enqueue need wake it.
@@ -187,20 +191,31 @@ impl<E, K: Copy> Handover<E, K> {
         !waiting
     }
 
-    /// For the watcher: every entry handed over, each with its slot's number, passed to `take`
-    /// (which moves them where it keeps them); then drops the slots of threads that are gone
-    /// (`gone`: nothing but the registry holds the slot) once they hold nothing. Returns whether
-    /// any entry was taken.
-    pub(crate) fn take_entries(&self, mut take: impl FnMut(&mut Vec<E>)) -> bool {
+    /// For the watcher: every entry handed over, slot by slot, passed to `take`, which moves them
+    /// where it keeps them and leaves the vector empty; then drops the slots of threads that are
+    /// gone (`gone`: nothing but the registry holds the slot) once they hold nothing. Returns
+    /// whether any entry was taken.
+    ///
+    /// A slot's entries are swapped with `spare` (empty, kept by the caller with its buffer), so
+    /// a slot's lock is held for the swap alone, not for `take`'s work: its thread's next
+    /// hand-over does not wait for the watcher, and reuses a buffer.
+    pub(crate) fn take_entries(
+        &self,
+        spare: &mut Vec<E>,
+        mut take: impl FnMut(&mut Vec<E>),
+    ) -> bool {
         let mut slots = lock(&self.slots);
         let mut any = false;
         let mut empty_and_gone = false;
         for slot in slots.iter() {
             if slot.has_entries.load(Ordering::Acquire) {
-                let mut held = slot.lock();
-                slot.has_entries.store(false, Ordering::Relaxed);
-                any |= !held.entries.is_empty();
-                take(&mut held.entries);
+                {
+                    let mut held = slot.lock();
+                    slot.has_entries.store(false, Ordering::Relaxed);
+                    std::mem::swap(&mut held.entries, spare);
+                }
+                any |= !spare.is_empty();
+                take(spare);
             }
             empty_and_gone |= Arc::strong_count(slot) == 1;
         }
@@ -302,7 +317,7 @@ mod tests {
         // A gone thread's slot with a stash stays, and keeps what is given to it.
         assert_eq!(stashed_to_pool(&handover, gone_number, 10), None);
         drop(gone);
-        handover.take_entries(|_| {});
+        handover.take_entries(&mut Vec::new(), |_| {});
         assert_eq!(
             stashed_to_pool(&handover, gone_number, 11),
             None,
@@ -313,14 +328,14 @@ mod tests {
         let mut recalled = Vec::new();
         handover.recall(|key, event| recalled.push((key, event)));
         assert_eq!(recalled, vec![(1, 10), (1, 11)]);
-        handover.take_entries(|_| {});
+        handover.take_entries(&mut Vec::new(), |_| {});
         assert_eq!(stashed_to_pool(&handover, gone_number, 12), Some((1, 12)));
         // A live thread's slot stays, empty or not, and its thread takes its stash.
         assert_eq!(stashed_to_pool(&handover, alive_number, 13), None);
-        handover.take_entries(|_| {});
+        handover.take_entries(&mut Vec::new(), |_| {});
         assert_eq!(alive.lock().take_stashed(1), Some(13));
         assert_eq!(alive.lock().take_stashed(1), None);
-        handover.take_entries(|_| {});
+        handover.take_entries(&mut Vec::new(), |_| {});
         assert_eq!(
             stashed_to_pool(&handover, alive_number, 14),
             None,
@@ -340,12 +355,12 @@ mod tests {
         drop(slot);
         let mut taken = Vec::new();
         assert!(
-            handover.take_entries(|entries| taken.append(entries)),
+            handover.take_entries(&mut Vec::new(), |entries| taken.append(entries)),
             "entries arrived"
         );
         assert_eq!(taken, vec![7]);
         assert!(
-            !handover.take_entries(|entries| taken.append(entries)),
+            !handover.take_entries(&mut Vec::new(), |entries| taken.append(entries)),
             "nothing arrived"
         );
         assert_eq!(

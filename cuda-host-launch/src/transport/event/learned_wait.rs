@@ -98,6 +98,29 @@ impl LearnedWaits {
             });
     }
 
+    /// A stream's newest entry, arrived at `arrived`, was seen complete at `now`; the look before
+    /// this one at the stream was at `looked` (not before `arrived`). Learned as a sample; and if
+    /// that look came before the entry's window opened, the entry may have completed before the
+    /// window too (the window's first look, after a pause that ran to it, sees only that it is
+    /// done): the stream is not regular any more. Without this, the pauses that run to a regular
+    /// stream's window would be learned as its wait: each completion seen at the next window, and
+    /// that delay the next sample (the watcher learning its own lateness).
+    pub(super) fn learn_seen(
+        &mut self,
+        stream: StreamKey,
+        arrived: Instant,
+        looked: Instant,
+        now: Instant,
+    ) {
+        let early = self
+            .window(stream, arrived)
+            .is_some_and(|window| looked.max(arrived) < window.from);
+        self.learn(stream, now.saturating_duration_since(arrived));
+        if let Some(learned) = self.streams.get_mut(&stream).filter(|_| early) {
+            learned.spread = learned.spread.max(learned.typical);
+        }
+    }
+
     /// An entry of a stream, arrived at `arrived`, was seen complete at `now` with newer ones still
     /// pending (completed oldest first: no sample). Seen before its window's start, it completed
     /// earlier than learned: the stream is not regular any more (its pauses would otherwise run
@@ -359,6 +382,53 @@ mod tests {
             "appended, one per stream"
         );
         assert!(out[1].is_some());
+    }
+
+    /// A completion seen by a look that followed one inside its window is a sample like any other;
+    /// one seen at the window's first look (the look before it came before the window) may have
+    /// come before the window, and makes the stream not regular.
+    #[test]
+    fn a_completion_seen_at_the_windows_first_look_undoes_regular() {
+        let arrived = Instant::now();
+        let regular_stream = || {
+            let mut learned = LearnedWaits::default();
+            learned.streams.insert(
+                STREAM,
+                Learned {
+                    typical: us(1_600),
+                    spread: us(10),
+                },
+            );
+            learned
+        };
+        let regular = |learned: &LearnedWaits| learned.window(STREAM, arrived).unwrap().regular;
+        // The window opens at 1,600 − 50 µs.
+        let opens = arrived + us(1_550);
+        let mut learned = regular_stream();
+        learned.learn_seen(STREAM, arrived, opens, arrived + us(1_600));
+        assert!(regular(&learned), "the look before was inside the window");
+        assert_eq!(learned.typical(STREAM), Some(us(1_600)));
+        let mut learned = regular_stream();
+        learned.learn_seen(STREAM, arrived, opens - us(1), arrived + us(1_600));
+        assert!(!regular(&learned), "the look before came before the window");
+        assert_eq!(learned.typical(STREAM), Some(us(1_600)), "still a sample");
+        // A look before the entry arrived counts from its arrival: a short stream's window opens
+        // at the arrival, and a completion seen at its first look is no sign of anything.
+        let mut learned = LearnedWaits::default();
+        let short = (STREAM.0, 9);
+        learned.streams.insert(
+            short,
+            Learned {
+                typical: us(10),
+                spread: us(0),
+            },
+        );
+        learned.learn_seen(short, arrived, arrived - us(100), arrived + us(10));
+        assert!(learned.window(short, arrived).unwrap().regular);
+        // Nothing learned yet: the first sample, nothing more.
+        let mut learned = LearnedWaits::default();
+        learned.learn_seen(STREAM, arrived, arrived, arrived + us(1_000));
+        assert_eq!(learned.typical(STREAM), Some(us(1_000)));
     }
 
     /// An entry seen complete before its window (oldest first, no sample) makes its stream not

@@ -419,6 +419,9 @@ pub(in crate::transport) struct EventWatch {
     returns: Vec<(u64, ContextKey, usize)>,
     /// Events on their way back to their pools (kept to reuse the buffer).
     overflow: Vec<(ContextKey, usize)>,
+    /// The entries of one slot, swapped out of it (`Handover::take_entries`; empty between
+    /// rounds, kept for its buffer).
+    handed: Vec<Entry>,
 }
 
 impl EventWatch {
@@ -435,6 +438,7 @@ impl EventWatch {
             windows: Vec::new(),
             returns: Vec::new(),
             overflow: Vec::new(),
+            handed: Vec::new(),
         }
     }
 
@@ -448,6 +452,8 @@ impl EventWatch {
         driver: &cuda_dl_sys::Driver,
         settings: &PollerSettings,
     ) -> (Round, Option<Wait>) {
+        // The last round looked at every stream then pending.
+        let looked_before = self.round_began;
         self.round_began = Instant::now();
         let mut queues = queues();
         let was_idle = !queues.pending();
@@ -458,7 +464,7 @@ impl EventWatch {
             // It is looking now: an enqueue need not wake it.
             HANDOVER.looking();
             let began = self.round_began;
-            arrived = HANDOVER.take_entries(|entries| {
+            arrived = HANDOVER.take_entries(&mut self.handed, |entries| {
                 for mut entry in entries.drain(..) {
                     entry.arrived = Some(began);
                     queues
@@ -495,8 +501,8 @@ impl EventWatch {
         for (&(context, stream, _), queue) in &mut queues.by_stream {
             let (oldest, before) = (queue.front().and_then(|entry| entry.arrived), queue.len());
             if let Some(arrived) = scan(driver, queue, &mut self.done, &mut self.stranded) {
-                let waited = Instant::now().saturating_duration_since(arrived);
-                self.learned.learn((context, stream), waited);
+                self.learned
+                    .learn_seen((context, stream), arrived, looked_before, Instant::now());
             } else if let Some(oldest) = oldest.filter(|_| queue.len() < before) {
                 // Completed oldest first, newer work still pending: no sample, but one seen
                 // earlier than learned ends the stream's regular pauses.
