@@ -14,8 +14,11 @@ pub const THREADS: &[&str] = &["cuda-hl-"];
 
 /// Installs the watcher's pace that `PEERS_POLLER` names, for the process (the latency-against-CPU
 /// curve runs one process per pace): `default`, `low-latency`, or `key=µs` pairs over the
-/// defaults, comma-separated: `spin`, `interval`, `max`, `gap` (`PollerSettings`' `spin`,
-/// `interval`, `max_interval`, `query_gap`) and `learned=0|1`. Returns the settings in force.
+/// defaults, comma-separated: `spin`, `interval`, `max`, `gap`, `idle` (`PollerSettings`' `spin`,
+/// `interval`, `max_interval`, `query_gap`, `idle_exit`) and `learned=0|1`. A long `idle` keeps
+/// the event pools (and their events) between the repetitions, so the 8 × 8 row's later
+/// repetitions make no events (with the pool's cap on free events raised, see the notebook).
+/// Returns the settings in force.
 pub fn install_poller_from_env() -> Result<PollerSettings, String> {
     let Ok(text) = std::env::var("PEERS_POLLER") else {
         return Ok(PollerSettings::DEFAULT);
@@ -42,6 +45,7 @@ pub fn install_poller_from_env() -> Result<PollerSettings, String> {
             "interval" => settings.interval = micros,
             "max" => settings.max_interval = micros,
             "gap" => settings.query_gap = micros,
+            "idle" => settings.idle_exit = micros,
             "learned" => settings.learned_spin = number != 0,
             other => return Err(format!("PEERS_POLLER: unknown key `{other}`")),
         }

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Call K2 (short budget): steps in priority order, results packed after each (a timeout keeps
-# what is done). thr: throughput; lat: latency. bin = this code (fb9fdd0), nopause = 0c79e73
-# without b33095d's regular pauses... see the notebook for each build.
+# what is done). thr: throughput; thrk: throughput with the pools kept between repetitions;
+# lat: latency. Builds (each FOLDER/peers; docs/notebook/2026-12-07-peers-9.md says how to make
+# them): bin = this code; nopause = 0c79e73 without b33095d's regular pauses (learned_wait's
+# `adjust` not extending a pause to the first window); old = afb1988; new2 = 0c79e73 + the slot
+# changes of fb9fdd0 alone; bigfree = fb9fdd0 with pools.rs' MAX_FREE = 1 << 20.
 set -u
 cd "$(dirname "$0")"
 t0=$SECONDS
@@ -13,10 +16,15 @@ i=0
 thr() { i=$((i+1)); PEERS_ONLY=throughput PEERS_REPS=3 timeout 30 "$1/peers" > "$R/thr-$i-$1.md" 2>&1
   echo "THR $i $1 STATUS $? at $((SECONDS-t0)) s"
   grep -A6 "^## 64 streams\|^## 8 threads" "$R/thr-$i-$1.md" | grep "^| ours\|^| raw\|^| cuda" | cut -d'|' -f2,3,4; pack; }
+# The 8 × 8 row with the pools kept between repetitions (PEERS_POLLER idle=10 s): with bigfree
+# (MAX_FREE 2^20) the later repetitions make no events; beside bin, the share of event making.
+thrk() { i=$((i+1)); PEERS_POLLER=idle=10000000 PEERS_ONLY=throughput PEERS_REPS=4 timeout 40 "$1/peers" > "$R/thrk-$i-$1.md" 2>&1
+  echo "THRK $i $1 STATUS $? at $((SECONDS-t0)) s"
+  grep -A8 "^## 8 threads" "$R/thrk-$i-$1.md" | grep "^| ours\|^| raw" | cut -d'|' -f2,3,4; grep "per repetition" "$R/thrk-$i-$1.md" | grep "8 threads" | cut -c1-160; pack; }
 lat() { i=$((i+1)); PEERS_ONLY=latency PEERS_SAMPLES=600 PEERS_SAMPLES_LONG=30 PEERS_REPS=2 timeout 30 "$1/peers" > "$R/lat-$i-$1.md" 2>&1
   echo "LAT $i $1 STATUS $? at $((SECONDS-t0)) s"
   grep -E "raw floor|cuda-async 0.5 future \(|ours: CompletionMode::(Auto|LowLatency)\.completion\(&stream\) \|" "$R/lat-$i-$1.md" | cut -d'|' -f2,3,5,6,8; pack; }
-thr bin; thr nopause; thr old; lat bin; thr bin; thr nopause; thr old; thr bigfree; thr new2
+thr bin; thr nopause; thr old; lat bin; thrk bigfree; thrk bin; thr bin; thr nopause; thr old; thr bigfree; thr new2
 lat nopause; lat old
 GPU_TORTURE_SECONDS=10 OUT="$R/run" timeout 110 ./run > "$R/run-console.log" 2>&1; echo "RUN STATUS $? at $((SECONDS-t0)) s"; pack
 grep -h "test result" "$R"/run/*.log | sed 's/finished in.*//' | sort | uniq -c
