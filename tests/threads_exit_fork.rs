@@ -208,6 +208,101 @@ isolated_test! {
         reaper_releases_an_owner();
     }
 
+    /// Children forked while other threads of the parent launch and release without pause: a
+    /// child's first launch, from a thread that never launched (no record segment, no hand-over
+    /// slot of its own), is refused with `ForkedChild` and never blocks on a lock that a thread of
+    /// the parent held at the fork (the record pool's, the hand-over's registry): that thread
+    /// does not exist in the child, and the lock would never be let go. Each child gets
+    /// `PATIENCE`; one that hangs fails the test.
+    fn a_forked_childs_first_launch_takes_no_lock_the_parent_may_have_held() {
+        let context = fake_primary_context();
+        let stream = Arc::new(Stream::new(&context).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        // Launching threads: every 31st record takes the record pool's lock for a new segment,
+        // and short-lived threads register hand-over slots under the registry's lock.
+        let busy: Vec<_> = (0..2)
+            .map(|i| {
+                let (stream, stop) = (Arc::clone(&stream), Arc::clone(&stop));
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        if i == 0 {
+                            for _ in 0..64 {
+                                let _ = cuda_host_launch::release_after(&*stream, ());
+                            }
+                        } else {
+                            let stream = Arc::clone(&stream);
+                            std::thread::spawn(move || {
+                                let _ = cuda_host_launch::release_after(&*stream, ());
+                            })
+                            .join()
+                            .unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        // Forks from a thread that never launches in the parent.
+        let forker = {
+            let stream = Arc::clone(&stream);
+            std::thread::spawn(move || -> Result<usize, String> {
+                let deadline = Instant::now() + Duration::from_secs(3);
+                let mut forks = 0;
+                while Instant::now() < deadline {
+                    // SAFETY: the child only calls `release_after` and `_exit`s; it prints
+                    // nothing (a parent's thread may have held stderr's lock).
+                    let pid = unsafe { libc::fork() };
+                    if pid < 0 {
+                        return Err("fork failed".into());
+                    }
+                    if pid == 0 {
+                        let code = match cuda_host_launch::release_after(&*stream, ()) {
+                            Err(e) if is_fork_error(e.error()) => 0,
+                            _ => 1,
+                        };
+                        // SAFETY: ends the child without the parent's exit handlers.
+                        unsafe { libc::_exit(code) };
+                    }
+                    forks += 1;
+                    let waited = Instant::now();
+                    let mut status = 0;
+                    loop {
+                        // SAFETY: our own child; a valid out-pointer.
+                        let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                        if done == pid {
+                            break;
+                        }
+                        if waited.elapsed() > PATIENCE {
+                            // SAFETY: our own child, hung.
+                            unsafe { libc::kill(pid, libc::SIGKILL) };
+                            // SAFETY: as above.
+                            unsafe { libc::waitpid(pid, &mut status, 0) };
+                            return Err(format!(
+                                "fork {forks}: the child's first launch hung (a lock held at the \
+                                 fork)"
+                            ));
+                        }
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+                        return Err(format!(
+                            "fork {forks}: the child's launch was not refused as a forked \
+                             child's (status {status:#x})"
+                        ));
+                    }
+                }
+                Ok(forks)
+            })
+        };
+        let forked = forker.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        for thread in busy {
+            thread.join().unwrap();
+        }
+        let forks = forked.unwrap();
+        assert!(forks > 0, "no fork was made");
+        flush(PATIENCE).unwrap();
+    }
+
     /// A child forked while a record of the parent's waits in the cleanup queue (the reaper is
     /// inside an earlier owner's `Drop`): the child's `drain` releases nothing of it. (Mutation
     /// testing: with `is_forked_child` answering no, the child's drain dropped the parent's

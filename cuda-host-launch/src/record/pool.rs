@@ -350,10 +350,18 @@ pub(crate) const fn fits(layout: Layout) -> bool {
 }
 
 /// A slot of the library's pool for this thread; `None` if this thread's pool state is gone (the
-/// thread is exiting), in which case the caller allocates otherwise.
+/// thread is exiting), or in a forked child, in which case the caller allocates otherwise.
+///
+/// A forked child's record is built before its launch is refused (`ForkedChild`), and a thread's
+/// first record, and one in every 31 after it, takes the pool's lock for a segment: a thread of the parent may
+/// have held that lock at the fork, and in the child it is never let go. The allocator the
+/// caller falls back on is made safe across a fork by the C library.
 #[cfg(not(loom))]
 #[inline]
 pub(crate) fn allocate() -> Option<PoolSlot> {
+    if crate::support::forked_child::is_forked_child() {
+        return None;
+    }
     LOCAL.try_with(|local| POOL.allocate(&local.0)).ok()
 }
 
