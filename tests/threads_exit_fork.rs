@@ -217,6 +217,9 @@ isolated_test! {
     fn a_forked_childs_first_launch_takes_no_lock_the_parent_may_have_held() {
         let context = fake_primary_context();
         let stream = Arc::new(Stream::new(&context).unwrap());
+        // The first launch, before any fork: a child forked before it is not the crate's
+        // forked child (nothing of the crate ran), and its launch is no refusal.
+        reaper_releases_an_owner();
         let stop = Arc::new(AtomicBool::new(false));
         // Launching threads: every 31st record takes the record pool's lock for a new segment,
         // and short-lived threads register hand-over slots under the registry's lock.
