@@ -204,16 +204,7 @@ isolated_test! {
     fn a_sticky_error_gives_back_a_pool_whose_event_waits_in_a_stash(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        cuda_host_launch::Config::new()
-            .event_poller(cuda_host_launch::PollerSettings {
-                idle_exit: Duration::from_secs(3600),
-                ..cuda_host_launch::PollerSettings::DEFAULT
-            })
-            .install()
-            .unwrap();
-        load_fake_driver();
-        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
-        let stream = Stream::new(&context).unwrap();
+        let (context, stream) = with_pools_kept_for_an_hour();
         let drops = Drops::new();
         // Two events out at once, both back in this thread's stash once they completed.
         let hold = fake().hold_stream(stream.raw()).unwrap();
@@ -324,16 +315,7 @@ isolated_test! {
     fn an_event_a_capture_may_hold_is_stranded_and_its_pool_lets_the_context_go(
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        cuda_host_launch::Config::new()
-            .event_poller(cuda_host_launch::PollerSettings {
-                idle_exit: Duration::from_secs(3600),
-                ..cuda_host_launch::PollerSettings::DEFAULT
-            })
-            .install()
-            .unwrap();
-        load_fake_driver();
-        let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
-        let stream = Stream::new(&context).unwrap();
+        let (context, stream) = with_pools_kept_for_an_hour();
         let raw = stream.raw().addr();
         // Inside the record, another thread begins a capture of the stream (so the record goes
         // into it); at the record's end, the capture ends: the call's second look sees nothing.
@@ -483,6 +465,22 @@ isolated_test! {
         assert!(fake().context_alive(new));
         assert!(!fake().context_poisoned(new), "the context made again inherits the error");
     }
+}
+
+/// The event poller's idle exit an hour away (it never gives its pools back on its own here),
+/// then the fake's device 0's primary context, retained, and a stream of it.
+fn with_pools_kept_for_an_hour() -> (Arc<PrimaryContext>, Stream) {
+    cuda_host_launch::Config::new()
+        .event_poller(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_secs(3600),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        })
+        .install()
+        .unwrap();
+    load_fake_driver();
+    let context = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+    let stream = Stream::new(&context).unwrap();
+    (context, stream)
 }
 
 fn begin_capture(stream: &Stream) {
