@@ -272,6 +272,78 @@ isolated_test! {
         assert_eq!(fake().live_objects("primary_retains"), 0);
     }
 
+    /// A context's first release whose batch of events is only partly made (the second
+    /// `cuEventCreate` fails: out of memory) is accepted with the event made, and the pool counts
+    /// out only that one: once the release completed and the poller idled, the pool gives its
+    /// retain back. (Mutation testing: with the unmade part of the reservation kept out, the pool
+    /// held its context for good.)
+    fn a_pool_whose_batch_is_partly_made_counts_out_only_what_was_made(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        install_poller(cuda_host_launch::PollerSettings {
+            idle_exit: Duration::from_millis(5),
+            ..cuda_host_launch::PollerSettings::DEFAULT
+        });
+        let context = PrimaryContext::retain(cuda_host_launch::Device::get(0).unwrap()).unwrap();
+        let stream = Stream::new(&context).unwrap();
+        let retains = fake().live_objects("primary_retains");
+        let drops = Drops::new();
+        fake().set_fault("cuEventCreate", 2, 2);
+        release_after(&stream, drops.owner()).expect("one event was made");
+        drops.wait_dropped(1);
+        wait_for("the pool to give its retain back", || {
+            fake().live_objects("primary_retains") == retains
+        });
+        assert_eq!(fake().live_objects("events"), 0, "the one event destroyed");
+    }
+
+    /// A dry pool's events are made with the pools' lock free: another context's first release
+    /// goes through while a thread makes a batch of events (here it waits, in its first
+    /// `cuEventCreate`, for that release to return). (Before: the batch was made under the
+    /// process-wide lock, and the other release waited for it.)
+    fn another_contexts_release_goes_through_while_a_pools_events_are_made(
+        CUDA_DL_SYS_LIBRARY = fake_driver_path(),
+        FAKE_CUDA_DEVICES = "2"
+    ) {
+        use cuda_host_launch::Device;
+        use std::sync::mpsc;
+        let zero = PrimaryContext::retain(Device::get(0).unwrap()).unwrap();
+        let one = PrimaryContext::retain(Device::get(1).unwrap()).unwrap();
+        let (first, second) = (Stream::new(&zero).unwrap(), Stream::new(&one).unwrap());
+        let drops = Drops::new();
+        let (go, started) = mpsc::channel::<()>();
+        let (returned, done) = mpsc::channel::<()>();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let other = std::thread::spawn({
+            let drops = Arc::clone(&drops);
+            move || {
+                if started.recv().is_ok() {
+                    release_after(&second, drops.owner()).unwrap();
+                    let _ = returned.send(());
+                }
+            }
+        });
+        let done = Mutex::new(done);
+        fake().set_hook("cuEventCreate", 1, {
+            let seen = Arc::clone(&seen);
+            move || {
+                let _ = go.send(());
+                let done = done.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                if done.recv_timeout(PATIENCE).is_ok() {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        release_after(&first, drops.owner()).unwrap();
+        other.join().unwrap();
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            1,
+            "the other release returned while this one made its events"
+        );
+        drops.wait_dropped(2);
+    }
+
     /// An event taken for a release is out of its pool from the take: a poller going idle
     /// meanwhile (before the release reaches it) keeps the pool, and with it that event and the
     /// context's retain. Here the release's `cuEventRecord` waits (in a hook) for up to half a

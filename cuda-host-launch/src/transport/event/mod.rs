@@ -208,19 +208,15 @@ pub(crate) unsafe fn enqueue(
         let stashed = slot.lock().take_stashed(context);
         let event = match stashed {
             Some(event) => std::ptr::with_exposed_provenance_mut(event),
-            None => {
-                // Its own statement: the pools' lock goes before the error's give-back takes it.
-                let taken = pools().take(driver, context);
-                match taken {
-                    Ok(event) => event,
-                    Err(e) => {
-                        // A pool this call made, whose first events could not be created, holds
-                        // its context retained: given back as a refused event's pool is.
-                        give_back_refused(driver, &slot, context, None);
-                        return Err(e);
-                    }
+            None => match take_from_pool(driver, context) {
+                Ok(event) => event,
+                Err(e) => {
+                    // A pool this call made, whose first events could not be created, holds its
+                    // context retained: given back as a refused event's pool is.
+                    give_back_refused(driver, &slot, context, None);
+                    return Err(e);
                 }
-            }
+            },
         };
         Ok((
             admitted,
@@ -299,6 +295,27 @@ pub(crate) unsafe fn enqueue(
     drop(slot);
     admitted.finish();
     Ok(ring)
+}
+
+/// An event of `context`'s pool. A dry pool's batch is made here with the pools' lock let go (its
+/// reservation keeps the pool): the watcher's rounds and the other threads' enqueues, which take
+/// that lock, do not wait for this thread's `cuEventCreate` calls.
+fn take_from_pool(
+    driver: &cuda_dl_sys::Driver,
+    context: ContextKey,
+) -> Result<cuda_dl_sys::types::CUevent, Error> {
+    // Its own statement: the pools' lock is let go before the events are made.
+    let taken = pools().take(driver, context)?;
+    if let Some(event) = taken {
+        return Ok(event);
+    }
+    let mut made = Vec::with_capacity(pools::BATCH);
+    let result = pools::make_events(driver, context.raw(), &mut made);
+    let event = pools().settle(context, &mut made, result.is_ok());
+    result?;
+    // Some whenever `make_events` succeeded (it made one at least); a null event would be
+    // refused by its record, as an error.
+    Ok(event.unwrap_or(std::ptr::null_mut()))
 }
 
 /// Gives back the event of an enqueue that failed (if it took one), and the pool too if none of

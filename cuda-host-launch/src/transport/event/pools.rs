@@ -1,4 +1,5 @@
-//! Events per context: created lazily in batches, reused once their completion was seen, bounded,
+//! Events per context: created lazily in batches (by the enqueue that found the pool dry, with no
+//! lock held), reused once their completion was seen, bounded,
 //! and given back (destroyed, with the context's retain) when the poller goes idle: destroyed only
 //! if the context still lives, since another binding's reset destroys them with it (see
 //! [`Pool::give_back`]).
@@ -29,8 +30,9 @@ use crate::support::error::Error;
 use crate::support::fast_hash::FastHash;
 use crate::transport::primary_release;
 
-/// Events made at once when a pool runs dry (one push and pop of the context for all).
-const BATCH: usize = 32;
+/// Events made at once when a pool runs dry (one push and pop of the context for all), by the
+/// enqueue that found it dry, with no lock held ([`Pools::take`]).
+pub(super) const BATCH: usize = 32;
 /// Free events a pool keeps; more are destroyed as they come back.
 const MAX_FREE: usize = 4096;
 /// Contexts remembered as not primary; the oldest is forgotten beyond this.
@@ -67,13 +69,16 @@ pub(super) struct Pools {
 }
 
 impl Pools {
-    /// Takes an event of `context`'s pool, creating the pool (retaining the context, which must be
-    /// primary) or a batch of events as needed.
+    /// Takes an event of `key`'s pool, creating the pool (retaining the context, which must be
+    /// primary) as needed. A pool with no free event reserves a batch instead (`None`): [`BATCH`]
+    /// events counted out, so that the pool and its retain stay while the caller makes them with
+    /// no lock held ([`make_events`]) and hands them in ([`Pools::settle`]). The pools' lock is
+    /// process-wide: the watcher's rounds and every enqueue take it.
     pub(super) fn take(
         &mut self,
         driver: &cuda_dl_sys::Driver,
         key: ContextKey,
-    ) -> Result<CUevent, Error> {
+    ) -> Result<Option<CUevent>, Error> {
         let context = key.raw();
         let pool = match self.by_context.entry(key) {
             std::collections::hash_map::Entry::Occupied(pool) => pool.into_mut(),
@@ -97,12 +102,33 @@ impl Pools {
                 }
             }
         };
-        if pool.free.is_empty() {
-            pool.refill(driver, context)?;
-        }
-        let event = pool.free.pop().unwrap_or(0);
+        let Some(event) = pool.free.pop() else {
+            pool.out += BATCH;
+            return Ok(None);
+        };
         pool.out += 1;
-        Ok(ptr::with_exposed_provenance_mut(event))
+        Ok(Some(ptr::with_exposed_provenance_mut(event)))
+    }
+
+    /// Ends the reservation of a [`Pools::take`] that found `key`'s pool dry: the events `made`
+    /// join its free ones, and one of them is taken (counted out) if `take_one`. A pool found
+    /// gone (the context was reset meanwhile, and forgotten) leaves them as a forgotten pool's
+    /// are, never destroyed, since their handles may name another binding's events by now; the
+    /// event taken is then the caller's to record, which the gone context refuses.
+    pub(super) fn settle(
+        &mut self,
+        key: ContextKey,
+        made: &mut Vec<usize>,
+        take_one: bool,
+    ) -> Option<CUevent> {
+        let event = if take_one { made.pop() } else { None };
+        if let Some(pool) = self.by_context.get_mut(&key) {
+            pool.out = pool.out.saturating_sub(BATCH) + usize::from(event.is_some());
+            pool.free.append(made);
+        } else {
+            made.clear();
+        }
+        event.map(ptr::with_exposed_provenance_mut)
     }
 
     /// Gives back an event whose record completed (or was never made): it may be recorded again.
@@ -307,25 +333,6 @@ impl Pool {
         })
     }
 
-    fn refill(&mut self, driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<(), Error> {
-        let free = &mut self.free;
-        pushed(driver, context, || {
-            for _ in 0..BATCH {
-                let mut event: CUevent = ptr::null_mut();
-                // SAFETY: a valid out-pointer; `context` is current, so the event is made in it.
-                let made = unsafe {
-                    driver.cuEventCreate(&mut event, CUevent_flags::CU_EVENT_DISABLE_TIMING.0)
-                };
-                if let Err(e) = made {
-                    // Fine if at least one was made.
-                    return if free.is_empty() { Err(e) } else { Ok(()) };
-                }
-                free.push(event.expose_provenance());
-            }
-            Ok(())
-        })
-    }
-
     /// Destroys the free events (the stranded ones are left to the context) and releases the
     /// context, `key`.
     ///
@@ -355,6 +362,32 @@ impl Pool {
         // SAFETY: the pool retained the device's primary context once, in `new`.
         unsafe { primary_release::release(driver, self.device) };
     }
+}
+
+/// Makes up to [`BATCH`] events in `context` (pushed for the while) into `made`, for a dry pool
+/// ([`Pools::take`]): with no lock held, so that the watcher and the other enqueues need not wait
+/// for these driver calls. An error if none could be made (fewer is fine), or if the context
+/// could not be popped again; the events made are in `made` either way.
+pub(super) fn make_events(
+    driver: &cuda_dl_sys::Driver,
+    context: CUcontext,
+    made: &mut Vec<usize>,
+) -> Result<(), Error> {
+    pushed(driver, context, || {
+        for _ in 0..BATCH {
+            let mut event: CUevent = ptr::null_mut();
+            // SAFETY: a valid out-pointer; `context` is current, so the event is made in it.
+            let created = unsafe {
+                driver.cuEventCreate(&mut event, CUevent_flags::CU_EVENT_DISABLE_TIMING.0)
+            };
+            if let Err(e) = created {
+                // Fine if at least one was made.
+                return if made.is_empty() { Err(e) } else { Ok(()) };
+            }
+            made.push(event.expose_provenance());
+        }
+        Ok(())
+    })
 }
 
 /// Runs `f` with `context` pushed as the calling thread's current context. A failed pop is an
