@@ -695,6 +695,97 @@ isolated_test! {
         assert_eq!(*seen.lock().unwrap(), [0; 5], "contexts current as the owners were dropped");
     }
 
+    /// The reaper clears every context an owner's `Drop` left on its stack, not just the top one:
+    /// `cuCtxSetCurrent(NULL)` pops one context, and one pushed under it is current after it. An
+    /// owner that makes device 0's context current and pushes device 1's over it leaves the next
+    /// launch's owner with none current.
+    fn the_reaper_clears_every_context_an_owner_left_on_its_stack(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        /// Makes device 0's context current, then pushes device 1's over it.
+        struct LeavesTwo([Arc<PrimaryContext>; 2]);
+        impl Drop for LeavesTwo {
+            fn drop(&mut self) {
+                self.0[0].set_current().unwrap();
+                let driver = cuda_dl_sys::driver().unwrap();
+                // SAFETY: a retained, live context.
+                unsafe { driver.cuCtxPushCurrent(self.0[1].raw()) }.unwrap();
+            }
+        }
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+        for _ in 0..5 {
+            let first = LeavesTwo(contexts.clone());
+            host_launch(&stream, move || {
+                let _keep = &first;
+            })
+            .unwrap();
+            let second = Sees(Arc::clone(&seen));
+            host_launch(&stream, move || {
+                let _keep = &second;
+            })
+            .unwrap();
+        }
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [0; 5], "contexts current as the owners were dropped");
+    }
+
+    /// The same when the context is left on the stack by an event enqueue in an owner's `Drop`
+    /// (user code on the reaper awaiting a completion, as the torture harness's owners do) whose
+    /// pool was dry and whose pop, after making the batch of events, failed: the context it set
+    /// and the one the failed pop left under it are both cleared before the next owner. (Found by
+    /// the torture harness under ASan, seed 1796624384: the reaper popped one, found the
+    /// question answered by the `cuCtxSetCurrent(NULL)` alone, and the next launch's owner saw
+    /// the other.)
+    fn the_reaper_clears_the_context_a_failed_pop_of_an_event_batch_left(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        /// Makes device 1's context current and awaits a completion of its per-thread stream in
+        /// event mode, the first of that context (its pool dry), with the next pop failing.
+        struct AwaitsWithAFailedPop(Arc<PrimaryContext>, Arc<Mutex<Vec<bool>>>);
+        impl Drop for AwaitsWithAFailedPop {
+            fn drop(&mut self) {
+                self.0.set_current().unwrap();
+                fake().set_fault("cuCtxPopCurrent", 1, 2);
+                let enqueued = CompletionMode::Event
+                    .completion(cuda_host_launch::RawStream::PER_THREAD)
+                    .is_ok();
+                fake().clear_faults();
+                self.1.lock().unwrap().push(enqueued);
+            }
+        }
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let enqueued: Arc<Mutex<Vec<bool>>> = Arc::default();
+        let first = AwaitsWithAFailedPop(Arc::clone(&contexts[1]), Arc::clone(&enqueued));
+        host_launch(&stream, move || {
+            let _keep = &first;
+        })
+        .unwrap();
+        let second = Sees(Arc::clone(&seen));
+        host_launch(&stream, move || {
+            let _keep = &second;
+        })
+        .unwrap();
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(
+            *enqueued.lock().unwrap(),
+            [false],
+            "the enqueue whose pop failed is refused"
+        );
+        assert_eq!(*seen.lock().unwrap(), [0], "a context current as the next owner was dropped");
+    }
+
     /// Callbacks run with their stream's context current, even after a callback made another
     /// context current (as one that frees a device-1 buffer does): the next device-0 callback sees
     /// device 0's, and a release it makes on the legacy stream lands on device 0's.
@@ -771,4 +862,13 @@ fn current_context() -> usize {
     // SAFETY: a valid out-pointer.
     unsafe { driver.cuCtxGetCurrent(&mut current) }.unwrap();
     current.addr()
+}
+
+/// An owner that records, in its `Drop`, the context current then (0 for none).
+struct Sees(Arc<Mutex<Vec<usize>>>);
+
+impl Drop for Sees {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().push(current_context());
+    }
 }

@@ -92,16 +92,34 @@ impl ReaperContext {
 
     /// Clears the current context: asks first (a call less when none is), and clears anyway when
     /// the question fails (after a sticky error it may), since what is current is not known.
+    ///
+    /// `cuCtxSetCurrent(NULL)` pops one context off the thread's stack: a context pushed under it
+    /// (user code's, or one a failed `cuCtxPopCurrent` left, such as an event batch's made by an
+    /// enqueue in an owner's `Drop`) is current after it. So the question is asked again after
+    /// each clear, and the thread is known clear only once it answers none; after a failed
+    /// question it is not known, and the next record asks again.
     fn clear_now(&mut self, driver: &cuda_dl_sys::Driver) {
-        let mut now = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer.
-        self.clear = match unsafe { driver.cuCtxGetCurrent(&mut now) } {
-            Ok(()) if now.is_null() => true,
+        self.clear = false;
+        for _ in 0..CLEAR_TRIES {
+            let mut now = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            let asked = unsafe { driver.cuCtxGetCurrent(&mut now) };
+            if asked.is_ok() && now.is_null() {
+                self.clear = true;
+                return;
+            }
             // SAFETY: clearing the calling thread's current context is always allowed.
-            _ => unsafe { driver.cuCtxSetCurrent(std::ptr::null_mut()) }.is_ok(),
-        };
+            let cleared = unsafe { driver.cuCtxSetCurrent(std::ptr::null_mut()) };
+            if asked.is_err() || cleared.is_err() {
+                return;
+            }
+        }
     }
 }
+
+/// How many contexts [`ReaperContext::clear_now`] pops off the reaper's stack at most before it
+/// gives up for this record (the next asks again).
+const CLEAR_TRIES: usize = 64;
 
 /// Releases a record inside the release of another (a callback carried to the lane: see
 /// `lane::Call`), as a drain would: the outer release looks after the thread's context.
