@@ -786,6 +786,116 @@ isolated_test! {
         assert_eq!(*seen.lock().unwrap(), [0], "a context current as the next owner was dropped");
     }
 
+    /// An event enqueue on a user's thread whose pop of the context it pushed fails leaves the
+    /// thread's context stack as it was: the failed pop is tried once more. Here a
+    /// `release_after`, the first event work of device 0's context, with device 1's context
+    /// current: the pop after the new pool's `cuCtxGetDevice` fails, and the enqueue is refused
+    /// (the first pop's error) with its owner handed back. (Before: device 0's context was left
+    /// pushed, current over the user's.)
+    fn a_release_whose_pop_fails_leaves_the_callers_context_stack_as_it_was(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        contexts[1].set_current().unwrap();
+        let drops = Drops::new();
+        fake().set_fault("cuCtxPopCurrent", 1, 2);
+        let refused = release_after(&stream, drops.owner());
+        fake().clear_faults();
+        let refused = refused.expect_err("the enqueue whose pop failed is refused");
+        assert!(refused.into_inner().is_some(), "the owner is handed back");
+        assert_eq!(current_context(), contexts[1].raw().addr(), "the user's context current");
+        let driver = cuda_dl_sys::driver().unwrap();
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the context set above is on the stack.
+        unsafe { driver.cuCtxPopCurrent(&mut popped) }.unwrap();
+        assert_eq!(popped, contexts[1].raw());
+        assert_eq!(current_context(), 0, "a context under the user's");
+    }
+
+    /// The same for an event-mode `completion` with no context current, whose dry pool's batch
+    /// of events is made with the context pushed, and whose pop after the batch (the second pop:
+    /// the first is the new pool's) fails: refused, and none current after. (Before: device 0's
+    /// context was left current.)
+    fn an_event_completion_whose_pop_fails_leaves_no_context_current(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        assert_eq!(current_context(), 0);
+        let created = fake().call_count("cuEventCreate");
+        fake().set_fault("cuCtxPopCurrent", 2, 2);
+        let refused = CompletionMode::Event.completion(&stream);
+        fake().clear_faults();
+        assert!(refused.is_err(), "the enqueue whose pop failed is refused");
+        assert!(fake().call_count("cuEventCreate") > created, "the batch was made");
+        assert_eq!(current_context(), 0, "a context left current");
+    }
+
+    /// The same for a low-latency completion, whose first in its context registers a flag page
+    /// with the context pushed: the completion is accepted (the page was made; the pop's error
+    /// is not the registration's), and the user's context stack is as it was. (Before: the
+    /// stream's context was left pushed over the user's.)
+    fn a_flag_page_whose_pop_fails_leaves_the_callers_context_stack_as_it_was(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        contexts[1].set_current().unwrap();
+        fake().set_fault("cuCtxPopCurrent", 1, 2);
+        let completion = CompletionMode::LowLatency.completion(&stream);
+        fake().clear_faults();
+        let mut completion = completion.expect("the page was made");
+        assert_eq!(current_context(), contexts[1].raw().addr(), "the user's context current");
+        let driver = cuda_dl_sys::driver().unwrap();
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the context set above is on the stack.
+        unsafe { driver.cuCtxPopCurrent(&mut popped) }.unwrap();
+        assert_eq!(popped, contexts[1].raw());
+        assert_eq!(current_context(), 0, "a context under the user's");
+        resolve(&mut completion).unwrap();
+    }
+
+    /// The poller's look for a sticky error (it pushes each waiting context and pops it) leaves
+    /// no context current on the poller when its pop fails: a waker it then wakes, user code on
+    /// the poller's thread, sees none. (Before: the context stayed on the poller's stack.)
+    fn the_pollers_sticky_error_look_whose_pop_fails_leaves_no_context_current(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        struct SeesOnWake(Arc<Mutex<Vec<usize>>>);
+        impl std::task::Wake for SeesOnWake {
+            fn wake(self: Arc<Self>) {
+                self.0.lock().unwrap().push(current_context());
+            }
+        }
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let mut completion = Box::pin(CompletionMode::LowLatency.completion(&stream).unwrap());
+        let waker = std::task::Waker::from(Arc::new(SeesOnWake(Arc::clone(&seen))));
+        let poll = completion.as_mut().poll(&mut std::task::Context::from_waker(&waker));
+        assert!(poll.is_pending(), "{poll:?} while the stream is held");
+        // The poller looks every 2 ms; nothing else pops now.
+        let pops = fake().call_count("cuCtxPopCurrent");
+        fake().set_fault("cuCtxPopCurrent", 1, 2);
+        cuda_workspace::testing::wait_until("the poller's look", PATIENCE, || {
+            fake().call_count("cuCtxPopCurrent") >= pops + 3
+        });
+        fake().clear_faults();
+        hold.release();
+        cuda_workspace::testing::wait_until("the waker's wake", PATIENCE, || {
+            !seen.lock().unwrap().is_empty()
+        });
+        resolve(&mut completion).unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(*seen.lock().unwrap(), [0], "a context current as the poller woke the waker");
+    }
+
     /// Callbacks run with their stream's context current, even after a callback made another
     /// context current (as one that frees a device-1 buffer does): the next device-0 callback sees
     /// device 0's, and a release it makes on the legacy stream lands on device 0's.

@@ -10,6 +10,7 @@ use cuda_dl_sys::types::{CUcontext, CUctx_st, CUdevice};
 use super::device::Device;
 use crate::reaper::defer_drop::defer_drop;
 use crate::support::error::Error;
+use crate::support::pushed_context::with_pushed;
 use crate::transport::primary_release::{self, reset_function};
 
 /// A retained primary context (`cuDevicePrimaryCtxRetain`), released on drop.
@@ -179,24 +180,16 @@ impl PrimaryContext {
         self.device
     }
 
-    /// Runs `f` with this context pushed as the calling thread's current context.
+    /// Runs `f` with this context pushed as the calling thread's current context (a failed pop is
+    /// tried once more: [`with_pushed`]). `f`'s error first, then the first pop's.
     pub(crate) fn scoped<R>(
         &self,
         f: impl FnOnce(&cuda_dl_sys::Driver) -> Result<R, Error>,
     ) -> Result<R, Error> {
         let driver = cuda_dl_sys::driver()?;
-        // SAFETY: `raw` is a retained, live context.
-        unsafe { driver.cuCtxPushCurrent(self.raw())? };
-        let result = f(driver);
-        let mut popped = ptr::null_mut();
-        // SAFETY: we pushed a context just above; `popped` is a valid place to write.
-        let pop = unsafe { driver.cuCtxPopCurrent(&mut popped) };
-        if pop.is_err() {
-            // Try once more, so a passing failure does not leave our context on the thread's
-            // stack; the first error is still reported.
-            // SAFETY: as above.
-            let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
-        }
+        // SAFETY: `raw` is a retained, live context. A failed pop is tried once more; the first
+        // pop's error is reported.
+        let (result, pop) = unsafe { with_pushed(driver, self.raw(), || f(driver)) }?;
         // On a failed pop the value `f` made is dropped here: callers that create driver objects
         // return them as RAII values (a `Stream`, an `Event`), so nothing leaks.
         let value = result?;

@@ -1,6 +1,7 @@
 //! What every layer above may use: errors, the synchronisation primitives (std's or loom's), the
 //! lock-free stack, thread marks, process events (exit, fork), panic reporting, and the small
-//! driver helpers (stream handles, capture queries, the capture interaction mode).
+//! driver helpers (stream handles, capture queries, the capture interaction mode, a context pushed
+//! for a few calls).
 
 #[cfg(not(loom))]
 pub(crate) mod block_on;
@@ -26,6 +27,8 @@ pub(crate) mod own_line;
 pub(crate) mod panic_report;
 #[cfg(not(loom))]
 pub(crate) mod precise_sleeps;
+#[cfg(not(loom))]
+pub(crate) mod pushed_context;
 #[cfg(not(loom))]
 pub(crate) mod raw_stream;
 #[cfg(not(loom))]

@@ -18,6 +18,7 @@
 use cuda_dl_sys::types::CUresult;
 
 use super::context_key::ContextKey;
+use super::pushed_context::with_pushed;
 
 /// Whether `code` is a sticky error: the context that answered it runs no more work.
 pub(crate) fn is_sticky(code: CUresult) -> bool {
@@ -55,14 +56,14 @@ pub(crate) unsafe fn probe(driver: &cuda_dl_sys::Driver, key: ContextKey) -> Opt
     if unsafe { get_id(key.raw(), &mut id) } != CUresult::CUDA_SUCCESS || id != key.id {
         return None;
     }
-    // SAFETY: as above: the handle stays the driver's.
-    unsafe { driver.cuCtxPushCurrent(key.raw()) }.ok()?;
-    let query = driver.raw().cuStreamQuery();
-    // SAFETY: the legacy stream's handle, in the context just pushed.
-    let code = query.map(|query| unsafe { query(cuda_dl_sys::CU_STREAM_LEGACY) });
-    let mut popped = std::ptr::null_mut();
-    // SAFETY: pushed just above; a valid out-pointer.
-    let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
+    let query = || {
+        let query = driver.raw().cuStreamQuery();
+        // SAFETY: the legacy stream's handle, in the context pushed for this call.
+        query.map(|query| unsafe { query(cuda_dl_sys::CU_STREAM_LEGACY) })
+    };
+    // SAFETY: as above: the handle stays the driver's. A failed pop is tried once more; its error
+    // says nothing of the context's.
+    let (code, _pop) = unsafe { with_pushed(driver, key.raw(), query) }.ok()?;
     match code {
         Ok(code) if is_sticky(code) => Some(code.0),
         _ => None,

@@ -50,6 +50,7 @@ use crate::support::capture::{Capture, capture_active, capture_of, captured_sinc
 use crate::support::context_key::{ContextKey, Gone, Liveness};
 use crate::support::error::Error;
 use crate::support::panic_report::PanicOrigin;
+use crate::support::pushed_context::with_pushed;
 use crate::support::raw_stream::{AsRawStream, context_key_of};
 use crate::support::sticky_error;
 use crate::support::sync::lock;
@@ -270,9 +271,7 @@ fn new_page(driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<Page, Er
     let mut device = 0;
     let mut registered = false;
     // Register in the stream's context (pushed for the calls, then popped).
-    let result = (|| -> Result<(), cuda_dl_sys::Error> {
-        // SAFETY: a context handle from the driver (the stream's).
-        unsafe { driver.cuCtxPushCurrent(context)? };
+    let register = || {
         // SAFETY: page-aligned memory of ours, PAGE_BYTES long, registered once.
         let result =
             unsafe { driver.cuMemHostRegister(host.as_ptr().cast(), PAGE_BYTES, REGISTER_FLAGS) }
@@ -291,11 +290,13 @@ fn new_page(driver: &cuda_dl_sys::Driver, context: CUcontext) -> Result<Page, Er
                 registered = false;
             }
         }
-        let mut popped = std::ptr::null_mut();
-        // SAFETY: we pushed a context above.
-        let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
-        result.map_err(cuda_dl_sys::Error::from)
-    })();
+        result
+    };
+    // SAFETY: a context handle from the driver (the stream's). A failed pop is tried once more;
+    // its error is not the registration's.
+    let result = unsafe { with_pushed(driver, context, register) }
+        .and_then(|(result, _pop)| result)
+        .map_err(cuda_dl_sys::Error::from);
     if let Err(e) = result {
         if !registered {
             // SAFETY: allocated above with `layout`, never shared, registered no more.

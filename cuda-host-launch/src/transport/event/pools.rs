@@ -28,6 +28,7 @@ use cuda_dl_sys::types::{CUcontext, CUdevice, CUevent, CUevent_flags};
 use crate::support::context_key::{ContextKey, Liveness};
 use crate::support::error::Error;
 use crate::support::fast_hash::FastHash;
+use crate::support::pushed_context::with_pushed;
 use crate::transport::primary_release;
 
 /// Events made at once when a pool runs dry (one push and pop of the context for all), by the
@@ -390,21 +391,17 @@ pub(super) fn make_events(
     })
 }
 
-/// Runs `f` with `context` pushed as the calling thread's current context. A failed pop is an
-/// error too.
+/// Runs `f` with `context` pushed as the calling thread's current context ([`with_pushed`]: a
+/// failed pop is tried once more). A failed pop is an error too.
 fn pushed(
     driver: &cuda_dl_sys::Driver,
     context: CUcontext,
     f: impl FnOnce() -> Result<(), cuda_dl_sys::CallError>,
 ) -> Result<(), Error> {
     // SAFETY: a live context (the stream's, or one this pool retains).
-    unsafe { driver.cuCtxPushCurrent(context)? };
-    let result = f();
-    let mut popped = ptr::null_mut();
-    // SAFETY: pushed just above; a valid out-pointer.
-    let pop = unsafe { driver.cuCtxPopCurrent(&mut popped) };
-    // `f`'s error first; then a failed pop, which left the context on the caller's stack (the
-    // caller hears of it rather than find it there).
+    let (result, pop) = unsafe { with_pushed(driver, context, f) }?;
+    // `f`'s error first; then the first pop's (the caller hears of it even where the second pop
+    // set its stack right).
     result?;
     Ok(pop?)
 }
