@@ -91,4 +91,25 @@ impl Snapshot {
             others: process.saturating_sub(caller),
         }
     }
+
+    /// The `top` threads that used the most CPU from `self` to `later`, as shares of `wall_ns`
+    /// (the measuring thread named `measuring`), busiest first.
+    pub fn busiest(&self, later: &Snapshot, wall_ns: u64, top: usize) -> Vec<(String, f64)> {
+        let wall = wall_ns.max(1) as f64;
+        let mut shares: Vec<(String, f64)> = later
+            .threads
+            .iter()
+            .map(|(tid, (name, ns))| {
+                let before = self.threads.get(tid).map_or(0, |(_, ns)| *ns);
+                (name.clone(), ns.saturating_sub(before) as f64 / wall)
+            })
+            .collect();
+        // The measuring thread by its own clock (its schedstat line is in `threads` too, under
+        // its name; this one says which it is).
+        let caller = later.caller_ns.saturating_sub(self.caller_ns) as f64 / wall;
+        shares.push(("(measuring thread, getrusage)".into(), caller));
+        shares.sort_by(|a, b| b.1.total_cmp(&a.1));
+        shares.truncate(top);
+        shares
+    }
 }

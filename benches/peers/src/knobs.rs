@@ -29,6 +29,9 @@ pub struct Knobs {
     pub holds: Vec<Duration>,
     /// `PEERS_ONLY=latency|throughput|host` (comma-separated); all when unset.
     pub sections: Vec<Section>,
+    /// `PEERS_WAITS=1`: sample where the 8 × 8 row's enqueuing threads wait (`waits.rs`), and
+    /// report the busiest threads of the host-function rows.
+    pub waits: bool,
 }
 
 impl Knobs {
@@ -73,6 +76,7 @@ impl Knobs {
             host_functions: number("PEERS_HOST_N", 200_000)?,
             holds,
             sections,
+            waits: number("PEERS_WAITS", 0)? != 0,
         };
         if knobs.reps == 0 {
             return Err("PEERS_REPS must be at least 1".into());

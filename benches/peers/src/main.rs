@@ -6,7 +6,9 @@
 //! Knobs: `PEERS_SAMPLES` (2000 per row at the 50 µs and 2 ms holds, over all repetitions),
 //! `PEERS_SAMPLES_LONG` (60 at 20 ms), `PEERS_REPS` (5), `PEERS_ITEMS` (1000 per stream),
 //! `PEERS_THREAD_ITEMS` (25,000 per thread), `PEERS_HOST_N` (200,000), `PEERS_HOLDS_US`
-//! (50,2000,20000), `PEERS_ONLY=latency,throughput,host`, `PEERS_POLLER` (our watcher's pace for
+//! (50,2000,20000), `PEERS_ONLY=latency,throughput,host`, `PEERS_WAITS=1` (sample where the
+//! 8 × 8 row's enqueuing threads wait, and which threads are busy in the host-function rows:
+//! `waits.rs`), `PEERS_POLLER` (our watcher's pace for
 //! the process: `ours::install_poller_from_env`), `PEERS_ALLOW_SKIP=1` (a library that
 //! cannot run here does not fail the run: for the fake driver). Exit status: 0 when every row ran;
 //! 1 when a row failed; 2 with no driver; 3 when a library's rows were skipped.
@@ -23,6 +25,7 @@ mod raw;
 mod report;
 mod stats;
 mod throughput;
+mod waits;
 mod wake;
 
 use std::process::ExitCode;
@@ -319,6 +322,7 @@ fn throughput_section(
     {
         const THREADS: usize = 8;
         let per_thread = knobs.items_per_thread;
+        let sample = knobs.waits;
         let done = Arc::new(AtomicU64::new(0));
         let rings = Arc::new(raw::EventRings::new(gpu, STREAMS)?);
         let shape = throughput::Shape {
@@ -352,6 +356,7 @@ fn throughput_section(
                             }
                         },
                         ours::THREADS,
+                        sample,
                     );
                     completed();
                     rate
@@ -373,6 +378,7 @@ fn throughput_section(
                         Arc::new(move |_, s, stream| record(&recorder, s, stream.raw())),
                         &|| rings.wait_all(),
                         raw::THREADS,
+                        sample,
                     );
                     rings.stop();
                     rate
@@ -490,8 +496,13 @@ fn host_section(
         for j in 0..methods.len() {
             let m = (rep + j) % methods.len();
             let (_, enqueue, threads) = &methods[m];
-            let rate =
-                host_functions::measure(knobs.host_functions, enqueue.as_ref(), &sync, threads);
+            let rate = host_functions::measure(
+                knobs.host_functions,
+                enqueue.as_ref(),
+                &sync,
+                threads,
+                knobs.waits,
+            );
             sync()?;
             cuda_host_launch::flush(Duration::from_secs(30)).map_err(|e| format!("flush: {e}"))?;
             results[m].push(rate);

@@ -130,7 +130,7 @@ impl Report {
         let _ = writeln!(t, "| --- | --- | --- | --- | --- |");
         let ok: Vec<Vec<Rate>> = results
             .iter()
-            .map(|r| r.iter().filter_map(|x| x.as_ref().ok().copied()).collect())
+            .map(|r| r.iter().filter_map(|x| x.as_ref().ok().cloned()).collect())
             .collect();
         for (i, name) in names.iter().enumerate() {
             if let Some(Err(e)) = results[i].iter().find(|r| r.is_err()) {
@@ -164,6 +164,28 @@ impl Report {
                 "- {title}, {name}: M items/s per repetition: {}",
                 list(&rates.iter().map(|r| r / 1e6).collect::<Vec<_>>(), 3)
             );
+            for (rep, rate) in ok[i].iter().enumerate() {
+                if let Some(c) = rate.enqueuers {
+                    let per = |x: u64| x as f64 / rate.items.max(1) as f64;
+                    let _ = writeln!(
+                        self.raw,
+                        "  - repetition {rep}: enqueuing threads per item: on a CPU {:.0} ns, \
+                         waiting for one {:.0} ns; per 1,000 items {:.1} blocking and {:.1} \
+                         preempted switches",
+                        per(c.run_ns),
+                        per(c.queued_ns),
+                        per(c.voluntary) * 1e3,
+                        per(c.involuntary) * 1e3
+                    );
+                }
+                if let Some(waits) = &rate.waits {
+                    let _ = writeln!(
+                        self.raw,
+                        "  - repetition {rep}: the enqueuing threads, sampled:"
+                    );
+                    let _ = write!(self.raw, "{}", waits.render(12));
+                }
+            }
         }
         let _ = writeln!(t);
     }
@@ -188,7 +210,7 @@ impl Report {
         let _ = writeln!(t, "| --- | --- | --- | --- | --- |");
         let ok: Vec<Vec<HostRate>> = results
             .iter()
-            .map(|r| r.iter().filter_map(|x| x.as_ref().ok().copied()).collect())
+            .map(|r| r.iter().filter_map(|x| x.as_ref().ok().cloned()).collect())
             .collect();
         for (i, name) in names.iter().enumerate() {
             if let Some(Err(e)) = results[i].iter().find(|r| r.is_err()) {
@@ -222,6 +244,22 @@ impl Report {
                 list(&rates.iter().map(|r| r / 1e6).collect::<Vec<_>>(), 3),
                 list(&enqueue, 0)
             );
+            for (rep, rate) in ok[i].iter().enumerate() {
+                let busy: Vec<String> = rate
+                    .busy
+                    .iter()
+                    .map(|(name, share)| format!("{name} {:.0} %", share * 100.0))
+                    .collect();
+                let _ = writeln!(
+                    self.raw,
+                    "  - repetition {rep}: busiest threads, CPU over wall: {}",
+                    busy.join(", ")
+                );
+                if let Some(waits) = &rate.waits {
+                    let _ = writeln!(self.raw, "  - repetition {rep}: every thread, sampled:");
+                    let _ = write!(self.raw, "{}", waits.render(12));
+                }
+            }
         }
         let _ = writeln!(t);
     }

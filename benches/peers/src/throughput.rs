@@ -10,6 +10,7 @@ use cuda_host_launch::Stream;
 
 use crate::cpu::{Snapshot, Used};
 use crate::gpu::{Gpu, MappedWords};
+use crate::waits::{Sampler, Samples, ThreadCounters, my_tid};
 use crate::wake::{BoxFuture, run_all};
 
 /// Makes the completion future of the item just enqueued on stream `i`.
@@ -27,11 +28,15 @@ pub struct Shape {
 }
 
 /// One measured run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Rate {
     pub per_second: f64,
     pub cpu: Used,
     pub items: usize,
+    /// The enqueuing threads' scheduler counters, summed (`threads_by_streams` only).
+    pub enqueuers: Option<ThreadCounters>,
+    /// What a sampler saw the enqueuing threads doing (when asked for).
+    pub waits: Option<Arc<Samples>>,
 }
 
 /// `tasks_per_stream` tasks on each of `streams`, each enqueuing `items` items one after another
@@ -67,12 +72,15 @@ pub fn futures_in_flight(
         per_second: total as f64 / elapsed.as_secs_f64(),
         cpu,
         items: total,
+        enqueuers: None,
+        waits: None,
     })
 }
 
 /// `shape.threads` threads, each with `shape.streams_each` streams of its own, each thread
 /// enqueuing `shape.items` items round robin over its streams with `record(thread, stream index, stream)`; the
-/// time from the start until `all_done` returns.
+/// time from the start until `all_done` returns. With `sample`, a [`Sampler`] watches the
+/// enqueuing threads every 100 µs while they enqueue.
 pub fn threads_by_streams(
     gpu: &Arc<Gpu>,
     streams: &Arc<Vec<Arc<Stream>>>,
@@ -80,6 +88,7 @@ pub fn threads_by_streams(
     record: Record,
     all_done: &dyn Fn(),
     library_threads: &[&str],
+    sample: bool,
 ) -> Result<Rate, String> {
     let Shape {
         threads,
@@ -88,40 +97,55 @@ pub fn threads_by_streams(
     } = shape;
     let barrier = Arc::new(Barrier::new(threads + 1));
     let errors = Arc::new(AtomicU64::new(0));
+    let tids = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut handles = Vec::new();
     for t in 0..threads {
-        let (gpu, streams, record, barrier, errors) = (
+        let (gpu, streams, record, barrier, errors, tids) = (
             Arc::clone(gpu),
             Arc::clone(streams),
             Arc::clone(&record),
             Arc::clone(&barrier),
             Arc::clone(&errors),
+            Arc::clone(&tids),
         );
-        handles.push(std::thread::spawn(move || -> Result<(), String> {
-            gpu.bind();
-            barrier.wait();
-            for k in 0..items {
-                let s = t * streams_each + k % streams_each;
-                if let Err(e) = record(t, s, &streams[s]) {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                    return Err(e);
+        handles.push(std::thread::spawn(
+            move || -> Result<ThreadCounters, String> {
+                gpu.bind();
+                tids.lock().map_err(|_| "tids poisoned")?.push(my_tid());
+                barrier.wait();
+                let before = ThreadCounters::now();
+                for k in 0..items {
+                    let s = t * streams_each + k % streams_each;
+                    if let Err(e) = record(t, s, &streams[s]) {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        return Err(e);
+                    }
                 }
-            }
-            Ok(())
-        }));
+                Ok(before.until(&ThreadCounters::now()))
+            },
+        ));
     }
     let before = Snapshot::take();
     barrier.wait();
     let started = Instant::now();
+    let sampler = sample.then(|| {
+        let tids = tids.lock().map(|t| t.clone()).unwrap_or_default();
+        Sampler::start(tids, Duration::from_micros(100))
+    });
     let mut first_error = None;
+    let mut enqueuers = ThreadCounters::default();
     for handle in handles {
-        if let Err(e) = handle
+        match handle
             .join()
             .map_err(|_| "a recording thread panicked".to_string())?
         {
-            first_error.get_or_insert(e);
+            Ok(counters) => enqueuers += counters,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
         }
     }
+    let waits = sampler.map(|s| Arc::new(s.finish()));
     if let Some(e) = first_error {
         return Err(e);
     }
@@ -132,5 +156,7 @@ pub fn threads_by_streams(
         per_second: (threads * items) as f64 / elapsed.as_secs_f64(),
         cpu,
         items: threads * items,
+        enqueuers: Some(enqueuers),
+        waits,
     })
 }
