@@ -199,3 +199,46 @@ fn loom_a_segment_freed_on_two_threads_is_reused_after_both_are_done_with_it() {
         },
     );
 }
+
+/// Two launchers each need a segment while a third thread frees a full one and trims: a launcher
+/// finding none listed allocates with the lock let go and registers under it, so the registry
+/// stays whole whichever way the three interleave (each segment once, its index right for a
+/// trim's removal), and a segment freed meanwhile is taken by at most one of them.
+#[test]
+fn loom_two_launchers_allocating_segments_while_a_third_thread_frees_and_trims() {
+    check(
+        "pool: two launchers take or allocate segments, a third frees one and trims",
+        3,
+        || {
+            let model = Model::new();
+            let first = Local::new();
+            let full = [1, 2, 3].map(|record| (model.launch(&first, record), record));
+            model.pool.thread_exits(&first);
+            let launcher = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || {
+                    let local = Local::new();
+                    let slot = model.launch(&local, 10);
+                    model.release(slot, 10);
+                    model.pool.thread_exits(&local);
+                })
+            };
+            let reaper = {
+                let model = Arc::clone(&model);
+                thread::spawn(move || {
+                    for (slot, record) in full {
+                        model.release(slot, record);
+                    }
+                    model.pool.trim();
+                })
+            };
+            let local = Local::new();
+            let slot = model.launch(&local, 20);
+            model.release(slot, 20);
+            model.pool.thread_exits(&local);
+            launcher.join().unwrap();
+            reaper.join().unwrap();
+            model.check_everything_back();
+        },
+    );
+}

@@ -12,8 +12,11 @@
 //!   is its address rounded down. Its first slot is its header: the count of slots still owed to
 //!   it.
 //! - **Allocation** is a bump of the launching thread's index into its current segment (no atomic,
-//!   no lock). When the segment is used up, the thread takes a free segment (one uncontended lock,
-//!   once per [`SEGMENT_SLOTS`]` - 1` launches) or allocates a new one.
+//!   no lock). When the segment is used up, the thread takes a free segment (the pool's lock, held
+//!   for a pop, once per [`SEGMENT_SLOTS`]` - 1` launches) or allocates a new one with the lock
+//!   let go, then takes it to register the segment: with launches outrunning their releases, 8
+//!   threads enqueuing at once waited for each other's allocations under the lock
+//!   (`BENCHMARKS.md`, where the time goes).
 //! - **Free** is one atomic decrement of the slot's segment's count. The free that brings it to
 //!   zero puts the segment on the free list. An exiting thread gives back the slots it never handed
 //!   out of its current segment the same way.
@@ -188,41 +191,43 @@ impl<const SLOTS: usize, const KEEP: usize> RecordPool<SLOTS, KEEP> {
     }
 
     /// The thread's segment is used up (or it has none): takes a free segment or allocates one, and
-    /// hands out its first slot after the header.
+    /// hands out its first slot after the header. The allocation is made with the lock let go (the
+    /// lock is held for a pop, or for a push onto the registry): the launching threads take this
+    /// lock once per segment, and while launches outrun their releases every take allocates.
     #[cold]
     fn next_segment(&self, local: &Local<SLOTS>) -> PoolSlot {
         // The old segment needs nothing: every slot of it was handed out, and its last free frees
         // it.
-        let segment = {
-            let mut segments = self.lock();
-            let segment = match segments.free.pop() {
-                Some(SegmentPtr(segment)) => segment.as_ptr(),
-                None => {
-                    // SAFETY: SEGMENT has a non-zero size.
-                    let segment =
-                        unsafe { std::alloc::alloc(Self::SEGMENT) }.cast::<SegmentHeader>();
-                    let Some(fresh) = NonNull::new(segment) else {
-                        std::alloc::handle_alloc_error(Self::SEGMENT);
-                    };
-                    // SAFETY: fresh memory of the segment's layout, not yet registered: ours alone.
-                    unsafe {
-                        ptr::addr_of_mut!((*segment).index)
-                            .write(UnsafeCell::new(segments.all.len()))
-                    };
-                    segments.all.push(SegmentPtr(fresh));
-                    segment
-                }
-            };
-            // SAFETY: a fresh segment, or a free one taken off the list (its last free happened
-            // before it was listed, and the lock orders that before this write): ours alone now.
-            unsafe { ptr::addr_of_mut!((*segment).owed).write(AtomicUsize::new(SLOTS - 1)) };
-            segment
+        let taken = self.lock().free.pop();
+        let segment = match taken {
+            // Its last free happened before it was listed, and the lock orders that before the
+            // pop, and so before the write below: ours alone now.
+            Some(SegmentPtr(segment)) => segment.as_ptr(),
+            None => self.allocate_segment(),
         };
+        // SAFETY: a fresh segment, or a free one taken off the list (above): ours alone now.
+        unsafe { ptr::addr_of_mut!((*segment).owed).write(AtomicUsize::new(SLOTS - 1)) };
         local.segment.set(segment);
         local.next.set(2);
         // SAFETY: slot 1 of the segment just set.
         let memory = unsafe { Self::slot(segment, 1) };
         PoolSlot { memory }
+    }
+
+    /// A new segment, allocated with the lock let go, then registered under it.
+    #[cold]
+    fn allocate_segment(&self) -> *mut SegmentHeader {
+        // SAFETY: SEGMENT has a non-zero size.
+        let segment = unsafe { std::alloc::alloc(Self::SEGMENT) }.cast::<SegmentHeader>();
+        let Some(fresh) = NonNull::new(segment) else {
+            std::alloc::handle_alloc_error(Self::SEGMENT);
+        };
+        let mut segments = self.lock();
+        // SAFETY: fresh memory of the segment's layout, not yet registered: ours alone. Its index
+        // is written under the lock, as every index is.
+        unsafe { ptr::addr_of_mut!((*segment).index).write(UnsafeCell::new(segments.all.len())) };
+        segments.all.push(SegmentPtr(fresh));
+        segment
     }
 
     /// Slot `index` of `segment`.
