@@ -28,6 +28,10 @@
 //!   costs a round per `max_interval` and its window's spin. An entry seen complete before its
 //!   window, oldest first while newer ones wait (no sample), ends its stream's regularity: a busy
 //!   stream whose work got shorter would otherwise stay regular with nothing to undo it.
+//! - **Inside the window of long work** (learned at 640 µs or more) the side queries without its
+//!   query gap (`PollerSettings::query_gap`, which keeps a spinning side off the driver's lock
+//!   most of the time): the end is expected then, and such a window is at most 3/32 of the wait.
+//!   Shorter work (a busy stream's items) keeps the gap.
 //! - At most [`STREAMS`] streams are remembered; beyond that the list starts over.
 //!
 //! [`PollerSettings::learned_spin`]: crate::PollerSettings::learned_spin
@@ -45,6 +49,9 @@ pub(super) const STREAMS: usize = 4096;
 const EARLY: Duration = Duration::from_micros(20);
 /// The least spin after it.
 const LATE: Duration = Duration::from_micros(50);
+/// Work at least this long is spun for without the side's query gap inside its window
+/// ([`spins_without_gap`]): its window is then at most 3/32 of the wait.
+const LONG_WAIT: Duration = Duration::from_micros(640);
 
 /// A stream: its context and `cuStreamGetId`.
 pub(super) type StreamKey = (ContextKey, u64);
@@ -150,6 +157,7 @@ impl LearnedWaits {
             from,
             until,
             regular: learned.regular(),
+            long: typical >= LONG_WAIT,
         })
     }
 
@@ -182,6 +190,24 @@ pub(super) struct Window {
     pub(super) until: Instant,
     /// Its stream's waits are regular (see the module's docs).
     pub(super) regular: bool,
+    /// Its stream's work is long ([`LONG_WAIT`] at least): see [`spins_without_gap`].
+    pub(super) long: bool,
+}
+
+/// Whether a spinning side queries without its query gap (`PollerSettings::query_gap`) for the
+/// round after `now`: while `now` is inside the window of long work. The gap keeps a spinning
+/// side from holding the driver's lock, which every enqueue takes, most of the time; inside such a
+/// window the completion is expected now, and the window is at most 3/32 of the wait, so the
+/// side's share of the lock stays small while the wait's end is seen a gap sooner
+/// (`BENCHMARKS.md`).
+pub(super) fn spins_without_gap(
+    windows: impl IntoIterator<Item = Option<Window>>,
+    now: Instant,
+) -> bool {
+    windows
+        .into_iter()
+        .flatten()
+        .any(|window| window.long && window.from <= now && now < window.until)
 }
 
 /// The wait after a round at `now`, given the window of each stream pending (`None`: its work has
@@ -267,6 +293,7 @@ mod tests {
                 from: arrived + us(3_100),
                 until: arrived + us(3_400),
                 regular: false,
+                long: true,
             })
         );
         let short = (STREAM.0, 9);
@@ -277,6 +304,7 @@ mod tests {
                 from: arrived + us(80),
                 until: arrived + us(150),
                 regular: false,
+                long: false,
             })
         );
         let tiny = (STREAM.0, 10);
@@ -287,8 +315,41 @@ mod tests {
                 from: arrived,
                 until: arrived + us(55),
                 regular: false,
+                long: false,
             })
         );
+    }
+
+    /// Work of 640 µs or more is long; inside a long window (its start included, its end not) a
+    /// spinning side queries without its gap, inside a short one or outside every window with it.
+    /// (Mutation testing: each comparison.)
+    #[test]
+    fn a_side_spins_without_its_gap_only_inside_the_window_of_long_work() {
+        let mut learned = LearnedWaits::default();
+        let arrived = Instant::now();
+        let (long, short) = ((STREAM.0, 11), (STREAM.0, 12));
+        learned.learn(long, us(640));
+        learned.learn(short, us(639));
+        let long = learned.window(long, arrived).unwrap();
+        let short = learned.window(short, arrived).unwrap();
+        assert!(long.long && !short.long);
+        assert_eq!(
+            (long.from, long.until),
+            (arrived + us(620), arrived + us(690))
+        );
+        for (at, expected) in [(619, false), (620, true), (689, true), (690, false)] {
+            assert_eq!(
+                spins_without_gap([Some(long)], arrived + us(at)),
+                expected,
+                "at {at} µs"
+            );
+        }
+        assert!(!spins_without_gap([Some(short)], arrived + us(630)));
+        assert!(!spins_without_gap([None], arrived + us(630)));
+        assert!(spins_without_gap(
+            [Some(short), None, Some(long)],
+            arrived + us(630)
+        ));
     }
 
     /// Beyond `STREAMS` streams the list starts over, so it stays bounded; a stream already
@@ -478,6 +539,7 @@ mod tests {
                 from: now + us(from),
                 until: now + us(until),
                 regular: false,
+                long: false,
             })
         };
         let longest = us(250);
@@ -535,11 +597,13 @@ mod tests {
                 from: now + us(from),
                 until: now + us(until),
                 regular: true,
+                long: false,
             })
         };
         let irregular = |from: u64, until: u64| {
             regular(from, until).map(|window| Window {
                 regular: false,
+                long: false,
                 ..window
             })
         };

@@ -608,13 +608,23 @@ impl EventWatch {
 
     /// When this side wants its next round, after one that said `wait` (`None`: not before an
     /// enqueue wakes the watcher, or its idle pools are due back). While it spins, a round every
-    /// `query_gap` at most: every query takes the driver's lock, which the enqueues also take.
+    /// `query_gap` at most: every query takes the driver's lock, which the enqueues also take;
+    /// but none inside the window of long work, whose end is expected now
+    /// ([`learned_wait::spins_without_gap`]).
     pub(in crate::transport) fn next_round(
         &self,
         wait: Option<Wait>,
         settings: &PollerSettings,
     ) -> Option<Instant> {
         match wait {
+            Some(Wait::Spin)
+                if learned_wait::spins_without_gap(
+                    self.windows.iter().copied(),
+                    Instant::now(),
+                ) =>
+            {
+                Some(self.round_began)
+            }
             Some(Wait::Spin) => Some(self.round_began + settings.query_gap),
             Some(Wait::Park(pause)) => Some(Instant::now() + pause),
             None => self
