@@ -158,6 +158,22 @@ fn latency_section(
             arm: Box::new(move || floor.arm(stream.raw())),
         });
     }
+    for parked in [false, true] {
+        let (floor, stream) = (Arc::clone(&floor), Arc::clone(&stream));
+        methods.push(Method {
+            name: if parked {
+                "raw flag floor, parked block_on".into()
+            } else {
+                "raw flag floor: a word the stream writes after the wait, spun on".into()
+            },
+            library: "raw",
+            threads: raw::THREADS,
+            parked,
+            holds: parked.then(|| first_hold.clone()),
+            waiter_setup: None,
+            arm: Box::new(move || floor.arm_word(stream.raw())),
+        });
+    }
     if let Some(nvidia) = nvidia {
         let theirs = nvidia.stream(&stream);
         for parked in [false, true] {

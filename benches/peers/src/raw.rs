@@ -1,6 +1,7 @@
 //! The raw driver through `cuda-dl-sys`, the floors: a thread spinning on `cuEventQuery` of an
-//! event recorded after the hold, `cuEventRecord` rings retired by one polling thread, and
-//! `cuLaunchHostFunc` with a static C function.
+//! event recorded after the hold, or on a mapped word the stream writes after it
+//! (`cuStreamWriteValue32`, the flag transports' floor), `cuEventRecord` rings retired by one
+//! polling thread, and `cuLaunchHostFunc` with a static C function.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,7 +12,7 @@ use std::thread::JoinHandle;
 use cuda_dl_sys::Driver;
 use cuda_dl_sys::types::{CUevent, CUresult, CUstream, CUstreamCaptureMode};
 
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, MappedWords};
 use crate::wake::{BoxFuture, Signal};
 
 /// The floor's spinner and the rings' poller (threads of this benchmark).
@@ -28,16 +29,28 @@ fn new_event(driver: &Driver) -> Result<usize, String> {
     Ok(event.expose_provenance())
 }
 
+/// What the spinner watches for one sample.
+enum Watch {
+    /// The event completes.
+    Event(usize),
+    /// The floor's word holds this value.
+    Word(u32),
+}
+
 struct Job {
-    event: usize,
+    watch: Watch,
     signal: Arc<Signal>,
 }
 
-/// The latency floor: an event recorded after the hold, and a thread that spins on
-/// `cuEventQuery` of it from the moment it is armed until it completes, then fires the signal.
+/// The latency floors: an event recorded after the hold, or a write of a mapped word after it,
+/// and a thread that spins on `cuEventQuery` of the event, or on the word, from the moment it is
+/// armed until it completes, then fires the signal.
 pub struct Floor {
     driver: &'static Driver,
     event: usize,
+    words: Arc<MappedWords>,
+    /// The value the next word write writes (never 0, the word's first value).
+    next: AtomicU64,
     jobs: Mutex<Option<Sender<Job>>>,
     spinner: Mutex<Option<JoinHandle<()>>>,
 }
@@ -46,14 +59,18 @@ impl Floor {
     pub fn new(gpu: &Gpu) -> Result<Floor, String> {
         let driver = gpu.driver;
         let event = new_event(driver)?;
+        let words = Arc::new(MappedWords::new(gpu, 1)?);
         let (jobs, receiver) = channel::<Job>();
+        let watched = Arc::clone(&words);
         let spinner = std::thread::Builder::new()
             .name("peers-floor".into())
-            .spawn(move || spin(driver, receiver))
+            .spawn(move || spin(driver, &watched, receiver))
             .map_err(|e| format!("spawn: {e}"))?;
         Ok(Floor {
             driver,
             event,
+            words,
+            next: AtomicU64::new(1),
             jobs: Mutex::new(Some(jobs)),
             spinner: Mutex::new(Some(spinner)),
         })
@@ -65,9 +82,22 @@ impl Floor {
         // SAFETY: an event of the stream's context; the previous sample's record completed.
         unsafe { self.driver.cuEventRecord(event, stream) }
             .map_err(|e| format!("cuEventRecord: {e}"))?;
+        self.hand_over(Watch::Event(self.event))
+    }
+
+    /// Enqueues a write of a new value into the floor's word on `stream` and hands the value to
+    /// the spinner: the floor of a transport that reads host memory the stream writes.
+    pub fn arm_word(&self, stream: CUstream) -> Result<BoxFuture, String> {
+        // Wraps past u32::MAX back to 1, never 0.
+        let value = (self.next.fetch_add(1, Ordering::Relaxed) % u64::from(u32::MAX)) as u32 + 1;
+        self.words.write_on(stream, 0, value)?;
+        self.hand_over(Watch::Word(value))
+    }
+
+    fn hand_over(&self, watch: Watch) -> Result<BoxFuture, String> {
         let signal = Arc::new(Signal::default());
         let job = Job {
-            event: self.event,
+            watch,
             signal: Arc::clone(&signal),
         };
         self.jobs
@@ -95,20 +125,30 @@ impl Drop for Floor {
     }
 }
 
-fn spin(driver: &'static Driver, jobs: Receiver<Job>) {
+fn spin(driver: &'static Driver, words: &MappedWords, jobs: Receiver<Job>) {
     let Ok(query) = driver.raw().cuEventQuery() else {
         return;
     };
     while let Ok(job) = jobs.recv() {
-        let event = std::ptr::with_exposed_provenance_mut(job.event);
-        loop {
-            // SAFETY: a recorded event; `cuEventQuery` needs no current context.
-            let code = unsafe { query(event) };
-            if code != CUresult::CUDA_ERROR_NOT_READY {
-                // An error resolves the future too: the sample then fails on the stream's check.
-                break;
+        match job.watch {
+            Watch::Event(event) => {
+                let event = std::ptr::with_exposed_provenance_mut(event);
+                loop {
+                    // SAFETY: a recorded event; `cuEventQuery` needs no current context.
+                    let code = unsafe { query(event) };
+                    if code != CUresult::CUDA_ERROR_NOT_READY {
+                        // An error resolves the future too: the sample then fails on the
+                        // stream's check.
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
             }
-            std::hint::spin_loop();
+            Watch::Word(value) => {
+                while words.host(0).load(Ordering::Acquire) != value {
+                    std::hint::spin_loop();
+                }
+            }
         }
         job.signal.fire();
     }
