@@ -695,6 +695,62 @@ isolated_test! {
         assert_eq!(*seen.lock().unwrap(), [0; 5], "contexts current as the owners were dropped");
     }
 
+    /// While `cuCtxGetCurrent` fails (an injected fault here, a sticky error on the GPU), the
+    /// reaper clears once per record and asks again at the next, rather than pop its stack level
+    /// by level up to its bound for every record: a failing question costs a call or two per
+    /// record, not 64. (Mutation testing: the early return on a failed question.)
+    fn while_the_question_fails_the_reaper_clears_once_per_record(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        /// Makes its context current, breaks the question, and starts the count.
+        struct BreaksTheQuestion(Arc<PrimaryContext>);
+        impl Drop for BreaksTheQuestion {
+            fn drop(&mut self) {
+                self.0.set_current().unwrap();
+                fake().set_fault("cuCtxGetCurrent", 0, 201);
+                fake().reset_call_counts();
+            }
+        }
+        /// Records how many clears the records before it cost, and lets the question work again.
+        struct Counts(Arc<Mutex<Option<u64>>>);
+        impl Drop for Counts {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap() = Some(fake().call_count("cuCtxSetCurrent"));
+                fake().clear_faults();
+            }
+        }
+        const RECORDS: u64 = 10;
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let first = BreaksTheQuestion(Arc::clone(&contexts[1]));
+        host_launch(&stream, move || {
+            let _keep = &first;
+        })
+        .unwrap();
+        for _ in 0..RECORDS {
+            host_launch(&stream, || {}).unwrap();
+        }
+        let counted: Arc<Mutex<Option<u64>>> = Arc::default();
+        let last = Counts(Arc::clone(&counted));
+        host_launch(&stream, move || {
+            let _keep = &last;
+        })
+        .unwrap();
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        fake().clear_faults();
+        let clears = counted.lock().unwrap().expect("the last owner was dropped");
+        // After the first owner's drop and around each record after it: a clear or two each.
+        assert!(
+            clears <= 2 * (RECORDS + 2),
+            "{clears} cuCtxSetCurrent calls for {} records while the question failed",
+            RECORDS + 2
+        );
+    }
+
     /// The reaper clears every context an owner's `Drop` left on its stack, not just the top one:
     /// `cuCtxSetCurrent(NULL)` pops one context, and one pushed under it is current after it. An
     /// owner that makes device 0's context current and pushes device 1's over it leaves the next

@@ -670,3 +670,31 @@ impl EventWatch {
         pools.give_back_all_if_none_out(driver)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// While it spins, the next round waits for the query gap, unless the window of long work is
+    /// open now; a short work's open window keeps the gap. (Mutation testing: the match guard.)
+    #[test]
+    fn a_spinning_side_waits_for_its_query_gap_outside_the_window_of_long_work() {
+        let settings = PollerSettings::DEFAULT;
+        let mut watch = EventWatch::new();
+        let began = watch.round_began;
+        let gapped = Some(began + settings.query_gap);
+        assert_eq!(watch.next_round(Some(Wait::Spin), &settings), gapped);
+        let open = |long| learned_wait::Window {
+            from: began,
+            until: began + Duration::from_secs(3600),
+            regular: true,
+            long,
+        };
+        watch.windows.push(Some(open(false)));
+        assert_eq!(watch.next_round(Some(Wait::Spin), &settings), gapped);
+        watch.windows.push(Some(open(true)));
+        assert_eq!(watch.next_round(Some(Wait::Spin), &settings), Some(began));
+    }
+}
