@@ -118,7 +118,8 @@ impl ReaperContext {
 }
 
 /// How many contexts [`ReaperContext::clear_now`] pops off the reaper's stack at most before it
-/// gives up for this record (the next asks again).
+/// gives up for this record (the next asks again): owners that leave more levels than that (the
+/// driver keeps deeper stacks) leave the rest to the next records' clears.
 const CLEAR_TRIES: usize = 64;
 
 /// Releases a record inside the release of another (a callback carried to the lane: see
@@ -132,20 +133,25 @@ pub(crate) fn release_nested(header: NonNull<RecordHeader>) {
 /// owner's `Drop`.
 fn release_one(header: NonNull<RecordHeader>, mut context: Option<&mut ReaperContext>) {
     tickets::forget(header);
+    // SAFETY: the caller owns the live record.
+    if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
+        // The payload's own Drop and the panic handler are user code too (caught, and never
+        // unwinding out): they may make a context current, so the report comes before the clear.
+        report_and_drop(PanicOrigin::HostFunction, panic);
+        if let Some(reaper) = context.as_deref_mut() {
+            reaper.forget();
+        }
+    }
     // Every record's owners, whether its launch ran or not (a reclaimed launch, a deferred drop,
-    // a graph's record): an earlier owner's `Drop` may have made a context current. Only the
-    // current context is read and cleared, never a context of the record's (it may be dead).
+    // a graph's record): an earlier owner's `Drop`, or the report above, may have made a context
+    // current. Only the current context is read and cleared, never a context of the record's (it
+    // may be dead).
     let driver = cuda_dl_sys::Driver::get();
     if let Some(reaper) = context.as_deref_mut() {
         match driver {
             Some(driver) => reaper.enter(driver),
             None => reaper.forget(),
         }
-    }
-    // SAFETY: the caller owns the live record.
-    if let Some(panic) = unsafe { RecordHeader::dispatch(header, Op::TakePanic) } {
-        // The payload's own Drop is user code too (caught, and never unwinding out).
-        report_and_drop(PanicOrigin::HostFunction, panic);
     }
     // SAFETY: as above; this is the record's one release. If an owner's Drop panics, unwinding still
     // drops the remaining owners and frees the memory, so the record is gone either way.
