@@ -87,8 +87,8 @@ pub struct PollerSettings {
     /// driver's lock, which every `cuEventRecord` of the process also takes, so a poller querying
     /// without pause slows the enqueues it waits for (`BENCHMARKS.md`). Between rounds it spins
     /// without querying. `ZERO`: query without pause ([`PollerSettings::LOW_LATENCY`]). With
-    /// `learned_spin`, no gap inside the window of work learned to take 640 µs or more (its end
-    /// is expected then, and the window is a small part of the wait).
+    /// `learned_spin`, no gap inside the window of a lone entry whose work is learned to take 800 µs
+    /// or more (its end is expected then, and the window is a small part of the wait).
     pub query_gap: Duration,
     /// Spin near the time each stream's work is expected to complete, learned from its earlier
     /// completions (for repeated work: a training or inference step), instead of pausing through

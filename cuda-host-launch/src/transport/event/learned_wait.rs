@@ -28,10 +28,12 @@
 //!   costs a round per `max_interval` and its window's spin. An entry seen complete before its
 //!   window, oldest first while newer ones wait (no sample), ends its stream's regularity: a busy
 //!   stream whose work got shorter would otherwise stay regular with nothing to undo it.
-//! - **Inside the window of long work** (learned at 640 µs or more) the side queries without its
-//!   query gap (`PollerSettings::query_gap`, which keeps a spinning side off the driver's lock
-//!   most of the time): the end is expected then, and such a window is at most 3/32 of the wait.
-//!   Shorter work (a busy stream's items) keeps the gap.
+//! - **Inside the window of a lone entry's long work** (learned at 800 µs or more, the entry the
+//!   only one its queue holds) the side queries without its query gap
+//!   (`PollerSettings::query_gap`, which keeps a spinning side off the driver's lock most of the
+//!   time): the end is expected then, and such a window is 3/32 of the wait. Shorter work, and a
+//!   queue of several entries (a busy stream, whose learned length counts its entries' time in
+//!   the queue), keep the gap.
 //! - At most [`STREAMS`] streams are remembered; beyond that the list starts over.
 //!
 //! [`PollerSettings::learned_spin`]: crate::PollerSettings::learned_spin
@@ -49,9 +51,10 @@ pub(super) const STREAMS: usize = 4096;
 const EARLY: Duration = Duration::from_micros(20);
 /// The least spin after it.
 const LATE: Duration = Duration::from_micros(50);
-/// Work at least this long is spun for without the side's query gap inside its window
-/// ([`spins_without_gap`]): its window is then at most 3/32 of the wait.
-const LONG_WAIT: Duration = Duration::from_micros(640);
+/// Work at least this long, a lone entry's, is spun for without the side's query gap inside its
+/// window ([`spins_without_gap`]): its window is then 3/32 of the wait (the least spins, 20 µs
+/// before and 50 µs after, are a thirty-second and a sixteenth of it from here).
+const LONG_WAIT: Duration = Duration::from_micros(800);
 
 /// A stream: its context and `cuStreamGetId`.
 pub(super) type StreamKey = (ContextKey, u64);
@@ -161,19 +164,22 @@ impl LearnedWaits {
         })
     }
 
-    /// Into `out`, for each pending stream (its key and its oldest entry's arrival, `None` if not
-    /// known), the window of that entry: `None` where nothing is learned or the arrival is not
-    /// known, which [`adjust`] counts as not regular.
+    /// Into `out`, for each pending queue (its stream's key, its oldest entry's arrival, `None` if
+    /// not known, and how many entries it holds), the window of that entry: `None` where nothing
+    /// is learned or the arrival is not known, which [`adjust`] counts as not regular. Only a lone
+    /// entry's window is long (see [`LONG_WAIT`]).
     pub(super) fn windows_of(
         &self,
-        fronts: impl IntoIterator<Item = (StreamKey, Option<Instant>)>,
+        fronts: impl IntoIterator<Item = (StreamKey, Option<Instant>, usize)>,
         out: &mut Vec<Option<Window>>,
     ) {
-        out.extend(
-            fronts
-                .into_iter()
-                .map(|(stream, arrived)| arrived.and_then(|arrived| self.window(stream, arrived))),
-        );
+        out.extend(fronts.into_iter().map(|(stream, arrived, waiting)| {
+            let window = self.window(stream, arrived?)?;
+            Some(Window {
+                long: window.long && waiting == 1,
+                ..window
+            })
+        }));
     }
 
     /// The learned length of a stream's work (tests).
@@ -190,15 +196,16 @@ pub(super) struct Window {
     pub(super) until: Instant,
     /// Its stream's waits are regular (see the module's docs).
     pub(super) regular: bool,
-    /// Its stream's work is long ([`LONG_WAIT`] at least): see [`spins_without_gap`].
+    /// Its stream's work is long ([`LONG_WAIT`] at least; and, from [`LearnedWaits::windows_of`],
+    /// its entry waits alone in its queue): see [`spins_without_gap`].
     pub(super) long: bool,
 }
 
 /// Whether a spinning side queries without its query gap (`PollerSettings::query_gap`) for the
-/// round after `now`: while `now` is inside the window of long work. The gap keeps a spinning
-/// side from holding the driver's lock, which every enqueue takes, most of the time; inside such a
-/// window the completion is expected now, and the window is at most 3/32 of the wait, so the
-/// side's share of the lock stays small while the wait's end is seen a gap sooner
+/// round after `now`: while `now` is inside a long window (a lone entry's long work). The gap
+/// keeps a spinning side from holding the driver's lock, which every enqueue takes, most of the
+/// time; inside such a window the completion is expected now, and the window is 3/32 of the
+/// wait, so the side's share of the lock stays small while the wait's end is seen a gap sooner
 /// (`BENCHMARKS.md`).
 pub(super) fn spins_without_gap(
     windows: impl IntoIterator<Item = Option<Window>>,
@@ -320,7 +327,7 @@ mod tests {
         );
     }
 
-    /// Work of 640 µs or more is long; inside a long window (its start included, its end not) a
+    /// Work of 800 µs or more is long; inside a long window (its start included, its end not) a
     /// spinning side queries without its gap, inside a short one or outside every window with it.
     /// (Mutation testing: each comparison.)
     #[test]
@@ -328,28 +335,47 @@ mod tests {
         let mut learned = LearnedWaits::default();
         let arrived = Instant::now();
         let (long, short) = ((STREAM.0, 11), (STREAM.0, 12));
-        learned.learn(long, us(640));
-        learned.learn(short, us(639));
+        learned.learn(long, us(800));
+        learned.learn(short, us(799));
         let long = learned.window(long, arrived).unwrap();
         let short = learned.window(short, arrived).unwrap();
         assert!(long.long && !short.long);
         assert_eq!(
             (long.from, long.until),
-            (arrived + us(620), arrived + us(690))
+            (arrived + us(775), arrived + us(850))
         );
-        for (at, expected) in [(619, false), (620, true), (689, true), (690, false)] {
+        for (at, expected) in [(774, false), (775, true), (849, true), (850, false)] {
             assert_eq!(
                 spins_without_gap([Some(long)], arrived + us(at)),
                 expected,
                 "at {at} µs"
             );
         }
-        assert!(!spins_without_gap([Some(short)], arrived + us(630)));
-        assert!(!spins_without_gap([None], arrived + us(630)));
+        assert!(!spins_without_gap([Some(short)], arrived + us(800)));
+        assert!(!spins_without_gap([None], arrived + us(800)));
         assert!(spins_without_gap(
             [Some(short), None, Some(long)],
-            arrived + us(630)
+            arrived + us(800)
         ));
+    }
+
+    /// Only a lone entry's window is long: a queue of several entries (whose learned length
+    /// counts their time in the queue) keeps the gap. (Mutation testing: the count's comparison.)
+    #[test]
+    fn a_queue_of_several_entries_keeps_the_gap() {
+        let mut learned = LearnedWaits::default();
+        let arrived = Instant::now();
+        learned.learn(STREAM, us(2_000));
+        let mut out = Vec::new();
+        learned.windows_of(
+            [(STREAM, Some(arrived), 1), (STREAM, Some(arrived), 2)],
+            &mut out,
+        );
+        let [Some(lone), Some(busy)] = out[..] else {
+            panic!("two windows: {out:?}");
+        };
+        assert!(lone.long && !busy.long);
+        assert_eq!((lone.from, lone.until), (busy.from, busy.until));
     }
 
     /// Beyond `STREAMS` streams the list starts over, so it stays bounded; a stream already
@@ -431,9 +457,9 @@ mod tests {
         let mut out = vec![None];
         learned.windows_of(
             [
-                (STREAM, Some(arrived)),
-                (unknown, Some(arrived)),
-                (STREAM, None),
+                (STREAM, Some(arrived), 1),
+                (unknown, Some(arrived), 1),
+                (STREAM, None, 1),
             ],
             &mut out,
         );

@@ -520,7 +520,7 @@ impl EventWatch {
                     .by_stream
                     .iter()
                     .filter_map(|(&(context, stream, _), queue)| {
-                        Some(((context, stream), queue.front()?.arrived))
+                        Some(((context, stream), queue.front()?.arrived, queue.len()))
                     }),
                 &mut self.windows,
             );
