@@ -751,6 +751,48 @@ isolated_test! {
         );
     }
 
+    /// The report of a host function's panic (the panic handler, the payload's `Drop`) is user
+    /// code on the reaper too: a context it makes current is not current as that same record's
+    /// owners are dropped. (Found by a review: the reaper cleared before the report, not after.)
+    fn a_panic_handler_that_makes_a_context_current_leaves_the_records_owners_none(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        /// Records the context current when it is dropped.
+        struct Sees(Arc<Mutex<Vec<usize>>>);
+        impl Drop for Sees {
+            fn drop(&mut self) {
+                self.0.lock().unwrap().push(current_context());
+            }
+        }
+        cuda_workspace::testing::quiet_expected_panics(|message| {
+            message.contains("expected: a host function's panic")
+        });
+        let contexts = contexts();
+        let binds = Arc::clone(&contexts[1]);
+        let reports = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&reports);
+        cuda_host_launch::set_panic_handler(move |_| {
+            binds.set_current().unwrap();
+            counted.fetch_add(1, Ordering::SeqCst);
+        });
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+        for _ in 0..5 {
+            let owner = Sees(Arc::clone(&seen));
+            host_launch(&stream, move || {
+                let _keep = &owner;
+                panic!("expected: a host function's panic");
+            })
+            .unwrap();
+        }
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        cuda_host_launch::reset_panic_handler();
+        assert_eq!(reports.load(Ordering::SeqCst), 5, "every panic reported");
+        assert_eq!(*seen.lock().unwrap(), [0; 5], "contexts current as the owners were dropped");
+    }
+
     /// The reaper clears every context an owner's `Drop` left on its stack, not just the top one:
     /// `cuCtxSetCurrent(NULL)` pops one context, and one pushed under it is current after it. An
     /// owner that makes device 0's context current and pushes device 1's over it leaves the next
@@ -842,6 +884,50 @@ isolated_test! {
         assert_eq!(*seen.lock().unwrap(), [0], "a context current as the next owner was dropped");
     }
 
+    /// As above, but with every pop failing while the owner enqueues (the retry in `with_pushed`
+    /// fails too), so the event batch's context really is left pushed over device 1's: the reaper
+    /// must clear two levels before the next owner. (Review: the test above no longer reaches
+    /// two levels since the retry; it passes with a one-level `clear_now`. This one does not.)
+    fn the_reaper_clears_both_contexts_when_every_pop_of_an_event_enqueue_fails(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        /// Makes device 1's context current and awaits a completion of its per-thread stream in
+        /// event mode (its pool dry) while every pop fails; records whether it was enqueued.
+        struct AwaitsWithEveryPopFailing(Arc<PrimaryContext>, Arc<Mutex<Vec<bool>>>);
+        impl Drop for AwaitsWithEveryPopFailing {
+            fn drop(&mut self) {
+                self.0.set_current().unwrap();
+                fake().set_fault("cuCtxPopCurrent", 0, 2);
+                let enqueued = CompletionMode::Event
+                    .completion(cuda_host_launch::RawStream::PER_THREAD)
+                    .is_ok();
+                fake().clear_faults();
+                self.1.lock().unwrap().push(enqueued);
+            }
+        }
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
+        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+        let enqueued: Arc<Mutex<Vec<bool>>> = Arc::default();
+        let first = AwaitsWithEveryPopFailing(Arc::clone(&contexts[1]), Arc::clone(&enqueued));
+        host_launch(&stream, move || {
+            let _keep = &first;
+        })
+        .unwrap();
+        let second = Sees(Arc::clone(&seen));
+        host_launch(&stream, move || {
+            let _keep = &second;
+        })
+        .unwrap();
+        hold.release();
+        stream.synchronize().unwrap();
+        flush(PATIENCE).unwrap();
+        assert_eq!(*enqueued.lock().unwrap(), [false], "the enqueue whose pops failed is refused");
+        assert_eq!(*seen.lock().unwrap(), [0], "a context current as the next owner was dropped");
+    }
+
     /// An event enqueue on a user's thread whose pop of the context it pushed fails leaves the
     /// thread's context stack as it was: the failed pop is tried once more. Here a
     /// `release_after`, the first event work of device 0's context, with device 1's context
@@ -857,6 +943,32 @@ isolated_test! {
         contexts[1].set_current().unwrap();
         let drops = Drops::new();
         fake().set_fault("cuCtxPopCurrent", 1, 2);
+        let refused = release_after(&stream, drops.owner());
+        fake().clear_faults();
+        let refused = refused.expect_err("the enqueue whose pop failed is refused");
+        assert!(refused.into_inner().is_some(), "the owner is handed back");
+        assert_eq!(current_context(), contexts[1].raw().addr(), "the user's context current");
+        let driver = cuda_dl_sys::driver().unwrap();
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; the context set above is on the stack.
+        unsafe { driver.cuCtxPopCurrent(&mut popped) }.unwrap();
+        assert_eq!(popped, contexts[1].raw());
+        assert_eq!(current_context(), 0, "a context under the user's");
+    }
+
+    /// The same when `cuCtxGetCurrent` fails too: the retry cannot tell whether the failed pop
+    /// popped, and tries the pop (a context of ours left pushed is the likelier case; on the H100
+    /// a pop fails only on an empty stack). (Mutation testing: the retry's condition.)
+    fn a_release_whose_pop_and_question_fail_leaves_the_callers_context_stack_as_it_was(
+        FAKE_CUDA_DEVICES = "2",
+        CUDA_DL_SYS_LIBRARY = fake_driver_path()
+    ) {
+        let contexts = contexts();
+        let stream = Stream::new(&contexts[0]).unwrap();
+        contexts[1].set_current().unwrap();
+        let drops = Drops::new();
+        fake().set_fault("cuCtxPopCurrent", 1, 2);
+        fake().set_fault("cuCtxGetCurrent", 0, 201);
         let refused = release_after(&stream, drops.owner());
         fake().clear_faults();
         let refused = refused.expect_err("the enqueue whose pop failed is refused");

@@ -5,9 +5,12 @@
 //! page, a stream made by [`PrimaryContext`](crate::PrimaryContext)) or a crate thread that runs
 //! user code (the reaper dropping owners, the poller dropping wakers). Either way the thread's
 //! stack must be as it was when the call returns. A pop can fail (a fault injected by the fake
-//! driver; a real driver, possibly after a sticky error), and a context left pushed would then be current
-//! under the caller's feet, above whatever the caller had: so a failed pop is tried once more.
-//! The first pop's error is what the caller hears of, as it was the first sign of trouble.
+//! driver; on the H100 a real pop failed only on an empty stack, and then popped nothing, sticky
+//! errors included: `tools/probes/context_stack_pops.out`), and a context left pushed would then
+//! be current under the caller's feet, above whatever the caller had: so a failed pop is tried
+//! once more, unless another context is current by then (a pop that failed after popping must
+//! not take the caller's). The first pop's error is what the caller hears of, as it was the
+//! first sign of trouble.
 
 use cuda_dl_sys::CallError;
 use cuda_dl_sys::types::CUcontext;
@@ -33,9 +36,17 @@ pub(crate) unsafe fn with_pushed<R>(
     // SAFETY: pushed just above; a valid out-pointer.
     let pop = unsafe { driver.cuCtxPopCurrent(&mut popped) };
     if pop.is_err() {
-        // Once more, so that a passing failure does not leave `context` on the caller's stack.
-        // SAFETY: as above.
-        let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
+        // Once more, so that a passing failure does not leave `context` on the caller's stack;
+        // not when another context is current (the failed pop popped after all: the caller's
+        // own context is on top now). If the question fails too, what is current is not known:
+        // the pop is tried, as a context of ours left pushed is the likelier case.
+        let mut current = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let asked = unsafe { driver.cuCtxGetCurrent(&mut current) };
+        if asked.is_err() || current == context {
+            // SAFETY: as above.
+            let _ = unsafe { driver.cuCtxPopCurrent(&mut popped) };
+        }
     }
     Ok((value, pop))
 }
