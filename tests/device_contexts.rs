@@ -844,44 +844,9 @@ isolated_test! {
         FAKE_CUDA_DEVICES = "2",
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        /// Makes device 1's context current and awaits a completion of its per-thread stream in
-        /// event mode, the first of that context (its pool dry), with the next pop failing.
-        struct AwaitsWithAFailedPop(Arc<PrimaryContext>, Arc<Mutex<Vec<bool>>>);
-        impl Drop for AwaitsWithAFailedPop {
-            fn drop(&mut self) {
-                self.0.set_current().unwrap();
-                fake().set_fault("cuCtxPopCurrent", 1, 2);
-                let enqueued = CompletionMode::Event
-                    .completion(cuda_host_launch::RawStream::PER_THREAD)
-                    .is_ok();
-                fake().clear_faults();
-                self.1.lock().unwrap().push(enqueued);
-            }
-        }
-        let contexts = contexts();
-        let stream = Stream::new(&contexts[0]).unwrap();
-        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
-        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
-        let enqueued: Arc<Mutex<Vec<bool>>> = Arc::default();
-        let first = AwaitsWithAFailedPop(Arc::clone(&contexts[1]), Arc::clone(&enqueued));
-        host_launch(&stream, move || {
-            let _keep = &first;
-        })
-        .unwrap();
-        let second = Sees(Arc::clone(&seen));
-        host_launch(&stream, move || {
-            let _keep = &second;
-        })
-        .unwrap();
-        hold.release();
-        stream.synchronize().unwrap();
-        flush(PATIENCE).unwrap();
-        assert_eq!(
-            *enqueued.lock().unwrap(),
-            [false],
-            "the enqueue whose pop failed is refused"
-        );
-        assert_eq!(*seen.lock().unwrap(), [0], "a context current as the next owner was dropped");
+        let (enqueued, seen) = owner_enqueues_while_pops_fail_then_next_owner_sees(1);
+        assert_eq!(enqueued, [false], "the enqueue whose pop failed is refused");
+        assert_eq!(seen, [0], "a context current as the next owner was dropped");
     }
 
     /// As above, but with every pop failing while the owner enqueues (the retry in `with_pushed`
@@ -892,40 +857,9 @@ isolated_test! {
         FAKE_CUDA_DEVICES = "2",
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        /// Makes device 1's context current and awaits a completion of its per-thread stream in
-        /// event mode (its pool dry) while every pop fails; records whether it was enqueued.
-        struct AwaitsWithEveryPopFailing(Arc<PrimaryContext>, Arc<Mutex<Vec<bool>>>);
-        impl Drop for AwaitsWithEveryPopFailing {
-            fn drop(&mut self) {
-                self.0.set_current().unwrap();
-                fake().set_fault("cuCtxPopCurrent", 0, 2);
-                let enqueued = CompletionMode::Event
-                    .completion(cuda_host_launch::RawStream::PER_THREAD)
-                    .is_ok();
-                fake().clear_faults();
-                self.1.lock().unwrap().push(enqueued);
-            }
-        }
-        let contexts = contexts();
-        let stream = Stream::new(&contexts[0]).unwrap();
-        let hold = fake().hold_stream(stream.raw()).expect("the fake could not hold the stream");
-        let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
-        let enqueued: Arc<Mutex<Vec<bool>>> = Arc::default();
-        let first = AwaitsWithEveryPopFailing(Arc::clone(&contexts[1]), Arc::clone(&enqueued));
-        host_launch(&stream, move || {
-            let _keep = &first;
-        })
-        .unwrap();
-        let second = Sees(Arc::clone(&seen));
-        host_launch(&stream, move || {
-            let _keep = &second;
-        })
-        .unwrap();
-        hold.release();
-        stream.synchronize().unwrap();
-        flush(PATIENCE).unwrap();
-        assert_eq!(*enqueued.lock().unwrap(), [false], "the enqueue whose pops failed is refused");
-        assert_eq!(*seen.lock().unwrap(), [0], "a context current as the next owner was dropped");
+        let (enqueued, seen) = owner_enqueues_while_pops_fail_then_next_owner_sees(0);
+        assert_eq!(enqueued, [false], "the enqueue whose pops failed is refused");
+        assert_eq!(seen, [0], "a context current as the next owner was dropped");
     }
 
     /// An event enqueue on a user's thread whose pop of the context it pushed fails leaves the
@@ -938,22 +872,7 @@ isolated_test! {
         FAKE_CUDA_DEVICES = "2",
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        let contexts = contexts();
-        let stream = Stream::new(&contexts[0]).unwrap();
-        contexts[1].set_current().unwrap();
-        let drops = Drops::new();
-        fake().set_fault("cuCtxPopCurrent", 1, 2);
-        let refused = release_after(&stream, drops.owner());
-        fake().clear_faults();
-        let refused = refused.expect_err("the enqueue whose pop failed is refused");
-        assert!(refused.into_inner().is_some(), "the owner is handed back");
-        assert_eq!(current_context(), contexts[1].raw().addr(), "the user's context current");
-        let driver = cuda_dl_sys::driver().unwrap();
-        let mut popped = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the context set above is on the stack.
-        unsafe { driver.cuCtxPopCurrent(&mut popped) }.unwrap();
-        assert_eq!(popped, contexts[1].raw());
-        assert_eq!(current_context(), 0, "a context under the user's");
+        release_with_faults_leaves_the_users_context_on_top(&[("cuCtxPopCurrent", 1, 2)]);
     }
 
     /// The same when `cuCtxGetCurrent` fails too: the retry cannot tell whether the failed pop
@@ -963,23 +882,10 @@ isolated_test! {
         FAKE_CUDA_DEVICES = "2",
         CUDA_DL_SYS_LIBRARY = fake_driver_path()
     ) {
-        let contexts = contexts();
-        let stream = Stream::new(&contexts[0]).unwrap();
-        contexts[1].set_current().unwrap();
-        let drops = Drops::new();
-        fake().set_fault("cuCtxPopCurrent", 1, 2);
-        fake().set_fault("cuCtxGetCurrent", 0, 201);
-        let refused = release_after(&stream, drops.owner());
-        fake().clear_faults();
-        let refused = refused.expect_err("the enqueue whose pop failed is refused");
-        assert!(refused.into_inner().is_some(), "the owner is handed back");
-        assert_eq!(current_context(), contexts[1].raw().addr(), "the user's context current");
-        let driver = cuda_dl_sys::driver().unwrap();
-        let mut popped = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the context set above is on the stack.
-        unsafe { driver.cuCtxPopCurrent(&mut popped) }.unwrap();
-        assert_eq!(popped, contexts[1].raw());
-        assert_eq!(current_context(), 0, "a context under the user's");
+        release_with_faults_leaves_the_users_context_on_top(&[
+            ("cuCtxPopCurrent", 1, 2),
+            ("cuCtxGetCurrent", 0, 201),
+        ]);
     }
 
     /// The same for an event-mode `completion` with no context current, whose dry pool's batch
@@ -1149,4 +1055,75 @@ impl Drop for Sees {
     fn drop(&mut self) {
         self.0.lock().unwrap().push(current_context());
     }
+}
+
+/// On device 0's held stream: a launch whose owner, on the reaper, makes device 1's context
+/// current and awaits an event-mode completion of its per-thread stream (the context's first, its
+/// pool dry) while `cuCtxPopCurrent` fails (its `nth` call from then; 0: every call); then a
+/// launch whose owner notes the context current as it is dropped. Returns whether the first
+/// owner's enqueue was accepted, and what the second saw.
+fn owner_enqueues_while_pops_fail_then_next_owner_sees(nth: u64) -> (Vec<bool>, Vec<usize>) {
+    struct AwaitsWhilePopsFail(Arc<PrimaryContext>, u64, Arc<Mutex<Vec<bool>>>);
+    impl Drop for AwaitsWhilePopsFail {
+        fn drop(&mut self) {
+            self.0.set_current().unwrap();
+            fake().set_fault("cuCtxPopCurrent", self.1, 2);
+            let enqueued = CompletionMode::Event
+                .completion(cuda_host_launch::RawStream::PER_THREAD)
+                .is_ok();
+            fake().clear_faults();
+            self.2.lock().unwrap().push(enqueued);
+        }
+    }
+    let contexts = contexts();
+    let stream = Stream::new(&contexts[0]).unwrap();
+    let hold = fake()
+        .hold_stream(stream.raw())
+        .expect("the fake could not hold the stream");
+    let seen: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let enqueued: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let first = AwaitsWhilePopsFail(Arc::clone(&contexts[1]), nth, Arc::clone(&enqueued));
+    host_launch(&stream, move || {
+        let _keep = &first;
+    })
+    .unwrap();
+    let second = Sees(Arc::clone(&seen));
+    host_launch(&stream, move || {
+        let _keep = &second;
+    })
+    .unwrap();
+    hold.release();
+    stream.synchronize().unwrap();
+    flush(PATIENCE).unwrap();
+    let enqueued = enqueued.lock().unwrap().clone();
+    let seen = seen.lock().unwrap().clone();
+    (enqueued, seen)
+}
+
+/// With device 1's context current on this thread, a `release_after` on device 0's stream (the
+/// first event work of its context) while `faults` (name, nth call, code) are set: refused, its
+/// owner handed back, and the thread's stack as it was (device 1's context on top, none under it).
+fn release_with_faults_leaves_the_users_context_on_top(faults: &[(&str, u64, u32)]) {
+    let contexts = contexts();
+    let stream = Stream::new(&contexts[0]).unwrap();
+    contexts[1].set_current().unwrap();
+    let drops = Drops::new();
+    for &(name, nth, code) in faults {
+        fake().set_fault(name, nth, code);
+    }
+    let refused = release_after(&stream, drops.owner());
+    fake().clear_faults();
+    let refused = refused.expect_err("the enqueue whose pop failed is refused");
+    assert!(refused.into_inner().is_some(), "the owner is handed back");
+    assert_eq!(
+        current_context(),
+        contexts[1].raw().addr(),
+        "the user's context current"
+    );
+    let driver = cuda_dl_sys::driver().unwrap();
+    let mut popped = std::ptr::null_mut();
+    // SAFETY: a valid out-pointer; the context set above is on the stack.
+    unsafe { driver.cuCtxPopCurrent(&mut popped) }.unwrap();
+    assert_eq!(popped, contexts[1].raw());
+    assert_eq!(current_context(), 0, "a context under the user's");
 }
