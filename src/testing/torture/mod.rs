@@ -61,6 +61,9 @@ pub fn run_here(script: &Script) -> Vec<String> {
             if !oracle::expected_report(report) {
                 oracle.violation(format!("an unexpected panic was reported: {report}"));
             }
+            // The handler is user code on the reaper: it may leave a context current, which the
+            // next owners must not see (the oracle's check in `Owner::drop`).
+            oracle::handler_binds_a_context();
         });
     }
     let mut config = cuda_host_launch::Config::new();

@@ -536,6 +536,19 @@ pub fn expected_report(report: &cuda_host_launch::PanicReport<'_>) -> bool {
 /// retained (its handle; a dead one is refused by the driver, and the fake never reuses one).
 pub static HOOK_CONTEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// On the reaper, makes [`HOOK_CONTEXT`] current and leaves it so, as a panic handler that binds a
+/// binding's context would (a dead handle is refused by the driver: then nothing changes).
+pub fn handler_binds_a_context() {
+    if std::thread::current().name() != Some(super::super::REAPER_NAME) {
+        return;
+    }
+    let context = HOOK_CONTEXT.load(Ordering::Acquire);
+    if let (Some(driver), true) = (cuda_dl_sys::Driver::get(), context != 0) {
+        // SAFETY: any handle: a dead one is refused by the driver (the fake never reuses one).
+        let _ = unsafe { driver.cuCtxSetCurrent(std::ptr::with_exposed_provenance_mut(context)) };
+    }
+}
+
 /// A panic payload whose `Drop` panics too.
 struct PanicsOnDrop;
 

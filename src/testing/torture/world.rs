@@ -534,10 +534,16 @@ impl World {
             }
             WorkKind::Closure => {
                 let owner = self.owner(&tracked, me, context);
+                // An owner that panics in its `Drop` makes its closure panic too: the crate
+                // reports the host function's panic on the reaper before the owners are dropped.
+                let panics = owner.antics == Antics::Panics;
                 let callback = Arc::clone(&callback);
                 cuda_host_launch::host_launch(stream, move || {
                     let _owner = &owner;
                     callback.run();
+                    if panics {
+                        panic!("{}", super::oracle::ANTICS_PANIC);
+                    }
                 })
                 .map_err(refused)
             }
